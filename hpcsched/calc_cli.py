@@ -1,0 +1,60 @@
+"""``hpcsched calc``: the summary of one or more result directories, as a table, JSON or a CDF plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hpcsched.metrics import plot_jct_cdf, summarize
+from hpcsched.results import read_results
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:,.2f}"
+    return str(v)
+
+
+def calc(
+    result_dirs: list[Path] = typer.Argument(..., help="Result directories (each holds jobs.csv, meta.json)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list for several dirs)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a JCT CDF of all given runs to this PNG."),
+) -> None:
+    """Report avg / p50 / p95 / p99 JCT, makespan, span, queueing delay and utilisation.
+
+    p99_jct is Muri's sorted(jct)[int(0.99 n)]; p99_jct_interp is the interpolated percentile.
+    makespan is the last end time; span is last end minus first submit.
+    """
+    runs = []
+    summaries = []
+    for d in result_dirs:
+        df, meta = read_results(d)
+        runs.append((meta.get("policy") or d.name, df))
+        summaries.append({"dir": str(d)} | summarize(df, meta))
+    if plot:
+        plot_jct_cdf(runs, plot)
+    if as_json:
+        print(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
+        return
+    console = Console()
+    keys = ["jobs", "unfinished", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "p99_jct_interp",
+            "makespan", "span", "avg_queue", "utilization"]
+    table = Table(title="hpcsched calc")
+    table.add_column("metric")
+    for s in summaries:
+        table.add_column(str(s.get("policy") or s["dir"]), justify="right")
+    for k in keys:
+        table.add_row(k, *(_fmt(s.get(k)) for s in summaries))
+    console.print(table)
+    if plot:
+        console.print(f"JCT CDF written to {plot}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calc")(calc)

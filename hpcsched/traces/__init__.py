@@ -1,0 +1,102 @@
+"""Trace readers: one module per format, all yielding the records of ``hpcsched.model``.
+
+``open_trace`` detects the format (or takes ``fmt``), streams records and runs the checks every
+job log gets (sorted submits, unique ids, sane run times, jobs that fit the machine), counting each
+anomaly in the trace's ``TraceReport``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hpcsched.errors import InputError
+from hpcsched.model import Job
+from hpcsched.traces import muri
+from hpcsched.traces.base import (
+    DUPLICATE_ID,
+    LARGER_THAN_MACHINE,
+    NEGATIVE_RUNTIME,
+    RUNTIME_OVER_REQUEST,
+    UNSORTED_SUBMIT,
+    ZERO_RUNTIME,
+    TraceFormat,
+    TraceReport,
+    head_lines,
+)
+
+FORMATS: dict[str, TraceFormat] = {f.name: f for f in (muri.FORMAT,)}
+
+
+def detect_format(path: str | Path) -> TraceFormat:
+    """The registered format whose sniffer accepts the file's first lines."""
+    lines = head_lines(path)
+    if not any(line.strip() for line in lines):
+        raise InputError(path, "empty file", 1)
+    for fmt in FORMATS.values():
+        if fmt.sniff(lines):
+            return fmt
+    raise InputError(
+        path, f"unrecognised trace format (known: {', '.join(FORMATS)}); give one with --format", 1
+    )
+
+
+class Trace:
+    """A trace file opened for streaming: iterate it once for its records; ``report`` fills as you go."""
+
+    def __init__(self, path: str | Path, fmt: str | None = None, strict: bool = False) -> None:
+        self.path = Path(path)
+        if fmt is None:
+            self.format = detect_format(self.path)
+        elif fmt in FORMATS:
+            self.format = FORMATS[fmt]
+        else:
+            raise InputError(self.path, f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+        self.report = TraceReport(str(self.path), self.format.name, strict=strict)
+
+    def __iter__(self) -> Iterator[Any]:
+        records = self.format.read(self.path, self.report)
+        if self.format.kind == "jobs":
+            return _validated(records, self.report)
+        return iter(records)
+
+
+def open_trace(path: str | Path, fmt: str | None = None, strict: bool = False) -> Trace:
+    return Trace(path, fmt, strict)
+
+
+def read_jobs(path: str | Path, fmt: str | None = None, strict: bool = False) -> list[Job]:
+    """All jobs of a job trace, in file order (a convenience for traces that fit in memory)."""
+    trace = open_trace(path, fmt, strict)
+    if trace.format.kind != "jobs":
+        raise InputError(path, f"{trace.format.name} holds {trace.format.kind} records, not jobs")
+    return list(trace)
+
+
+def _validated(jobs: Any, report: TraceReport) -> Iterator[Job]:
+    """The checks every job log gets, whatever its format."""
+    seen: set[str] = set()
+    last_submit = float("-inf")
+    max_nodes = report.meta.get("machine_nodes")
+    max_gpus = report.meta.get("machine_gpus")
+    for job in jobs:
+        line = job.extra.get("line") if job.extra else None
+        if job.id in seen:
+            report.anomaly(DUPLICATE_ID, line, job.id)
+        seen.add(job.id)
+        if job.submit < last_submit:
+            report.anomaly(UNSORTED_SUBMIT, line)
+        last_submit = max(last_submit, job.submit)
+        if job.duration is not None:
+            if job.duration == 0:
+                report.anomaly(ZERO_RUNTIME, line)
+            elif job.duration < 0:
+                report.anomaly(NEGATIVE_RUNTIME, line)
+                job = dataclasses.replace(job, duration=None)
+            elif job.requested is not None and job.requested > 0 and job.duration > job.requested:
+                report.anomaly(RUNTIME_OVER_REQUEST, line)
+        if (max_nodes and job.nodes > max_nodes) or (max_gpus and job.gpus > max_gpus):
+            report.anomaly(LARGER_THAN_MACHINE, line)
+        yield job

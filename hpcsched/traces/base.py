@@ -1,0 +1,123 @@
+"""What every trace reader shares: safe line streaming, the anomaly report, the format registry.
+
+Real logs are dirty. A reader never crashes on them: a row it cannot use is counted by kind (and
+skipped only where it carries nothing usable), a file it cannot read at all raises one
+``InputError`` naming file and line. ``--strict`` turns every anomaly into that error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcsched.errors import InputError
+
+# Anomaly kinds shared by all readers (a reader may add its own, named in its docstring).
+UNKNOWN_FIELD = "unknown_field"  # a -1 / empty value where a number was expected
+ZERO_RUNTIME = "zero_runtime"
+NEGATIVE_RUNTIME = "negative_runtime"
+RUNTIME_OVER_REQUEST = "runtime_over_request"
+LARGER_THAN_MACHINE = "larger_than_machine"
+UNSORTED_SUBMIT = "unsorted_submit"
+DUPLICATE_ID = "duplicate_id"
+CENSORED = "censored"  # still running / no end at trace end
+MALFORMED_ROW = "malformed_row"  # a row that could not be parsed at all: skipped
+
+_SNIFF_LINES = 40
+
+
+@dataclass
+class TraceReport:
+    """What a read found: the format, machine facts from headers, conversions made and anomalies."""
+
+    path: str
+    format: str
+    strict: bool = False
+    anomalies: Counter[str] = field(default_factory=Counter)
+    first_lines: dict[str, int] = field(default_factory=dict)  # anomaly kind -> first line seen
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. machine_nodes, cores_per_node
+    conversions: list[str] = field(default_factory=list)  # human-readable unit conversions applied
+
+    def anomaly(self, kind: str, line: int | None = None, detail: str = "") -> None:
+        """Count one anomaly; in strict mode, fail on it naming the line."""
+        if self.strict:
+            raise InputError(self.path, f"{kind}{': ' + detail if detail else ''} (--strict)", line)
+        self.anomalies[kind] += 1
+        if line is not None:
+            self.first_lines.setdefault(kind, line)
+
+    def convert(self, note: str) -> None:
+        if note not in self.conversions:
+            self.conversions.append(note)
+
+
+def _is_gzip(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line without newline), reading ``.gz`` transparently.
+
+    A truncated or corrupt gzip, binary garbage or an unreadable file becomes an ``InputError``
+    with the line reached, so the caller never sees a raw OSError or zlib traceback.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise InputError(p, "no such file")
+    if p.is_dir():
+        raise InputError(p, "is a directory, expected a trace file")
+    lineno = 0
+    try:
+        gz = _is_gzip(p)
+        raw = gzip.open(p, "rb") if gz else p.open("rb")
+        with raw:
+            for lineno, b in enumerate(raw, 1):  # noqa: B007 - lineno is used in the handlers
+                if b"\x00" in b:
+                    raise InputError(p, "binary data (NUL byte): not a text trace", lineno)
+                yield lineno, b.decode("utf-8", errors="replace").rstrip("\r\n")
+    except InputError:
+        raise
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(p, f"corrupt or truncated gzip ({e})", lineno + 1) from None
+    except OSError as e:
+        raise InputError(p, f"cannot read: {e.strerror or e}", lineno + 1 if lineno else None) from None
+
+
+def head_lines(path: str | Path, n: int = _SNIFF_LINES) -> list[str]:
+    out: list[str] = []
+    for _, line in numbered_lines(path):
+        out.append(line)
+        if len(out) >= n:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    """A registered format. ``kind`` says which records ``read`` yields.
+
+    kinds: ``jobs`` (Job), ``idle`` (IdleInterval), ``elastic-bounds`` / ``elastic-curves``
+    (BFTrainer job bounds and scaling curves, read together into ElasticJob).
+    ``sniff`` gets the first lines of the file and answers whether it is this format.
+    """
+
+    name: str
+    kind: str
+    description: str
+    sniff: Callable[[list[str]], bool]
+    read: Callable[[Path, TraceReport], Iterable[Any]]
+
+
+def csv_header_is(first_lines: list[str], *columns: str) -> bool:
+    """True when the first non-empty line is a CSV header starting with ``columns`` (in order)."""
+    for line in first_lines:
+        if line.strip():
+            cols = [c.strip().strip('"') for c in line.split(",")]
+            return cols[: len(columns)] == list(columns)
+    return False

@@ -1,0 +1,117 @@
+"""``hpcsched trace inspect``: what is in a trace, and what is wrong with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hpcsched.model import Job
+from hpcsched.traces import FORMATS, open_trace
+
+trace_app = typer.Typer(help="Look inside trace files.", no_args_is_help=True)
+
+_QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
+
+
+def _dist(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    a = np.asarray(values, dtype=float)
+    return {f"p{int(q * 100)}": float(np.quantile(a, q)) for q in _QUANTILES} | {"mean": float(a.mean())}
+
+
+def inspect_trace(path: Path, fmt: str | None = None, strict: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Stream the trace once and summarise it; the dict is what ``--json`` prints."""
+    trace = open_trace(path, fmt, strict)
+    count = 0
+    first = last = None
+    sizes: list[float] = []
+    durations: list[float] = []
+    nodes_max = gpus_max = 0
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=not progress) as bar:
+        task = bar.add_task(f"reading {path.name}", total=None)
+        for rec in trace:
+            count += 1
+            if count % 20000 == 0:
+                bar.update(task, description=f"reading {path.name}: {count:,} records")
+            t = getattr(rec, "submit", None)
+            if t is None:
+                t = getattr(rec, "start", None)
+            end = getattr(rec, "end", None)
+            if t is not None:
+                first = t if first is None else min(first, t)
+                last = t if last is None else max(last, t)
+            if end is not None:
+                last = end if last is None else max(last, end)
+            if isinstance(rec, Job):
+                size = rec.gpus or rec.nodes
+                sizes.append(size)
+                nodes_max, gpus_max = max(nodes_max, rec.nodes), max(gpus_max, rec.gpus)
+                if rec.duration is not None:
+                    durations.append(rec.duration)
+    rep = trace.report
+    return {
+        "file": str(path),
+        "format": rep.format,
+        "kind": trace.format.kind,
+        "jobs": count,
+        "span_s": (last - first) if first is not None and last is not None else 0.0,
+        "first_time": first,
+        "last_time": last,
+        "machine": {k: v for k, v in rep.meta.items() if k.startswith("machine")}
+        | {"max_job_nodes": nodes_max, "max_job_gpus": gpus_max},
+        "size": _dist(sizes),
+        "duration_s": _dist(durations),
+        "anomalies": dict(sorted(rep.anomalies.items())),
+        "anomaly_first_lines": rep.first_lines,
+        "conversions": rep.conversions,
+    }
+
+
+@trace_app.command("inspect")
+def inspect_cmd(
+    file: Path = typer.Argument(..., help="Trace file (.gz read transparently)."),
+    fmt: str | None = typer.Option(None, "--format", help=f"Force a format: {', '.join(FORMATS)}."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+    strict: bool = typer.Option(False, "--strict", help="Fail on the first anomaly instead of counting it."),
+) -> None:
+    """Jobs, time span, machine size, size and duration distributions, and anomaly counts."""
+    info = inspect_trace(file, fmt, strict, progress=not as_json)
+    if as_json:
+        print(json.dumps(info))
+        return
+    c = Console()
+    t = Table(title=f"{file.name} ({info['format']}, {info['kind']})", show_header=False)
+    t.add_row("records", f"{info['jobs']:,}")
+    t.add_row("span", f"{info['span_s']:,.0f} s ({info['span_s'] / 86400:.1f} days)")
+    for k, v in info["machine"].items():
+        t.add_row(k.replace("_", " "), str(v))
+    for name in ("size", "duration_s"):
+        d = info[name]
+        if d:
+            t.add_row(name, "  ".join(f"{q}={v:,.1f}" for q, v in d.items()))
+    for note in info["conversions"]:
+        t.add_row("conversion", note)
+    c.print(t)
+    if info["anomalies"]:
+        a = Table(title="anomalies")
+        a.add_column("kind")
+        a.add_column("count", justify="right")
+        a.add_column("first line", justify="right")
+        for k, n in info["anomalies"].items():
+            a.add_row(k, f"{n:,}", str(info["anomaly_first_lines"].get(k, "-")))
+        c.print(a)
+    else:
+        c.print("no anomalies")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(trace_app, name="trace")

@@ -1,0 +1,66 @@
+"""Muri / Tiresias DL trace CSV (Rivendile/Muri), times in MILLISECONDS.
+
+Columns: job_id,num_gpu,submit_time,iterations,model_name,batch_size,duration,interval,
+iteration_time,resource_time_0,resource_time_1,resource_time_2,priority.
+resource_time_0/1/2 are the data (CPU+IO), compute (GPU) and network stages of one iteration.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from pathlib import Path
+
+from hpcsched.errors import InputError
+from hpcsched.model import Job, JobStatus, ResourceProfile
+from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, csv_header_is, numbered_lines
+
+COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name")
+_MS = 1e-3
+
+
+def sniff(first_lines: list[str]) -> bool:
+    return csv_header_is(first_lines, *COLUMNS)
+
+
+def read(path: Path, report: TraceReport) -> Iterator[Job]:
+    report.convert("times in milliseconds -> seconds (x 0.001)")
+    report.convert("num_gpu -> gpus; nodes left 0 (placement decides)")
+    lines = numbered_lines(path)
+    header: list[str] | None = None
+    for lineno, line in lines:
+        if not line.strip():
+            continue
+        row = next(csv.reader([line]))
+        if header is None:
+            header = [c.strip() for c in row]
+            missing = [c for c in COLUMNS if c not in header]
+            if missing:
+                raise InputError(path, f"not a Muri trace: header lacks {', '.join(missing)}", lineno)
+            idx = {c: i for i, c in enumerate(header)}
+            continue
+        if len(row) != len(header):
+            report.anomaly(MALFORMED_ROW, lineno, f"{len(row)} fields, header has {len(header)}")
+            continue
+        try:
+            has_rt = "resource_time_2" in idx
+            rt = [float(row[idx[f"resource_time_{k}"]]) * _MS for k in range(3)] if has_rt else None
+            yield Job(
+                id=row[idx["job_id"]].strip(),
+                submit=float(row[idx["submit_time"]]) * _MS,
+                gpus=int(row[idx["num_gpu"]]),
+                duration=float(row[idx["duration"]]) * _MS if "duration" in idx else None,
+                iterations=int(float(row[idx["iterations"]])),
+                iteration_time=float(row[idx["iteration_time"]]) * _MS if "iteration_time" in idx else None,
+                profile=ResourceProfile(*rt) if rt else None,
+                model=row[idx["model_name"]].strip(),
+                status=JobStatus.COMPLETED,
+                extra={"line": lineno} | {k: row[idx[k]] for k in ("batch_size", "interval", "priority") if k in idx},
+            )
+        except ValueError as e:
+            report.anomaly(MALFORMED_ROW, lineno, str(e))
+    if header is None:
+        raise InputError(path, "empty file: no header, no jobs", 1)
+
+
+FORMAT = TraceFormat("muri", "jobs", "Muri/Tiresias DL trace CSV (milliseconds)", sniff, read)
