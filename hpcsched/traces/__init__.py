@@ -14,7 +14,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import muri
+from hpcsched.traces import bftrainer, muri
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -27,7 +27,8 @@ from hpcsched.traces.base import (
     head_lines,
 )
 
-FORMATS: dict[str, TraceFormat] = {f.name: f for f in (muri.FORMAT,)}
+# Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
+FORMATS: dict[str, TraceFormat] = {f.name: f for f in (muri.FORMAT, *bftrainer.FORMATS)}
 
 
 def detect_format(path: str | Path) -> TraceFormat:

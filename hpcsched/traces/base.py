@@ -7,6 +7,7 @@ skipped only where it carries nothing usable), a file it cannot read at all rais
 
 from __future__ import annotations
 
+import csv
 import gzip
 import zlib
 from collections import Counter
@@ -112,6 +113,46 @@ class TraceFormat:
     description: str
     sniff: Callable[[list[str]], bool]
     read: Callable[[Path, TraceReport], Iterable[Any]]
+
+
+def csv_records(
+    path: str | Path, required: tuple[str, ...], report: TraceReport, what: str, lenient: bool = True
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (line number, {column: text}) for each data row of a headed CSV file.
+
+    The header must hold ``required`` (else the file is not ``what``: InputError). A row with the
+    wrong number of fields is counted as malformed and skipped, or with ``lenient=False`` is an error.
+    """
+    p = Path(path)
+    pos = [0]
+
+    def lines() -> Iterator[str]:
+        for lineno, line in numbered_lines(p):
+            pos[0] = lineno
+            if line.strip():
+                yield line
+
+    header: list[str] | None = None
+    try:
+        for row in csv.reader(lines()):
+            lineno = pos[0]
+            if header is None:
+                header = [c.strip() for c in row]
+                missing = [c for c in required if c not in header]
+                if missing:
+                    raise InputError(p, f"not a {what} file: header lacks {', '.join(missing)}", lineno)
+                continue
+            if len(row) != len(header):
+                msg = f"{len(row)} fields, header has {len(header)}"
+                if not lenient:
+                    raise InputError(p, msg, lineno)
+                report.anomaly(MALFORMED_ROW, lineno, msg)
+                continue
+            yield lineno, dict(zip(header, row, strict=True))
+    except csv.Error as e:
+        raise InputError(p, f"unreadable CSV: {e}", pos[0]) from None
+    if header is None:
+        raise InputError(p, f"empty file: no {what} header", 1)
 
 
 def csv_header_is(first_lines: list[str], *columns: str) -> bool:
