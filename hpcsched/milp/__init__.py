@@ -1,0 +1,25 @@
+"""Idle-node harvesting allocator (BFTrainer's MILP, solved for counts): see ``allocate``.
+
+Usage::
+
+    from hpcsched.milp import JobState, Problem, allocate
+    d = allocate(Problem(jobs=(JobState(job, nodes=held, lost=taken),), pool=idle_nodes, tfwd=10.0))
+    d.counts[job.id], d.nodes[job.id], d.objective, d.status
+"""
+
+from hpcsched.milp.allocate import SOLVERS, Decision, SolverUnavailable, allocate
+from hpcsched.milp.problem import JobState, JobValue, Objective, Problem, check_job, job_values, objective_value
+
+__all__ = [
+    "SOLVERS",
+    "Decision",
+    "JobState",
+    "JobValue",
+    "Objective",
+    "Problem",
+    "SolverUnavailable",
+    "allocate",
+    "check_job",
+    "job_values",
+    "objective_value",
+]
