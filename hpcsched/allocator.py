@@ -31,6 +31,7 @@ class JobView:
     profile: ResourceProfile | None  # per-stage seconds of one iteration (interleaving)
     running: bool  # it holds GPUs right now
     first_start: float | None = None  # when it first ran, None if never
+    model: str | None = None  # model name (restart costs and profiles are per model)
 
 
 @dataclass(frozen=True, slots=True)

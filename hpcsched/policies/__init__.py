@@ -6,6 +6,7 @@ module plus one ``register`` line below.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 from hpcsched.allocator import Policy
@@ -38,6 +39,13 @@ class Registry:
 def _build() -> Registry:
     reg = Registry()
     # Each policy module adds itself here.
+    from hpcsched.policies import fifo, las, srsf, srtf, themis, tiresias  # baselines (issue 3)
+
+    for name, fn in (("fifo", fifo.fifo), ("srtf", srtf.srtf), ("srsf", srsf.srsf), ("las", las.las),
+                     ("tiresias", tiresias.tiresias), ("themis", themis.themis)):
+        reg.register(name, fn)
+    if importlib.util.find_spec("cvxpy") is not None:  # optional extra: the reference's solver form
+        reg.register("themis-cvxpy", themis.themis_cvxpy)
     return reg
 
 

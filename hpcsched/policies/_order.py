@@ -1,0 +1,22 @@
+"""Shared helper: turn a priority key over single jobs into single-job groups.
+
+Baseline policies differ only in their sort key; ties always fall back to arrival order (the
+snapshot lists jobs in arrival order and ``sorted`` is stable), as in the reference simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hpcsched.allocator import Group, JobView, Snapshot
+
+
+def solo_groups(snapshot: Snapshot, key: Callable[[JobView], Any]) -> list[Group]:
+    """Every active job as its own group, lowest ``key`` first."""
+    return [Group((v.id,)) for v in sorted(snapshot.jobs, key=key)]
+
+
+def remaining_s(v: JobView) -> float:
+    """Solo seconds left; a trace without lengths counts as infinitely long (runs last)."""
+    return v.remaining_s if v.remaining_s is not None else float("inf")
