@@ -14,7 +14,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import bftrainer, muri
+from hpcsched.traces import bftrainer, muri, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -28,7 +28,7 @@ from hpcsched.traces.base import (
 )
 
 # Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
-FORMATS: dict[str, TraceFormat] = {f.name: f for f in (muri.FORMAT, *bftrainer.FORMATS)}
+FORMATS: dict[str, TraceFormat] = {f.name: f for f in (muri.FORMAT, *swf.FORMATS, *bftrainer.FORMATS)}
 
 
 def detect_format(path: str | Path) -> TraceFormat:
@@ -47,7 +47,9 @@ def detect_format(path: str | Path) -> TraceFormat:
 class Trace:
     """A trace file opened for streaming: iterate it once for its records; ``report`` fills as you go."""
 
-    def __init__(self, path: str | Path, fmt: str | None = None, strict: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, fmt: str | None = None, strict: bool = False, options: dict[str, Any] | None = None
+    ) -> None:
         self.path = Path(path)
         if fmt is None:
             self.format = detect_format(self.path)
@@ -55,7 +57,7 @@ class Trace:
             self.format = FORMATS[fmt]
         else:
             raise InputError(self.path, f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
-        self.report = TraceReport(str(self.path), self.format.name, strict=strict)
+        self.report = TraceReport(str(self.path), self.format.name, strict=strict, options=dict(options or {}))
 
     def __iter__(self) -> Iterator[Any]:
         records = self.format.read(self.path, self.report)
@@ -64,13 +66,18 @@ class Trace:
         return iter(records)
 
 
-def open_trace(path: str | Path, fmt: str | None = None, strict: bool = False) -> Trace:
-    return Trace(path, fmt, strict)
+def open_trace(
+    path: str | Path, fmt: str | None = None, strict: bool = False, options: dict[str, Any] | None = None
+) -> Trace:
+    """Open a trace for one streaming pass. ``options``: reader settings such as ``cores_per_node``."""
+    return Trace(path, fmt, strict, options)
 
 
-def read_jobs(path: str | Path, fmt: str | None = None, strict: bool = False) -> list[Job]:
+def read_jobs(
+    path: str | Path, fmt: str | None = None, strict: bool = False, options: dict[str, Any] | None = None
+) -> list[Job]:
     """All jobs of a job trace, in file order (a convenience for traces that fit in memory)."""
-    trace = open_trace(path, fmt, strict)
+    trace = open_trace(path, fmt, strict, options)
     if trace.format.kind != "jobs":
         raise InputError(path, f"{trace.format.name} holds {trace.format.kind} records, not jobs")
     return list(trace)

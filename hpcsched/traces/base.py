@@ -11,7 +11,7 @@ import csv
 import gzip
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,8 @@ CENSORED = "censored"  # still running / no end at trace end
 MALFORMED_ROW = "malformed_row"  # a row that could not be parsed at all: skipped
 
 _SNIFF_LINES = 40
+_BLOCK = 1 << 20
+_MAX_LINE = 16 << 20  # a longer 'line' is binary garbage, not a log record
 
 
 @dataclass
@@ -43,6 +45,7 @@ class TraceReport:
     first_lines: dict[str, int] = field(default_factory=dict)  # anomaly kind -> first line seen
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. machine_nodes, cores_per_node
     conversions: list[str] = field(default_factory=list)  # human-readable unit conversions applied
+    options: dict[str, Any] = field(default_factory=dict)  # reader options, e.g. cores_per_node
 
     def anomaly(self, kind: str, line: int | None = None, detail: str = "") -> None:
         """Count one anomaly; in strict mode, fail on it naming the line."""
@@ -78,16 +81,44 @@ def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
         gz = _is_gzip(p)
         raw = gzip.open(p, "rb") if gz else p.open("rb")
         with raw:
-            for lineno, b in enumerate(raw, 1):  # noqa: B007 - lineno is used in the handlers
-                if b"\x00" in b:
-                    raise InputError(p, "binary data (NUL byte): not a text trace", lineno)
-                yield lineno, b.decode("utf-8", errors="replace").rstrip("\r\n")
+            # Whole blocks are decoded and split at once: per-line reads cost more than parsing.
+            rest = b""
+            while True:
+                block = raw.read(_BLOCK)
+                if not block:
+                    break
+                data = rest + block
+                cut = data.rfind(b"\n") + 1
+                if cut == 0 and len(data) < _MAX_LINE:
+                    rest = data
+                    continue
+                if cut == 0:
+                    raise InputError(p, f"no line break in the first {_MAX_LINE:,} bytes: not a text trace", lineno + 1)
+                rest = data[cut:]
+                lineno = yield from _split_block(p, data[:cut], lineno)
+            if rest:
+                yield from _split_block(p, rest, lineno)
     except InputError:
         raise
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(p, f"corrupt or truncated gzip ({e})", lineno + 1) from None
     except OSError as e:
         raise InputError(p, f"cannot read: {e.strerror or e}", lineno + 1 if lineno else None) from None
+
+
+def _split_block(p: Path, data: bytes, lineno: int) -> Generator[tuple[int, str], None, int]:
+    """Number the lines of a block that ends at a line break; return the last line number."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        raise InputError(p, "binary data (NUL byte): not a text trace", lineno + data.count(b"\n", 0, nul) + 1)
+    text = data.decode("utf-8", errors="replace")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    yield from enumerate(lines, lineno + 1)
+    return lineno + len(lines)
 
 
 def head_lines(path: str | Path, n: int = _SNIFF_LINES) -> list[str]:
