@@ -25,6 +25,9 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "hpcsched.traces.cli",
     "hpcsched.calc_cli",
+    "hpcsched.sweep.cli",
+    "hpcsched.report.cli",
+    "hpcsched.sim.cli",
 )
 
 for _name in COMMAND_MODULES:

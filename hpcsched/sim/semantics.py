@@ -77,7 +77,7 @@ class CompatRules:
 
 _MURI_LOOP = CompatRules(two_pass=True, new_remaining="duration")
 COMPAT_RULES: dict[str, CompatRules] = {
-    "tiresias": CompatRules(progress="wall", placement="count"),
+    "tiresias": CompatRules(placement="count"),
     "themis": CompatRules(two_pass=True),
     "muri-s": _MURI_LOOP,
     "muri-l": _MURI_LOOP,

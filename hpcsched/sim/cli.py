@@ -1,0 +1,145 @@
+"""``hpcsched simulate`` (one policy) and ``hpcsched compare`` (several, with a table and a JCT CDF)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hpcsched.cluster_spec import read_cluster_spec
+from hpcsched.metrics import plot_jct_cdf, summarize
+from hpcsched.sim.runs import load_jobs, run_policy, write_run
+
+_BAR_MIN_JOBS = 2000  # smaller traces finish before a bar would be readable
+
+TRACE_OPT = typer.Option(..., "--trace", help="DL job trace (Muri/Tiresias CSV, Philly CSV, ...).")
+CLUSTER_OPT = typer.Option(..., "--cluster", help="Cluster spec: Muri CSV (cluster_spec/n8g8.csv) or YAML.")
+COMPAT_OPT = typer.Option(
+    None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers)."
+)
+
+
+@contextmanager
+def _bar(label: str, total: int, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    if not enabled:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done, n: bar.update(task, completed=done, total=n)
+
+
+def _fail_policy(e: KeyError) -> None:
+    print(f"error: {e.args[0]}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _check_compat(compat: str | None) -> None:
+    from hpcsched.sim.semantics import COMPAT_MODES
+
+    if compat is not None and compat not in COMPAT_MODES:
+        print(f"error: unknown --compat {compat!r}; known: {', '.join(COMPAT_MODES)}", file=sys.stderr)
+        raise typer.Exit(2)
+
+
+def simulate_cmd(
+    trace: Path = TRACE_OPT,
+    cluster: Path = CLUSTER_OPT,
+    policy: str = typer.Option(..., "--policy", help="Policy name (fifo, srtf, srsf, las, tiresias, themis, ...)."),
+    out: Path = typer.Option(..., "--out", help="Result directory: jobs.csv, meta.json, timeline.csv."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (keys as `hpcsched calc --json`)."),
+    compat: str | None = COMPAT_OPT,
+) -> None:
+    """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
+
+    Example: hpcsched simulate --trace trace-data/muri/trace3.csv --cluster cluster_spec/n8g8.csv
+    --policy srsf --out out/srsf --compat muri
+    """
+    _check_compat(compat)
+    spec = read_cluster_spec(cluster)
+    jobs, anomalies = load_jobs(trace)
+    try:
+        with _bar(f"simulate {policy}", len(jobs), len(jobs) >= _BAR_MIN_JOBS) as cb:
+            result = run_policy(jobs, spec, policy, compat, str(trace), cb)
+    except KeyError as e:
+        _fail_policy(e)
+    write_run(out, result)
+    summary = {"dir": str(out)} | summarize(result.frame(), result.meta) | {"events": result.events,
+                                                                            "wall_s": result.wall_s}
+    if anomalies:
+        print(f"warning: {trace}: skipped/flagged rows {anomalies}", file=sys.stderr)
+    if result.rejected:
+        print(f"warning: {len(result.rejected)} jobs larger than the cluster never ran (status rejected)",
+              file=sys.stderr)
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _table([summary], f"hpcsched simulate {policy}")
+    print(f"{result.events} events in {result.wall_s:.2f} s; results in {out}")
+
+
+def compare_cmd(
+    trace: Path = TRACE_OPT,
+    cluster: Path = CLUSTER_OPT,
+    policies: str = typer.Option("fifo,srtf,srsf,las,tiresias,themis", "--policies",
+                                 help="Comma-separated policy names; 'all' for every registered one."),
+    out: Path = typer.Option(..., "--out", help="Directory: one sub-directory per policy, jct_cdf.png, summary.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summaries as a JSON list."),
+    compat: str | None = COMPAT_OPT,
+) -> None:
+    """Simulate several policies on one trace; print a comparison table and write a JCT CDF plot."""
+    from hpcsched.policies import REGISTRY
+
+    _check_compat(compat)
+    names = REGISTRY.names() if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in REGISTRY.names()]
+    if unknown:
+        print(f"error: unknown policy {', '.join(unknown)}; known: {', '.join(REGISTRY.names())}", file=sys.stderr)
+        raise typer.Exit(2)
+    spec = read_cluster_spec(cluster)
+    jobs, _ = load_jobs(trace)
+    summaries, runs = [], []
+    with _bar("compare", len(names), True) as cb:
+        for i, name in enumerate(names):
+            result = run_policy(jobs, spec, name, compat, str(trace))
+            write_run(out / name, result)
+            df = result.frame()
+            summaries.append({"dir": str(out / name)} | summarize(df, result.meta) | {"wall_s": result.wall_s})
+            runs.append((name, df))
+            if cb:
+                cb(i + 1, len(names))
+    png = plot_jct_cdf(runs, out / "jct_cdf.png")
+    (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(summaries))
+        return
+    _table(summaries, f"{trace.name} on {spec.name} ({spec.gpus} GPUs){' compat=' + compat if compat else ''}")
+    print(f"JCT CDF: {png}; per-policy results under {out}/")
+
+
+def _table(summaries: list[dict], title: str) -> None:
+    table = Table(title=title)
+    for col in ("policy", "jobs", "avg JCT (s)", "p99 JCT (s)", "makespan (s)", "utilisation", "sim time (s)"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for s in summaries:
+        table.add_row(str(s.get("policy")), str(s["jobs"]), _num(s.get("avg_jct")), _num(s.get("p99_jct")),
+                      _num(s.get("makespan")), f"{s['utilization']:.3f}" if s.get("utilization") else "-",
+                      f"{s['wall_s']:.2f}" if "wall_s" in s else "-")
+    Console(width=120).print(table)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.2f}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_cmd)
+    app.command("compare")(compare_cmd)

@@ -1,0 +1,63 @@
+"""Load a trace for simulation, run it, and write what a run leaves behind.
+
+Shared by ``hpcsched simulate`` and ``hpcsched compare`` (and by sweeps): turns every reason a trace
+cannot be simulated into an ``InputError`` naming the file and line, and writes the results schema
+(``jobs.csv`` + ``meta.json``) plus ``timeline.csv``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from hpcsched.errors import InputError
+from hpcsched.model import ClusterSpec, Job
+from hpcsched.results import write_results
+from hpcsched.sim.engine import SimResult, _iterations, simulate
+
+TIMELINE_FILE = "timeline.csv"
+
+
+def load_jobs(path: str | Path, fmt: str | None = None) -> tuple[list[Job], dict[str, int]]:
+    """Jobs of a DL trace, checked for what the simulator needs; also the reader's anomaly counts."""
+    from hpcsched.traces import open_trace
+
+    trace = open_trace(path, fmt)
+    if trace.format.kind != "jobs":
+        raise InputError(path, f"{trace.format.name} holds {trace.format.kind} records, not jobs")
+    jobs = list(trace)
+    if not jobs:
+        raise InputError(path, "the trace holds no jobs")
+    for job in jobs:
+        line = job.extra.get("line") if job.extra else None
+        line = line if isinstance(line, int) else None
+        if job.gpus <= 0:
+            raise InputError(path, f"job {job.id}: needs >= 1 GPU to be simulated, got {job.gpus}", line)
+        try:
+            _iterations(job)
+        except ValueError as e:
+            raise InputError(path, str(e), line) from None
+    return jobs, dict(trace.report.anomalies)
+
+
+def run_policy(
+    jobs: list[Job],
+    cluster: ClusterSpec,
+    policy: str,
+    compat: str | None,
+    trace: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """``simulate`` with a policy name, turning an unknown name into a clear error."""
+    from hpcsched.policies import REGISTRY
+
+    if policy not in REGISTRY.names():
+        raise KeyError(f"unknown policy {policy!r}; known: {', '.join(REGISTRY.names())}")
+    return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace)
+
+
+def write_run(out_dir: str | Path, result: SimResult) -> Path:
+    """jobs.csv + meta.json (the schema ``hpcsched calc`` reads) and timeline.csv."""
+    out = write_results(out_dir, result.results, result.meta | {"wall_s": round(result.wall_s, 4)})
+    result.timeline.to_csv(out / TIMELINE_FILE, index=False, float_format="%.6f")
+    return out
