@@ -42,6 +42,8 @@ class Snapshot:
     jobs: tuple[JobView, ...]
     cluster: ClusterSpec
     free_gpus: int  # GPUs not held by any job when the snapshot was taken
+    compat: str | None = None  # the executor's accounting mode ("muri": the reference's); policies whose
+    # decisions depend on the speed model (interleaving periods) follow it, others ignore it
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,10 @@ def _build() -> Registry:
     for name, fn in (("fifo", fifo.fifo), ("srtf", srtf.srtf), ("srsf", srsf.srsf), ("las", las.las),
                      ("tiresias", tiresias.tiresias), ("themis", themis.themis)):
         reg.register(name, fn)
+    from hpcsched.interleave import policies as interleave  # Muri-S/L and Muri-S+ (issue 4)
+
+    for fn in (interleave.muri_s(), interleave.muri_l(), interleave.muri_s_plus()):
+        reg.register(fn.name, fn)
     if importlib.util.find_spec("cvxpy") is not None:  # optional extra: the reference's solver form
         reg.register("themis-cvxpy", themis.themis_cvxpy)
     return reg
