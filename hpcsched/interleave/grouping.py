@@ -202,5 +202,6 @@ def form_groups(cands: Sequence[Candidate], capacity: int, scorer: Scorer) -> li
     nodes = [n for b in buckets for n in b]
     scores = scorer.scores([tuple(sorted(cands[i].key for i in n)) for n in nodes])
     return [
-        Formed(n, s.raw_period if len(n) > 1 else None, s.efficiency, s.gain) for n, s in zip(nodes, scores, strict=True)
+        Formed(n, s.raw_period if len(n) > 1 else None, s.efficiency, s.gain)
+        for n, s in zip(nodes, scores, strict=True)
     ]

@@ -136,9 +136,9 @@ def _type_counts(counts: np.ndarray, tw: np.ndarray) -> np.ndarray:
     return x
 
 
-def pair_counts(node_type: Sequence[int], type_weight: np.ndarray, settings: MatchSettings = MatchSettings()) -> tuple[
-    np.ndarray, str
-]:
+def pair_counts(
+    node_type: Sequence[int], type_weight: np.ndarray, settings: MatchSettings = MatchSettings()
+) -> tuple[np.ndarray, str]:
     """Upper-triangular x[a, b]: how many pairs of types (a, b) a maximum-weight matching forms; and the engine.
 
     ``type_weight[a, b]`` is the gain of pairing a node of type a with one of type b; <= 0 means never.

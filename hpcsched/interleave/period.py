@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -39,7 +39,7 @@ MAX_GROUP = 4
 Stages = Sequence[float]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _orders(k: int, rotation_free: bool) -> np.ndarray:
     """Orderings to try: all of them, or those with job 0 first when rotations are equivalent."""
     if rotation_free and k > 1:
@@ -47,7 +47,7 @@ def _orders(k: int, rotation_free: bool) -> np.ndarray:
     return np.array(list(itertools.permutations(range(k))), dtype=np.intp)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _slot_stage(k: int, m: int) -> np.ndarray:
     """stage[i, idx] = which stage the job at position idx runs in slot i."""
     return np.array([[(i - idx) % m for idx in range(k)] for i in range(m)], dtype=np.intp)
@@ -127,7 +127,6 @@ def muri4_cycles(t: np.ndarray) -> np.ndarray:
 def efficiency(total_busy: float | np.ndarray, period: float | np.ndarray, resources: int = STAGES) -> np.ndarray:
     """Share of resource-time kept busy: summed stage times / (resources x period)."""
     return np.asarray(total_busy, dtype=float) / (resources * np.asarray(period, dtype=float))
-
 
 
 @dataclass(frozen=True, slots=True)
