@@ -1,0 +1,196 @@
+"""``make_report``: a sweep directory -> README.md + PNG figures + the results table, in one folder.
+
+The Markdown names the commands that made the sweep and the report, so a reader of the committed
+report can regenerate it; the numbers behind every figure are also printed as tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hpcsched.errors import InputError
+from hpcsched.report import plots
+from hpcsched.report.frames import (
+    BAR_METRICS,
+    REPLAY_CONTEXT,
+    SIM_CONTEXT,
+    normalized,
+    ok_rows,
+    trace_name,
+    with_context,
+)
+from hpcsched.sweep.execute import TIMELINE_FILE
+from hpcsched.sweep.runner import CELLS_DIR, SWEEP_JSON
+from hpcsched.sweep.table import CSV_FILE, read_table
+
+REPORT_FILE = "README.md"
+_SIM_COLUMNS = ("jobs", "avg_jct", "p99_jct", "makespan", "utilization", "events", "wall_s")
+_REPLAY_COLUMNS = ("tfwd", "events", "jobs_done", "idle_node_hours", "used_node_hours", "utilization",
+                   "rescales", "wall_s")
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "-"
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if v.is_integer() and abs(v) < 1e6:
+            return f"{int(v)}"
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:,.2f}"
+    return str(v)
+
+
+def md_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def _slug(text: str) -> str:
+    keep = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+    return keep.strip("_") or "all"
+
+
+def _manifest(sweep_dir: Path) -> dict[str, Any]:
+    p = sweep_dir / SWEEP_JSON
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(p, f"invalid JSON: {e.msg}", e.lineno) from None
+
+
+def make_report(sweep_dir: str | Path, out_dir: str | Path | None = None, baseline: str | None = None,
+                command: Sequence[str] | None = None) -> Path:
+    """Write the report of ``sweep_dir`` into ``out_dir`` (default ``sweep_dir/report``); returns README.md."""
+    sweep_dir = Path(sweep_dir)
+    out = Path(out_dir) if out_dir else sweep_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    df = read_table(sweep_dir)
+    manifest = _manifest(sweep_dir)
+    name = manifest.get("name") or sweep_dir.name
+    md: list[str] = [f"# Sweep `{name}`", ""]
+    if manifest.get("description"):
+        md += [manifest["description"].strip(), ""]
+    md += _commands(manifest, command)
+    md += _overview(df, manifest)
+    sim = ok_rows(df, "simulate")
+    if len(sim):
+        baseline = baseline or (manifest.get("report") or {}).get("baseline") or str(sim["policy"].iloc[0])
+        md += _simulate_section(sim, baseline, sweep_dir, out)
+    rep = ok_rows(df, "replay")
+    if len(rep):
+        md += _replay_section(rep, sweep_dir, out)
+    failed = df[df["status"] != "ok"]
+    if len(failed):
+        md += ["## Failed cells", "", md_table(failed[["cell_id", "kind", "error"]].fillna("")), ""]
+    df.to_csv(out / CSV_FILE, index=False)  # CSV only: the report folder may be committed
+    readme = out / REPORT_FILE
+    readme.write_text("\n".join(md).rstrip() + "\n")
+    return readme
+
+
+def _commands(manifest: dict[str, Any], command: Sequence[str] | None) -> list[str]:
+    lines = ["Made with:", "", "```sh"]
+    if manifest.get("command"):
+        lines.append(" ".join(manifest["command"]))
+    if command:
+        lines.append(" ".join(command))
+    lines += ["```", ""]
+    return lines if len(lines) > 5 else []
+
+
+def _overview(df: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+    ok = int((df["status"] == "ok").sum())
+    cell_s = float(pd.to_numeric(df["wall_s"], errors="coerce").sum())
+    line = f"{len(df)} cells ({ok} ok, {len(df) - ok} failed); time inside the cells {cell_s:,.1f} s"
+    wall = (manifest.get("outcome") or {}).get("wall_s")
+    if wall is not None:
+        ran = manifest["outcome"].get("ran")
+        line += f"; the last `hpcsched sweep` run took {wall:,.1f} s wall and ran {ran} cells"
+    return [line + ".", "", "The full table, one row per cell: [results.csv](results.csv).", ""]
+
+
+def _jcts(sweep_dir: Path, cell_id: str) -> np.ndarray:
+    p = sweep_dir / CELLS_DIR / cell_id / "jobs.csv"
+    if not p.is_file():
+        return np.array([])
+    jobs = pd.read_csv(p, usecols=["submit", "end"])
+    jobs = jobs[jobs["end"].notna()]
+    return np.sort((jobs["end"] - jobs["submit"]).to_numpy(dtype=float))
+
+
+def _timeline(sweep_dir: Path, cell_id: str) -> pd.DataFrame:
+    d = sweep_dir / CELLS_DIR / cell_id
+    if not (d / TIMELINE_FILE).is_file():
+        return pd.DataFrame(columns=["time", "utilization"])
+    tl = pd.read_csv(d / TIMELINE_FILE)
+    meta = json.loads((d / "meta.json").read_text()) if (d / "meta.json").is_file() else {}
+    cap = meta.get("capacity_gpus")
+    if "busy_gpus" in tl and cap:
+        return pd.DataFrame({"time": tl["time"], "utilization": tl["busy_gpus"] / float(cap)})
+    if "utilization" in tl:
+        return tl[["time", "utilization"]]
+    return pd.DataFrame(columns=["time", "utilization"])
+
+
+def _simulate_section(sim: pd.DataFrame, baseline: str, sweep_dir: Path, out: Path) -> list[str]:
+    md = ["## Simulations", "", f"Bars are each policy's value divided by `{baseline}`'s on the same trace "
+          "and context (averaged over seeds first); the dashed line is the baseline. "
+          "p99 is Muri's sorted(jct)[int(0.99 n)]; makespan is the last end time.", ""]
+    norm = normalized(sim, baseline)
+    ctx = with_context(sim, SIM_CONTEXT)
+    ctx["trace_name"] = ctx["trace"].map(trace_name)
+    policies = list(dict.fromkeys(sim["policy"]))
+    for context, g in norm.groupby("context", sort=False):
+        slug = _slug(context)
+        md += [f"### Context: {context}", ""]
+        png = f"bars_{slug}.png"
+        plots.normalized_bars(g, baseline, f"normalised to {baseline} ({context})", out / png, policies=policies)
+        md += [f"![normalised bars]({png})", ""]
+        for m in BAR_METRICS:
+            if m in g:
+                wide = g.pivot_table(index="trace_name", columns="policy", values=m, sort=False).reset_index()
+                wide = wide[["trace_name", *[p for p in policies if p in wide.columns]]]
+                md += [f"{m} / {baseline}:", "", md_table(wide.rename(columns={"trace_name": "trace"})), ""]
+        cells = ctx[ctx["context"] == context]
+        cdf_runs: dict[str, list[tuple[str, np.ndarray]]] = {}
+        tl_runs: dict[str, list[tuple[str, pd.DataFrame]]] = {}
+        for _, r in cells[cells["seed"] == cells["seed"].min()].iterrows():
+            cdf_runs.setdefault(r["trace_name"], []).append((r["policy"], _jcts(sweep_dir, r["cell_id"])))
+            tl_runs.setdefault(r["trace_name"], []).append((r["policy"], _timeline(sweep_dir, r["cell_id"])))
+        plots.jct_cdfs(cdf_runs, f"JCT CDF ({context})", out / f"cdf_{slug}.png")
+        plots.utilisation_over_time(tl_runs, f"GPU utilisation over time ({context})", out / f"util_{slug}.png")
+        md += [f"![JCT CDFs](cdf_{slug}.png)", "", f"![utilisation over time](util_{slug}.png)", ""]
+        raw = cells[["trace_name", "policy", "seed", *[c for c in _SIM_COLUMNS if c in cells.columns]]]
+        md += ["Raw numbers (seconds):", "", md_table(raw.rename(columns={"trace_name": "trace"})), ""]
+    return md
+
+
+def _replay_section(rep: pd.DataFrame, sweep_dir: Path, out: Path) -> list[str]:
+    ctx = with_context(rep, REPLAY_CONTEXT)
+    md = ["## Idle-node harvesting replays", ""]
+    if ctx["tfwd"].nunique() > 1:
+        plots.harvest_vs_tfwd(ctx, out / "harvest_vs_tfwd.png")
+        md += ["![harvest vs Tfwd](harvest_vs_tfwd.png)", ""]
+    for context, g in ctx.groupby("context", sort=False):
+        md += [f"### Context: {context}", "", md_table(g[[c for c in _REPLAY_COLUMNS if c in g.columns]]), ""]
+    tl_runs: dict[str, list[tuple[str, pd.DataFrame]]] = {}
+    for _, r in ctx.iterrows():
+        tl = _timeline(sweep_dir, r["cell_id"])
+        if len(tl):
+            tl_runs.setdefault(str(r["context"]), []).append((f"Tfwd {r['tfwd']:g}", tl))
+    if tl_runs:
+        plots.utilisation_over_time(tl_runs, "idle-pool utilisation over time", out / "util_replay.png")
+        md += ["![utilisation over time](util_replay.png)", ""]
+    return md
+

@@ -1,0 +1,75 @@
+"""Reshape a sweep's tidy table into what the report shows: contexts, seed means, normalised ratios.
+
+A *context* is everything about a simulate cell except the trace, the policy and the seed (cluster,
+compat mode, arrival scale): bars are only comparable inside one context. Seeds are averaged first,
+then each (context, trace) is divided by its baseline policy's value, so the baseline's bar is 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+SIM_CONTEXT = ("cluster", "compat", "arrival_scale")
+REPLAY_CONTEXT = ("idle", "log", "bounds", "curves", "nodes", "solver", "arrival_scale")
+BAR_METRICS = ("avg_jct", "p99_jct", "makespan")
+
+
+def ok_rows(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    return df[(df["kind"] == kind) & (df["status"] == "ok")].copy()
+
+
+def context_label(row: pd.Series | dict, columns: Sequence[str], varying: Sequence[str]) -> str:
+    """A short name for a context, naming only the columns that vary across the sweep."""
+    bits = []
+    for c in columns:
+        if c in varying:
+            v = row[c]
+            v = str(v).rsplit("/", 1)[-1] if isinstance(v, str) else v
+            bits.append(f"{c}={v:g}" if isinstance(v, float) else f"{c}={v}")
+    return ", ".join(bits) or "all"
+
+
+def varying_columns(df: pd.DataFrame, columns: Sequence[str]) -> list[str]:
+    return [c for c in columns if c in df.columns and df[c].nunique(dropna=False) > 1]
+
+
+def with_context(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """``df`` plus a ``context`` column (text label); missing context columns count as constant."""
+    out = df.copy()
+    present = [c for c in columns if c in out.columns]
+    varying = varying_columns(out, present)
+    out["context"] = [context_label(r, present, varying) for _, r in out.iterrows()] if len(out) else []
+    return out
+
+
+def trace_name(path: str) -> str:
+    name = str(path).rsplit("/", 1)[-1]
+    for suffix in (".gz", ".csv"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def seed_means(sim: pd.DataFrame, metrics: Sequence[str] = BAR_METRICS) -> pd.DataFrame:
+    """One row per (context, trace, policy): each metric averaged over seeds."""
+    df = with_context(sim, SIM_CONTEXT)
+    df["trace_name"] = df["trace"].map(trace_name)
+    present = [m for m in metrics if m in df.columns]
+    return df.groupby(["context", "trace_name", "policy"], sort=False)[present].mean().reset_index()
+
+
+def normalized(sim: pd.DataFrame, baseline: str, metrics: Sequence[str] = BAR_METRICS) -> pd.DataFrame:
+    """Each metric divided by the baseline policy's value in the same context and trace.
+
+    Rows whose (context, trace) has no baseline cell get NaN, so a missing baseline is visible
+    rather than silently normalised to something else.
+    """
+    means = seed_means(sim, metrics)
+    present = [m for m in metrics if m in means.columns]
+    base = means[means["policy"] == baseline].set_index(["context", "trace_name"])[present]
+    joined = means.join(base, on=["context", "trace_name"], rsuffix="__base")
+    out = joined[["context", "trace_name", "policy"]].copy()
+    for m in present:
+        out[m] = joined[m] / joined[f"{m}__base"]
+    return out

@@ -1,0 +1,141 @@
+"""The report's PNG figures, each a function of tidy data so it can be checked without looking at it.
+
+Every function returns what it drew (bar heights, line counts) besides writing the PNG, so tests can
+assert the figure shows the right numbers. Figures are kept small (dpi 100) to live in the repo.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+DPI = 100
+_LABELS = {"avg_jct": "average JCT", "p99_jct": "p99 JCT", "makespan": "makespan"}
+
+
+def _grid(n: int, max_cols: int = 4) -> tuple[int, int]:
+    cols = min(n, max_cols)
+    return math.ceil(n / cols), cols
+
+
+def _save(fig: plt.Figure, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return out
+
+
+def normalized_bars(norm: pd.DataFrame, baseline: str, title: str, out: Path,
+                    metrics: Sequence[str] = ("avg_jct", "p99_jct", "makespan"),
+                    policies: Sequence[str] | None = None) -> dict[str, dict[tuple[str, str], float]]:
+    """Muri's Figure 9/10 layout: one panel per metric, traces on x, one bar per policy, baseline = 1.
+
+    Returns ``{metric: {(trace, policy): bar height}}`` read back from the drawn bars.
+    """
+    metrics = [m for m in metrics if m in norm.columns]
+    traces = list(dict.fromkeys(norm["trace_name"]))
+    policies = list(policies or dict.fromkeys(norm["policy"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    width = 0.8 / max(len(policies), 1)
+    drawn: dict[str, dict[tuple[str, str], float]] = {}
+    x = np.arange(len(traces))
+    for ax, m in zip(axes[0], metrics, strict=True):
+        drawn[m] = {}
+        table = norm.pivot_table(index="trace_name", columns="policy", values=m, aggfunc="first", dropna=False)
+        for i, pol in enumerate(policies):
+            heights = [float(table.at[t, pol]) if pol in table.columns and t in table.index else np.nan
+                       for t in traces]
+            bars = ax.bar(x + (i - (len(policies) - 1) / 2) * width, heights, width, label=pol)
+            for t, b in zip(traces, bars, strict=True):
+                drawn[m][(t, pol)] = float(b.get_height())
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(x, traces, rotation=30, ha="right", fontsize="small")
+        ax.set_ylabel(f"{_LABELS.get(m, m)} / {baseline}")
+        ax.set_title(_LABELS.get(m, m))
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize="x-small", ncol=2)
+    fig.suptitle(title, fontsize="medium")
+    _save(fig, out)
+    return drawn
+
+
+def jct_cdfs(runs: Mapping[str, Sequence[tuple[str, np.ndarray]]], title: str, out: Path) -> int:
+    """One panel per trace, one CDF per policy (log-x); ``runs[trace] = [(policy, sorted jcts)]``."""
+    rows, cols = _grid(len(runs))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    lines = 0
+    for ax, (trace, series) in zip(axes.flat, runs.items(), strict=False):
+        for policy, jct in series:
+            if len(jct):
+                ax.step(np.maximum(jct, 1e-3), np.arange(1, len(jct) + 1) / len(jct), where="post", label=policy)
+                lines += 1
+        ax.set_xscale("log")
+        ax.set_title(trace, fontsize="small")
+        ax.set_xlabel("JCT (s)", fontsize="small")
+        ax.set_ylim(0, 1.01)
+        ax.grid(True, which="major", alpha=0.3)
+    for ax in list(axes.flat)[len(runs):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("fraction of jobs")
+    axes[0][0].legend(fontsize="x-small")
+    fig.suptitle(title, fontsize="medium")
+    _save(fig, out)
+    return lines
+
+
+def utilisation_over_time(runs: Mapping[str, Sequence[tuple[str, pd.DataFrame]]], title: str, out: Path) -> int:
+    """One panel per trace, one step line per policy: busy fraction of the cluster vs hours.
+
+    ``runs[trace] = [(policy, frame with columns time, utilization)]``.
+    """
+    rows, cols = _grid(len(runs))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    lines = 0
+    for ax, (trace, series) in zip(axes.flat, runs.items(), strict=False):
+        for policy, tl in series:
+            if len(tl):
+                ax.step(tl["time"] / 3600.0, tl["utilization"], where="post", label=policy, linewidth=0.8)
+                lines += 1
+        ax.set_title(trace, fontsize="small")
+        ax.set_xlabel("time (h)", fontsize="small")
+        ax.set_ylim(0, 1.05)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(runs):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("busy fraction")
+    axes[0][0].legend(fontsize="x-small")
+    fig.suptitle(title, fontsize="medium")
+    _save(fig, out)
+    return lines
+
+
+def harvest_vs_tfwd(rep: pd.DataFrame, out: Path) -> int:
+    """Idle-pool utilisation and harvested node-hours against Tfwd, one line per replay context."""
+    fig, (ax_u, ax_h) = plt.subplots(1, 2, figsize=(9, 3.4))
+    lines = 0
+    for ctx, g in rep.groupby("context", sort=False):
+        g = g.groupby("tfwd", as_index=False).mean(numeric_only=True).sort_values("tfwd")
+        if "utilization" in g:
+            ax_u.plot(g["tfwd"], g["utilization"], marker="o", label=ctx)
+            lines += 1
+        if "used_node_hours" in g:
+            ax_h.plot(g["tfwd"], g["used_node_hours"], marker="o", label=ctx)
+    for ax, label in ((ax_u, "idle-pool utilisation"), (ax_h, "harvested node-hours")):
+        ax.set_xscale("log")
+        ax.set_xlabel("Tfwd (s, log scale)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_u.set_ylim(0, 1.05)
+    ax_u.legend(fontsize="x-small")
+    fig.suptitle("Harvesting idle nodes vs the look-ahead window", fontsize="medium")
+    _save(fig, out)
+    return lines

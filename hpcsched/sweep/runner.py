@@ -1,0 +1,207 @@
+"""Run a sweep's cells on local cores (or a Ray cluster), resuming where a previous run stopped.
+
+Layout of a sweep directory ``OUT``::
+
+    OUT/sweep.yaml            the config as given
+    OUT/sweep.json            name, root, the command, the cells (id, kind, params), timings
+    OUT/cells/<id>/           one folder per cell: jobs.csv, meta.json, timeline.csv, cell.json
+    OUT/results.csv           the tidy table, one row per cell (and results.parquet with pyarrow)
+
+A cell is finished when its ``cell.json`` says ``status: ok``; that file is written last, atomically,
+so a sweep killed mid-cell redoes only that cell. Failed cells are retried on the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from hpcsched.sweep.cell import PATH_PARAMS, Cell
+from hpcsched.sweep.config import SweepConfig
+from hpcsched.sweep.execute import RECORD_FILE, execute
+from hpcsched.sweep.table import build_table, write_table
+
+CELLS_DIR = "cells"
+SWEEP_JSON = "sweep.json"
+SWEEP_YAML = "sweep.yaml"
+
+
+@dataclass
+class SweepOutcome:
+    """What a run of ``run_sweep`` did; ``as_json`` is what ``hpcsched sweep --json`` prints."""
+
+    out: Path
+    cells: int
+    ran: int
+    skipped: int
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    tables: list[Path] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "cells": self.cells,
+            "ran": self.ran,
+            "skipped": self.skipped,
+            "failed": len(self.failed),
+            "failures": [{"id": f["id"], "error": f["error"]} for f in self.failed],
+            "wall_s": round(self.wall_s, 3),
+            "tables": [str(t) for t in self.tables],
+        }
+
+
+def cell_dir(out: Path, cell: Cell) -> Path:
+    return out / CELLS_DIR / cell.id
+
+
+def load_record(out: Path, cell: Cell) -> dict[str, Any] | None:
+    """The finished record of ``cell`` in ``out``, or None if it must (re)run."""
+    p = cell_dir(out, cell) / RECORD_FILE
+    if not p.is_file():
+        return None
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if rec.get("status") != "ok" or rec.get("params") != dict(cell.params):
+        return None
+    return rec
+
+
+def save_record(out: Path, record: dict[str, Any]) -> None:
+    """Write ``cell.json`` atomically: it is the cell's 'finished' marker."""
+    d = out / CELLS_DIR / record["id"]
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{RECORD_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    os.replace(tmp, d / RECORD_FILE)
+
+
+def _local_cell(cell: Cell, root: Path, out: Path) -> dict[str, Any]:
+    """Pool worker: run one cell into its own folder and mark it."""
+    d = cell_dir(out, cell)
+    if d.exists():
+        shutil.rmtree(d)  # leftovers of an interrupted or failed attempt
+    record = execute(cell, root, d)
+    save_record(out, record)
+    return record
+
+
+def _cost(cell: Cell, root: Path) -> float:
+    """Rough cost for ordering: bigger inputs first, so the longest cells do not start last."""
+    total = 0.0
+    for name in PATH_PARAMS[cell.kind]:
+        v = cell.params.get(name)
+        if v is not None:
+            try:
+                total += (root / v).stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def run_sweep(
+    config: SweepConfig,
+    out: str | Path,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    fresh: bool = False,
+    progress: bool = True,
+    command: Sequence[str] | None = None,
+) -> SweepOutcome:
+    """Run every unfinished cell of ``config`` into ``out`` and (re)write the results table."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if fresh and (out / CELLS_DIR).exists():
+        for cell in config.cells:
+            shutil.rmtree(cell_dir(out, cell), ignore_errors=True)
+    records: dict[str, dict[str, Any]] = {}
+    todo: list[Cell] = []
+    for cell in config.cells:
+        rec = load_record(out, cell)
+        if rec is None:
+            todo.append(cell)
+        else:
+            records[cell.id] = rec
+    todo.sort(key=lambda c: -_cost(c, config.root))
+    _write_manifest(config, out, command, status="running")
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+        task = bar.add_task(f"sweep {config.name}", total=len(config.cells), completed=len(records))
+
+        def done(rec: dict[str, Any]) -> None:
+            records[rec["id"]] = rec
+            mark = "ok" if rec["status"] == "ok" else "FAILED"
+            bar.update(task, advance=1, description=f"sweep {config.name}: {mark} {rec.get('label', rec['id'])}")
+
+        if not todo:
+            pass
+        elif ray_address:
+            from hpcsched.sweep.ray_runner import run_on_ray
+
+            run_on_ray(todo, config.root, out, ray_address, done)
+        else:
+            _run_local(todo, config.root, out, workers or os.cpu_count() or 1, done)
+    ordered = [records[c.id] for c in config.cells if c.id in records]
+    tables = write_table(build_table(ordered), out)
+    failed = [r for r in ordered if r["status"] != "ok"]
+    outcome = SweepOutcome(out, len(config.cells), len(todo), len(config.cells) - len(todo), failed,
+                           time.perf_counter() - t0, tables)
+    _write_manifest(config, out, command, status="failed" if failed else "done", outcome=outcome)
+    return outcome
+
+
+def _run_local(todo: list[Cell], root: Path, out: Path, workers: int, done: Callable[[dict[str, Any]], None]) -> None:
+    for cell in todo:
+        cell_dir(out, cell).parent.mkdir(parents=True, exist_ok=True)
+    if workers <= 1 or len(todo) == 1:
+        for cell in todo:
+            done(_local_cell(cell, root, out) | {"label": cell.label()})
+        return
+    # forkserver: workers do not inherit the progress bar's thread (fork after threads can deadlock).
+    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+        futures: dict[Future[dict[str, Any]], Cell] = {pool.submit(_local_cell, c, root, out): c for c in todo}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done(f.result() | {"label": futures[f].label()})
+
+
+def _write_manifest(config: SweepConfig, out: Path, command: Sequence[str] | None, status: str,
+                    outcome: SweepOutcome | None = None) -> None:
+    """``sweep.json`` and ``sweep.yaml``: what the report needs to say how the results were made."""
+    (out / SWEEP_YAML).write_text(config.text)
+    manifest: dict[str, Any] = {
+        "name": config.name,
+        "description": config.description,
+        "config": str(config.path),
+        "root": str(config.root),
+        "command": list(command) if command else None,
+        "report": config.report,
+        "status": status,
+        "cells": [{"id": c.id, "kind": c.kind, "label": c.label(), "params": dict(c.params)} for c in config.cells],
+    }
+    if outcome is not None:
+        manifest["outcome"] = outcome.as_json()
+    tmp = out / f".{SWEEP_JSON}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, out / SWEEP_JSON)
