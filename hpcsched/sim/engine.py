@@ -207,6 +207,7 @@ class _Engine:
         progress: Callable[[int, int], None] | None,
     ) -> None:
         self.compat = compat is not None
+        self.mode = compat  # told to policies (Snapshot.compat): interleaving follows the speed model
         self.rules: CompatRules = compat_rules(name) if self.compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
@@ -340,6 +341,7 @@ class _Engine:
             jobs=tuple(self._view(j) for j in self.active),
             cluster=self.cluster,
             free_gpus=int(round(self.cluster.gpus - held)),
+            compat=self.mode,
         )
         groups = self.policy(snap)
         plan = self._place(self._resolve(groups))
@@ -405,7 +407,7 @@ class _Engine:
         free = [self.gpn] * self.cluster.nodes
         out: list[Any] = [None] * len(first)
         rest = []
-        for i, (g, members, p) in enumerate(first):
+        for i, (g, members, _fresh) in enumerate(first):
             old = next((m.place for m in members if m.running and m.place is not None), None)
             need = max(m.gpus for m in members)
             if old is not None and sum(k for _, k in old) == need and all(free[n] >= k for n, k in old):
