@@ -14,7 +14,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import bftrainer, muri, swf
+from hpcsched.traces import bftrainer, cobalt, muri, philly, slurm, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -28,7 +28,9 @@ from hpcsched.traces.base import (
 )
 
 # Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
-FORMATS: dict[str, TraceFormat] = {f.name: f for f in (muri.FORMAT, *swf.FORMATS, *bftrainer.FORMATS)}
+FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
+    muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, *slurm.FORMATS, *bftrainer.FORMATS
+)}
 
 
 def detect_format(path: str | Path) -> TraceFormat:
@@ -83,28 +85,53 @@ def read_jobs(
     return list(trace)
 
 
+def _machine(report: TraceReport) -> tuple[int, int, int]:
+    """Machine size for the larger-than-machine check: options override what the file's header said."""
+    for key in ("machine_nodes", "machine_procs", "machine_gpus"):
+        given = report.options.get(key)
+        if given:
+            report.meta[key] = int(given)
+            report.convert(f"{key.replace('_', ' ')} = {int(given)} (given as an option)")
+    return tuple(int(report.meta.get(k) or 0) for k in ("machine_nodes", "machine_procs", "machine_gpus"))  # type: ignore[return-value]
+
+
 def _validated(jobs: Any, report: TraceReport) -> Iterator[Job]:
-    """The checks every job log gets, whatever its format."""
-    seen: set[str] = set()
+    """The checks every job log gets, whatever its format.
+
+    A repeated id (Slurm array tasks share one) is counted and made unique as ``id#n`` (n-th
+    occurrence), so that results keyed by id stay one row per job. A negative run time (a missing
+    end stamp) is counted and becomes unknown. The machine size is read after the first job,
+    because readers learn it from headers while streaming.
+    """
+    counts: dict[str, int] = {}
     last_submit = float("-inf")
-    max_nodes = report.meta.get("machine_nodes")
-    max_gpus = report.meta.get("machine_gpus")
+    machine: tuple[int, int, int] | None = None
     for job in jobs:
+        if machine is None:
+            machine = _machine(report)
+            max_nodes, max_procs, max_gpus = machine
         line = job.extra.get("line") if job.extra else None
-        if job.id in seen:
+        n = counts.get(job.id, 0) + 1
+        counts[job.id] = n
+        if n > 1:
             report.anomaly(DUPLICATE_ID, line, job.id)
-        seen.add(job.id)
+            job = dataclasses.replace(job, id=f"{job.id}#{n}")
+            report.convert("a repeated job id becomes id#n (n-th occurrence)")
         if job.submit < last_submit:
             report.anomaly(UNSORTED_SUBMIT, line)
-        last_submit = max(last_submit, job.submit)
-        if job.duration is not None:
-            if job.duration == 0:
+        else:
+            last_submit = job.submit
+        d = job.duration
+        if d is not None:
+            if d == 0:
                 report.anomaly(ZERO_RUNTIME, line)
-            elif job.duration < 0:
+            elif d < 0:
                 report.anomaly(NEGATIVE_RUNTIME, line)
-                job = dataclasses.replace(job, duration=None)
-            elif job.requested is not None and job.requested > 0 and job.duration > job.requested:
+                job = dataclasses.replace(job, duration=None, end=None)
+            elif job.requested is not None and job.requested > 0 and d > job.requested:
                 report.anomaly(RUNTIME_OVER_REQUEST, line)
-        if (max_nodes and job.nodes > max_nodes) or (max_gpus and job.gpus > max_gpus):
+        if (max_nodes and job.nodes > max_nodes) or (max_procs and job.procs > max_procs) or (
+            max_gpus and job.gpus > max_gpus
+        ):
             report.anomaly(LARGER_THAN_MACHINE, line)
         yield job

@@ -11,8 +11,9 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
+from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
-from hpcsched.model import Job, JobStatus, ResourceProfile
+from hpcsched.model import ClusterSpec, Job, JobStatus, ResourceProfile
 from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, csv_header_is, numbered_lines
 
 COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name")
@@ -64,3 +65,19 @@ def read(path: Path, report: TraceReport) -> Iterator[Job]:
 
 
 FORMAT = TraceFormat("muri", "jobs", "Muri/Tiresias DL trace CSV (milliseconds)", sniff, read)
+
+
+CLUSTER_COLUMNS = ("num_switch", "num_node_p_switch", "num_gpu_p_node")
+
+
+def _read_cluster(path: Path, report: TraceReport) -> Iterator[ClusterSpec]:
+    """The one ClusterSpec of a Muri ``cluster_spec/*.csv``, so ``trace inspect`` shows it too."""
+    spec = read_cluster_spec(path)
+    report.meta.update(machine_nodes=spec.nodes, machine_gpus=spec.gpus)
+    yield spec
+
+
+CLUSTER_FORMAT = TraceFormat(
+    "muri-cluster", "cluster", "Muri cluster spec CSV (switches x nodes x GPUs)",
+    lambda lines: csv_header_is(lines, *CLUSTER_COLUMNS), _read_cluster,
+)

@@ -1,0 +1,78 @@
+"""Cobalt (ALCF) job logs as the DIR-LAB/lumos CSV of Theta: one row per job, times in epoch seconds.
+
+Columns: ``,job,user,project,state,gpu_num,cpu_num,node_num,submit_time,wait_time,run_time,wall_time,
+node_hour,new_status`` (leading unnamed index). ``wall_time`` is the requested time; start is
+``submit_time + wait_time``. ``new_status``: Pass -> completed, Killed -> cancelled (they ran and
+held nodes, so they stay in), Failed -> failed. The log does not say the machine size; it is Theta
+(4,392 nodes), which is assumed unless ``machine_nodes`` is given, and stated as a conversion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from hpcsched.model import Job, JobStatus
+from hpcsched.traces.base import MALFORMED_ROW, UNKNOWN_FIELD, TraceFormat, TraceReport, csv_records
+
+COLUMNS = ("job", "node_num", "submit_time", "wait_time", "run_time", "wall_time")
+THETA_NODES = 4392
+_STATUS = {"pass": JobStatus.COMPLETED, "killed": JobStatus.CANCELLED, "failed": JobStatus.FAILED}
+
+
+def _num(text: str) -> float | None:
+    """A number, None for the unknowns real dumps hold (empty, nan, -1)."""
+    t = text.strip()
+    if t.lower() in ("", "nan", "none"):
+        return None
+    v = float(t)
+    return None if v == -1 or not math.isfinite(v) else v
+
+
+def _read(path: Path, report: TraceReport) -> Iterator[Job]:
+    report.meta["time_base"] = "epoch"
+    if not report.options.get("machine_nodes"):
+        report.meta["machine_nodes"] = THETA_NODES
+        report.convert(f"machine size not in the log: Theta's {THETA_NODES} nodes assumed (--machine-nodes overrides)")
+    report.convert("start = submit_time + wait_time; wall_time = requested time; node_num = nodes")
+    for lineno, row in csv_records(path, COLUMNS, report, what="Cobalt/Theta CSV"):
+        try:
+            submit, wait, run = _num(row["submit_time"]), _num(row["wait_time"]), _num(row["run_time"])
+            nodes, wall = _num(row["node_num"]), _num(row["wall_time"])
+            cpus = _num(row.get("cpu_num", "")) or 0
+            gpus = _num(row.get("gpu_num", "")) or 0
+        except ValueError as e:
+            report.anomaly(MALFORMED_ROW, lineno, str(e))
+            continue
+        if submit is None:
+            report.anomaly(MALFORMED_ROW, lineno, "submit_time unknown: job skipped")
+            continue
+        for name, v in (("wait_time", wait), ("run_time", run), ("node_num", nodes), ("wall_time", wall)):
+            if v is None:
+                report.anomaly(UNKNOWN_FIELD, lineno, name)
+        start = submit + wait if wait is not None else None
+        yield Job(
+            id=row["job"].strip(),
+            submit=submit,
+            nodes=int(nodes or 0),
+            procs=int(cpus),
+            gpus=int(gpus),
+            duration=run,
+            requested=wall,
+            start=start,
+            end=start + run if start is not None and run is not None and run >= 0 else None,
+            status=_STATUS.get(row.get("new_status", "").strip().lower(), JobStatus.UNKNOWN),
+            user=row.get("user") or None,
+            queue=None,
+            extra={"line": lineno},
+        )
+
+
+def sniff(first_lines: list[str]) -> bool:
+    line = next((s for s in first_lines if s.strip()), "")
+    cols = {c.strip().strip('"') for c in line.split(",")}
+    return set(COLUMNS) <= cols
+
+
+FORMAT = TraceFormat("cobalt", "jobs", "Cobalt/ALCF Theta job CSV (DIR-LAB/lumos), epoch seconds", sniff, _read)
