@@ -1,0 +1,207 @@
+"""A small, real data-parallel training program for elastic runs: numpy, checkpoint/resume, SIGTERM-safe.
+
+Why it exists: the Slurm integration needs a training job that really computes, really loses work
+when killed without warning, and really keeps it when given SIGTERM first; and whose final state
+proves that resizing did not skip or repeat a step. Logistic regression on a seeded synthetic data
+set does all of that in milliseconds per step and starts in half a second (torch takes ~5 s per rank
+to import on a 2-core machine, which would dominate every resize).
+
+Ranks come from Slurm (``SLURM_PROCID``/``SLURM_NTASKS``, one task per node under ``srun``) or from
+``HPCSCHED_RANK``/``HPCSCHED_WORLD`` when harvesting launches processes itself (mode (b)).
+Rank 0 listens on a free loopback port (``HPCSCHED_RDZV_HOST`` to change the address) and writes it
+to ``CKPT_DIR/rdzv.json`` for the others; gradients are summed at rank 0 in rank order and sent back.
+
+Every step uses the same global batch (drawn from ``(seed, step)``) split across the ranks, and the
+update divides by the global batch size, so the trajectory does not depend on how many ranks ran
+which steps: a run resized any number of times ends with the same weights as one run on one rank
+(to float rounding). SIGTERM on any rank makes all ranks stop at the same step boundary, rank 0
+checkpoint there, and all exit 0; a checkpoint is also written every ``--ckpt-every`` steps, which
+bounds what a SIGKILL loses. The files harvesting reads (its workload protocol):
+``CKPT_DIR/progress.json`` ``{"step": last completed step}`` and ``CKPT_DIR/checkpoint.json``
+``{"step": last checkpointed step}``; ``CKPT_DIR/log.jsonl`` has one line per start/stop/finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+
+import numpy as np
+
+EXIT_PEER_LOST = 3
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def dataset(seed: int, samples: int, features: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded, nearly separable binary classification set (the same on every rank)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, features))
+    w_true = rng.standard_normal(features)
+    y = (x @ w_true + 0.5 * rng.standard_normal(samples) > 0).astype(np.float64)
+    return x, y
+
+
+def batch_indices(seed: int, step: int, samples: int, batch: int) -> np.ndarray:
+    return np.random.default_rng([seed, step]).choice(samples, size=batch, replace=False)
+
+
+def loss(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    z = x @ w
+    return float(np.mean(np.logaddexp(0.0, z) - y * z))
+
+
+def load_checkpoint(ckpt_dir: Path, features: int) -> tuple[int, np.ndarray]:
+    f = ckpt_dir / "ckpt.npz"
+    if not f.exists():
+        return 0, np.zeros(features)
+    with np.load(f) as z:
+        return int(z["step"]), z["w"].copy()
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, w: np.ndarray) -> None:
+    tmp = ckpt_dir / f".ckpt.{os.getpid()}.tmp.npz"
+    np.savez(tmp, step=step, w=w)
+    os.replace(tmp, ckpt_dir / "ckpt.npz")
+    _atomic_write(ckpt_dir / "checkpoint.json", json.dumps({"step": step}).encode())
+
+
+class Group:
+    """Rank 0 is the hub: it sums what the others send, in rank order, and sends the sum back."""
+
+    def __init__(self, rank: int, world: int, ckpt_dir: Path, run_id: str, timeout: float = 60.0) -> None:
+        self.rank, self.world = rank, world
+        self.peers: list[Connection] = []
+        self.conn: Connection | None = None
+        rdzv = ckpt_dir / "rdzv.json"
+        if world == 1:
+            return
+        if rank == 0:
+            key = secrets.token_bytes(16)
+            listener = Listener((os.environ.get("HPCSCHED_RDZV_HOST", "127.0.0.1"), 0), authkey=key)
+            host, port = listener.address
+            _atomic_write(rdzv, json.dumps({"run": run_id, "host": host, "port": port, "key": key.hex()}).encode())
+            by_rank: dict[int, Connection] = {}
+            while len(by_rank) < world - 1:
+                c = listener.accept()
+                by_rank[c.recv()] = c
+            self.peers = [by_rank[r] for r in range(1, world)]
+            listener.close()
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                info = json.loads(rdzv.read_text())
+                if info["run"] == run_id:
+                    break
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank}: no rendezvous for run {run_id} in {rdzv}")
+            time.sleep(0.05)
+        self.conn = Client((info["host"], info["port"]), authkey=bytes.fromhex(info["key"]))
+        self.conn.send(rank)
+
+    def allreduce(self, vec: np.ndarray) -> np.ndarray:
+        if self.world == 1:
+            return vec
+        if self.rank == 0:
+            total = vec.copy()
+            for c in self.peers:
+                total += c.recv()
+            for c in self.peers:
+                c.send(total)
+            return total
+        assert self.conn is not None
+        self.conn.send(vec)
+        return self.conn.recv()
+
+    def broadcast(self, obj: object) -> object:
+        if self.world == 1:
+            return obj
+        if self.rank == 0:
+            for c in self.peers:
+                c.send(obj)
+            return obj
+        assert self.conn is not None
+        return self.conn.recv()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt-dir", type=Path, required=True)
+    ap.add_argument("--steps", type=int, required=True, help="total steps of the whole run (all restarts)")
+    ap.add_argument("--ckpt-every", type=int, default=20, help="periodic checkpoint interval in steps")
+    ap.add_argument("--batch", type=int, default=256, help="global batch size (split across ranks)")
+    ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--samples", type=int, default=8192)
+    ap.add_argument("--features", type=int, default=32)
+    ap.add_argument("--step-time", type=float, default=0.0,
+                    help="pace steps to at least this many seconds (stands in for a bigger model)")
+    a = ap.parse_args(argv)
+    rank = int(os.environ.get("HPCSCHED_RANK", os.environ.get("SLURM_PROCID", "0")))
+    world = int(os.environ.get("HPCSCHED_WORLD", os.environ.get("SLURM_NTASKS", "1")))
+    run_id = os.environ.get("HPCSCHED_RUN_ID") or os.environ.get("SLURM_JOB_ID") or str(os.getppid())
+    a.ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+    stop = {"flag": 0.0}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", 1.0))
+
+    x, y = dataset(a.seed, a.samples, a.features)
+    try:
+        group = Group(rank, world, a.ckpt_dir, run_id)
+        step, w = group.broadcast(load_checkpoint(a.ckpt_dir, a.features) if rank == 0 else None)  # type: ignore[misc]
+    except (EOFError, ConnectionError, TimeoutError) as e:
+        print(f"rank {rank}: rendezvous failed: {e}", file=sys.stderr)
+        return EXIT_PEER_LOST
+    log = a.ckpt_dir / "log.jsonl"
+
+    def record(event: str, **kw: object) -> None:
+        if rank == 0:
+            with log.open("a") as f:
+                f.write(json.dumps({"t": time.time(), "event": event, "step": step, "world": world,
+                                    "run": run_id, **kw}) + "\n")
+
+    record("start", node=os.environ.get("SLURMD_NODENAME", ""))
+    try:
+        while step < a.steps:
+            t0 = time.monotonic()
+            idx = batch_indices(a.seed, step, a.samples, a.batch)[rank::world]
+            xb, yb = x[idx], y[idx]
+            grad = xb.T @ (1.0 / (1.0 + np.exp(-(xb @ w))) - yb)
+            total = group.allreduce(np.append(grad, stop["flag"]))
+            w = w - a.lr * total[:-1] / a.batch
+            step += 1
+            if rank == 0:
+                _atomic_write(a.ckpt_dir / "progress.json", json.dumps({"step": step, "run": run_id}).encode())
+                if step % a.ckpt_every == 0 or step == a.steps:
+                    save_checkpoint(a.ckpt_dir, step, w)
+            if total[-1] > 0 and step < a.steps:
+                if rank == 0:
+                    save_checkpoint(a.ckpt_dir, step, w)
+                record("stop", reason="SIGTERM")
+                return 0
+            pause = a.step_time - (time.monotonic() - t0)
+            if pause > 0 and rank == 0:
+                time.sleep(pause)
+    except (EOFError, ConnectionError) as e:
+        print(f"rank {rank}: lost a peer at step {step}: {e}", file=sys.stderr)
+        return EXIT_PEER_LOST
+    record("finish", loss=loss(w, x, y))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The live idle-node source: Slurm's view of its nodes, turned into join/leave events.
+
+The harvestable *pool* is every node harvesting may use now: nodes Slurm reports plain idle, plus
+nodes held only by our own jobs (mode (a): our scavenger jobs show as ``allocated``). Each poll
+reads ``sinfo`` and ``squeue`` once and diffs the pool against the previous poll: a node entering
+is a ``join``, a node leaving is a ``leave`` carrying the state that made it leave (``drained``,
+``down*``, ``allocated by job 12 (batch)``...). These are the events the idle-node replayer produces
+from a log, so the same allocator decides on both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hpcsched.slurm import commands
+from hpcsched.slurm.nodes import NodeState, parse_sinfo
+
+JOIN = "join"
+LEAVE = "leave"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEvent:
+    """A node joined or left the harvestable pool at ``time`` (seconds on the source's clock)."""
+
+    time: float
+    kind: str  # JOIN | LEAVE
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """One running or completing Slurm job as ``squeue`` lists it."""
+
+    id: str
+    partition: str
+    name: str
+    state: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One poll: node states, live jobs, and the pool derived from them."""
+
+    time: float
+    states: dict[str, NodeState]
+    jobs: tuple[SlurmJob, ...]
+    pool: tuple[str, ...]  # in Slurm's node order
+    why_not: dict[str, str] = field(default_factory=dict)  # node -> reason it is not in the pool
+
+
+def parse_squeue(text: str, expand: Callable[[str], list[str]] = commands.hostnames) -> list[SlurmJob]:
+    """``squeue -h -o '%i|%P|%j|%T|%N'`` output -> jobs (pending jobs have no nodes)."""
+    jobs = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 5:
+            continue
+        jid, part, name, state, nodelist = parts
+        jobs.append(SlurmJob(jid, part, name, state, tuple(expand(nodelist)) if nodelist else ()))
+    return jobs
+
+
+class SlurmIdleSource:
+    """Polls a live Slurm; ``poll()`` returns the pool changes since the previous poll.
+
+    ``is_ours(job)`` says which Slurm jobs are harvesting's own (their nodes stay in the pool);
+    by default, jobs whose name starts with ``own_prefix``.
+    """
+
+    def __init__(self, own_prefix: str = "hpcsched-", clock: Callable[[], float] = time.monotonic) -> None:
+        self.own_prefix = own_prefix
+        self._clock = clock
+        self._t0 = clock()
+        self._pool: tuple[str, ...] = ()
+        self.last: Snapshot | None = None
+
+    def is_ours(self, job: SlurmJob) -> bool:
+        return job.name.startswith(self.own_prefix)
+
+    def now(self) -> float:
+        return self._clock() - self._t0
+
+    def snapshot(self) -> Snapshot:
+        states = parse_sinfo(commands.run(["sinfo", "-N", "-h", "-o", "%N %T"]))
+        jobs = parse_squeue(commands.run(["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i|%P|%j|%T|%N"]))
+        holders: dict[str, list[SlurmJob]] = {}
+        for j in jobs:
+            for n in j.nodes:
+                holders.setdefault(n, []).append(j)
+        pool, why = [], {}
+        for node, st in states.items():
+            held = holders.get(node, [])
+            ours_only = bool(held) and all(self.is_ours(j) for j in held)
+            if st.harvestable and not held:
+                pool.append(node)
+            elif ours_only and (st.busy or st.harvestable):
+                pool.append(node)
+            elif held and not ours_only:
+                other = next(j for j in held if not self.is_ours(j))
+                why[node] = f"{st.raw} by job {other.id} ({other.partition})"
+            else:
+                why[node] = st.reason or st.raw
+        return Snapshot(self.now(), states, tuple(jobs), tuple(pool), why)
+
+    def poll(self) -> list[PoolEvent]:
+        """Read Slurm once; return a ``leave`` per node gone from the pool, then a ``join`` per new one."""
+        snap = self.snapshot()
+        before, after = set(self._pool), set(snap.pool)
+        events = [PoolEvent(snap.time, LEAVE, n, snap.why_not.get(n, "")) for n in self._pool if n not in after]
+        events += [PoolEvent(snap.time, JOIN, n, snap.states[n].raw) for n in snap.pool if n not in before]
+        self._pool, self.last = snap.pool, snap
+        return events
+
+    @property
+    def pool(self) -> tuple[str, ...]:
+        return self._pool

@@ -1,0 +1,74 @@
+"""What harvesting runs: an elastic job's command, bounds, scaling curve and checkpoint directory.
+
+Workload protocol (what the harvester needs from a training program, nothing more): it runs one
+process per node with its rank in ``SLURM_PROCID``/``SLURM_NTASKS`` (mode (a), under ``srun``) or
+``HPCSCHED_RANK``/``HPCSCHED_WORLD``/``HPCSCHED_RUN_ID`` (mode (b)); on SIGTERM it checkpoints and
+exits 0; it resumes from its checkpoint; and it keeps ``CKPT_DIR/progress.json`` (last completed
+step) and ``CKPT_DIR/checkpoint.json`` (last checkpointed step) as ``{"step": N}``.
+``hpcsched.slurm.dp_train`` is such a program.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcsched.model import ElasticJob, ScalingCurve
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticSpec:
+    """One elastic training job for harvesting; ``command`` may use ``{ckpt_dir}`` and ``{steps}``."""
+
+    job: ElasticJob
+    command: tuple[str, ...]
+    ckpt_dir: Path
+    steps: int
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    def argv(self) -> list[str]:
+        return [a.format(ckpt_dir=self.ckpt_dir, steps=self.steps) for a in self.command]
+
+    def progress_step(self) -> int:
+        return _read_step(self.ckpt_dir / "progress.json")
+
+    def checkpoint_step(self) -> int:
+        return _read_step(self.ckpt_dir / "checkpoint.json")
+
+    @property
+    def done(self) -> bool:
+        return self.checkpoint_step() >= self.steps
+
+
+def _read_step(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError):
+        return 0
+
+
+def elastic_spec(d: Mapping[str, Any], base: Path) -> ElasticSpec:
+    """Build a spec from one ``jobs:`` entry of a harvest config (raises KeyError/ValueError/TypeError)."""
+    curve = d.get("curve") or {"nodes": [1, int(d["jmax"])], "rates": [1.0, float(d["jmax"])]}
+    steps = int(d["steps"])
+    job = ElasticJob(
+        id=str(d["id"]),
+        submit=0.0,
+        jmin=int(d.get("jmin", 1)),
+        jmax=int(d["jmax"]),
+        curve=ScalingCurve(tuple(float(x) for x in curve["nodes"]), tuple(float(x) for x in curve["rates"])),
+        total_samples=float(steps),
+        scale_up_s=float(d.get("scale_up_s", 0.0)),
+        scale_down_s=float(d.get("scale_down_s", 0.0)),
+    )
+    cmd: Sequence[str] = d["command"]
+    if isinstance(cmd, str) or not all(isinstance(a, str) for a in cmd):
+        raise TypeError("command must be a list of strings")
+    ckpt = Path(d.get("ckpt_dir", f"ckpt/{job.id}"))
+    return ElasticSpec(job, tuple(cmd), ckpt if ckpt.is_absolute() else base / ckpt, steps)
