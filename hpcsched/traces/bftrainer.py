@@ -35,6 +35,7 @@ from hpcsched.traces.base import (
     TraceReport,
     csv_header_is,
     csv_records,
+    csv_rows,
     numbered_lines,
 )
 
@@ -89,11 +90,15 @@ def _count(path: Path, lineno: int, name: str, text: str) -> int:
 
 def _read_idle(path: Path, report: TraceReport) -> Iterator[IdleInterval]:
     last_start = -math.inf
-    for lineno, row in csv_records(path, IDLE_COLUMNS, report, what="idle-interval"):
+    cols: tuple[int, int, int] | None = None
+    for lineno, row, index in csv_rows(path, IDLE_COLUMNS, report, what="idle-interval"):
+        if cols is None:
+            cols = (index["node"], index["idle_start"], index["idle_end"])
+            i_node, i_start, i_end = cols
         try:
-            node = row["node"].strip()
-            start = float(row["idle_start"])
-            end_raw = float(row["idle_end"])
+            node = row[i_node].strip()
+            start = float(row[i_start])
+            end_raw = float(row[i_end])
         except ValueError as e:
             report.anomaly(MALFORMED_ROW, lineno, str(e))
             continue
@@ -130,7 +135,7 @@ def read_idle_intervals(path: str | Path, report: TraceReport | None = None) -> 
 def _read_nodes(path: Path, report: TraceReport) -> Iterator[str]:
     seen: set[str] = set()
     any_line = False
-    for lineno, line in numbered_lines(path):
+    for lineno, line in numbered_lines(path, report):
         name = line.strip()
         if not name:
             continue

@@ -27,7 +27,7 @@ def sniff(first_lines: list[str]) -> bool:
 def read(path: Path, report: TraceReport) -> Iterator[Job]:
     report.convert("times in milliseconds -> seconds (x 0.001)")
     report.convert("num_gpu -> gpus; nodes left 0 (placement decides)")
-    lines = numbered_lines(path)
+    lines = numbered_lines(path, report)
     header: list[str] | None = None
     for lineno, line in lines:
         if not line.strip():

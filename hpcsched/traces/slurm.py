@@ -248,7 +248,7 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
     cols: dict[str, str] = {}
     pending_header: str | None = None
     seen_any = False
-    for lineno, line in numbered_lines(path):
+    for lineno, line in numbered_lines(path, report):
         if not line.strip():
             continue
         seen_any = True
@@ -302,7 +302,7 @@ def _read_jobcomp(path: Path, report: TraceReport) -> Iterator[Job]:
     report.convert(_TIME_NOTE)
     report.convert("TimeLimit in minutes -> s")
     seen_any = False
-    for lineno, line in numbered_lines(path):
+    for lineno, line in numbered_lines(path, report):
         if not line.strip():
             continue
         seen_any = True

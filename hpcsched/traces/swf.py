@@ -105,7 +105,7 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
     cancelled_ran = 0
     setup: tuple[float, float, int] | None = None
     any_text = False
-    for lineno, line in numbered_lines(path):
+    for lineno, line in numbered_lines(path, report):
         if not line or line.isspace():
             continue
         any_text = True
@@ -208,7 +208,7 @@ def _read_pbs(path: Path, report: TraceReport) -> Iterator[Job]:
     report.convert("nodes = distinct node ids in field 19; procs = allocated procs (field 5)")
     cancelled_ran = 0
     any_text = False
-    for lineno, line in numbered_lines(path):
+    for lineno, line in numbered_lines(path, report):
         if not line or line.isspace():
             continue
         any_text = True
