@@ -38,7 +38,7 @@ from hpcsched.traces.base import (
 )
 from hpcsched.traces.hostlist import expand_hostlist
 
-__all__ = ["expand_hostlist", "parse_slurm_time", "parse_slurm_duration", "FORMATS"]
+__all__ = ["FORMATS", "SACCT_FIELDS", "expand_hostlist", "parse_slurm_duration", "parse_slurm_time"]
 
 # Job field -> column names it may come from (lower case), first present wins.
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -233,10 +233,16 @@ def _read_csv(path: Path, report: TraceReport) -> Iterator[Job]:
             yield job
 
 
+SACCT_FIELDS = "JobID,JobName,Partition,Submit,Start,End,ElapsedRaw,TimelimitRaw,NNodes,NCPUS,AllocTRES,State,NodeList"
+
+
 def _require(path: Path, cols: dict[str, str], header_line: int) -> None:
     missing = [k for k in ("id", "submit") if k not in cols]
     if missing:
-        raise InputError(path, f"not a Slurm accounting file: no {' or '.join(missing)} column", max(header_line, 1))
+        raise InputError(
+            path, f"Slurm accounting without a {' or '.join(missing)} column: a replay needs submit times; "
+            f"run sacct --parsable2 -o {SACCT_FIELDS}", max(header_line, 1),
+        )
 
 
 def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
@@ -340,8 +346,7 @@ def sniff_csv(first_lines: list[str]) -> bool:
 def sniff_sacct(first_lines: list[str]) -> bool:
     line = _first(first_lines)
     if "|" in line:
-        cols = _columns(line.split("|"))
-        return "id" in cols and "submit" in cols
+        return "id" in _columns(line.split("|"))
     rest = [s for s in first_lines if s.strip()]
     return len(rest) >= 2 and set(rest[1].strip()) <= {"-", " "} and "id" in _columns(line.split())
 
