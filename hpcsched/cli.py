@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "hpcsched.sweep.cli",
     "hpcsched.report.cli",
     "hpcsched.sim.cli",
+    "hpcsched.runtime.cli",
 )
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,223 @@
+"""``hpcsched controller | worker | submit | jobs | cancel | workers | profile``: run and use the runtime."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hpcsched.errors import InputError
+
+_CONTROLLER_HELP = "controller HOST:PORT (else $HPCSCHED_CONTROLLER, else --address-file)"
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _client(controller: str | None, address_file: Path | None, token_file: Path | None, tls_ca: Path | None):
+    from hpcsched.runtime.client import Client, resolve_address, resolve_token
+
+    return Client(resolve_address(controller, address_file), resolve_token(token_file), tls_ca)
+
+
+def _fail(e: Exception) -> None:
+    print(f"error: {e}", file=sys.stderr)
+    raise typer.Exit(1)
+
+
+def _until_signal() -> threading.Event:
+    stop = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda *_: stop.set())
+    return stop
+
+
+def controller(
+    config: Path = typer.Option(..., "--config", "-c", help="controller YAML (listen, state, token_file, policy...)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run the controller: scheduler, job API and state store. Stops on SIGINT/SIGTERM."""
+    from hpcsched.runtime.config import read_controller_config
+    from hpcsched.runtime.server import ControllerServer
+
+    _logging(verbose)
+    cfg = read_controller_config(config)
+    srv = ControllerServer(cfg)
+    print(srv.start(), flush=True)  # the bound address: with port 0, this is how a script learns it
+    _until_signal().wait()
+    srv.stop()
+
+
+def worker(
+    controller: str = typer.Option(None, "--controller", help="controller HOST:PORT"),
+    config: Path = typer.Option(None, "--config", "-c", help="worker YAML (controller, name, slots, gpus, token_file)"),
+    name: str = typer.Option(None, "--name", help="worker id (default: the host name)"),
+    slots: int = typer.Option(None, "--slots", help="processes this node runs at once (default: GPUs, else 1)"),
+    gpus: int = typer.Option(None, "--gpus", help="GPUs offered (default: what torch sees)"),
+    host: str = typer.Option(None, "--host", help="address other nodes reach this node at (default 127.0.0.1)"),
+    token_file: Path = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)"),
+    tls_ca: Path = typer.Option(None, "--tls-ca", help="CA certificate: talk TLS to the controller"),
+    work_dir: Path = typer.Option(None, "--work-dir", help="task logs and progress files"),
+    verbose: bool = typer.Option(False, "--verbose", "-v"),
+) -> None:
+    """Run a worker daemon for this node: registers, heartbeats, launches and kills tasks."""
+    import socket
+
+    from hpcsched.runtime.client import resolve_token
+    from hpcsched.runtime.config import WorkerConfig, read_worker_config
+    from hpcsched.runtime.worker import Worker
+
+    _logging(verbose)
+    file = read_worker_config(config) if config else {}
+    flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "host": host,
+             "tls_ca": tls_ca, "work_dir": work_dir}
+    kw = file | {k: v for k, v in flags.items() if v is not None}
+    token = resolve_token(token_file) if token_file else kw.pop("token", None) or resolve_token(None)
+    kw.pop("token", None)
+    if not kw.get("controller"):
+        raise InputError(config, "no controller address: pass --controller HOST:PORT or set controller: in the file")
+    if "gpus" not in kw:
+        kw["gpus"] = _visible_gpus()
+    kw.setdefault("slots", kw["gpus"] or 1)
+    kw.setdefault("name", socket.gethostname())
+    kw.setdefault("work_dir", Path("hpcsched-worker") / kw["name"])
+    cfg = WorkerConfig(token=token, cpus=os.cpu_count() or 1, **kw)
+    Worker(cfg).run(_until_signal())
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def submit(
+    job_file: Path = typer.Argument(..., help="job YAML: name, command, launcher, procs, min/max_procs, steps, env"),
+    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
+    address_file: Path = typer.Option(None, "--address-file", help="file holding the controller's HOST:PORT"),
+    token_file: Path = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)"),
+    tls_ca: Path = typer.Option(None, "--tls-ca"),
+    as_json: bool = typer.Option(False, "--json", help="print {job_id} as JSON"),
+) -> None:
+    """Submit a training job; relative paths in its command resolve from the job file's folder."""
+    import yaml
+
+    from hpcsched.runtime.client import ClientError
+    from hpcsched.runtime.config import parse_job_spec
+
+    try:
+        text = job_file.read_text()
+    except OSError as e:
+        raise InputError(job_file, f"cannot read: {e.strerror or e}") from None
+    parse_job_spec(text, str(job_file))  # fail here, with the line, before any RPC
+    doc = yaml.safe_load(text) or {}
+    doc.setdefault("workdir", str(job_file.resolve().parent))
+    try:
+        job_id = _client(controller, address_file, token_file, tls_ca).submit(yaml.safe_dump(doc), str(job_file))
+    except ClientError as e:
+        _fail(e)
+    print(json.dumps({"job_id": job_id}) if as_json else job_id)
+
+
+def jobs(
+    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
+    address_file: Path = typer.Option(None, "--address-file"),
+    token_file: Path = typer.Option(None, "--token-file"),
+    tls_ca: Path = typer.Option(None, "--tls-ca"),
+    as_json: bool = typer.Option(False, "--json", help="one object per job"),
+) -> None:
+    """List jobs with their state, size, progress and loss."""
+    from google.protobuf.json_format import MessageToDict
+
+    from hpcsched.runtime.client import ClientError
+
+    try:
+        rows = _client(controller, address_file, token_file, tls_ca).jobs()
+    except ClientError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps([MessageToDict(j, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+                          for j in rows], indent=1))
+        return
+    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers")
+    for j in rows:
+        steps = f"{j.steps_done}/{j.steps_total}" if j.steps_total else str(j.steps_done)
+        t.add_row(j.job_id, j.name, j.state, str(j.procs), steps,
+                  f"{j.first_loss:.3f} -> {j.last_loss:.3f}" if j.steps_done else "", str(j.last_checkpoint_step),
+                  str(j.restarts), ",".join(j.workers))
+    Console().print(t)
+
+
+def cancel(
+    job_id: str = typer.Argument(...),
+    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
+    address_file: Path = typer.Option(None, "--address-file"),
+    token_file: Path = typer.Option(None, "--token-file"),
+    tls_ca: Path = typer.Option(None, "--tls-ca"),
+) -> None:
+    """Cancel a job: a running one checkpoints and stops."""
+    from hpcsched.runtime.client import ClientError
+
+    try:
+        r = _client(controller, address_file, token_file, tls_ca).cancel(job_id)
+    except ClientError as e:
+        _fail(e)
+    print(f"{job_id}: {r.message}")
+    if not r.cancelled:
+        raise typer.Exit(1)
+
+
+def workers(
+    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
+    address_file: Path = typer.Option(None, "--address-file"),
+    token_file: Path = typer.Option(None, "--token-file"),
+    tls_ca: Path = typer.Option(None, "--tls-ca"),
+) -> None:
+    """List the workers the controller knows, their slots and liveness."""
+    from hpcsched.runtime.client import ClientError
+
+    try:
+        rows = _client(controller, address_file, token_file, tls_ca).workers()
+    except ClientError as e:
+        _fail(e)
+    t = Table("worker", "host", "slots", "used", "alive")
+    for w in rows:
+        t.add_row(w.worker_id, w.host, str(w.slots), str(w.used), "yes" if w.alive else "no")
+    Console().print(t)
+
+
+def profile(
+    state: Path = typer.Option(..., "--state", help="the controller's SQLite state file"),
+    out: Path = typer.Option(Path("out/profile"), "--out", help="folder for profiles.csv and scaling-JNPs.csv"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Write measured stage times (Muri CSV) and scaling curves (BFTrainer JNPs CSV) for the simulator."""
+    from hpcsched.runtime.profile import write_profiles
+    from hpcsched.runtime.store import Store
+
+    if not state.exists():
+        raise InputError(state, "no such state file")
+    store = Store(state)
+    try:
+        res = write_profiles(store, out)
+    finally:
+        store.close()
+    print(json.dumps(res) if as_json else f"{res['jobs']} jobs -> {res['profiles']}, {res['scaling']}")
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (controller, worker, submit, jobs, cancel, workers, profile):
+        app.command(fn.__name__)(fn)

@@ -1,0 +1,250 @@
+"""Controller, worker and job files: YAML in, typed and validated records out.
+
+Every mistake is an ``InputError`` naming the file and the line of the offending key, because these
+files are edited by hand on cluster login nodes where a traceback helps nobody. Relative paths are
+taken relative to the file that names them, so a config works from any current directory.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hpcsched.errors import InputError
+
+LAUNCHERS = ("torchrun", "mpirun", "horovodrun")
+
+
+class _Doc:
+    """A YAML mapping plus the line of each top-level key, for errors that point at the right line."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = mark.line + 1 if mark else None
+            raise InputError(source, f"not valid YAML: {getattr(e, 'problem', e)}", line) from None
+        if data is None:
+            data, node = {}, None
+        if not isinstance(data, dict):
+            raise InputError(source, "expected a mapping of key: value at the top level", 1)
+        self.data: dict[str, Any] = data
+        self.lines: dict[str, int] = {}
+        if isinstance(node, yaml.MappingNode):
+            for k, _v in node.value:
+                self.lines[str(k.value)] = k.start_mark.line + 1
+
+    def fail(self, key: str, message: str) -> InputError:
+        return InputError(self.source, f"{key}: {message}", self.lines.get(key))
+
+    def check_keys(self, allowed: set[str]) -> None:
+        for k in self.data:
+            if k not in allowed:
+                raise self.fail(k, f"unknown key; expected one of {', '.join(sorted(allowed))}")
+
+    def get(self, key: str, kind: type, default: Any) -> Any:
+        v = self.data.get(key, default)
+        if v is None or v is default:
+            return v
+        if kind is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if kind is str and isinstance(v, int | float) and not isinstance(v, bool):
+            v = str(v)
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise self.fail(key, f"expected {kind.__name__}, got {v!r}")
+        return v
+
+    def positive(self, key: str, kind: type, default: Any) -> Any:
+        v = self.get(key, kind, default)
+        if v is not None and v <= 0:
+            raise self.fail(key, f"must be > 0, got {v}")
+        return v
+
+    def path(self, key: str, base: Path, default: str | None) -> Path | None:
+        v = self.get(key, str, default)
+        if v is None:
+            return None
+        p = Path(v).expanduser()
+        return p if p.is_absolute() else (base / p)
+
+
+def _read(path: str | Path) -> tuple[_Doc, Path]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(p, f"cannot read: {e.strerror or e}") from None
+    return _Doc(text, str(p)), p.resolve().parent
+
+
+def parse_address(text: str, source: str = "<address>") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); port 0 means 'pick a free one'."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise InputError(source, f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def read_token(token: str | None, token_file: Path | None, source: str) -> str | None:
+    """The shared secret from the file (first line) or inline; None means auth is off."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            raise InputError(token_file, f"cannot read token file: {e.strerror or e}") from None
+        if not token:
+            raise InputError(token_file, "token file is empty")
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """How a controller listens, where it keeps state, and how it schedules."""
+
+    listen: str = "127.0.0.1:0"  # loopback by default; port 0 picks a free port
+    address_file: Path | None = None  # the bound HOST:PORT is written here for workers and clients
+    state: Path = Path("hpcsched-state.db")
+    checkpoint_root: Path = Path("checkpoints")
+    token: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    policy: str = "fifo"
+    heartbeat_interval_s: float = 1.0
+    worker_timeout_s: float = 10.0
+    schedule_interval_s: float = 0.5
+    max_restarts: int = 5  # failed attempts of one job before it is marked failed
+    stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
+
+
+CONTROLLER_KEYS = {
+    "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
+    "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
+}
+
+
+def read_controller_config(path: str | Path) -> ControllerConfig:
+    doc, base = _read(path)
+    doc.check_keys(CONTROLLER_KEYS)
+    listen = doc.get("listen", str, "127.0.0.1:0")
+    parse_address(listen, doc.source)
+    cert, key = doc.path("tls_cert", base, None), doc.path("tls_key", base, None)
+    if (cert is None) != (key is None):
+        raise doc.fail("tls_cert" if cert is None else "tls_key", "TLS needs both tls_cert and tls_key")
+    return ControllerConfig(
+        listen=listen,
+        address_file=doc.path("address_file", base, None),
+        state=doc.path("state", base, "hpcsched-state.db"),
+        checkpoint_root=doc.path("checkpoint_root", base, "checkpoints"),
+        token=read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source),
+        tls_cert=cert,
+        tls_key=key,
+        policy=doc.get("policy", str, "fifo"),
+        heartbeat_interval_s=doc.positive("heartbeat_interval_s", float, 1.0),
+        worker_timeout_s=doc.positive("worker_timeout_s", float, 10.0),
+        schedule_interval_s=doc.positive("schedule_interval_s", float, 0.5),
+        max_restarts=doc.get("max_restarts", int, 5),
+        stop_grace_s=doc.positive("stop_grace_s", float, 30.0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One node's daemon: whom to call, what it offers, where tasks write logs."""
+
+    controller: str
+    name: str
+    host: str = "127.0.0.1"  # address other nodes use to reach this one (the rank-0 store)
+    slots: int = 1
+    gpus: int = 0
+    cpus: int = 1
+    token: str | None = None
+    tls_ca: Path | None = None
+    work_dir: Path = Path("hpcsched-worker")
+
+
+WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir"}
+
+
+def read_worker_config(path: str | Path) -> dict[str, Any]:
+    """The worker file as keyword overrides; the CLI merges them under its own flags."""
+    doc, base = _read(path)
+    doc.check_keys(WORKER_KEYS)
+    out: dict[str, Any] = {}
+    for k in ("controller", "name", "host"):
+        if k in doc.data:
+            out[k] = doc.get(k, str, None)
+    for k in ("slots", "gpus"):
+        if k in doc.data:
+            out[k] = doc.get(k, int, None)
+    if "work_dir" in doc.data:
+        out["work_dir"] = doc.path("work_dir", base, None)
+    if "tls_ca" in doc.data:
+        out["tls_ca"] = doc.path("tls_ca", base, None)
+    token = read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source)
+    if token:
+        out["token"] = token
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a user submits. ``procs`` is the size it starts at; [min_procs, max_procs] is where it may be
+    resized to (equal to procs for a rigid job)."""
+
+    name: str
+    command: tuple[str, ...]
+    launcher: str = "torchrun"
+    procs: int = 1
+    min_procs: int = 1
+    max_procs: int = 1
+    steps: int | None = None  # total training steps, when the program reports them
+    workdir: str = "."
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_procs != self.max_procs
+
+
+JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env"}
+
+
+def parse_job_spec(text: str, source: str) -> JobSpec:
+    doc = _Doc(text, source)
+    doc.check_keys(JOB_KEYS)
+    if "command" not in doc.data:
+        raise InputError(source, "command: missing (the program to run, e.g. [workloads/ddp_train.py, --steps, 100])")
+    cmd = doc.data["command"]
+    if isinstance(cmd, str):
+        cmd = shlex.split(cmd)
+    if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str | int | float) for c in cmd):
+        raise doc.fail("command", "expected a non-empty list of strings or one command line")
+    launcher = doc.get("launcher", str, "torchrun")
+    if launcher not in LAUNCHERS:
+        raise doc.fail("launcher", f"unknown launcher {launcher!r}; expected one of {', '.join(LAUNCHERS)}")
+    procs = doc.positive("procs", int, 1)
+    lo = doc.positive("min_procs", int, procs)
+    hi = doc.positive("max_procs", int, procs)
+    if not lo <= procs <= hi:
+        raise doc.fail("procs", f"need min_procs <= procs <= max_procs, got {lo} <= {procs} <= {hi}")
+    env = doc.get("env", dict, {})
+    if not all(isinstance(k, str) and isinstance(v, str | int | float) for k, v in env.items()):
+        raise doc.fail("env", "expected a mapping of NAME: value")
+    return JobSpec(
+        name=doc.get("name", str, Path(source).stem),
+        command=tuple(str(c) for c in cmd),
+        launcher=launcher,
+        procs=procs,
+        min_procs=lo,
+        max_procs=hi,
+        steps=doc.positive("steps", int, None),
+        workdir=doc.get("workdir", str, "."),
+        env={k: str(v) for k, v in env.items()},
+    )

@@ -1,0 +1,327 @@
+"""The controller's state machine: jobs move pending -> running -> (stopping ->) completed / pending / failed.
+
+Workers are reconciled declaratively on every heartbeat: the database says which tasks should exist
+(allocations of running jobs) and which must go (allocations of stopping jobs, anything unknown); the
+reply carries the difference. Nothing else is queued in memory, so a controller restarted after
+``kill -9`` resends what a worker never confirmed and kills what it no longer wants, from the tables alone.
+
+A job attempt ends when every task of its generation has exited: all exit codes 0 means completed; a
+non-zero exit or a dead worker fails the attempt, which is retried (from the last checkpoint, by the
+program itself) until ``max_restarts``. Preempt and resize stop a job with SIGTERM so it checkpoints;
+a resized job is placed again at its new size and the time from the stop to its first progress report
+at the new size is recorded as ``last_resize_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from hpcsched.model import ResourceProfile
+from hpcsched.runtime import scheduler
+from hpcsched.runtime.config import ControllerConfig, JobSpec, parse_job_spec
+from hpcsched.runtime.rpc import pb
+from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
+
+log = logging.getLogger("hpcsched.runtime.controller")
+
+
+class Controller:
+    """All decisions and state; the gRPC layer (``server.py``) only translates messages."""
+
+    def __init__(self, cfg: ControllerConfig) -> None:
+        self.cfg = cfg
+        self.store = Store(cfg.state)
+        self.lock = threading.RLock()
+        self.wakeup = threading.Event()
+        scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
+        now = time.time()
+        # Liveness is in memory only: after a restart every known worker gets one timeout of grace.
+        self.last_seen: dict[str, float] = {w.id: now for w in self.store.workers() if w.alive}
+        self.spare_port: dict[str, int] = {}
+        self._last_tick = now
+
+    # ---------------------------------------------------------------------------------------- workers
+    def register(self, req: pb.RegisterRequest) -> pb.RegisterReply:
+        with self.lock, self.store.tx():
+            w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
+                          time.time(), True)
+            self.store.upsert_worker(w)
+            self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots)
+            self.last_seen[w.id] = time.time()
+        log.info("worker %s registered (%s, %d slots)", req.worker_id, req.host, req.slots)
+        self.wakeup.set()
+        return pb.RegisterReply(heartbeat_interval_s=self.cfg.heartbeat_interval_s)
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        reply = pb.HeartbeatReply()
+        with self.lock:
+            wid = req.worker_id
+            if wid not in self.last_seen:
+                reply.reregister = True
+                return reply
+            now = time.time()
+            self.last_seen[wid] = now
+            if req.spare_port:
+                self.spare_port[wid] = req.spare_port
+            reported = {t.task_id: t for t in req.tasks}
+            changed = False
+            with self.store.tx():
+                for t in req.tasks:
+                    changed |= self._reconcile_reported(t, reply)
+                for a in self.store.allocations(worker_id=wid):
+                    changed |= self._reconcile_expected(a, reported.get(a.task_id), reply)
+        if changed:
+            self.wakeup.set()
+        return reply
+
+    def _reconcile_reported(self, t: pb.TaskStatus, reply: pb.HeartbeatReply) -> bool:
+        a = self.store.alloc(t.task_id)
+        job = self.store.job(t.job_id)
+        current = a is not None and job is not None and a.generation == job.generation
+        if current:
+            for p in t.progress:
+                self._apply_progress(job, p)
+        if not t.running:
+            reply.forget.append(t.task_id)
+            if a is not None and a.state != "exited":
+                self.store.set_alloc_state(a.task_id, "exited", t.exit_code)
+                self._task_exited(self.store.job(a.job_id), a, t.exit_code)
+                return True
+            return False
+        if not current or a.state == "exited" or job.state not in ("running", "stopping"):
+            reply.kill.append(pb.KillTask(task_id=t.task_id, checkpoint=False))  # stale: nobody wants it
+        elif a.state == "launching":
+            self.store.set_alloc_state(a.task_id, "running")
+        return False
+
+    def _reconcile_expected(self, a: AllocRow, seen: pb.TaskStatus | None, reply: pb.HeartbeatReply) -> bool:
+        job = self.store.job(a.job_id)
+        if job.state == "stopping":
+            if seen is not None and seen.running:
+                reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=job.stop_reason != "failed"))
+                return False
+            if seen is None and a.state == "launching":  # never started: nothing to stop
+                self.store.set_alloc_state(a.task_id, "exited", -1)
+                self._check_stopped(self.store.job(a.job_id))
+                return True
+        if seen is not None:
+            return False
+        if a.state == "launching":
+            reply.launch.append(pb.LaunchTask.FromString(a.launch))
+            return False
+        # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
+        self.store.set_alloc_state(a.task_id, "exited", -1)
+        self._task_exited(job, a, -1)
+        return True
+
+    def _apply_progress(self, job: JobRow, p: pb.Progress) -> None:
+        row = {"time": p.time, "step": p.step, "loss": p.loss, "samples_per_s": p.samples_per_s, "data_s": p.data_s,
+               "compute_s": p.compute_s, "comm_s": p.comm_s, "world_size": p.world_size,
+               "checkpoint": p.checkpoint, "resumed_from": p.resumed_from if p.resumed_from >= 0 else None}
+        self.store.add_progress(job.id, job.generation, row)
+        f: dict[str, object] = {"steps_done": p.step}
+        if not p.first:  # a process's first report comes before its first step: it has no loss yet
+            f["last_loss"] = p.loss
+            if job.first_loss is None:
+                f["first_loss"] = p.loss
+        if p.checkpoint:
+            f["ckpt_step"], f["ckpt_path"] = p.step, p.checkpoint
+        if p.data_s + p.compute_s + p.comm_s > 0:
+            f.update(iteration_s=p.data_s + p.compute_s + p.comm_s, data_s=p.data_s, compute_s=p.compute_s,
+                     comm_s=p.comm_s)
+        if p.done:
+            f["done"] = 1
+        if p.first:
+            if p.resumed_from >= 0:
+                self.store.event(job.id, "resume", generation=job.generation, resumed_from=p.resumed_from,
+                                 last_checkpoint=job.ckpt_step)
+            if job.stop_reason == "resize" and job.stop_time is not None:
+                f["last_resize_s"] = time.time() - job.stop_time
+                f["stop_reason"], f["stop_time"] = None, None
+                self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs)
+        self.store.update_job(job.id, **f)
+
+    # ------------------------------------------------------------------------------------ job state
+    def _task_exited(self, job: JobRow, a: AllocRow, code: int) -> None:
+        if job.state == "running" and code != 0:
+            log.warning("job %s task %s exited with %d: stopping the attempt", job.id, a.task_id, code)
+            self.store.update_job(job.id, state="stopping", stop_reason="failed", stop_time=time.time(),
+                                  message=f"task {a.task_id} exited with {code}")
+            self.store.event(job.id, "task_failed", task=a.task_id, exit_code=code)
+        self._check_stopped(self.store.job(job.id))
+
+    def _check_stopped(self, job: JobRow) -> None:
+        """Finish a job attempt once none of its tasks is left."""
+        if job.state not in ("running", "stopping") or self.store.allocations(job_id=job.id):
+            return
+        codes = [a.exit_code for a in self.store.allocations(job_id=job.id, live_only=False)
+                 if a.generation == job.generation]
+        now = time.time()
+        if all(c == 0 for c in codes) and (job.state == "running" or job.done):
+            self.store.update_job(job.id, state="completed", procs=0, end_time=now, message="done")
+            self.store.event(job.id, "completed", steps=job.steps_done)
+            log.info("job %s completed at step %d", job.id, job.steps_done)
+            return
+        reason = job.stop_reason
+        if reason == "cancel":
+            self.store.update_job(job.id, state="cancelled", procs=0, end_time=now)
+        elif reason == "failed":
+            restarts = job.restarts + 1
+            if restarts > self.cfg.max_restarts:
+                self.store.update_job(job.id, state="failed", procs=0, end_time=now, restarts=restarts)
+            else:
+                self.store.update_job(job.id, state="pending", procs=0, restarts=restarts, stop_reason=None)
+        else:  # preempt or resize: back to the queue, resumes from its checkpoint
+            keep = {"stop_reason": reason, "stop_time": job.stop_time} if reason == "resize" else \
+                {"stop_reason": None}
+            self.store.update_job(job.id, state="pending", procs=0, **keep)
+        self.store.event(job.id, "stopped", reason=reason)
+
+    def submit(self, spec_yaml: str, source: str) -> str:
+        spec = parse_job_spec(spec_yaml, source or "<submitted job>")
+        with self.lock:
+            job_id = self.store.add_job(spec, time.time())
+        log.info("job %s submitted (%s, %d procs)", job_id, spec.name, spec.procs)
+        self.wakeup.set()
+        return job_id
+
+    def cancel(self, job_id: str) -> tuple[bool, str]:
+        with self.lock, self.store.tx():
+            job = self.store.job(job_id)
+            if job is None:
+                return False, f"no job {job_id!r}"
+            if job.state == "pending":
+                self.store.update_job(job_id, state="cancelled", end_time=time.time())
+            elif job.state == "running":
+                self.store.update_job(job_id, state="stopping", stop_reason="cancel", stop_time=time.time())
+            elif job.state == "stopping":
+                self.store.update_job(job_id, stop_reason="cancel")
+            else:
+                return False, f"job {job_id} is already {job.state}"
+            self.store.event(job_id, "cancel")
+        self.wakeup.set()
+        return True, "cancelling"
+
+    # ----------------------------------------------------------------------------------- scheduling
+    def tick(self) -> scheduler.Plan:
+        """Detect dead workers, account service, run one scheduling step and apply it."""
+        with self.lock, self.store.tx():
+            now = time.time()
+            self._reap_dead_workers(now)
+            jobs = self.store.jobs(("pending", "running", "stopping"))
+            dt, self._last_tick = now - self._last_tick, now
+            for j in jobs:
+                if j.state == "running":
+                    self.store.update_job(j.id, executed_s=j.executed_s + dt, attained_s=j.attained_s + dt * j.procs)
+            workers = [w for w in self.store.workers() if w.id in self.last_seen]
+            used: dict[str, int] = {}
+            for a in self.store.allocations():
+                used[a.worker_id] = used.get(a.worker_id, 0) + a.nprocs
+            state = scheduler.ClusterState(
+                now=now,
+                jobs=tuple(_job_state(j) for j in jobs if j.state in ("pending", "running")),
+                workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
+                used=used,
+            )
+            plan = scheduler.plan(state, self.cfg.policy)
+            by_id = {j.id: j for j in jobs}
+            for jid, reason in plan.stops.items():
+                self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=now)
+                self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
+                log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
+            hosts = {w.id: w.host for w in workers}
+            for jid, placement in plan.starts.items():
+                self._start(by_id[jid], placement, hosts)
+            return plan
+
+    def _reap_dead_workers(self, now: float) -> None:
+        for wid, seen in list(self.last_seen.items()):
+            if now - seen <= self.cfg.worker_timeout_s:
+                continue
+            del self.last_seen[wid]
+            self.spare_port.pop(wid, None)
+            self.store.set_worker_alive(wid, False)
+            self.store.event(None, "worker_lost", worker=wid, silent_s=now - seen)
+            log.warning("worker %s silent for %.1f s: lost", wid, now - seen)
+            for a in self.store.allocations(worker_id=wid):
+                self.store.set_alloc_state(a.task_id, "exited", -9)
+                self._task_exited(self.store.job(a.job_id), a, -9)
+
+    def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str]) -> None:
+        master = placement[0][0]
+        port = self.spare_port.pop(master, 0)
+        if not port:  # no fresh free port from that node yet: start at the next heartbeat
+            return
+        gen = job.generation + 1
+        size = sum(k for _, k in placement)
+        spec: JobSpec = job.spec
+        ckpt = self.cfg.checkpoint_root.resolve() / job.id
+        host_list = [f"{hosts[w]}:{k}" for w, k in placement]
+        env = dict(spec.env) | {"HPCSCHED_JOB_ID": job.id, "HPCSCHED_GENERATION": str(gen),
+                                "HPCSCHED_CHECKPOINT_DIR": str(ckpt)}
+        if spec.steps:
+            env["HPCSCHED_STEPS"] = str(spec.steps)
+        offset = 0
+        for rank, (wid, k) in enumerate(placement):
+            task_id = f"{job.id}.g{gen}.n{rank}"
+            msg = pb.LaunchTask(
+                task_id=task_id, job_id=job.id, generation=gen, launcher=spec.launcher, command=list(spec.command),
+                env=env | {"HPCSCHED_WORKDIR": spec.workdir}, node_rank=rank, nnodes=len(placement), nprocs=k,
+                world_size=size, master_addr=hosts[master], master_port=port, checkpoint_dir=str(ckpt),
+                hosts=host_list, rank_offset=offset,
+            )
+            offset += k
+            self.store.add_allocation(AllocRow(task_id, job.id, gen, wid, rank, k, "launching", None,
+                                               msg.SerializeToString()))
+        self.store.update_job(job.id, state="running", procs=size, generation=gen, target_procs=size,
+                              start_time=job.start_time or time.time(), done=0)
+        self.store.event(job.id, "start", generation=gen, procs=size, workers=[w for w, _ in placement])
+        log.info("job %s generation %d on %s", job.id, gen, placement)
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """The scheduling loop: every ``schedule_interval_s``, or at once when something changed."""
+        while not stop.is_set():
+            self.wakeup.wait(self.cfg.schedule_interval_s)
+            self.wakeup.clear()
+            try:
+                self.tick()
+            except Exception:  # a bug in one step must not kill the controller; it is logged loudly
+                log.exception("scheduling step failed")
+
+    # ------------------------------------------------------------------------------------- queries
+    def list_jobs(self) -> list[pb.JobInfo]:
+        with self.lock:
+            jobs = self.store.jobs()
+            where: dict[str, list[str]] = {}
+            for a in self.store.allocations():
+                where.setdefault(a.job_id, []).append(a.worker_id)
+        return [pb.JobInfo(
+            job_id=j.id, name=j.name, state=j.state, procs=j.procs, steps_done=j.steps_done,
+            steps_total=j.spec.steps or 0, generation=j.generation, workers=where.get(j.id, []),
+            submit_time=j.submit_time, start_time=j.start_time or 0, end_time=j.end_time or 0,
+            last_loss=j.last_loss or 0, first_loss=j.first_loss or 0, last_checkpoint_step=j.ckpt_step,
+            launcher=j.spec.launcher, message=j.message, last_resize_s=j.last_resize_s or 0, restarts=j.restarts,
+        ) for j in jobs]
+
+    def list_workers(self) -> list[pb.WorkerInfo]:
+        with self.lock:
+            used: dict[str, int] = {}
+            for a in self.store.allocations():
+                used[a.worker_id] = used.get(a.worker_id, 0) + a.nprocs
+            return [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0),
+                                  alive=w.id in self.last_seen, last_seen=self.last_seen.get(w.id, 0))
+                    for w in self.store.workers()]
+
+
+def _job_state(j: JobRow) -> scheduler.JobState:
+    profile = None
+    if j.data_s is not None:
+        profile = ResourceProfile(j.data_s or 0.0, j.compute_s or 0.0, j.comm_s or 0.0)
+    return scheduler.JobState(
+        id=j.id, submit=j.submit_time, running=j.state == "running", procs=j.procs, min_procs=j.spec.min_procs,
+        max_procs=j.spec.max_procs, launcher=j.spec.launcher, steps_total=j.spec.steps, steps_done=j.steps_done,
+        iteration_s=j.iteration_s, profile=profile, attained_s=j.attained_s, executed_s=j.executed_s,
+        first_start=j.start_time,
+    )

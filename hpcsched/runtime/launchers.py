@@ -1,0 +1,89 @@
+"""Launchers, one interface: a ``LaunchTask`` in, the command line and environment of one node's task out.
+
+- ``torchrun`` (default): one agent per node with a static rendezvous at the master node's port; the
+  agent gives each process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT. Gloo on CPU, NCCL on GPU is
+  the program's choice. ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` because restarts after a lost node
+  failed here with the shared store (gloo "connectFullMesh failed", then a store timeout).
+- ``mpirun`` (Open MPI) and ``horovodrun``: one command on the first node starts every rank (remote
+  ranks through the launcher's own agent, ssh on a real cluster); the other nodes hold their slots
+  with no process (``None``) until the job ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from hpcsched.runtime.rpc import pb
+
+Launch = tuple[list[str] | None, dict[str, str]]
+
+
+def available() -> list[str]:
+    """Launchers that can run on this node now."""
+    out = []
+    try:
+        import torch.distributed.run  # noqa: F401
+
+        out.append("torchrun")
+    except ImportError:
+        pass
+    if shutil.which("mpirun"):
+        out.append("mpirun")
+    if shutil.which("horovodrun") or os.path.exists(os.path.join(os.path.dirname(sys.executable), "horovodrun")):
+        out.append("horovodrun")
+    return out
+
+
+def _program(command: list[str], python: str) -> list[str]:
+    return [python, *command] if command[0].endswith(".py") else list(command)
+
+
+def _env(t: pb.LaunchTask, devices: str) -> dict[str, str]:
+    env = dict(t.env)
+    env.update({
+        "MASTER_ADDR": t.master_addr, "MASTER_PORT": str(t.master_port), "WORLD_SIZE": str(t.world_size),
+        "HPCSCHED_NODE_RANK": str(t.node_rank), "CUDA_VISIBLE_DEVICES": devices,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    })
+    env.setdefault("OMP_NUM_THREADS", "1")  # N processes on N cores: one thread each, no oversubscription
+    return env
+
+
+def torchrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
+    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={t.nnodes}", f"--node-rank={t.node_rank}",
+           f"--nproc-per-node={t.nprocs}", f"--master-addr={t.master_addr}", f"--master-port={t.master_port}",
+           "--max-restarts=0", "--monitor-interval=0.2"]
+    if not t.command[0].endswith(".py"):
+        cmd.append("--no-python")
+    return [*cmd, *t.command], _env(t, devices)
+
+
+def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
+    env = _env(t, devices)
+    if t.node_rank != 0:
+        return None, env
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size), "--host", ",".join(t.hosts),
+           "--bind-to", "none"]
+    for k in sorted(env):
+        if k.startswith(("HPCSCHED_", "MASTER_", "CUDA_", "OMP_", "PYTHON")):
+            cmd += ["-x", k]
+    return [*cmd, *_program(list(t.command), python)], env
+
+
+def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
+    env = _env(t, devices)
+    if t.node_rank != 0:
+        return None, env
+    exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
+    cmd = [exe, "-np", str(t.world_size), "-H", ",".join(t.hosts), "--gloo", "--network-interface", "lo"]
+    return [*cmd, *_program(list(t.command), python)], env
+
+
+LAUNCHERS = {"torchrun": torchrun, "mpirun": mpirun, "horovodrun": horovodrun}
+
+
+def build(t: pb.LaunchTask, python: str, devices: str) -> Launch:
+    """The argv (None: hold the slots with no process) and extra environment of one node's task."""
+    return LAUNCHERS[t.launcher](t, python, devices)

@@ -1,0 +1,60 @@
+"""``hpcsched profile``: what the runtime measured, in the formats the simulator reads.
+
+- Interleaving profiles as a Muri CSV (milliseconds): per job its size, iterations, median iteration
+  time and median data / compute / communication stage times (resource_time_0/1/2).
+- Scaling curves as a BFTrainer ``JNPs`` CSV: per job the median throughput (samples/s) measured at each
+  world size it ran at, with the point (0, 0) first as in the published files.
+Medians, not means: the first report after a (re)start includes warm-up and would skew a mean.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from hpcsched.runtime.store import Store
+
+MURI_COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "batch_size", "duration", "interval",
+                "iteration_time", "resource_time_0", "resource_time_1", "resource_time_2", "priority")
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def write_profiles(store: Store, out_dir: Path) -> dict[str, object]:
+    """Write ``profiles.csv`` (Muri) and ``scaling-JNPs.csv`` (BFTrainer); return what was written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [j for j in store.jobs() if j.steps_done > 0]
+    t0 = min((j.submit_time for j in jobs), default=0.0)
+    by_job: dict[str, list[dict]] = defaultdict(list)
+    for p in store.progress():
+        if p["data_s"] is not None and p["samples_per_s"]:
+            by_job[p["job_id"]].append(p)
+    muri = out_dir / "profiles.csv"
+    jnps = out_dir / "scaling-JNPs.csv"
+    rows = 0
+    with open(muri, "w", newline="") as fm, open(jnps, "w", newline="") as fj:
+        wm, wj = csv.writer(fm), csv.writer(fj)
+        wm.writerow(MURI_COLUMNS)
+        wj.writerow(("job", "Ns", "Ps", "Os", "Tsub"))
+        for j in jobs:
+            ps = by_job.get(j.id, [])
+            if not ps:
+                continue
+            sizes = defaultdict(list)
+            for p in ps:
+                sizes[p["world_size"] or 1].append(p["samples_per_s"])
+            size = max(sizes, key=lambda s: len(sizes[s]))
+            stages = [_median([p[k] for p in ps]) * 1e3 for k in ("data_s", "compute_s", "comm_s")]
+            duration = ((j.end_time or ps[-1]["time"]) - (j.start_time or j.submit_time)) * 1e3
+            wm.writerow((j.id, size, round((j.submit_time - t0) * 1e3), j.spec.steps or j.steps_done, j.name, 0,
+                         round(duration), 0, round(sum(stages), 3), *(round(s, 3) for s in stages), 0))
+            ns = [0.0, *sorted(float(s) for s in sizes)]
+            rates = [0.0, *(round(_median(sizes[int(n)]), 3) for n in ns[1:])]
+            wj.writerow((j.id, json.dumps(ns), json.dumps(rates), json.dumps(rates), int(j.submit_time)))
+            rows += 1
+    return {"jobs": rows, "profiles": str(muri), "scaling": str(jnps)}

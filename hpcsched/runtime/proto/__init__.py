@@ -1,0 +1,1 @@
+"""The runtime's gRPC contract. The ``*_pb2*.py`` stubs are generated (``make rpc``), never committed."""

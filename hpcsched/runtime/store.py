@@ -1,0 +1,269 @@
+"""The controller's durable state in SQLite (WAL): jobs, allocations, workers, progress, events.
+
+Everything the controller must not forget is written here before the RPC that caused it returns, so a
+``kill -9`` of the controller loses no job: on restart it reads the tables back and reconciles them
+with what the workers report. WAL with synchronous=NORMAL survives a process crash (only a power cut
+can lose the last commits) and lets readers (``hpcsched profile``) run while the controller writes.
+The store is used from one controller lock, so it keeps one connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcsched.runtime.config import JobSpec
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL, state TEXT NOT NULL,
+  procs INTEGER NOT NULL DEFAULT 0, target_procs INTEGER NOT NULL, generation INTEGER NOT NULL DEFAULT 0,
+  steps_done INTEGER NOT NULL DEFAULT 0, first_loss REAL, last_loss REAL,
+  ckpt_step INTEGER NOT NULL DEFAULT -1, ckpt_path TEXT,
+  submit_time REAL NOT NULL, start_time REAL, end_time REAL,
+  restarts INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
+  stop_reason TEXT, stop_time REAL, last_resize_s REAL,
+  executed_s REAL NOT NULL DEFAULT 0, attained_s REAL NOT NULL DEFAULT 0,
+  iteration_s REAL, data_s REAL, compute_s REAL, comm_s REAL, done INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS allocations (
+  task_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, generation INTEGER NOT NULL, worker_id TEXT NOT NULL,
+  node_rank INTEGER NOT NULL, nprocs INTEGER NOT NULL, state TEXT NOT NULL, exit_code INTEGER,
+  launch BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS alloc_job ON allocations(job_id, generation);
+CREATE INDEX IF NOT EXISTS alloc_worker ON allocations(worker_id, state);
+CREATE TABLE IF NOT EXISTS workers (
+  id TEXT PRIMARY KEY, host TEXT NOT NULL, slots INTEGER NOT NULL, gpus INTEGER NOT NULL,
+  cpus INTEGER NOT NULL, launchers TEXT NOT NULL, registered REAL NOT NULL, alive INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS progress (
+  job_id TEXT NOT NULL, generation INTEGER NOT NULL, time REAL NOT NULL, step INTEGER NOT NULL, loss REAL,
+  samples_per_s REAL, data_s REAL, compute_s REAL, comm_s REAL, world_size INTEGER, checkpoint TEXT,
+  resumed_from INTEGER
+);
+CREATE INDEX IF NOT EXISTS progress_job ON progress(job_id, generation);
+CREATE TABLE IF NOT EXISTS events (
+  time REAL NOT NULL, job_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL
+);
+"""
+
+ACTIVE = ("pending", "running", "stopping")
+FINAL = ("completed", "failed", "cancelled")
+
+
+@dataclass(slots=True)
+class JobRow:
+    """One ``jobs`` row; ``spec`` is parsed back into the JobSpec the user submitted."""
+
+    id: str
+    seq: int
+    name: str
+    spec: JobSpec
+    state: str
+    procs: int
+    target_procs: int
+    generation: int
+    steps_done: int
+    first_loss: float | None
+    last_loss: float | None
+    ckpt_step: int
+    ckpt_path: str | None
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    restarts: int
+    message: str
+    stop_reason: str | None
+    stop_time: float | None
+    last_resize_s: float | None
+    executed_s: float
+    attained_s: float
+    iteration_s: float | None
+    data_s: float | None
+    compute_s: float | None
+    comm_s: float | None
+    done: int
+
+
+@dataclass(slots=True)
+class AllocRow:
+    task_id: str
+    job_id: str
+    generation: int
+    worker_id: str
+    node_rank: int
+    nprocs: int
+    state: str  # launching | running | exited
+    exit_code: int | None
+    launch: bytes  # serialized LaunchTask, resent verbatim if a worker never confirmed it
+
+
+@dataclass(slots=True)
+class WorkerRow:
+    id: str
+    host: str
+    slots: int
+    gpus: int
+    cpus: int
+    launchers: tuple[str, ...]
+    registered: float
+    alive: bool
+
+
+def _spec_to_json(s: JobSpec) -> str:
+    return json.dumps({
+        "name": s.name, "command": list(s.command), "launcher": s.launcher, "procs": s.procs,
+        "min_procs": s.min_procs, "max_procs": s.max_procs, "steps": s.steps, "workdir": s.workdir, "env": s.env,
+    })
+
+
+def _spec_from_json(text: str) -> JobSpec:
+    d = json.loads(text)
+    d["command"] = tuple(d["command"])
+    return JobSpec(**d)
+
+
+class Store:
+    """Typed access to the tables. Each public method is one transaction."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA busy_timeout=5000")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def tx(self) -> _Tx:
+        return _Tx(self.db)
+
+    # jobs -----------------------------------------------------------------------------------------
+    def add_job(self, spec: JobSpec, now: float) -> str:
+        with self.tx():
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+            job_id = f"j{seq:04d}"
+            self.db.execute(
+                "INSERT INTO jobs (id, seq, name, spec, state, target_procs, submit_time) VALUES (?,?,?,?,?,?,?)",
+                (job_id, seq, spec.name, _spec_to_json(spec), "pending", spec.procs, now),
+            )
+            self._event(now, job_id, "submit", {"procs": spec.procs})
+        return job_id
+
+    def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
+        if states:
+            return self._jobs(f" WHERE state IN ({','.join('?' * len(states))})", states)
+        return self._jobs("", ())
+
+    def job(self, job_id: str) -> JobRow | None:
+        rows = self._jobs(" WHERE id = ?", (job_id,))
+        return rows[0] if rows else None
+
+    def _jobs(self, where: str, args: tuple) -> list[JobRow]:
+        cur = self.db.execute("SELECT * FROM jobs" + where + " ORDER BY seq", args)
+        cols = [c[0] for c in cur.description]
+        out = []
+        for r in cur.fetchall():
+            d = dict(zip(cols, r, strict=True))
+            d["spec"] = _spec_from_json(d["spec"])
+            out.append(JobRow(**d))
+        return out
+
+    def update_job(self, job_id: str, **fields: object) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+
+    # allocations ----------------------------------------------------------------------------------
+    def add_allocation(self, a: AllocRow) -> None:
+        self.db.execute(
+            "INSERT INTO allocations VALUES (?,?,?,?,?,?,?,?,?)",
+            (a.task_id, a.job_id, a.generation, a.worker_id, a.node_rank, a.nprocs, a.state, a.exit_code, a.launch),
+        )
+
+    def allocations(self, job_id: str | None = None, worker_id: str | None = None,
+                    live_only: bool = True) -> list[AllocRow]:
+        q, args = "SELECT * FROM allocations WHERE 1=1", []
+        if job_id is not None:
+            q += " AND job_id = ?"
+            args.append(job_id)
+        if worker_id is not None:
+            q += " AND worker_id = ?"
+            args.append(worker_id)
+        if live_only:
+            q += " AND state != 'exited'"
+        return [AllocRow(*r) for r in self.db.execute(q + " ORDER BY job_id, node_rank", args).fetchall()]
+
+    def set_alloc_state(self, task_id: str, state: str, exit_code: int | None = None) -> None:
+        self.db.execute("UPDATE allocations SET state = ?, exit_code = ? WHERE task_id = ?",
+                        (state, exit_code, task_id))
+
+    def alloc(self, task_id: str) -> AllocRow | None:
+        r = self.db.execute("SELECT * FROM allocations WHERE task_id = ?", (task_id,)).fetchone()
+        return AllocRow(*r) if r else None
+
+    # workers --------------------------------------------------------------------------------------
+    def upsert_worker(self, w: WorkerRow) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO workers VALUES (?,?,?,?,?,?,?,?)",
+            (w.id, w.host, w.slots, w.gpus, w.cpus, ",".join(w.launchers), w.registered, int(w.alive)),
+        )
+
+    def workers(self) -> list[WorkerRow]:
+        rows = self.db.execute("SELECT * FROM workers ORDER BY id").fetchall()
+        return [WorkerRow(r[0], r[1], r[2], r[3], r[4], tuple(x for x in r[5].split(",") if x), r[6], bool(r[7]))
+                for r in rows]
+
+    def set_worker_alive(self, worker_id: str, alive: bool) -> None:
+        self.db.execute("UPDATE workers SET alive = ? WHERE id = ?", (int(alive), worker_id))
+
+    # progress and events --------------------------------------------------------------------------
+    def add_progress(self, job_id: str, generation: int, p: dict) -> None:
+        self.db.execute(
+            "INSERT INTO progress VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (job_id, generation, p["time"], p["step"], p.get("loss"), p.get("samples_per_s"), p.get("data_s"),
+             p.get("compute_s"), p.get("comm_s"), p.get("world_size"), p.get("checkpoint") or None,
+             p.get("resumed_from")),
+        )
+
+    def progress(self, job_id: str | None = None) -> list[dict]:
+        q = "SELECT * FROM progress" + (" WHERE job_id = ?" if job_id else "") + " ORDER BY job_id, time"
+        cur = self.db.execute(q, (job_id,) if job_id else ())
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def _event(self, now: float, job_id: str | None, kind: str, detail: dict) -> None:
+        self.db.execute("INSERT INTO events VALUES (?,?,?,?)", (now, job_id, kind, json.dumps(detail)))
+
+    def event(self, job_id: str | None, kind: str, **detail: object) -> None:
+        self._event(time.time(), job_id, kind, detail)
+
+    def events(self, job_id: str | None = None, kind: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM events WHERE 1=1", []
+        if job_id:
+            q += " AND job_id = ?"
+            args.append(job_id)
+        if kind:
+            q += " AND kind = ?"
+            args.append(kind)
+        return [{"time": t, "job_id": j, "kind": k, **json.loads(d)}
+                for t, j, k, d in self.db.execute(q + " ORDER BY time", args).fetchall()]
+
+
+class _Tx:
+    """``with store.tx():`` groups writes into one commit (and rolls back on an exception)."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

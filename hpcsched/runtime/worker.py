@@ -1,0 +1,206 @@
+"""The worker daemon: one per node. Registers, heartbeats, launches and kills the node's tasks.
+
+It never listens: every heartbeat carries the node's task statuses and new progress reports, and the
+reply carries what to launch, kill or forget. When the controller is unreachable (restarting) the
+worker keeps its tasks running and buffers their reports until a heartbeat goes through again.
+
+Tasks report progress by appending JSON lines to ``$HPCSCHED_PROGRESS_FILE``; the worker forwards the
+complete lines. A task is started in its own session (so a kill reaches its whole tree) with the
+parent-death signal set, so a dead worker does not leave a launcher behind. The node-rank-0 worker
+writes the attempt's generation into the checkpoint directory before it launches: a program left over
+from an older attempt sees a newer generation there and exits instead of overwriting checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from hpcsched.runtime import launchers
+from hpcsched.runtime.auth import metadata, open_channel
+from hpcsched.runtime.config import WorkerConfig
+from hpcsched.runtime.rpc import pb, pb_grpc
+
+log = logging.getLogger("hpcsched.runtime.worker")
+
+KILL_GRACE_S = 20.0  # SIGTERM (checkpoint and exit) -> SIGKILL of the whole task tree
+_PROGRESS_FIELDS = {f.name for f in pb.Progress.DESCRIPTOR.fields}
+
+
+@dataclass(slots=True)
+class Task:
+    launch: pb.LaunchTask
+    proc: subprocess.Popen | None  # None: holds slots for a launcher that started its ranks elsewhere
+    progress_path: Path
+    devices: list[int]
+    offset: int = 0
+    exit_code: int | None = None
+    term_at: float | None = None
+    pending: list[pb.Progress] = field(default_factory=list)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the worker dies (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def spare_port(host: str) -> int:
+    """A port free on this node right now (the kernel's choice), for the next job's rendezvous."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig, python: str = sys.executable) -> None:
+        self.cfg = cfg
+        self.python = python
+        self.tasks: dict[str, Task] = {}
+        self.launchers = launchers.available()
+        self.interval = 1.0
+        self.channel = open_channel(cfg.controller, cfg.tls_ca)
+        self.stub = pb_grpc.ControllerStub(self.channel)
+        self.md = metadata(cfg.token)
+
+    # ------------------------------------------------------------------------------------- main loop
+    def run(self, stop: threading.Event) -> None:
+        registered = False
+        backoff = 0.2
+        while not stop.is_set():
+            self._poll()
+            try:
+                if not registered:
+                    self._register()
+                    registered = True
+                reply = self.stub.Heartbeat(self._heartbeat(), timeout=10, metadata=self.md)
+                for t in self.tasks.values():
+                    t.pending.clear()  # delivered
+                registered = not reply.reregister
+                self._apply(reply)
+                backoff = 0.2
+                stop.wait(self.interval)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    log.error("controller refused this worker's token: %s", e.details())
+                log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, backoff)
+                registered = False
+                stop.wait(backoff)
+                backoff = min(backoff * 2, self.interval * 2)
+        self.shutdown()
+
+    def _register(self) -> None:
+        req = pb.RegisterRequest(worker_id=self.cfg.name, host=self.cfg.host, slots=self.cfg.slots,
+                                 gpus=self.cfg.gpus, cpus=os.cpu_count() or 1, launchers=self.launchers)
+        reply = self.stub.Register(req, timeout=10, metadata=self.md)
+        self.interval = reply.heartbeat_interval_s or 1.0
+        log.info("registered with %s as %s (%d slots, launchers %s)", self.cfg.controller, self.cfg.name,
+                 self.cfg.slots, ",".join(self.launchers))
+
+    def _heartbeat(self) -> pb.HeartbeatRequest:
+        req = pb.HeartbeatRequest(worker_id=self.cfg.name, spare_port=spare_port(self.cfg.host))
+        for tid, t in self.tasks.items():
+            req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
+                                           running=t.exit_code is None, exit_code=t.exit_code or 0,
+                                           progress=t.pending))
+        return req
+
+    def _apply(self, reply: pb.HeartbeatReply) -> None:
+        for tid in reply.forget:
+            self.tasks.pop(tid, None)
+        for k in reply.kill:
+            self.kill(k.task_id, k.checkpoint)
+        for launch in reply.launch:
+            if launch.task_id not in self.tasks:
+                self.launch(launch)
+
+    # ----------------------------------------------------------------------------------------- tasks
+    def launch(self, t: pb.LaunchTask) -> None:
+        run_dir = self.cfg.work_dir / t.task_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        busy = {d for task in self.tasks.values() if task.exit_code is None for d in task.devices}
+        devices = [d for d in range(self.cfg.gpus) if d not in busy][: t.nprocs] if self.cfg.gpus else []
+        argv, env = launchers.build(t, self.python, ",".join(map(str, devices)))
+        progress = run_dir / "progress.jsonl"
+        env["HPCSCHED_PROGRESS_FILE"] = str(progress)
+        env["HPCSCHED_TASK_ID"] = t.task_id
+        proc = None
+        if t.node_rank == 0:
+            ckpt = Path(t.checkpoint_dir)
+            ckpt.mkdir(parents=True, exist_ok=True)
+            (ckpt / "generation").write_text(f"{t.generation}\n")
+        if argv is not None:
+            with open(run_dir / "output.log", "ab") as out:
+                try:
+                    proc = subprocess.Popen(argv, cwd=t.env.get("HPCSCHED_WORKDIR") or None, env=os.environ | env,
+                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, preexec_fn=_die_with_parent)
+                except OSError as e:
+                    log.error("task %s: cannot start %s: %s", t.task_id, argv[0], e)
+                    self.tasks[t.task_id] = Task(t, None, progress, devices, exit_code=127)
+                    return
+        self.tasks[t.task_id] = Task(t, proc, progress, devices)
+        log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, "" if argv else ", holding")
+
+    def kill(self, task_id: str, checkpoint: bool) -> None:
+        t = self.tasks.get(task_id)
+        if t is None or t.exit_code is not None:
+            return
+        if t.proc is None:
+            t.exit_code = 0 if checkpoint else -9
+            return
+        if checkpoint and t.term_at is None:
+            t.term_at = time.time()
+            with contextlib.suppress(ProcessLookupError):
+                t.proc.send_signal(signal.SIGTERM)  # the launcher forwards it; programs checkpoint and exit
+        elif not checkpoint or time.time() - t.term_at > KILL_GRACE_S:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(t.proc.pid, signal.SIGKILL)
+
+    def _poll(self) -> None:
+        for t in self.tasks.values():
+            self._read_progress(t)
+            if t.exit_code is None and t.proc is not None:
+                code = t.proc.poll()
+                if code is not None:
+                    self._read_progress(t)
+                    t.exit_code = code
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(t.proc.pid, signal.SIGKILL)  # leftovers of the tree
+                    log.info("task %s exited with %d", t.launch.task_id, code)
+                elif t.term_at is not None and time.time() - t.term_at > KILL_GRACE_S:
+                    self.kill(t.launch.task_id, checkpoint=True)
+
+    def _read_progress(self, t: Task) -> None:
+        try:
+            with open(t.progress_path, "rb") as f:
+                f.seek(t.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        t.offset += end
+        for line in data[:end].splitlines():
+            try:
+                d = json.loads(line)
+                t.pending.append(pb.Progress(**{k: v for k, v in d.items() if k in _PROGRESS_FIELDS}))
+            except (ValueError, TypeError) as e:
+                log.warning("task %s: bad progress line %r: %s", t.launch.task_id, line[:80], e)
+
+    def shutdown(self) -> None:
+        for tid in list(self.tasks):
+            self.kill(tid, checkpoint=False)
+        self.channel.close()

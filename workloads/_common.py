@@ -1,0 +1,99 @@
+"""What every workload shares: progress reports, stop requests, atomic checkpoints, fencing.
+
+Kept free of torch and MPI so each program imports only the framework it uses. The runtime passes
+everything through the environment (HPCSCHED_PROGRESS_FILE, HPCSCHED_CHECKPOINT_DIR, HPCSCHED_STEPS,
+HPCSCHED_GENERATION); run by hand without them, the programs still train and print their reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+class StopFlag:
+    """SIGTERM asks for a checkpoint and a clean exit at the next step boundary, never mid-step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, *_: object) -> None:
+        self.requested = True
+
+
+class Reporter:
+    """Appends one JSON line per report to $HPCSCHED_PROGRESS_FILE (rank 0 only); the worker forwards them."""
+
+    def __init__(self, rank: int, world: int, resumed_from: int) -> None:
+        self.rank, self.world, self.resumed_from = rank, world, resumed_from
+        self.path = os.environ.get("HPCSCHED_PROGRESS_FILE")
+        self.first = True
+
+    def report(self, step: int, **fields: object) -> None:
+        if self.rank != 0:
+            return
+        line = {"step": step, "world_size": self.world, "time": time.time(), "resumed_from": self.resumed_from,
+                "first": self.first} | fields
+        self.first = False
+        text = json.dumps(line)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(text + "\n")
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+
+class StageTimer:
+    """Seconds per iteration in data / compute / communication, averaged over one report window."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.data = self.compute = self.comm = 0.0
+        self.steps = 0
+        self.samples = 0
+        self.started = time.perf_counter()
+
+    def summary(self) -> dict[str, float]:
+        n = max(1, self.steps)
+        wall = max(1e-9, time.perf_counter() - self.started)
+        return {"data_s": self.data / n, "compute_s": self.compute / n, "comm_s": self.comm / n,
+                "samples_per_s": self.samples / wall}
+
+
+def checkpoint_dir(default: str) -> Path:
+    d = Path(os.environ.get("HPCSCHED_CHECKPOINT_DIR") or default)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def total_steps(default: int) -> int:
+    return int(os.environ.get("HPCSCHED_STEPS") or default)
+
+
+def superseded(ckpt_dir: Path) -> bool:
+    """True when a newer attempt of this job has started: this process must not write checkpoints."""
+    mine = os.environ.get("HPCSCHED_GENERATION")
+    try:
+        current = (ckpt_dir / "generation").read_text().strip()
+    except OSError:
+        return False
+    return mine is not None and current.isdigit() and int(current) > int(mine)
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to a temporary name, then rename: a crash mid-write never leaves half a checkpoint."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_result(ckpt_dir: Path, result: dict) -> None:
+    atomic_write(ckpt_dir / "result.json", lambda p: p.write_text(json.dumps(result, indent=1)))

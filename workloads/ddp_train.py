@@ -1,0 +1,127 @@
+"""Data-parallel training with torch.distributed (gloo on CPU, NCCL on GPU), run under ``torchrun``.
+
+Checkpoints every ``--checkpoint-every`` steps and when SIGTERM asks it to stop (the runtime's
+preempt / resize), resumes from the latest checkpoint at any world size, and reports throughput and
+per-stage times. ``--sync manual`` (default) all-reduces the gradients itself after backward so the
+compute and communication stages are measured apart; ``--sync ddp`` uses DistributedDataParallel,
+whose overlapped all-reduce is then counted in compute.
+
+    torchrun --nproc-per-node 2 workloads/ddp_train.py --model cnn --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from _common import Reporter, StageTimer, StopFlag, atomic_write, checkpoint_dir, superseded, total_steps, write_result
+from models import batch, build
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("cnn", "transformer"), default="cnn")
+    ap.add_argument("--steps", type=int, default=None, help="total steps (default $HPCSCHED_STEPS, else 200)")
+    ap.add_argument("--batch", type=int, default=32, help="global batch size")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint-every", type=int, default=20)
+    ap.add_argument("--report-every", type=int, default=5)
+    ap.add_argument("--checkpoint-dir", default="checkpoints/local")
+    ap.add_argument("--sync", choices=("manual", "ddp"), default="manual")
+    ap.add_argument("--io-latency-ms", type=float, default=0.0,
+                    help="emulated storage latency per batch (counted in the data stage)")
+    args = ap.parse_args()
+    steps = args.steps or total_steps(200)
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    distributed = "MASTER_ADDR" in os.environ
+    if distributed:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+    stop = StopFlag()
+    torch.manual_seed(args.seed)
+    model = build(args.model).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ckpt_dir = checkpoint_dir(args.checkpoint_dir)
+    path = ckpt_dir / "ckpt.pt"
+    step, first_loss, history = 0, None, []
+    if path.exists():
+        state = torch.load(path, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        step, first_loss, history = state["step"], state["first_loss"], state["history"]
+    resumed_from = step if path.exists() else -1
+    history = [*history, {"generation": os.environ.get("HPCSCHED_GENERATION"), "resumed_from": resumed_from,
+                          "world_size": world}]
+    net = torch.nn.parallel.DistributedDataParallel(model) if distributed and args.sync == "ddp" else model
+    rep = Reporter(rank, world, resumed_from)
+    timer = StageTimer()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    window_loss, window_n, last_loss = 0.0, 0, float("nan")
+
+    def save() -> str:
+        if rank != 0 or superseded(ckpt_dir):
+            return ""
+        state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "first_loss": first_loss,
+                 "history": history}
+        atomic_write(path, lambda p: torch.save(state, p))
+        return str(path)
+
+    rep.report(step, loss=0.0, samples_per_s=0.0)
+    while step < steps:
+        t0 = time.perf_counter()
+        x, y = batch(args.model, args.seed, step, args.batch, rank, world)
+        x, y = x.to(device), y.to(device)
+        if args.io_latency_ms:
+            time.sleep(args.io_latency_ms / 1e3)
+        t1 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        t2 = time.perf_counter()
+        # One small all-reduce carries the loss and the stop request, so every rank stops at the same step.
+        flags = torch.tensor([loss.item(), float(stop.requested or superseded(ckpt_dir))], device=device)
+        if distributed:
+            if args.sync == "manual":
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                flat = torch.cat([g.flatten() for g in grads])
+                dist.all_reduce(flat)
+                flat /= world
+                torch.nn.utils.vector_to_parameters(flat, grads)  # copies the averaged values back
+            dist.all_reduce(flags)
+            flags[0] /= world
+        t3 = time.perf_counter()
+        opt.step()
+        step += 1
+        if first_loss is None:
+            first_loss = float(flags[0])
+        window_loss, window_n = window_loss + float(flags[0]), window_n + 1
+        timer.data += t1 - t0
+        timer.compute += t2 - t1 + time.perf_counter() - t3
+        timer.comm += t3 - t2
+        timer.steps += 1
+        timer.samples += args.batch
+        stopping = flags[1] > 0
+        ckpt = save() if (step % args.checkpoint_every == 0 or step == steps or stopping) else ""
+        if step % args.report_every == 0 or ckpt or step == steps:
+            last_loss = window_loss / window_n
+            rep.report(step, loss=last_loss, checkpoint=ckpt, done=step == steps, **timer.summary())
+            timer.reset()
+            window_loss, window_n = 0.0, 0
+        if stopping:
+            break
+    if rank == 0 and step == steps:
+        write_result(ckpt_dir, {"steps": step, "first_loss": first_loss, "final_loss": last_loss,
+                                "world_size": world, "history": history})
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
