@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "hpcsched.sweep.cli",
     "hpcsched.report.cli",
     "hpcsched.sim.cli",
+    "hpcsched.sim.replay_cli",
     "hpcsched.runtime.cli",
 )
 

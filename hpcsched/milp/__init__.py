@@ -7,7 +7,7 @@ Usage::
     d.counts[job.id], d.nodes[job.id], d.objective, d.status
 """
 
-from hpcsched.milp.allocate import SOLVERS, Decision, SolverUnavailable, allocate
+from hpcsched.milp.allocate import SOLVERS, Decision, SolverUnavailable, allocate, solve_counts
 from hpcsched.milp.problem import JobState, JobValue, Objective, Problem, check_job, job_values, objective_value
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "check_job",
     "job_values",
     "objective_value",
+    "solve_counts",
 ]

@@ -1,7 +1,8 @@
 """``allocate(problem)``: one harvesting decision, exact by default, never empty-handed.
 
 The runtime controller and the replayer both call this. Solvers: ``highs`` (default), ``cbc``,
-``gurobi`` (exact MILP on the count-level model), ``greedy`` and ``equal`` (baselines). A MILP that
+``gurobi`` (exact MILP on the count-level model), ``dp`` (exact knapsack DP, no solver), ``greedy``
+and ``equal`` (baselines). A MILP that
 hits its time limit returns its incumbent or greedy's answer, whichever is better; one with no
 incumbent returns greedy's (status ``fallback``): the reference returns an empty allocation there.
 """
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 
 from hpcsched.milp.backends import BACKENDS, SolverUnavailable
 from hpcsched.milp.baselines import equal_share, greedy
+from hpcsched.milp.dp import solve_dp
 from hpcsched.milp.formulation import build
 from hpcsched.milp.mapping import map_nodes
 from hpcsched.milp.problem import Problem, job_values, objective_value
 
-SOLVERS = ("highs", "cbc", "gurobi", "greedy", "equal")
+SOLVERS = ("highs", "cbc", "gurobi", "dp", "greedy", "equal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,38 +35,47 @@ class Decision:
     n_vars: int = 0
 
 
-def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> Decision:
-    t0 = time.perf_counter()
+def solve_counts(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> tuple[list[int], str, int]:
+    """The node count per job (in ``problem.jobs`` order), the status, and the model's variable count.
+
+    Counts depend only on the jobs, their current counts, who was preempted, the pool size and Tfwd,
+    so callers that see the same situation again (a long replay) may cache this and only re-map nodes.
+    """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose from {', '.join(SOLVERS)}")
     values = job_values(problem)
     size = len(problem.pool)
     if not problem.jobs:
-        return Decision({}, {}, 0.0, solver, "empty", time.perf_counter() - t0)
-    n_vars = 0
+        return [], "empty", 0
     if solver == "greedy":
-        counts, status = greedy(values, size), "heuristic"
-    elif solver == "equal":
-        counts, status = equal_share(values, size), "heuristic"
-    else:
-        model = build(values, size)
-        n_vars = model.n_vars
-        sol = BACKENDS[solver](model, time_limit)
-        if sol is None:
-            counts, status = greedy(values, size, from_current=True), "fallback"
-        else:
-            counts = model.counts(sol.x)
-            status = "optimal" if sol.optimal else "time_limit"
-            if not sol.optimal:
-                g = greedy(values, size, from_current=True)
-                if objective_value(values, g) > objective_value(values, counts):
-                    counts = g
+        return greedy(values, size), "heuristic", 0
+    if solver == "equal":
+        return equal_share(values, size), "heuristic", 0
+    if solver == "dp":
+        return solve_dp(values, size), "optimal", 0
+    model = build(values, size)
+    sol = BACKENDS[solver](model, time_limit)
+    if sol is None:
+        return greedy(values, size, from_current=True), "fallback", model.n_vars
+    counts = model.counts(sol.x)
+    if sol.optimal:
+        return counts, "optimal", model.n_vars
+    g = greedy(values, size, from_current=True)
+    if objective_value(values, g) > objective_value(values, counts):
+        counts = g
+    return counts, "time_limit", model.n_vars
+
+
+def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> Decision:
+    """One decision: counts from ``solver``, then node ids keeping jobs on the nodes they hold."""
+    t0 = time.perf_counter()
+    counts, status, n_vars = solve_counts(problem, solver, time_limit)
     nodes = map_nodes(problem.jobs, problem.pool, counts)
     final = [len(nodes[s.job.id]) for s in problem.jobs]
     return Decision(
         counts={s.job.id: n for s, n in zip(problem.jobs, final, strict=True)},
         nodes=nodes,
-        objective=objective_value(values, final),
+        objective=objective_value(job_values(problem), final),
         solver=solver,
         status=status,
         seconds=time.perf_counter() - t0,
@@ -72,4 +83,4 @@ def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) 
     )
 
 
-__all__ = ["Decision", "SOLVERS", "SolverUnavailable", "allocate"]
+__all__ = ["Decision", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts"]
