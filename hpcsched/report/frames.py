@@ -67,8 +67,8 @@ def normalized(sim: pd.DataFrame, baseline: str, metrics: Sequence[str] = BAR_ME
     """
     means = seed_means(sim, metrics)
     present = [m for m in metrics if m in means.columns]
-    base = means[means["policy"] == baseline].set_index(["context", "trace_name"])[present]
-    joined = means.join(base, on=["context", "trace_name"], rsuffix="__base")
+    base = means.loc[means["policy"] == baseline, ["context", "trace_name", *present]]
+    joined = means.merge(base, on=["context", "trace_name"], how="left", suffixes=("", "__base"))
     out = joined[["context", "trace_name", "policy"]].copy()
     for m in present:
         out[m] = joined[m] / joined[f"{m}__base"]

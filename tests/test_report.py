@@ -1,0 +1,78 @@
+"""Reports: normalised bars on a hand-checkable table, and every file produced from a real sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hpcsched.report import make_report
+from hpcsched.report.frames import normalized
+from hpcsched.report.plots import normalized_bars
+from hpcsched.sweep import load_config, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE3 = ROOT / "trace-data" / "muri" / "trace3.csv"
+CLUSTER = ROOT / "cluster_spec" / "n8g8.csv"
+
+
+def _row(policy: str, trace: str, avg: float, p99: float, mk: float, seed: int = 0, compat: str = "muri") -> dict:
+    return {"cell_id": f"{policy}-{trace}-{seed}-{compat}", "kind": "simulate", "status": "ok", "policy": policy,
+            "trace": f"trace-data/muri/{trace}.csv", "cluster": "cluster_spec/n8g8.csv", "compat": compat,
+            "arrival_scale": 1.0, "seed": seed, "avg_jct": avg, "p99_jct": p99, "makespan": mk}
+
+
+def _hand_table() -> pd.DataFrame:
+    return pd.DataFrame([
+        _row("srtf", "trace1", 100.0, 1000.0, 5000.0),
+        _row("muri-s", "trace1", 40.0, 500.0, 4000.0, seed=0),
+        _row("muri-s", "trace1", 60.0, 700.0, 4000.0, seed=1),  # seeds average to 50 / 600 / 4000
+        _row("srtf", "trace2", 200.0, 800.0, 1000.0),
+        _row("muri-s", "trace2", 300.0, 400.0, 1000.0),
+        _row("muri-s", "trace2", 30.0, 40.0, 100.0, compat="default"),  # another context: no srtf there
+    ])
+
+
+def test_normalised_values_are_ratios_to_the_baseline_within_trace_and_context() -> None:
+    norm = normalized(_hand_table(), "srtf").set_index(["context", "trace_name", "policy"])
+    muri = norm.loc[("compat=muri", "trace1", "muri-s")]
+    assert (muri["avg_jct"], muri["p99_jct"], muri["makespan"]) == pytest.approx((0.5, 0.6, 0.8))
+    assert norm.loc[("compat=muri", "trace2", "muri-s"), "avg_jct"] == pytest.approx(1.5)
+    assert norm.loc[("compat=muri", "trace2", "muri-s"), "p99_jct"] == pytest.approx(0.5)
+    assert norm.loc[("compat=muri", "trace1", "srtf")].tolist() == [1.0, 1.0, 1.0]
+    # No baseline cell in that context: shown as missing, never normalised to something else.
+    assert np.isnan(norm.loc[("compat=default", "trace2", "muri-s"), "avg_jct"])
+
+
+def test_bars_drawn_have_the_normalised_heights(tmp_path: Path) -> None:
+    norm = normalized(_hand_table(), "srtf")
+    norm = norm[norm["context"] == "compat=muri"]
+    drawn = normalized_bars(norm, "srtf", "hand", tmp_path / "bars.png")
+    assert drawn["avg_jct"] == pytest.approx({("trace1", "srtf"): 1.0, ("trace1", "muri-s"): 0.5,
+                                              ("trace2", "srtf"): 1.0, ("trace2", "muri-s"): 1.5})
+    assert drawn["makespan"][("trace1", "muri-s")] == pytest.approx(0.8)
+    assert (tmp_path / "bars.png").stat().st_size > 5000
+
+
+def test_report_of_a_real_sweep_writes_markdown_and_plots(tmp_path: Path) -> None:
+    trace = tmp_path / "trace3_head.csv"
+    trace.write_text("\n".join(TRACE3.read_text().splitlines()[:31]) + "\n")
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"name: rep\nreport:\n  baseline: srtf\ngrid:\n  kind: simulate\n  policy: [srtf, fifo]\n"
+                   f"  trace: {trace.name}\n  cluster: {CLUSTER}\n  compat: [default, muri]\n")
+    out = tmp_path / "sweep"
+    assert run_sweep(load_config(cfg), out, workers=1, progress=False).failed == []
+    readme = make_report(out, tmp_path / "report", command=["hpcsched", "report", str(out)])
+    text = readme.read_text()
+    files = {p.name for p in readme.parent.iterdir()}
+    for ctx in ("compat_default", "compat_muri"):
+        assert {f"bars_{ctx}.png", f"cdf_{ctx}.png", f"util_{ctx}.png"} <= files
+        assert f"![normalised bars](bars_{ctx}.png)" in text
+    assert "results.csv" in files and "results.parquet" not in files
+    assert f"hpcsched report {out}" in text and "divided by `srtf`" in text
+    table = pd.read_csv(readme.parent / "results.csv")
+    fifo = table[(table["policy"] == "fifo") & (table["compat"] == "muri")]["avg_jct"].item()
+    srtf = table[(table["policy"] == "srtf") & (table["compat"] == "muri")]["avg_jct"].item()
+    assert f"| trace3_head | 1 | {fifo / srtf:.3f} |" in text  # the avg-JCT ratio table under the bars
