@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "hpcsched.sim.cli",
     "hpcsched.sim.replay_cli",
     "hpcsched.runtime.cli",
+    "hpcsched.slurm.cli",
 )
 
 for _name in COMMAND_MODULES:

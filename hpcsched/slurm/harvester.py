@@ -25,7 +25,7 @@ from pathlib import Path
 from hpcsched.milp import JobState, Problem, allocate
 from hpcsched.slurm.executors import ENDED, PENDING, RUNNING, Executor, Run
 from hpcsched.slurm.record import Recorder
-from hpcsched.slurm.source import LEAVE, SlurmIdleSource
+from hpcsched.slurm.source import SlurmIdleSource
 from hpcsched.slurm.spec import ElasticSpec
 
 
@@ -58,14 +58,19 @@ class Harvester:
         return len(self.finished) == len(self.specs)
 
     def step(self) -> None:
-        events = self.source.poll()
+        ev = self.source.poll()
         now = self.source.now()
         pool = self.source.pool
         self.rec.pool_size(now, len(pool))
-        for e in events:
-            self.rec.event(e.time, e.kind, nodes=(e.node,), pool=len(pool), detail=e.reason)
+        left: dict[str, str] = {}
+        if ev is not None:
             self.dirty = True
-        left = {e.node: e.reason for e in events if e.kind == LEAVE}
+            why = self.source.reasons
+            for n in ev.left:
+                self.rec.event(ev.time, "leave", nodes=(n,), pool=len(pool), detail=why.get(n, ""))
+                left[n] = why.get(n, "")
+            for n in ev.joined:
+                self.rec.event(ev.time, "join", nodes=(n,), pool=len(pool), detail=why.get(n, ""))
         for job_id, run in list(self.runs.items()):
             self._watch(job_id, run, left, now)
         if self.settle_until and now >= self.settle_until:

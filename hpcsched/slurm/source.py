@@ -2,10 +2,11 @@
 
 The harvestable *pool* is every node harvesting may use now: nodes Slurm reports plain idle, plus
 nodes held only by our own jobs (mode (a): our scavenger jobs show as ``allocated``). Each poll
-reads ``sinfo`` and ``squeue`` once and diffs the pool against the previous poll: a node entering
-is a ``join``, a node leaving is a ``leave`` carrying the state that made it leave (``drained``,
-``down*``, ``allocated by job 12 (batch)``...). These are the events the idle-node replayer produces
-from a log, so the same allocator decides on both.
+reads ``sinfo`` and ``squeue`` once and diffs the pool against the previous poll into one
+``hpcsched.sim.replay_events.PoolEvent`` (nodes joined, nodes left): the very event type the idle-node
+replayer produces from a log, so the same allocator decides on both. ``reasons`` keeps, for each
+node of the last event, the state that made it join or leave (``drained``, ``down* (not
+responding)``, ``allocated by job 12 (batch)``...) for the event log.
 """
 
 from __future__ import annotations
@@ -14,21 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hpcsched.sim.replay_events import PoolEvent
 from hpcsched.slurm import commands
 from hpcsched.slurm.nodes import NodeState, parse_sinfo
-
-JOIN = "join"
-LEAVE = "leave"
-
-
-@dataclass(frozen=True, slots=True)
-class PoolEvent:
-    """A node joined or left the harvestable pool at ``time`` (seconds on the source's clock)."""
-
-    time: float
-    kind: str  # JOIN | LEAVE
-    node: str
-    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +67,7 @@ class SlurmIdleSource:
         self._t0 = clock()
         self._pool: tuple[str, ...] = ()
         self.last: Snapshot | None = None
+        self.reasons: dict[str, str] = {}
 
     def is_ours(self, job: SlurmJob) -> bool:
         return job.name.startswith(self.own_prefix)
@@ -107,14 +97,17 @@ class SlurmIdleSource:
                 why[node] = st.reason or st.raw
         return Snapshot(self.now(), states, tuple(jobs), tuple(pool), why)
 
-    def poll(self) -> list[PoolEvent]:
-        """Read Slurm once; return a ``leave`` per node gone from the pool, then a ``join`` per new one."""
+    def poll(self) -> PoolEvent | None:
+        """Read Slurm once; the pool's change since the previous poll, or None if it did not change."""
         snap = self.snapshot()
         before, after = set(self._pool), set(snap.pool)
-        events = [PoolEvent(snap.time, LEAVE, n, snap.why_not.get(n, "")) for n in self._pool if n not in after]
-        events += [PoolEvent(snap.time, JOIN, n, snap.states[n].raw) for n in snap.pool if n not in before]
+        left = tuple(n for n in self._pool if n not in after)
+        joined = tuple(n for n in snap.pool if n not in before)
         self._pool, self.last = snap.pool, snap
-        return events
+        if not left and not joined:
+            return None
+        self.reasons = {n: snap.why_not.get(n, "") for n in left} | {n: snap.states[n].raw for n in joined}
+        return PoolEvent(snap.time, joined, left)
 
     @property
     def pool(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ step) and ``CKPT_DIR/checkpoint.json`` (last checkpointed step) as ``{"step": N}
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from hpcsched.model import ElasticJob, ScalingCurve
 
 @dataclass(frozen=True, slots=True)
 class ElasticSpec:
-    """One elastic training job for harvesting; ``command`` may use ``{ckpt_dir}`` and ``{steps}``."""
+    """One elastic training job; ``command`` may use ``{ckpt_dir}``, ``{steps}`` and ``{python}`` (this interpreter)."""
 
     job: ElasticJob
     command: tuple[str, ...]
@@ -33,7 +34,7 @@ class ElasticSpec:
         return self.job.id
 
     def argv(self) -> list[str]:
-        return [a.format(ckpt_dir=self.ckpt_dir, steps=self.steps) for a in self.command]
+        return [a.format(ckpt_dir=self.ckpt_dir, steps=self.steps, python=sys.executable) for a in self.command]
 
     def progress_step(self) -> int:
         return _read_step(self.ckpt_dir / "progress.json")
@@ -55,13 +56,18 @@ def _read_step(path: Path) -> int:
 
 def elastic_spec(d: Mapping[str, Any], base: Path) -> ElasticSpec:
     """Build a spec from one ``jobs:`` entry of a harvest config (raises KeyError/ValueError/TypeError)."""
-    curve = d.get("curve") or {"nodes": [1, int(d["jmax"])], "rates": [1.0, float(d["jmax"])]}
-    steps = int(d["steps"])
+    jmin, jmax, steps = int(d.get("jmin", 1)), int(d["jmax"]), int(d["steps"])
+    if not 1 <= jmin <= jmax:
+        raise ValueError(f"need 1 <= Jmin <= Jmax, got Jmin={jmin} Jmax={jmax}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    curve = d.get("curve") or ({"nodes": [1, jmax], "rates": [1.0, float(jmax)]} if jmax > 1
+                               else {"nodes": [1], "rates": [1.0]})
     job = ElasticJob(
         id=str(d["id"]),
         submit=0.0,
-        jmin=int(d.get("jmin", 1)),
-        jmax=int(d["jmax"]),
+        jmin=jmin,
+        jmax=jmax,
         curve=ScalingCurve(tuple(float(x) for x in curve["nodes"]), tuple(float(x) for x in curve["rates"])),
         total_samples=float(steps),
         scale_up_s=float(d.get("scale_up_s", 0.0)),

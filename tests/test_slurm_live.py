@@ -1,0 +1,223 @@
+"""Harvesting against a REAL Slurm: the 4-node loopback cluster of scripts/slurm_cluster.sh.
+
+Skipped with the reason when no Slurm controller answers (run `scripts/slurm_cluster.sh up` as root;
+`.ci/run` does). Each test starts from a clean cluster: no jobs, every node idle and its slurmd up.
+The training job is ``hpcsched.slurm.dp_train`` (real numpy data-parallel logistic regression with
+checkpoint/resume), paced to 50 ms a step so that resizes happen mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcsched.metrics import summarize
+from hpcsched.results import read_results
+from hpcsched.slurm import commands
+from hpcsched.slurm.dp_train import main as train_main
+from hpcsched.slurm.executors import LocalExecutor, ScavengerExecutor
+from hpcsched.slurm.harvester import HarvestConfig, Harvester
+from hpcsched.slurm.record import Recorder
+from hpcsched.slurm.source import SlurmIdleSource
+from hpcsched.slurm.spec import ElasticSpec, elastic_spec
+
+WHY_NOT = commands.available()
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}")]
+
+NODES = ("n1", "n2", "n3", "n4")
+GRACE_S = 5  # scavenger partition's GraceTime in deploy/slurm/slurm.conf
+CKPT_EVERY = 25
+
+
+def sh(*argv: str) -> str:
+    return commands.run(argv)
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str, step: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; sinfo:\n{sh('sinfo', '-N')}")
+        time.sleep(step)
+
+
+def slurmd_alive(node: str) -> bool:
+    try:
+        os.kill(int(Path(f"/run/slurmd-{node}.pid").read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def states() -> dict[str, str]:
+    return dict(line.split() for line in sh("sinfo", "-N", "-h", "-p", "batch", "-o", "%N %T").splitlines())
+
+
+@pytest.fixture(autouse=True)
+def clean_cluster() -> Iterator[None]:
+    def reset() -> None:
+        ids = sh("squeue", "-h", "-o", "%i").split()
+        if ids:
+            sh("scancel", *ids)
+        for n in NODES:
+            if not slurmd_alive(n):
+                subprocess.run(["/usr/sbin/slurmd", "-N", n], check=True)
+            if states().get(n, "").startswith("drain"):
+                sh("scontrol", "update", f"NodeName={n}", "State=RESUME")
+        wait_for(lambda: set(states().values()) == {"idle"}, 60, "all nodes idle")
+
+    reset()
+    yield
+    reset()
+
+
+def dp_spec(out: Path, steps: int) -> ElasticSpec:
+    return elastic_spec({"id": "lr", "jmax": 4, "steps": steps, "scale_up_s": 1, "scale_down_s": 1,
+                         "command": ["{python}", "-m", "hpcsched.slurm.dp_train", "--ckpt-dir", "{ckpt_dir}",
+                                     "--steps", "{steps}", "--ckpt-every", str(CKPT_EVERY), "--step-time", "0.05"]},
+                        out)
+
+
+def reference_weights(tmp: Path, steps: int) -> np.ndarray:
+    """The same training run start to end on one process: what every resized run must end with."""
+    assert train_main(["--ckpt-dir", str(tmp), "--steps", str(steps), "--ckpt-every", str(CKPT_EVERY)]) == 0
+    return np.load(tmp / "ckpt.npz")["w"]
+
+
+def sizes(h: Harvester) -> int:
+    run = h.runs.get("lr")
+    return len(run.nodes) if run is not None and run.running_since is not None and not run.stop_requested else 0
+
+
+def drive(h: Harvester, until: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        assert not h.done or until(), f"job finished before {what}"
+        t0 = time.monotonic()
+        h.step()
+        time.sleep(max(0.0, h.cfg.poll_s - (time.monotonic() - t0)))
+
+
+def events(out: Path) -> list[dict[str, str]]:
+    import csv
+
+    with (out / "events.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_pool_follows_drain_batch_jobs_and_a_killed_slurmd() -> None:
+    src = SlurmIdleSource()
+    ev = src.poll()
+    assert ev is not None and ev.joined == NODES and ev.left == ()
+
+    def next_event(timeout: float) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+        got: list = []
+        wait_for(lambda: got.append(src.poll()) or got[-1] is not None, timeout, "a pool change")
+        return got[-1].joined, got[-1].left, src.reasons
+
+    sh("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=hpcsched-test")
+    joined, left, why = next_event(10)
+    assert (joined, left) == ((), ("n2",)) and "drain" in why["n2"]
+    sh("scontrol", "update", "NodeName=n2", "State=RESUME")
+    assert next_event(10)[:2] == (("n2",), ())
+
+    job = sh("sbatch", "--parsable", "-p", "batch", "-N1", "-w", "n3", "--wrap", "sleep 30").strip()
+    joined, left, why = next_event(10)
+    assert left == ("n3",) and why["n3"] == f"allocated by job {job} (batch)"
+    sh("scancel", job)
+    assert next_event(15)[:2] == (("n3",), ())
+
+    os.kill(int(Path("/run/slurmd-n4.pid").read_text()), 9)  # a node dies without a word
+    t0 = time.monotonic()
+    joined, left, why = next_event(60)
+    assert left == ("n4",) and why["n4"].endswith("(not responding)"), why
+    print(f"killed slurmd: n4 left the pool after {time.monotonic() - t0:.1f}s ({why['n4']})")
+    subprocess.run(["/usr/sbin/slurmd", "-N", "n4"], check=True)
+    assert next_event(60)[:2] == (("n4",), ())
+
+
+def test_elastic_job_yields_to_batch_and_grows_back(tmp_path: Path) -> None:
+    """The issue's done-when: grow onto idle nodes; a batch job preempts; shrink keeping the checkpoint;
+    the batch job starts within the grace time; grow back when it ends; a drained node is vacated;
+    finish with the exact step count and the weights of an unresized run."""
+    steps = 500
+    out = tmp_path / "run"
+    spec = dp_spec(out, steps)
+    h = Harvester(SlurmIdleSource(), ScavengerExecutor("scavenger", out / "logs"), [spec], Recorder(out),
+                  HarvestConfig(poll_s=0.3, settle_s=3.0))
+    drive(h, lambda: sizes(h) == 4 and spec.progress_step() >= 60, 60, "the job running on 4 nodes")
+
+    batch = sh("sbatch", "--parsable", "-p", "batch", "-N1", "--wrap", "sleep 6").strip()
+    drive(h, lambda: sh("squeue", "-h", "-j", batch, "-o", "%T").strip() == "RUNNING", 30, "the batch job to start")
+    submit, start = sh("squeue", "-h", "-j", batch, "-o", "%V %S").split()
+    waited = np.datetime64(start) - np.datetime64(submit)
+    assert waited <= np.timedelta64(GRACE_S, "s"), f"batch job waited {waited} for its nodes"
+    drive(h, lambda: sizes(h) == 3, 30, "the job to shrink to 3 nodes")
+    drive(h, lambda: sizes(h) == 4, 60, "the job to grow back to 4 nodes after the batch job")
+
+    victim = h.runs["lr"].nodes[-1]
+    sh("scontrol", "update", f"NodeName={victim}", "State=DRAIN", "Reason=hpcsched-test")
+    drive(h, lambda: sizes(h) == 3 and victim not in h.runs["lr"].nodes, 30, f"the job to vacate drained {victim}")
+    sh("scontrol", "update", f"NodeName={victim}", "State=RESUME")
+    drive(h, lambda: h.done, 120, "the job to finish")
+    h.write()
+
+    ev = events(out)
+    starts = [e for e in ev if e["event"] == "start"]
+    assert [len(e["nodes"].split()) for e in starts][:4] == [4, 3, 4, 3], starts
+    preempted = [e for e in ev if e["event"] == "preempted"]
+    assert len(preempted) == 2  # the batch job, the drain
+    for p in preempted:  # SIGTERM reached the job: it checkpointed where it stopped, nothing lost
+        assert int(p["lost_steps"]) == 0 and int(p["ckpt_step"]) > 0
+    assert int(starts[1]["ckpt_step"]) == int(preempted[0]["ckpt_step"])  # the restart resumed the checkpoint
+    assert spec.checkpoint_step() == spec.progress_step() == steps
+    np.testing.assert_allclose(np.load(spec.ckpt_dir / "ckpt.npz")["w"], reference_weights(tmp_path / "ref", steps),
+                               rtol=1e-10, atol=1e-12)
+
+    df, meta = read_results(out)
+    assert meta["preemptions"] == 2 and meta["max_lost_steps"] == 0
+    s = summarize(df, meta)
+    assert df.loc[0, "status"] == "completed" and df.loc[0, "nodes"] == 4
+    assert 0.5 < s["utilization"] <= 1.0, s  # harvested node-seconds over the pool's node-seconds
+
+
+def test_local_mode_vacates_nodes_slurm_allocates(tmp_path: Path) -> None:
+    """Mode (b): own processes on idle nodes, invisible to Slurm; vacated when Slurm allocates a node
+    to a batch job or loses its slurmd, regrown after."""
+    steps = 400
+    out = tmp_path / "run"
+    spec = dp_spec(out, steps)
+    h = Harvester(SlurmIdleSource(), LocalExecutor(out / "logs"), [spec], Recorder(out),
+                  HarvestConfig(poll_s=0.3, settle_s=1.0))
+    drive(h, lambda: sizes(h) == 4 and spec.progress_step() >= 40, 60, "the job running on 4 nodes")
+    batch = sh("sbatch", "--parsable", "-p", "batch", "-N2", "--wrap", "sleep 5").strip()
+    drive(h, lambda: sizes(h) == 2, 30, "the job to vacate the 2 nodes Slurm gave the batch job")
+    taken = set(commands.hostnames(sh("squeue", "-h", "-t", "all", "-j", batch, "-o", "%N").strip()))
+    assert not taken & set(h.runs["lr"].nodes)
+    drive(h, lambda: sizes(h) == 4, 60, "the job to grow back after the batch job")
+    drive(h, lambda: h.done, 120, "the job to finish")
+    h.write()
+
+    vacate = [e for e in events(out) if e["event"] == "vacate"]
+    assert {n for e in vacate for n in e["nodes"].split()} == taken
+    assert spec.checkpoint_step() == steps
+    np.testing.assert_allclose(np.load(spec.ckpt_dir / "ckpt.npz")["w"], reference_weights(tmp_path / "ref", steps),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_cli_nodes_json_lists_the_pool() -> None:
+    p = subprocess.run([sys.executable, "-m", "hpcsched.cli", "slurm", "nodes", "--json"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    d = json.loads(p.stdout)
+    assert d["pool"] == list(NODES) and d["nodes"] == dict.fromkeys(NODES, "idle")
