@@ -29,7 +29,7 @@ import numpy as np
 
 from hpcsched.interleave.matching import MatchSettings, assign, pair_counts
 from hpcsched.interleave.period import MAX_GROUP, STAGES, PeriodModel
-from hpcsched.sim.semantics import SOLO_FACTOR, group_factor
+from hpcsched.sim.semantics import group_factor
 
 TypeKey = tuple  # (gpus, data_s, compute_s, network_s, solo_s) or (gpus, None, solo_s) without a profile
 
@@ -73,42 +73,74 @@ class Score:
     gain: float  # GPU-equivalents gained over the members taking turns; 0 for one job
 
 
+Kind = tuple[int, ...]  # a node: sorted interned job-type ids of its members
+
+
 @dataclass
 class Scorer:
-    """Scores of groups by multiset of job types, memoised (a pure function's cache, nothing else)."""
+    """Scores of groups by multiset of job types, memoised (a pure function's cache, nothing else).
+
+    Job types are interned to small integers once, so a scheduling event works on tuples of ints:
+    the score of a group, the weight between two nodes and the matching of a multiset of nodes are
+    each computed once per run and then looked up.
+    """
 
     rules: GroupingRules
-    _scores: dict[tuple[TypeKey, ...], Score] = field(default_factory=dict)
+    _ids: dict[TypeKey, int] = field(default_factory=dict)
+    _types: list[TypeKey] = field(default_factory=list)
+    _scores: dict[Kind, Score] = field(default_factory=dict)
+    _weights: dict[tuple[Kind, Kind], float] = field(default_factory=dict)
+    _matrices: dict[tuple[Kind, ...], np.ndarray] = field(default_factory=dict)
     _matches: dict[tuple, np.ndarray] = field(default_factory=dict)
 
-    def scores(self, groups: Sequence[tuple[TypeKey, ...]]) -> list[Score]:
+    def intern(self, key: TypeKey) -> int:
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self._types)
+            self._types.append(key)
+        return i
+
+    def scores(self, groups: Sequence[Kind]) -> list[Score]:
         missing = sorted({g for g in groups if g not in self._scores}, key=len)
-        by_k: dict[int, list[tuple[TypeKey, ...]]] = {}
+        by_k: dict[int, list[Kind]] = {}
         for g in missing:
             by_k.setdefault(len(g), []).append(g)
         for k, gs in by_k.items():
             self._compute(k, gs)
         return [self._scores[g] for g in groups]
 
-    def _compute(self, k: int, gs: list[tuple[TypeKey, ...]]) -> None:
-        profiled = [g for g in gs if all(t[1] is not None for t in g)]
+    def weight(self, a: Kind, b: Kind) -> float:
+        """Edge weight between two nodes (0: no edge), per the rules' ``weight``."""
+        w = self._weights.get((a, b))
+        if w is None:
+            w = 0.0
+            if len(a) + len(b) <= self.rules.max_group:
+                merged, sa, sb = self.scores([tuple(sorted(a + b)), a, b])
+                if merged.efficiency > 0:
+                    w = merged.efficiency if self.rules.weight == "efficiency" else merged.gain - sa.gain - sb.gain
+            self._weights[(a, b)] = self._weights[(b, a)] = w
+        return w
+
+    def _compute(self, k: int, gs: list[Kind]) -> None:
+        types = self._types
+        profiled = [g for g in gs if all(types[t][1] is not None for t in g)]
         for g in gs:
-            if g not in profiled:
-                solo = sum(t[-1] for t in g) * SOLO_FACTOR
-                self._scores[g] = Score(solo, 0.0, 0.0)
+            if types[g[0]][1] is None or g not in profiled:
+                self._scores[g] = Score(sum(types[t][-1] for t in g), 0.0, 0.0)
         if not profiled:
             return
-        t = np.array([[t[1 : 1 + STAGES] for t in g] for g in profiled], dtype=float)
+        t = np.array([[types[i][1 : 1 + STAGES] for i in g] for g in profiled], dtype=float)
         raw = self.rules.model.raw_periods(t)
         busy = t.sum(axis=(1, 2))
-        for g, p, b in zip(profiled, raw, busy, strict=True):
-            eff_period = float(p) * (group_factor(k) if k > 1 else 1.0)
+        res = self.rules.model.resources
+        for g, p, b in zip(profiled, raw.tolist(), busy.tolist(), strict=True):
+            tk = [types[i] for i in g]
             if k == 1:
-                self._scores[g] = Score(float(p), float(b / (self.rules.model.resources * g[0][-1] * SOLO_FACTOR)), 0.0)
+                self._scores[g] = Score(p, b / (res * tk[0][-1]), 0.0)
                 continue
-            work = sum(tk[0] * tk[-1] * SOLO_FACTOR for tk in g) / eff_period
-            gain = work - max(tk[0] for tk in g)
-            self._scores[g] = Score(float(p), float(b / (self.rules.model.resources * eff_period)), float(gain))
+            eff_period = p * group_factor(k)
+            gain = sum(x[0] * x[-1] for x in tk) / eff_period - max(x[0] for x in tk)
+            self._scores[g] = Score(p, b / (res * eff_period), gain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,39 +158,38 @@ def _gpus(node: tuple[int, ...], cands: Sequence[Candidate]) -> int:
 
 
 def _round(
-    buckets: list[list[tuple[int, ...]]], cands: Sequence[Candidate], scorer: Scorer, required: int, capacity: int
+    buckets: list[list[tuple[int, ...]]],
+    kinds_of: list[int],
+    gpus: list[int],
+    scorer: Scorer,
+    required: int,
+    capacity: int,
 ) -> tuple[list[list[tuple[int, ...]]], int, bool]:
     """One matching round over every bucket, then merges while ``required > capacity``."""
     rules = scorer.rules
     ready: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...] | None]] = []  # (gain, bucket, pos, a, b)
     for bi, nodes in enumerate(buckets):
-        node_keys = [tuple(sorted(cands[i].key for i in node)) for node in nodes]
-        kinds = sorted(set(node_keys), key=repr)
+        node_kinds = [tuple(sorted(kinds_of[i] for i in node)) for node in nodes]
+        kinds = sorted(set(node_kinds))
         kind_ix = {k: i for i, k in enumerate(kinds)}
-        node_type = [kind_ix[k] for k in node_keys]
+        node_type = [kind_ix[k] for k in node_kinds]
         u = len(kinds)
-        tw = np.zeros((u, u))
-        pairs_needed: list[tuple[int, int, tuple[TypeKey, ...]]] = []
-        for a in range(u):
-            for b in range(a, u):
-                if len(kinds[a]) + len(kinds[b]) <= rules.max_group:
-                    pairs_needed.append((a, b, tuple(sorted(kinds[a] + kinds[b]))))
-        merged = scorer.scores([m for _, _, m in pairs_needed])
-        parts = dict(zip(kinds, scorer.scores(kinds), strict=True)) if rules.weight == "gain" else {}
-        for (a, b, _), s in zip(pairs_needed, merged, strict=True):
-            if s.efficiency <= 0:
-                continue
-            w = s.efficiency if rules.weight == "efficiency" else s.gain - parts[kinds[a]].gain - parts[kinds[b]].gain
-            tw[a, b] = tw[b, a] = w
+        tkey = tuple(kinds)
+        tw = scorer._matrices.get(tkey)
+        if tw is None:
+            tw = np.zeros((u, u))
+            for a in range(u):
+                for b in range(a, u):
+                    tw[a, b] = tw[b, a] = scorer.weight(kinds[a], kinds[b])
+            scorer._matrices[tkey] = tw
         counts = np.bincount(node_type, minlength=u)
-        ckey = (tuple(kinds), tuple(counts.tolist()))
+        ckey = (tkey, tuple(counts.tolist()))
         x = scorer._matches.get(ckey)
         if x is None:
-            canon = np.repeat(np.arange(u), counts)
-            x, _ = pair_counts(canon, tw, rules.match)
+            x, _ = pair_counts(np.repeat(np.arange(u), counts), tw, rules.match)
             scorer._matches[ckey] = x
         paired: dict[int, int] = {}
-        for i, j in assign(node_type, x):
+        for i, j in assign(node_type, x, tw):
             paired[i], paired[j] = j, i
         for pos, node in enumerate(nodes):
             partner = paired.get(pos)
@@ -175,7 +206,7 @@ def _round(
             out[bi].append(a)
         elif required > capacity:
             out[bi].append(a + b)
-            required -= min(_gpus(a, cands), _gpus(b, cands))
+            required -= min(max(gpus[i] for i in a), max(gpus[i] for i in b))
             merged_any = True
         else:
             out[bi].extend((a, b))
@@ -185,6 +216,8 @@ def _round(
 def form_groups(cands: Sequence[Candidate], capacity: int, scorer: Scorer) -> list[Formed]:
     """Groups covering every candidate (singles included), merging only while they do not fit ``capacity``."""
     rules = scorer.rules
+    kinds_of = [scorer.intern(c.key) for c in cands]
+    gpus = [c.gpus for c in cands]
     if rules.mixed_gpus:
         buckets = [[(i,) for i in range(len(cands))]]
     else:
@@ -192,15 +225,15 @@ def form_groups(cands: Sequence[Candidate], capacity: int, scorer: Scorer) -> li
         for i, c in enumerate(cands):
             by_gpus.setdefault(c.gpus, []).append((i,))
         buckets = list(by_gpus.values())
-    required = sum(c.gpus for c in cands)
+    required = sum(gpus)
     for _ in range(rules.max_group):  # the reference tries as many rounds as a group has members
         if required <= capacity:
             break
-        buckets, required, merged = _round(buckets, cands, scorer, required, capacity)
+        buckets, required, merged = _round(buckets, kinds_of, gpus, scorer, required, capacity)
         if not merged:
             break
     nodes = [n for b in buckets for n in b]
-    scores = scorer.scores([tuple(sorted(cands[i].key for i in n)) for n in nodes])
+    scores = scorer.scores([tuple(sorted(kinds_of[i] for i in n)) for n in nodes])
     return [
         Formed(n, s.raw_period if len(n) > 1 else None, s.efficiency, s.gain)
         for n, s in zip(nodes, scores, strict=True)

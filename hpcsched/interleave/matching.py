@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import rustworkx as rx
@@ -61,9 +62,14 @@ def _counts_from_pairs(pairs: list[tuple[int, int]], node_type: np.ndarray, u: i
     return x
 
 
+@cache
+def _upper(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n, 1)
+
+
 def _dense_counts(node_type: np.ndarray, tw: np.ndarray) -> np.ndarray:
     n = len(node_type)
-    i, j = np.triu_indices(n, 1)
+    i, j = _upper(n)
     w = tw[node_type[i], node_type[j]]
     return _counts_from_pairs(_blossom(n, i, j, w), node_type, tw.shape[0])
 
@@ -154,35 +160,52 @@ def pair_counts(
     return _sparse_counts(nt, tw, settings.top_k, settings.per_type), "sparse"
 
 
-def assign(node_type: Sequence[int], x: np.ndarray) -> list[tuple[int, int]]:
-    """Concrete pairs realising the counts ``x``; nodes are given in priority order (index 0 first)."""
-    x = np.array(x, dtype=np.int64)
-    x = x + np.triu(x, 1).T  # symmetric view: x[a, b] pairs left between a and b
-    nt = [int(t) for t in node_type]
+def assign(node_type: Sequence[int], x: np.ndarray, type_weight: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Concrete pairs realising the counts ``x``; nodes are given in priority order (index 0 first).
+
+    Walking nodes in priority order, each unpaired node takes the highest-priority node left of the
+    heaviest partner type it still has pairs with (ties: the earliest such node). High-priority jobs
+    thus get their best partners, as in a primal-dual blossom that scans nodes in index order (the
+    reference's); any assignment of the counts has the same total weight.
+    """
+    xs = np.asarray(x, dtype=np.int64)
+    if not xs.any():
+        return []
+    left = (xs + np.triu(xs, 1).T).tolist()  # symmetric: left[a][b] pairs still to form between a and b
+    u = len(left)
+    tw = [[0.0] * u for _ in range(u)] if type_weight is None else np.asarray(type_weight, dtype=float).tolist()
+    partners = [sorted((b for b in range(u) if left[a][b] > 0), key=lambda b, a=a: -tw[a][b]) for a in range(u)]
     queues: dict[int, deque[int]] = {}
-    for i, t in enumerate(nt):
-        queues.setdefault(t, deque()).append(i)
-    taken = [False] * len(nt)
+    for i, t in enumerate(node_type):
+        queues.setdefault(int(t), deque()).append(i)
+    taken = [False] * len(node_type)
     pairs: list[tuple[int, int]] = []
-    for i, a in enumerate(nt):
+    for i, t in enumerate(node_type):
         if taken[i]:
             continue
+        a = int(t)
         taken[i] = True
-        qa = queues[a]
-        qa.popleft()  # i is the head of its own queue: nodes of a type are taken in order
-        best, best_b = None, -1
-        for b in np.flatnonzero(x[a]):
-            q = queues.get(int(b))
-            if q and (best is None or q[0] < best):
-                best, best_b = q[0], int(b)
-        if best is None:
+        queues[a].popleft()  # nodes of a type are always taken from the front, so i is there
+        row, best_b, best_w, best_head = left[a], -1, 0.0, 0
+        for b in partners[a]:
+            if row[b] <= 0:
+                continue
+            q = queues[b]
+            if not q:
+                continue
+            if best_b >= 0 and (tw[a][b] < best_w or (tw[a][b] == best_w and q[0] > best_head)):
+                if tw[a][b] < best_w:
+                    break  # partners are sorted by weight: nothing heavier follows
+                continue
+            best_b, best_w, best_head = b, tw[a][b], q[0]
+        if best_b < 0:
             continue
-        queues[best_b].popleft()
-        taken[best] = True
-        x[a, best_b] -= 1
+        j = queues[best_b].popleft()
+        taken[j] = True
+        row[best_b] -= 1
         if best_b != a:
-            x[best_b, a] -= 1
-        pairs.append((i, best))
+            left[best_b][a] -= 1
+        pairs.append((i, j))
     return pairs
 
 

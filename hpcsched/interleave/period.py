@@ -61,7 +61,7 @@ def pipeline_periods(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     t = np.asarray(t, dtype=float)
     g, k, s = t.shape
     if k == 1:
-        return t.sum(axis=2), np.zeros((g, 1), dtype=np.intp)
+        return t.sum(axis=(1, 2)), np.zeros((g, 1), dtype=np.intp)
     m = max(k, s)
     if m > s:  # a fourth, empty stage per job
         t = np.concatenate([t, np.zeros((g, k, m - s))], axis=2)
