@@ -30,8 +30,9 @@ from hpcsched.sweep.runner import CELLS_DIR, SWEEP_JSON
 from hpcsched.sweep.table import CSV_FILE, read_table
 
 REPORT_FILE = "README.md"
+REPLAY_EVENTS = "events.csv"  # written by the replayer: one row per idle-pool event
 _SIM_COLUMNS = ("jobs", "avg_jct", "p99_jct", "makespan", "utilization", "events", "wall_s")
-_REPLAY_COLUMNS = ("tfwd", "events", "jobs_done", "idle_node_hours", "used_node_hours", "utilization",
+_REPLAY_COLUMNS = ("tfwd", "pool_nodes", "events", "jobs_done", "idle_node_hours", "used_node_hours", "utilization",
                    "rescales", "wall_s")
 
 
@@ -130,7 +131,12 @@ def _jcts(sweep_dir: Path, cell_id: str) -> np.ndarray:
 
 
 def _timeline(sweep_dir: Path, cell_id: str) -> pd.DataFrame:
+    """Busy fraction over time: GPUs busy / capacity (simulate), or nodes used / idle pool (replay)."""
     d = sweep_dir / CELLS_DIR / cell_id
+    if (d / REPLAY_EVENTS).is_file():
+        ev = pd.read_csv(d / REPLAY_EVENTS, usecols=["time", "pool", "used"])
+        util = (ev["used"] / ev["pool"].where(ev["pool"] > 0)).fillna(0.0)
+        return pd.DataFrame({"time": ev["time"] - ev["time"].iloc[0], "utilization": util})
     if not (d / TIMELINE_FILE).is_file():
         return pd.DataFrame(columns=["time", "utilization"])
     tl = pd.read_csv(d / TIMELINE_FILE)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import pandas as pd
 
 SIM_CONTEXT = ("cluster", "compat", "arrival_scale")
-REPLAY_CONTEXT = ("idle", "log", "bounds", "curves", "nodes", "solver", "arrival_scale")
+REPLAY_CONTEXT = ("idle", "log", "bounds", "curves", "nodes", "solver", "objective", "accounting", "max_jobs",
+                  "time_limit", "arrival_scale")
 BAR_METRICS = ("avg_jct", "p99_jct", "makespan")
 
 

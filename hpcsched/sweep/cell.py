@@ -75,6 +75,15 @@ def _policy(v: Any) -> str:
     return name
 
 
+def _solver(v: Any) -> str:
+    from hpcsched.milp import SOLVERS
+
+    name = _str(v)
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver {name!r}; known: {', '.join(SOLVERS)}")
+    return name
+
+
 _SEED = ParamSpec(_int, 0, help="seed for every random choice the cell makes")
 _SCALE = ParamSpec(_positive_float, 1.0, help="inter-arrival times x this factor (0.5 = twice the load)")
 
@@ -94,7 +103,11 @@ REPLAY: dict[str, ParamSpec] = {
     "curves": ParamSpec(_str, required=True, is_path=True, help="scaling curves (JNPs csv)"),
     "nodes": ParamSpec(_positive_int, None, help="use the first N nodes (none: all)"),
     "tfwd": ParamSpec(_positive_float, 10.0, help="look-ahead window Tfwd, seconds"),
-    "solver": ParamSpec(_str, "highs", help="allocator backend"),
+    "solver": ParamSpec(_solver, "highs", help="allocator backend (replay --solver)"),
+    "objective": ParamSpec(_choice("reference", "window"), "reference", help="MILP objective (replay --objective)"),
+    "accounting": ParamSpec(_choice("reference", "restart"), "reference", help="rescale cost model"),
+    "max_jobs": ParamSpec(_positive_int, 10, help="jobs admitted at once (the reference's maxJ)"),
+    "time_limit": ParamSpec(_positive_float, 10.0, help="seconds per MILP decision"),
     "arrival_scale": _SCALE,
     "seed": _SEED,
 }
