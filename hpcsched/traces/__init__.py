@@ -18,6 +18,7 @@ from hpcsched.traces import bftrainer, cobalt, muri, philly, slurm, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
+    MALFORMED_ROW,
     NEGATIVE_RUNTIME,
     RUNTIME_OVER_REQUEST,
     UNSORTED_SUBMIT,
@@ -64,8 +65,18 @@ class Trace:
     def __iter__(self) -> Iterator[Any]:
         records = self.format.read(self.path, self.report)
         if self.format.kind == "jobs":
-            return _validated(records, self.report)
-        return iter(records)
+            records = _validated(records, self.report)
+        return _counted(records, self.report)
+
+
+def _counted(records: Any, report: TraceReport) -> Iterator[Any]:
+    """Count what is handed out; a file that gave nothing but malformed rows is one clear error."""
+    n = 0
+    for n, rec in enumerate(records, 1):  # noqa: B007 - n is read after the loop
+        report.records = n
+        yield rec
+    if n == 0 and report.anomalies[MALFORMED_ROW]:
+        report.fail_unreadable()
 
 
 def open_trace(

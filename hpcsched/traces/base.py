@@ -30,6 +30,7 @@ CENSORED = "censored"  # still running / no end at trace end
 MALFORMED_ROW = "malformed_row"  # a row that could not be parsed at all: skipped
 
 _SNIFF_LINES = 40
+GIVE_UP_ROWS = 100  # malformed rows before any good one: the file is not in this format
 _BLOCK = 1 << 20
 _MAX_LINE = 16 << 20  # a longer 'line' is binary garbage, not a log record
 
@@ -47,14 +48,34 @@ class TraceReport:
     conversions: list[str] = field(default_factory=list)  # human-readable unit conversions applied
     options: dict[str, Any] = field(default_factory=dict)  # reader options, e.g. cores_per_node
     progress: Callable[[int, int], None] | None = field(default=None, repr=False, compare=False)
+    first_details: dict[str, str] = field(default_factory=dict)  # anomaly kind -> detail of the first one
+    records: int = 0  # records handed out so far (kept by Trace)
 
     def anomaly(self, kind: str, line: int | None = None, detail: str = "") -> None:
-        """Count one anomaly; in strict mode, fail on it naming the line."""
+        """Count one anomaly; in strict mode, fail on it naming the line.
+
+        Rows that cannot be parsed at all, with nothing read yet, mean the file is not in this
+        format: after ``GIVE_UP_ROWS`` of them the read stops with one error instead of skipping on.
+        """
         if self.strict:
             raise InputError(self.path, f"{kind}{': ' + detail if detail else ''} (--strict)", line)
         self.anomalies[kind] += 1
         if line is not None:
             self.first_lines.setdefault(kind, line)
+        if detail:
+            self.first_details.setdefault(kind, detail)
+        if kind == MALFORMED_ROW and not self.records and self.anomalies[kind] >= GIVE_UP_ROWS:
+            self.fail_unreadable()
+
+    def fail_unreadable(self) -> None:
+        """Raise the one error for a file where no row could be read as this format."""
+        n = self.anomalies[MALFORMED_ROW]
+        raise InputError(
+            self.path,
+            f"not readable as {self.format}: {'the first ' if n >= GIVE_UP_ROWS else ''}{n} row(s) malformed, "
+            f"none read (first: {self.first_details.get(MALFORMED_ROW, '?')}); wrong format? see --format",
+            self.first_lines.get(MALFORMED_ROW),
+        )
 
     def convert(self, note: str) -> None:
         if note not in self.conversions:
