@@ -117,6 +117,11 @@ def compress_hostlist(names: Iterable[str]) -> str:
             groups[key] = []
             order.append(key)
         groups[key].append(int(digits))
+    for prefix, width in [k for k in groups if k[1]]:  # gpu08, gpu09 + gpu10 -> gpu[08-10]
+        plain_nums = groups.get((prefix, 0), [])
+        groups[(prefix, width)] += [n for n in plain_nums if len(str(n)) == width]
+        if (prefix, 0) in groups:
+            groups[(prefix, 0)] = [n for n in plain_nums if len(str(n)) != width]
     out: list[str] = []
     for key in order:
         if isinstance(key, str):
@@ -124,6 +129,8 @@ def compress_hostlist(names: Iterable[str]) -> str:
             continue
         prefix, width = key
         nums = sorted(set(groups[key]))
+        if not nums:
+            continue
         runs: list[str] = []
         start = prev = nums[0]
         for n in [*nums[1:], None]:

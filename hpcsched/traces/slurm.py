@@ -298,7 +298,7 @@ def _key_values(line: str) -> dict[str, str]:
     """``A=1 B=x y C=3`` -> {A: 1, B: 'x y', C: 3}: a value runs to the next `` Key=``."""
     marks = list(_KV.finditer(line))
     out: dict[str, str] = {}
-    for m, nxt in zip(marks, [*marks[1:], None], strict=True):
+    for m, nxt in zip(marks, [*marks[1:], None], strict=False):
         out.setdefault(m.group(1), line[m.end(): nxt.start() if nxt else len(line)].strip())
     return out
 
