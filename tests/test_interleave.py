@@ -229,3 +229,37 @@ def test_jobs_without_profiles_are_never_grouped() -> None:
     for f in formed:
         if len(f.members) > 1:
             assert all(cands[i].stages is not None for i in f.members)
+
+
+# -- re-profiling ---------------------------------------------------------------------------------
+
+
+def test_profile_book_blends_measurements_and_changes_grouping() -> None:
+    from hpcsched.allocator import JobView, Snapshot
+    from hpcsched.interleave.policies import muri_s_plus
+    from hpcsched.interleave.reprofile import ProfileBook
+    from hpcsched.model import ClusterSpec, ResourceProfile
+
+    offline = ResourceProfile(0.1, 1.0, 0.1)  # both jobs were profiled compute-bound
+    views = tuple(JobView(str(i), 0.0, 4, 100, 0.0, 1.2, 0.0, 0.0, 120.0 + i, offline, False) for i in range(2))
+    snap = Snapshot(0.0, views, ClusterSpec(1, 1, 4), 4)
+    policy = muri_s_plus()
+    assert [g.job_ids for g in policy(snap)] == [("0",), ("1",)]  # no gain in pairing two compute jobs
+
+    book = ProfileBook(alpha=0.5)
+    book = book.observe_stages("1", (1.0, 0.1, 0.1), prior=offline)  # job 1 is really data-bound
+    assert book.get("1") == ResourceProfile(0.55, 0.55, 0.1)
+    for _ in range(6):
+        book = book.observe_stages("1", (1.0, 0.1, 0.1))
+    assert book.get("1").data_s == pytest.approx(1.0 - 0.45 / 64) and book.samples["1"] == 7
+    groups = policy(book.apply(snap))
+    assert [g.job_ids for g in groups] == [("0", "1")] and groups[0].period_s < 2.0
+
+    scaled = ProfileBook(alpha=1.0).observe_iteration("0", 2.4, prior=offline)  # twice as slow, same split
+    assert scaled.get("0").stages() == pytest.approx((0.2, 2.0, 0.2))
+    assert ProfileBook().observe_iteration("x", 1.0) == ProfileBook()  # no split known: nothing learned
+    assert ProfileBook().observe_group(1.0, 1.25) == pytest.approx(1.25)
+    with pytest.raises(ValueError):
+        ProfileBook().observe_stages("0", (1.0, -1.0, 0.0))
+    with pytest.raises(ValueError):
+        ProfileBook(alpha=0.0)
