@@ -184,13 +184,18 @@ def _read_bounds(path: Path, report: TraceReport) -> Iterator[JobBounds]:
 def _json_numbers(path: Path, lineno: int, name: str, text: str) -> list[float]:
     try:
         v = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise InputError(path, f"{name} is not a JSON list: {text[:40]!r}", lineno) from None
-    if not isinstance(v, list) or not v or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in v
-    ):
-        raise InputError(path, f"{name} must be a non-empty JSON list of finite numbers", lineno)
-    return [float(x) for x in v]
+    bad = InputError(path, f"{name} must be a non-empty JSON list of finite numbers", lineno)
+    if not isinstance(v, list) or not v or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        raise bad
+    try:
+        out = [float(x) for x in v]
+    except OverflowError:
+        raise bad from None
+    if not all(math.isfinite(x) for x in out):
+        raise bad
+    return out
 
 
 def _read_curves(path: Path, report: TraceReport) -> Iterator[JobCurve]:

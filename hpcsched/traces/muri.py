@@ -7,14 +7,13 @@ resource_time_0/1/2 are the data (CPU+IO), compute (GPU) and network stages of o
 
 from __future__ import annotations
 
-import csv
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 from hpcsched.cluster_spec import read_cluster_spec
-from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job, JobStatus, ResourceProfile
-from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, csv_header_is, numbered_lines
+from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, csv_header_is, csv_rows
 
 COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name")
 _MS = 1e-3
@@ -24,44 +23,34 @@ def sniff(first_lines: list[str]) -> bool:
     return csv_header_is(first_lines, *COLUMNS)
 
 
+def _ms(text: str) -> float:
+    v = float(text) * _MS
+    if not math.isfinite(v):
+        raise ValueError(f"not a finite time: {text!r}")
+    return v
+
+
 def read(path: Path, report: TraceReport) -> Iterator[Job]:
     report.convert("times in milliseconds -> seconds (x 0.001)")
     report.convert("num_gpu -> gpus; nodes left 0 (placement decides)")
-    lines = numbered_lines(path, report)
-    header: list[str] | None = None
-    for lineno, line in lines:
-        if not line.strip():
-            continue
-        row = next(csv.reader([line]))
-        if header is None:
-            header = [c.strip() for c in row]
-            missing = [c for c in COLUMNS if c not in header]
-            if missing:
-                raise InputError(path, f"not a Muri trace: header lacks {', '.join(missing)}", lineno)
-            idx = {c: i for i, c in enumerate(header)}
-            continue
-        if len(row) != len(header):
-            report.anomaly(MALFORMED_ROW, lineno, f"{len(row)} fields, header has {len(header)}")
-            continue
+    for lineno, row, idx in csv_rows(path, COLUMNS, report, what="Muri trace"):
         try:
-            has_rt = "resource_time_2" in idx
-            rt = [float(row[idx[f"resource_time_{k}"]]) * _MS for k in range(3)] if has_rt else None
+            has_rt = all(f"resource_time_{k}" in idx for k in range(3))
+            rt = [_ms(row[idx[f"resource_time_{k}"]]) for k in range(3)] if has_rt else None
             yield Job(
                 id=row[idx["job_id"]].strip(),
-                submit=float(row[idx["submit_time"]]) * _MS,
+                submit=_ms(row[idx["submit_time"]]),
                 gpus=int(row[idx["num_gpu"]]),
-                duration=float(row[idx["duration"]]) * _MS if "duration" in idx else None,
+                duration=_ms(row[idx["duration"]]) if "duration" in idx else None,
                 iterations=int(float(row[idx["iterations"]])),
-                iteration_time=float(row[idx["iteration_time"]]) * _MS if "iteration_time" in idx else None,
+                iteration_time=_ms(row[idx["iteration_time"]]) if "iteration_time" in idx else None,
                 profile=ResourceProfile(*rt) if rt else None,
                 model=row[idx["model_name"]].strip(),
                 status=JobStatus.COMPLETED,
                 extra={"line": lineno} | {k: row[idx[k]] for k in ("batch_size", "interval", "priority") if k in idx},
             )
-        except ValueError as e:
+        except (ValueError, OverflowError) as e:
             report.anomaly(MALFORMED_ROW, lineno, str(e))
-    if header is None:
-        raise InputError(path, "empty file: no header, no jobs", 1)
 
 
 FORMAT = TraceFormat("muri", "jobs", "Muri/Tiresias DL trace CSV (milliseconds)", sniff, read)

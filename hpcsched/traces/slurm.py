@@ -20,6 +20,7 @@ Node lists are expanded with ``hostlist.expand_hostlist`` into ``extra['nodelist
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -86,7 +87,7 @@ def parse_slurm_time(text: str) -> float | None:
     if t.lower() in _MISSING:
         return None
     if t.replace(".", "", 1).isdigit():
-        return float(t)
+        return _finite(t)
     try:
         return datetime.fromisoformat(t).replace(tzinfo=UTC).timestamp()
     except ValueError:
@@ -104,7 +105,7 @@ def parse_slurm_duration(text: str, bare_unit_s: float = 60.0) -> float | None:
         d, _, t = t.partition("-")
         days = float(d)
     parts = [float(x) for x in t.split(":")] if t else []
-    if not parts or len(parts) > 3 or any(p < 0 for p in parts) or days < 0:
+    if not parts or len(parts) > 3 or not all(0 <= p < math.inf for p in [*parts, days]):
         raise ValueError(f"not a Slurm duration: {text!r}")
     if days and len(parts) < 3:  # D-HH, D-HH:MM
         parts += [0.0] * (3 - len(parts))
@@ -138,7 +139,17 @@ def _state(raw: str) -> JobStatus:
 def _int(text: str | None) -> int | None:
     if text is None or text.strip().lower() in _MISSING:
         return None
-    return int(float(text))
+    v = _finite(text)
+    if v != int(v):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(v)
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"not a finite number: {text!r}")
+    return v
 
 
 def _job(row: dict[str, str], cols: dict[str, str], lineno: int, report: TraceReport, jobcomp: bool) -> Job | None:
@@ -160,7 +171,7 @@ def _job(row: dict[str, str], cols: dict[str, str], lineno: int, report: TraceRe
         start = parse_slurm_time(get("start") or "")
         end = parse_slurm_time(get("end") or "")
         if (e := get("elapsed_s")) is not None and e.strip().lower() not in _MISSING:
-            duration: float | None = float(e)
+            duration: float | None = _finite(e)
         elif (e := get("elapsed")) is not None:
             duration = parse_slurm_duration(e, bare_unit_s=1.0)
         else:
@@ -172,14 +183,14 @@ def _job(row: dict[str, str], cols: dict[str, str], lineno: int, report: TraceRe
         else:
             requested = parse_slurm_duration(get("limit") or "")
         nodes, procs, gpus = _int(get("nodes")), _int(get("procs")), _int(get("gpus"))
+        if gpus is None and (tres := get("tres")):
+            gpus = sum(int(n) for n in _GPU_TRES.findall(tres)) or 0
     except ValueError as e:
         report.anomaly(MALFORMED_ROW, lineno, str(e))
         return None
     if submit is None:
         report.anomaly(MALFORMED_ROW, lineno, "submit time unknown: job skipped")
         return None
-    if gpus is None and (tres := get("tres")):
-        gpus = sum(int(n) for n in _GPU_TRES.findall(tres)) or 0
     extra: dict[str, object] = {"line": lineno}
     raw_list = get("nodelist")
     if raw_list is not None and raw_list.strip().lower() not in _MISSING | {"none assigned"}:

@@ -47,10 +47,14 @@ _NEEDED = ((2, "wait"), (3, "run_time"), (4, "allocated_procs"), (7, "requested_
 
 
 def _number(text: str) -> float:
+    """An SWF number; ValueError for anything that is not a finite one (``inf``, ``nan``, ``1e999``)."""
     try:
         return int(text)
     except ValueError:
-        return float(text)
+        v = float(text)
+        if not math.isfinite(v):
+            raise ValueError(f"not a finite number: {text!r}") from None
+        return v
 
 
 def _header(line: str, meta: dict[str, str]) -> None:
@@ -66,7 +70,7 @@ def _header_int(path: Path, header: dict[str, str], key: str) -> int | None:
         return None
     try:
         v = int(float(header[key].split()[0]))
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, OverflowError):
         raise InputError(path, f"SWF header {key}: {header[key]!r} is not a number") from None
     return v if v > 0 else None
 
