@@ -43,11 +43,18 @@ def server_credentials(cert: Path, key: Path) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
 
 
+# gRPC's default reconnect backoff grows to minutes; a worker must find a restarted controller within
+# one heartbeat timeout, so retries stay between 0.2 and 2 s.
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 2000))
+
+
 def open_channel(address: str, tls_ca: Path | None = None) -> grpc.Channel:
     """A channel to the controller; TLS when a CA file is given."""
     if tls_ca is not None:
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes()))
-    return grpc.insecure_channel(address)
+        creds = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+        return grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
 def metadata(token: str | None) -> tuple[tuple[str, str], ...]:

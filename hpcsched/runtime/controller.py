@@ -36,11 +36,19 @@ class Controller:
         self.lock = threading.RLock()
         self.wakeup = threading.Event()
         scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
-        now = time.time()
-        # Liveness is in memory only: after a restart every known worker gets one timeout of grace.
-        self.last_seen: dict[str, float] = {w.id: now for w in self.store.workers() if w.alive}
+        self.last_seen: dict[str, float] = {}
         self.spare_port: dict[str, int] = {}
-        self._last_tick = now
+        self._last_tick = time.time()
+
+    def started(self) -> None:
+        """Called once the server listens. Liveness is in memory only: after a restart every worker
+        the database knows gets one timeout of grace to come back before its tasks count as lost."""
+        with self.lock:
+            now = time.time()
+            for w in self.store.workers():
+                if w.alive:
+                    self.last_seen.setdefault(w.id, now)
+            self._last_tick = now
 
     # ---------------------------------------------------------------------------------------- workers
     def register(self, req: pb.RegisterRequest) -> pb.RegisterReply:

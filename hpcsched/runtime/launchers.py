@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -22,13 +23,7 @@ Launch = tuple[list[str] | None, dict[str, str]]
 
 def available() -> list[str]:
     """Launchers that can run on this node now."""
-    out = []
-    try:
-        import torch.distributed.run  # noqa: F401
-
-        out.append("torchrun")
-    except ImportError:
-        pass
+    out = ["torchrun"] if importlib.util.find_spec("torch") is not None else []  # no import: torch costs seconds
     if shutil.which("mpirun"):
         out.append("mpirun")
     if shutil.which("horovodrun") or os.path.exists(os.path.join(os.path.dirname(sys.executable), "horovodrun")):

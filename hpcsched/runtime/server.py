@@ -74,6 +74,7 @@ class ControllerServer:
 
     def start(self) -> str:
         self.server.start()
+        self.ctl.started()
         self._loop.start()
         if self.cfg.address_file:
             _write_atomic(self.cfg.address_file, self.address + "\n")

@@ -1,0 +1,225 @@
+"""The runtime end to end: a controller and workers as real processes on loopback, real gRPC, real torchrun.
+
+The helpers start them exactly as a user would (``python -m hpcsched.cli controller|worker``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched.runtime.client import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "test-token-7f3a"
+
+
+def controller_config(d: Path, listen: str = "127.0.0.1:0", **extra: object) -> Path:
+    (d / "token").write_text(TOKEN + "\n")
+    cfg = {"listen": listen, "address_file": "run/controller.addr", "state": "run/state.db",
+           "checkpoint_root": "run/ckpt", "token_file": "token", "heartbeat_interval_s": 0.3,
+           "worker_timeout_s": 3, "schedule_interval_s": 0.2, "stop_grace_s": 10} | extra
+    p = d / "controller.yaml"
+    p.write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
+    return p
+
+
+def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
+    addr_file = d / "run" / "controller.addr"
+    addr_file.unlink(missing_ok=True)
+    log = open(d / "controller.log", "a")
+    proc = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
+    deadline = time.time() + 60
+    while not addr_file.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"controller did not start:\n{(d / 'controller.log').read_text()}")
+        time.sleep(0.1)
+    return proc, addr_file.read_text().strip()
+
+
+def start_worker(d: Path, address: str, name: str, slots: int = 1) -> subprocess.Popen:
+    log = open(d / f"{name}.log", "a")
+    env = os.environ | {"HPCSCHED_TOKEN": TOKEN}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", address, "--name", name, "--slots",
+         str(slots), "--gpus", "0", "--work-dir", str(d / "run" / name)],
+        stdout=log, stderr=subprocess.STDOUT, cwd=d, env=env, start_new_session=True,
+    )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children first found first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and everything below it, as a node failure would."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+
+
+def wait_for(what: str, pred, timeout: float, poll: float = 0.3):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def client(address: str) -> Client:
+    return Client(address, TOKEN)
+
+
+# ------------------------------------------------------------------------------------------ the tests
+torch_missing = importlib.util.find_spec("torch") is None
+
+
+def _job(d: Path, name: str, procs: int, steps: int, model: str = "cnn", launcher: str = "torchrun",
+          program: str = "workloads/ddp_train.py", extra: str = "", min_procs: int | None = None) -> Path:
+    p = d / f"{name}.yaml"
+    p.write_text(
+        f"name: {name}\nlauncher: {launcher}\nprocs: {procs}\nsteps: {steps}\nworkdir: {ROOT}\n"
+        f"min_procs: {min_procs or procs}\n"
+        f"command: [{program}, --model, {model}, --checkpoint-every, '10', --io-latency-ms, '25', --batch, '64'"
+        f"{extra}]\n"
+    )
+    return p
+
+
+def _submit(c: Client, path: Path) -> str:
+    return c.submit(path.read_text(), str(path))
+
+
+def _jobs(c: Client) -> dict:
+    return {j.job_id: j for j in c.jobs()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch_missing, reason="torch is not installed (pip install -e '.[torch]')")
+def test_e2e_worker_killed_and_controller_restarted(tmp_path: Path) -> None:
+    """3 workers, 3 jobs; a worker dies mid-training and the controller is kill -9'd and restarted once:
+    every job completes with the exact step count, a falling loss, and resumes from its last checkpoint."""
+    from hpcsched.runtime.store import Store
+
+    cfg = controller_config(tmp_path)
+    ctl, addr = start_controller(tmp_path, cfg)
+    workers = {n: start_worker(tmp_path, addr, n) for n in ("w1", "w2", "w3")}
+    c = client(addr)
+    try:
+        wait_for("3 workers", lambda: sum(w.alive for w in c.workers()) == 3, 60)
+        a = _submit(c, _job(tmp_path, "a", 2, 100))
+        b = _submit(c, _job(tmp_path, "b", 1, 80, model="transformer"))
+        cj = _submit(c, _job(tmp_path, "c", 1, 60))
+        steps = {a: 100, b: 80, cj: 60}
+        # A spans two workers; kill one of them (the whole process tree, like a node failure) after A's
+        # first checkpoints.
+        job_a = wait_for("job a checkpointed at step >= 20",
+                         lambda: (j := _jobs(c)[a]).last_checkpoint_step >= 20 and j, 90)
+        victim = job_a.workers[1]
+        kill_tree(workers.pop(victim))
+        # A fails over: it is first in FIFO order and needs both remaining workers, so B is preempted (it
+        # checkpoints on SIGTERM) and A restarts from its checkpoint on w1 + w3; C waits.
+        wait_for("job a restarted", lambda: _jobs(c)[a].restarts >= 1, 30)
+        running = wait_for("a job running on the new layout",
+                           lambda: [j for j in c.jobs() if j.state == "running" and j.steps_done > 0], 90)
+        gen_before = {j.job_id: j.generation for j in running}
+        # Kill -9 the controller mid-training and restart it on the same port.
+        kill_tree(ctl)
+        ctl, addr2 = start_controller(tmp_path, controller_config(tmp_path, listen=addr))
+        assert addr2 == addr
+        c.close()
+        c = client(addr)
+        jobs = wait_for("every job finished", lambda: (js := _jobs(c)) and all(
+            j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 240, poll=0.5)
+        for jid, total in steps.items():
+            j = jobs[jid]
+            assert j.state == "completed", (jid, j.state, j.message)
+            assert j.steps_done == total
+            result = json.loads((tmp_path / "run" / "ckpt" / jid / "result.json").read_text())
+            assert result["steps"] == total  # exact: no step lost or done twice past the end
+            assert result["final_loss"] < result["first_loss"], result
+        # A job that was running when the controller died went on without a restart.
+        for jid, gen in gen_before.items():
+            assert jobs[jid].generation == gen, f"{jid} was relaunched by the controller restart"
+        store = Store(tmp_path / "run" / "state.db")
+        resumes = store.events(kind="resume")
+        assert any(e["job_id"] == a and e["resumed_from"] > 0 for e in resumes), resumes
+        for e in resumes:  # every resume starts from the last checkpoint the controller had recorded
+            assert e["resumed_from"] == e["last_checkpoint"], e
+        assert any(e["worker"] == victim for e in store.events(kind="worker_lost"))
+        store.close()
+    finally:
+        c.close()
+        for w in workers.values():
+            stop(w)
+        stop(ctl)
+
+
+def test_unauthenticated_client_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No token or a wrong token -> UNAUTHENTICATED, logged; the right token works."""
+    import grpc
+
+    from hpcsched.runtime.client import ClientError
+    from hpcsched.runtime.config import read_controller_config
+    from hpcsched.runtime.server import ControllerServer
+
+    srv = ControllerServer(read_controller_config(controller_config(tmp_path)))
+    addr = srv.start()
+    try:
+        with caplog.at_level("WARNING", logger="hpcsched.runtime.auth"):
+            for token in (None, "wrong"):
+                bad = Client(addr, token)
+                with pytest.raises(ClientError, match="UNAUTHENTICATED"):
+                    bad.jobs()
+                bad.close()
+            raw = grpc.insecure_channel(addr)
+            from hpcsched.runtime.rpc import pb, pb_grpc
+
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.ControllerStub(raw).Heartbeat(pb.HeartbeatRequest(worker_id="intruder"), timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            raw.close()
+        assert sum("refused" in r.getMessage() for r in caplog.records) >= 3
+        good = client(addr)
+        assert good.jobs() == []
+        good.close()
+    finally:
+        srv.stop()
