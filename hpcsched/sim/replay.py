@@ -121,6 +121,7 @@ def replay(
     used_ns = idle_ns = 0.0
     total_rescales = total_preempt = 0
     solve_s = 0.0
+    overshoot = 0.0
     hits = 0
     t_prev = timeline.start
     stopped_at: float | None = None
@@ -217,6 +218,7 @@ def replay(
         total_preempt += len(lost)
         finished = [r for r in active if r.samples >= r.job.total_samples]
         for r in finished:
+            overshoot += r.samples - r.job.total_samples  # work done past Pmax before the event saw it
             r.samples = r.job.total_samples
             r.end = now
             r.held, r.rate = (), 0.0
@@ -260,6 +262,7 @@ def replay(
         "rescales": total_rescales,
         "preemptions": total_preempt,
         "samples": samples,
+        "samples_past_pmax": overshoot,
         "start": timeline.start,
         "end": end_time,
         "finished": stopped_at is not None,

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from hpcsched.errors import InputError
 from hpcsched.model import IdleInterval, Job
 
@@ -40,38 +42,46 @@ class PoolTimeline:
     notes: dict[str, object] = field(default_factory=dict)
 
 
-def _timeline(deltas: list[tuple[float, int, str]], nodes: Sequence[str], start: float | None) -> PoolTimeline:
-    """Turn (time, +1 idle / -1 busy, node) deltas into netted events after ``start``.
+def _timeline(times: np.ndarray, deltas: np.ndarray, node_idx: np.ndarray, names: Sequence[str],
+              start: float | None) -> PoolTimeline:
+    """Turn (time, +1 idle / -1 busy, node index) deltas into netted events after ``start``.
 
-    Sorting puts -1 before +1 at equal times; per node the idle count is what matters, so the order
-    within an instant does not change the net result, only keeps the counts from dipping below 0.
+    Vectorised: deltas are summed per (node, second), a per-node running sum gives the idle level
+    before and after each second, and a node joins or leaves the pool only where that level crosses 0.
     """
-    deltas.sort(key=lambda d: (d[0], d[1]))
     if start is None:
-        start = deltas[0][0] if deltas else 0.0
-    idle: dict[str, int] = dict.fromkeys(nodes, 0)
-    events: list[PoolEvent] = []
-    i, n = 0, len(deltas)
-    while i < n and deltas[i][0] <= start:
-        idle[deltas[i][2]] += deltas[i][1]
-        i += 1
-    order = {name: k for k, name in enumerate(nodes)}
-    initial = tuple(sorted((x for x, c in idle.items() if c > 0), key=order.__getitem__))
-    while i < n:
-        t = deltas[i][0]
-        touched: dict[str, bool] = {}
-        while i < n and deltas[i][0] == t:
-            _, d, x = deltas[i]
-            if x not in touched:
-                touched[x] = idle[x] > 0
-            idle[x] += d
-            i += 1
-        joined = tuple(sorted((x for x, was in touched.items() if not was and idle[x] > 0), key=order.__getitem__))
-        left = tuple(sorted((x for x, was in touched.items() if was and idle[x] <= 0), key=order.__getitem__))
-        if joined or left:
-            events.append(PoolEvent(t, joined, left))
-    end = deltas[-1][0] if deltas else start
-    return PoolTimeline(start, initial, events, tuple(nodes), max(end, start))
+        start = float(times.min()) if len(times) else 0.0
+    order = np.lexsort((times, node_idx))
+    t, d, x = times[order], deltas[order].astype(np.int64), node_idx[order]
+    if len(t) == 0:
+        return PoolTimeline(start, (), [], tuple(names), start)
+    head = np.ones(len(t), dtype=bool)
+    head[1:] = (x[1:] != x[:-1]) | (t[1:] != t[:-1])
+    starts = np.flatnonzero(head)
+    net = np.add.reduceat(d, starts)
+    gt, gx = t[starts], x[starts]
+    level = np.cumsum(net)
+    first_of_node = np.ones(len(gx), dtype=bool)
+    first_of_node[1:] = gx[1:] != gx[:-1]
+    base = np.maximum.accumulate(np.where(first_of_node, np.arange(len(gx)), 0))  # index of node's first group
+    after = level - (level[base] - net[base])
+    before = after - net
+    up, was = after > 0, before > 0
+    pre = gt <= start
+    last_pre = pre & np.append((gx[1:] != gx[:-1]) | ~pre[1:], True)
+    initial = tuple(names[k] for k in np.sort(gx[last_pre & up]))
+    change = ~pre & (up != was)
+    ct, cx, cj = gt[change], gx[change], up[change]
+    o = np.lexsort((cx, ct))
+    ct, cx, cj = ct[o], cx[o], cj[o]
+    cuts = np.flatnonzero(np.diff(ct)) + 1
+    events = []
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ct)], strict=True):
+        if hi <= lo:
+            continue
+        xs, js = cx[lo:hi], cj[lo:hi]
+        events.append(PoolEvent(float(ct[lo]), tuple(names[k] for k in xs[js]), tuple(names[k] for k in xs[~js])))
+    return PoolTimeline(start, initial, events, tuple(names), max(float(t.max()), start))
 
 
 def timeline_from_intervals(
@@ -81,31 +91,34 @@ def timeline_from_intervals(
 
     Intervals still open at the end of the data (``end`` None) stay idle to the end.
     """
-    keep = set(nodes) if nodes is not None else None
-    deltas: list[tuple[float, int, str]] = []
-    seen: dict[str, None] = {}
+    index: dict[str, int] = {n: k for k, n in enumerate(nodes)} if nodes is not None else {}
+    fixed = nodes is not None
+    times: list[float] = []
+    deltas: list[int] = []
+    idx: list[int] = []
     for iv in intervals:
-        if keep is not None and iv.node not in keep:
-            continue
-        seen.setdefault(iv.node, None)
-        deltas.append((iv.start, 1, iv.node))
+        k = index.get(iv.node)
+        if k is None:
+            if fixed:
+                continue
+            k = index[iv.node] = len(index)
+        times.append(iv.start)
+        deltas.append(1)
+        idx.append(k)
         if iv.end is not None:
-            deltas.append((iv.end, -1, iv.node))
-    names = list(nodes) if nodes is not None else list(seen)
-    return _timeline(deltas, names, start)
+            times.append(iv.end)
+            deltas.append(-1)
+            idx.append(k)
+    names = list(index)
+    return _timeline(np.array(times, dtype=float), np.array(deltas, dtype=np.int8), np.array(idx, dtype=np.int64),
+                     names, start)
 
 
-def _job_size(job: Job) -> int:
-    return job.nodes if job.nodes > 0 else job.procs
+def log_runs(jobs: Iterable[Job], cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
+    """(start, end, cores) per log job that ran; jobs without times or size are counted, not kept.
 
-
-def busy_intervals_first_fit(
-    jobs: Iterable[Job], machine: int | None = None
-) -> tuple[list[tuple[float, float, list[int]]], int, dict[str, int]]:
-    """Place each log job on the lowest-numbered free nodes over its recorded [start, end).
-
-    Returns (start, end, node indices) per placed job, the machine size, and counts of jobs skipped
-    (no start/end, zero size, or, when ``machine`` is given, no room: the log overlaps itself).
+    Sizes are in cores (``procs``) when the machine has several cores per node, so small jobs can
+    share a node as they did on the real machine; otherwise in nodes.
     """
     runs = []
     skipped = {"no_times": 0, "no_size": 0, "no_room": 0, "truncated": 0}
@@ -113,64 +126,154 @@ def busy_intervals_first_fit(
         if j.start is None or j.end is None or j.end <= j.start:
             skipped["no_times"] += 1
             continue
-        size = _job_size(j)
+        size = (j.procs or j.nodes * cores_per_node) if cores_per_node > 1 else (j.nodes or j.procs)
         if size <= 0:
             skipped["no_size"] += 1
             continue
         runs.append((j.start, j.end, size))
-    if not runs:
-        return [], machine or 0, skipped
-    if machine is None:  # the log's own peak concurrency is the machine's size
-        marks = sorted([(s, k) for s, _, k in runs] + [(e, -k) for _, e, k in runs], key=lambda m: (m[0], m[1]))
-        level = peak = 0
-        for _, k in marks:
-            level += k
-            peak = max(peak, level)
-        machine = peak
+    return runs, skipped
+
+
+def peak_use(runs: Sequence[tuple[float, float, int]]) -> int:
+    """Most units in use at once (ends before starts at the same second)."""
+    marks = sorted([(s, k) for s, _, k in runs] + [(e, -k) for _, e, k in runs], key=lambda m: (m[0], m[1]))
+    level = peak = 0
+    for _, k in marks:
+        level += k
+        peak = max(peak, level)
+    return peak
+
+
+class FirstFit:
+    """Nodes of ``cpn`` cores; a job takes whole free nodes lowest-numbered first, and a remainder of
+    fewer than ``cpn`` cores goes to the lowest-numbered node with that many cores free.
+
+    Per-free-count heaps (lazily cleaned) keep each placement O(cpn log nodes). A node is idle when
+    all its cores are free: ``busy``/``idle`` record those transitions as (time, node) pairs.
+    """
+
+    def __init__(self, nodes: int, cpn: int) -> None:
+        self.cpn = cpn
+        self.free = [cpn] * nodes
+        self.heaps: list[list[int]] = [[] for _ in range(cpn + 1)]  # heaps[f]: nodes with f free cores
+        self.heaps[cpn] = list(range(nodes))
+        self.whole = nodes  # nodes with every core free
+        self.times: list[float] = []
+        self.deltas: list[int] = []
+        self.nodes: list[int] = []
+
+    def _top(self, f: int) -> int | None:
+        h = self.heaps[f]
+        while h and self.free[h[0]] != f:
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    def _take(self, node: int, cores: int, now: float) -> None:
+        if self.free[node] == self.cpn:
+            self.whole -= 1
+            self.times.append(now)
+            self.deltas.append(-1)
+            self.nodes.append(node)
+        self.free[node] -= cores
+        if self.free[node] > 0:
+            heapq.heappush(self.heaps[self.free[node]], node)
+
+    def place(self, cores: int, now: float) -> list[tuple[int, int]] | None:
+        whole, rest = divmod(cores, self.cpn)
+        if whole > self.whole:
+            return None
+        got = []
+        for _ in range(whole):
+            node = self._top(self.cpn)
+            assert node is not None
+            heapq.heappop(self.heaps[self.cpn])
+            self._take(node, self.cpn, now)
+            got.append((node, self.cpn))
+        if rest:
+            best = None
+            for f in range(rest, self.cpn + 1):
+                n = self._top(f)
+                if n is not None and (best is None or n < best):
+                    best = n
+            if best is None:
+                for node, c in got:
+                    self.release(node, c, now, record=False)
+                return None
+            self._take(best, rest, now)  # its old heap entry goes stale: heaps are cleaned lazily
+            got.append((best, rest))
+        return got
+
+    def release(self, node: int, cores: int, now: float, record: bool = True) -> None:
+        self.free[node] += cores
+        heapq.heappush(self.heaps[self.free[node]], node)
+        if self.free[node] == self.cpn:
+            self.whole += 1
+            if record:
+                self.times.append(now)
+                self.deltas.append(1)
+                self.nodes.append(node)
+            else:  # undo of a failed placement: drop the busy mark it recorded
+                self.times.pop()
+                self.deltas.pop()
+                self.nodes.pop()
+
+
+def place_first_fit(runs: list[tuple[float, float, int]], machine: int, cpn: int,
+                    skipped: dict[str, int]) -> FirstFit:
+    """Replay the log's runs on the machine; runs that do not fit are counted (the log overlaps itself)."""
     runs.sort(key=lambda r: r[0])
-    free = list(range(machine))  # a heap of free node indices: first fit = smallest index
-    ending: list[tuple[float, int]] = []  # heap of (end, run index)
-    placed: list[tuple[float, float, list[int]]] = []
+    ff = FirstFit(machine, cpn)
+    ending: list[tuple[float, int]] = []
+    held: list[list[tuple[int, int]]] = []
     for s, e, k in runs:
         while ending and ending[0][0] <= s:
-            _, idx = heapq.heappop(ending)
-            for x in placed[idx][2]:
-                heapq.heappush(free, x)
-        if k > len(free):
-            if not free:
-                skipped["no_room"] += 1
-                continue
-            skipped["truncated"] += 1
-            k = len(free)
-        got = [heapq.heappop(free) for _ in range(k)]
-        placed.append((s, e, got))
-        heapq.heappush(ending, (e, len(placed) - 1))
-    return placed, machine, skipped
+            t_end, i = heapq.heappop(ending)
+            for node, c in held[i]:
+                ff.release(node, c, t_end)
+            held[i] = []
+        got = ff.place(k, s)
+        if got is None:
+            skipped["no_room"] += 1
+            continue
+        held.append(got)
+        heapq.heappush(ending, (e, len(held) - 1))
+    while ending:
+        t_end, i = heapq.heappop(ending)
+        for node, c in held[i]:
+            ff.release(node, c, t_end)
+    return ff
 
 
 def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | None = None) -> PoolTimeline:
     """Idle-pool events of a batch log replayed first-fit on a machine of ``machine`` nodes.
 
-    The machine size defaults to the log's peak concurrent use, so the busiest moment leaves no node
-    idle. Jobs without recorded start/end or size are skipped and counted in ``notes``.
+    The machine is the log header's (SWF MaxNodes x cores per node) when the reader found one, else
+    the log's peak concurrent use. Jobs smaller than a node share nodes by cores. Jobs without
+    start/end or size, or that find the machine full, are counted in ``notes``.
     """
     from hpcsched.traces import open_trace
 
     trace = open_trace(path, fmt)
     if trace.format.kind != "jobs":
         raise InputError(path, f"--log needs a job log; {trace.format.name} holds {trace.format.kind} records")
-    placed, size, skipped = busy_intervals_first_fit(trace, machine)
-    if not placed:
+    jobs = list(trace)
+    meta = trace.report.meta
+    cpn_raw = meta.get("cores_per_node")
+    cpn = int(cpn_raw) if isinstance(cpn_raw, int | float) and cpn_raw >= 1 and cpn_raw == int(cpn_raw) else 1
+    runs, skipped = log_runs(jobs, cpn)
+    if not runs:
         raise InputError(path, "no job in the log has a start, an end and a size: nothing to replay")
-    names = [f"n{k:05d}" for k in range(size)]
-    first = min(s for s, _, _ in placed)
-    deltas: list[tuple[float, int, str]] = [(first, 1, x) for x in names]  # empty machine at the start
-    for s, e, got in placed:
-        for x in got:
-            deltas.append((s, -1, names[x]))
-            deltas.append((e, 1, names[x]))
-    tl = _timeline(deltas, names, first)
-    tl.notes = {"machine_nodes": size, "log_jobs_placed": len(placed)}
-    tl.notes.update({f"skipped_{k}": v for k, v in skipped.items()})
+    if machine is None:
+        header = meta.get("machine_nodes")
+        machine = int(header) if isinstance(header, int | float) and header > 0 else -(-peak_use(runs) // cpn)
+    first = min(s for s, _, _ in runs)
+    ff = place_first_fit(runs, machine, cpn, skipped)
+    names = [f"n{k:05d}" for k in range(machine)]
+    times = np.concatenate([np.full(machine, first), np.array(ff.times, dtype=float)])
+    deltas = np.concatenate([np.ones(machine, dtype=np.int8), np.array(ff.deltas, dtype=np.int8)])
+    idx = np.concatenate([np.arange(machine), np.array(ff.nodes, dtype=np.int64)])
+    tl = _timeline(times, deltas, idx, names, first)
+    tl.notes = {"machine_nodes": machine, "cores_per_node": cpn, "log_jobs": len(jobs),
+                "log_jobs_placed": len(runs) - skipped["no_room"]}
+    tl.notes.update({f"skipped_{k}": v for k, v in skipped.items() if k != "truncated"})
     return tl
-
