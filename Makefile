@@ -23,6 +23,7 @@ $(EXTRAS_STAMP): $(STAMP)
 	-$(BIN)/pip install -q -e '.[cbc]'
 	-$(BIN)/pip install -q -e '.[cvxpy]'
 	-$(BIN)/pip install -q -e '.[gurobi]'
+	-$(BIN)/pip install -q -e '.[ray]'
 	touch $(EXTRAS_STAMP)
 
 extras: $(EXTRAS_STAMP)
