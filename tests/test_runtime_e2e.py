@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,13 +113,14 @@ def client(address: str) -> Client:
 torch_missing = importlib.util.find_spec("torch") is None
 
 
-def _job(d: Path, name: str, procs: int, steps: int, model: str = "cnn", launcher: str = "torchrun",
+def _job(d: Path, name: str, procs: int, steps: int, model: str | None = "cnn", launcher: str = "torchrun",
           program: str = "workloads/ddp_train.py", extra: str = "", min_procs: int | None = None) -> Path:
     p = d / f"{name}.yaml"
     p.write_text(
         f"name: {name}\nlauncher: {launcher}\nprocs: {procs}\nsteps: {steps}\nworkdir: {ROOT}\n"
         f"min_procs: {min_procs or procs}\n"
-        f"command: [{program}, --model, {model}, --checkpoint-every, '10', --io-latency-ms, '25', --batch, '64'"
+        f"command: [{program}, {f'--model, {model}, --batch, 64, ' if model else ''}--checkpoint-every, '10', "
+        f"--io-latency-ms, '25'"
         f"{extra}]\n"
     )
     return p
@@ -223,3 +225,37 @@ def test_unauthenticated_client_refused(tmp_path: Path, caplog: pytest.LogCaptur
         good.close()
     finally:
         srv.stop()
+
+
+mpi_missing = shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(mpi_missing, reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev) and mpi4py")
+def test_mpirun_job_across_two_workers_and_cancel(tmp_path: Path) -> None:
+    """An mpi4py job placed on two workers runs under one mpirun and finishes exactly; a cancelled job
+    checkpoints (SIGTERM through mpirun) and ends cancelled."""
+    cfg = controller_config(tmp_path)
+    ctl, addr = start_controller(tmp_path, cfg)
+    workers = [start_worker(tmp_path, addr, n) for n in ("m1", "m2", "m3")]
+    c = client(addr)
+    try:
+        wait_for("3 workers", lambda: sum(w.alive for w in c.workers()) == 3, 60)
+        done = _submit(c, _job(tmp_path, "mpi", 2, 60, launcher="mpirun", program="workloads/mpi_allreduce.py",
+                                model=None))
+        slow = _submit(c, _job(tmp_path, "slow", 1, 100000, launcher="mpirun", program="workloads/mpi_allreduce.py",
+                                model=None))
+        wait_for("the slow job checkpointed", lambda: _jobs(c)[slow].last_checkpoint_step >= 10, 60)
+        assert c.cancel(slow).cancelled
+        jobs = wait_for("both jobs ended", lambda: (js := _jobs(c)) and all(
+            j.state in ("completed", "cancelled", "failed") for j in js.values()) and js, 90)
+        assert jobs[done].state == "completed" and jobs[done].steps_done == 60
+        assert len(json.loads((tmp_path / "run/ckpt" / done / "result.json").read_text())) and \
+            jobs[done].last_loss < jobs[done].first_loss
+        assert jobs[slow].state == "cancelled"
+        assert (tmp_path / "run/ckpt" / slow / "ckpt.npz").exists()
+    finally:
+        c.close()
+        for w in workers:
+            stop(w)
+        stop(ctl)

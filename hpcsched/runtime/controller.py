@@ -153,6 +153,11 @@ class Controller:
 
     # ------------------------------------------------------------------------------------ job state
     def _task_exited(self, job: JobRow, a: AllocRow, code: int) -> None:
+        if a.node_rank == 0 and job.spec.launcher in ("mpirun", "horovodrun"):
+            # One launcher on node 0 ran every rank; the other nodes only held slots: they end with it.
+            for hold in self.store.allocations(job_id=job.id):
+                if hold.generation == a.generation:
+                    self.store.set_alloc_state(hold.task_id, "exited", code)
         if job.state == "running" and code != 0:
             log.warning("job %s task %s exited with %d: stopping the attempt", job.id, a.task_id, code)
             self.store.update_job(job.id, state="stopping", stop_reason="failed", stop_time=time.time(),

@@ -1,0 +1,90 @@
+"""The runtime's pure parts on hand-checkable cases: the scheduling step, config and job files, the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcsched.errors import InputError
+from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState, plan
+from hpcsched.runtime.store import Store
+
+
+def _w(*slots: int) -> tuple[WorkerState, ...]:
+    return tuple(WorkerState(f"w{i}", s, ("torchrun", "mpirun")) for i, s in enumerate(slots))
+
+
+def test_fifo_places_in_order_and_consolidates() -> None:
+    jobs = (JobState("a", 0, False, 0, 2, 2), JobState("b", 1, False, 0, 1, 1), JobState("c", 2, False, 0, 1, 1))
+    p = plan(ClusterState(0, jobs, _w(2, 1)))
+    assert p.starts == {"a": [("w0", 2)], "b": [("w1", 1)]}  # a on one node, not split
+    assert "c" in p.waiting and not p.stops
+
+
+def test_large_job_spans_whole_nodes() -> None:
+    p = plan(ClusterState(0, (JobState("a", 0, False, 0, 4, 4),), _w(2, 2, 2)))
+    assert p.starts == {"a": [("w0", 2), ("w1", 2)]}
+
+
+def test_higher_priority_pending_job_preempts_running_one() -> None:
+    jobs = (JobState("a", 0, False, 0, 2, 2), JobState("b", 5, True, 1, 1, 1))
+    p = plan(ClusterState(10, jobs, _w(1, 1), used={"w1": 1}))
+    assert p.stops == {"b": "preempt"}
+    assert "a" not in p.starts  # its slots are still held until b has checkpointed and stopped
+
+
+def test_elastic_job_grows_into_free_slots_and_shrinks_for_a_newcomer() -> None:
+    grown = plan(ClusterState(0, (JobState("e", 0, False, 0, 1, 4),), _w(2, 2)))
+    assert grown.sizes == {"e": 4} and grown.starts == {"e": [("w0", 2), ("w1", 2)]}
+    jobs = (JobState("e", 0, True, 4, 1, 4), JobState("r", 1, False, 0, 2, 2))
+    shrunk = plan(ClusterState(1, jobs, _w(2, 2), used={"w0": 2, "w1": 2}))
+    assert shrunk.sizes == {"e": 2, "r": 2} and shrunk.stops == {"e": "resize"}
+
+
+def test_job_waits_for_a_worker_with_its_launcher() -> None:
+    workers = (WorkerState("w0", 2, ("torchrun",)), WorkerState("w1", 2, ("torchrun", "mpirun")))
+    p = plan(ClusterState(0, (JobState("m", 0, False, 0, 2, 2, launcher="mpirun"),), workers))
+    assert p.starts == {"m": [("w1", 2)]}
+
+
+def test_job_spec_errors_name_the_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"job.yaml:3: procs: need min_procs <= procs"):
+        parse_job_spec("name: x\ncommand: [a.py]\nprocs: 4\nmax_procs: 2\n", "job.yaml")
+    with pytest.raises(InputError, match=r"job.yaml:2: launcher: unknown launcher 'slurm'"):
+        parse_job_spec("command: a.py --x 1\nlauncher: slurm\n", "job.yaml")
+    with pytest.raises(InputError, match="command: missing"):
+        parse_job_spec("procs: 1\n", "job.yaml")
+    spec = parse_job_spec("command: a.py --steps 5\nprocs: 2\nmin_procs: 1\nmax_procs: 4\nenv: {A: 1}\n", "j.yaml")
+    assert spec.command == ("a.py", "--steps", "5") and spec.elastic and spec.env == {"A": "1"}
+
+
+def test_controller_config_paths_relative_to_file(tmp_path: Path) -> None:
+    (tmp_path / "tok").write_text("s3cret\n")
+    p = tmp_path / "c.yaml"
+    p.write_text("listen: 127.0.0.1:0\nstate: run/s.db\ntoken_file: tok\npolicy: fifo\n")
+    cfg = read_controller_config(p)
+    assert cfg.state == tmp_path / "run/s.db" and cfg.token == "s3cret"
+    p.write_text("listen: 127.0.0.1:0\nheartbeat_interval_s: -1\n")
+    with pytest.raises(InputError, match=r"c.yaml:2: heartbeat_interval_s: must be > 0"):
+        read_controller_config(p)
+    p.write_text("listen: nowhere\n")
+    with pytest.raises(InputError, match="expected HOST:PORT"):
+        read_controller_config(p)
+    p.write_text("tls_cert: a.pem\n")
+    with pytest.raises(InputError, match="TLS needs both"):
+        read_controller_config(p)
+
+
+def test_store_survives_reopen(tmp_path: Path) -> None:
+    """What one controller wrote, the next one reads back (the restart path, without the processes)."""
+    s = Store(tmp_path / "s.db")
+    jid = s.add_job(parse_job_spec("command: [t.py]\nprocs: 2\nsteps: 10\n", "j.yaml"), 100.0)
+    s.update_job(jid, state="running", generation=1, ckpt_step=5)
+    s.close()
+    s = Store(tmp_path / "s.db")
+    (job,) = s.jobs()
+    assert (job.id, job.state, job.generation, job.ckpt_step, job.spec.steps) == (jid, "running", 1, 5, 10)
+    assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    s.close()
