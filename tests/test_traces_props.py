@@ -9,6 +9,7 @@ Example counts are modest so the whole file runs in well under 30 s.
 from __future__ import annotations
 
 import gzip
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,9 @@ from hpcsched.traces.hostlist import expand_hostlist
 
 DATA = Path(__file__).resolve().parents[1] / "trace-data"
 FORMAT_NAMES = [None, *FORMATS]  # None: detect
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+# HPCSCHED_PROPERTY_EXAMPLES=2000 for a long hunt; the default keeps CI fast.
+EXAMPLES = int(os.environ.get("HPCSCHED_PROPERTY_EXAMPLES", "25"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def _head(path: Path, lines: int = 30) -> bytes:
@@ -104,7 +107,7 @@ def mutated(draw: st.DrawFn) -> tuple[str, bytes]:
 
 
 @pytest.mark.parametrize("fmt", FORMAT_NAMES, ids=lambda f: f or "detect")
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=EXAMPLES + 5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(sample=mutated())
 def test_mutated_real_files(workdir: Path, fmt: str | None, sample: tuple[str, bytes]) -> None:
     name, blob = sample
@@ -132,7 +135,7 @@ def test_elastic_join_on_damaged_pairs(workdir: Path, bounds: bytes, curves: byt
     assert all(1 <= j.jmin <= j.jmax for j in jobs)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=EXAMPLES * 8, deadline=None)
 @given(st.text(alphabet="n[]-,0123456789ab ", max_size=30))
 def test_hostlist_raises_only_value_error(expr: str) -> None:
     try:

@@ -103,9 +103,12 @@ def inspect_cmd(
     """Jobs, time span, machine size, size and duration distributions, and anomaly counts.
 
     The format is detected from the first lines (or given with --format); .gz is read transparently.
-    Anomalies (unknown -1 fields, zero/negative run times, run time over request, jobs larger than
-    the machine, unsorted submits, duplicate ids, censored jobs) are counted with the first line of
-    each; --strict stops at the first one with exit code 2.
+
+    Counted: unknown (-1) fields, zero/negative run times, run time over request, jobs over machine size.
+
+    Also counted: unsorted submits, duplicate ids, censored jobs; --strict stops at the first anomaly.
+
+    A file that cannot be read prints one error naming file and line, exit code 2.
     """
     options = {k: v for k, v in (("cores_per_node", cores_per_node), ("machine_nodes", machine_nodes)) if v}
     info = inspect_trace(file, fmt, strict, progress=not as_json, options=options)
