@@ -252,12 +252,17 @@ def _numeric(fields: list[str]) -> bool:
     return True
 
 
+_SWF_KEYS = ("Version:", "Computer:", "Installation:", "MaxJobs:", "MaxRecords:", "UnixStartTime:", "MaxNodes:",
+             "MaxProcs:")
+
+
 def sniff_swf(first_lines: list[str]) -> bool:
+    """An SWF header key, or else data rows of 18 numbers."""
+    comments = [s.lstrip(" ;") for s in first_lines if s.lstrip().startswith(";")]
+    if any(c.startswith(_SWF_KEYS) for c in comments):
+        return True
     rows = _data_lines(first_lines)
-    if rows:
-        return all(len(r) == 18 and _numeric(r) for r in rows[:5])
-    comments = [s for s in first_lines if s.lstrip().startswith(";")]
-    return any(":" in s for s in comments)
+    return bool(rows) and all(len(r) == 18 and _numeric(r) for r in rows[:5])
 
 
 def sniff_pbs(first_lines: list[str]) -> bool:
