@@ -91,8 +91,8 @@ def reference_weights(tmp: Path, steps: int) -> np.ndarray:
     return np.load(tmp / "ckpt.npz")["w"]
 
 
-def sizes(h: Harvester) -> int:
-    run = h.runs.get("lr")
+def sizes(h: Harvester, job: str = "lr") -> int:
+    run = h.runs.get(job)
     return len(run.nodes) if run is not None and run.running_since is not None and not run.stop_requested else 0
 
 
@@ -221,3 +221,33 @@ def test_cli_nodes_json_lists_the_pool() -> None:
 
     d = json.loads(p.stdout)
     assert d["pool"] == list(NODES) and d["nodes"] == dict.fromkeys(NODES, "idle")
+
+
+RUNTIME_WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "ddp_train.py"
+
+
+@pytest.mark.skipif(os.environ.get("HPCSCHED_SLURM_TORCH") != "1",
+                    reason="opt-in (HPCSCHED_SLURM_TORCH=1): torch start-up per restart makes this ~90 s")
+@pytest.mark.skipif(not RUNTIME_WORKLOAD.exists(), reason="the runtime's workloads/ddp_train.py is not here")
+def test_runtime_ddp_workload_is_preempted_and_finishes(tmp_path: Path) -> None:
+    """The runtime's torch DDP program, unchanged, harvested in mode (a): preempted by a batch job,
+    resumed from its checkpoint on fewer nodes, grown back, finished at its exact step count."""
+    pytest.importorskip("torch")
+    steps = 300
+    out = tmp_path / "run"
+    spec = elastic_spec({"id": "cnn", "jmax": 2, "steps": steps, "scale_up_s": 5, "scale_down_s": 5,
+                         "command": ["{python}", str(RUNTIME_WORKLOAD), "--model", "cnn", "--checkpoint-every", "50",
+                                     "--io-latency-ms", "40"]},
+                        out)
+    h = Harvester(SlurmIdleSource(), ScavengerExecutor("scavenger", out / "logs"), [spec], Recorder(out),
+                  HarvestConfig(poll_s=0.5))
+    drive(h, lambda: sizes(h, "cnn") == 2 and spec.progress_step() >= 20, 120, "the DDP job running on 2 nodes")
+    sh("sbatch", "--parsable", "-p", "batch", "-N3", "--wrap", "sleep 8")
+    drive(h, lambda: sizes(h, "cnn") == 1, 60, "the job to shrink to 1 node")
+    drive(h, lambda: h.done, 240, "the job to finish")
+    h.write()
+    preempted = [e for e in events(out) if e["event"] == "preempted"]
+    assert preempted and all(int(e["lost_steps"]) <= 50 for e in preempted)
+    import json
+
+    assert json.loads((spec.ckpt_dir / "result.json").read_text())["steps"] == steps

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +20,8 @@ from hpcsched.slurm import commands
 from hpcsched.slurm.spec import ElasticSpec
 
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
+# Each srun task exports torch.distributed's rank variables from Slurm's, then becomes the program.
+_TORCH_RANKS = 'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0; exec "$@"'
 _SLURM_LIVE = {"PENDING": PENDING, "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING,
                "SUSPENDED": RUNNING, "REQUEUED": PENDING, "RESIZING": RUNNING}
 
@@ -70,11 +72,15 @@ class ScavengerExecutor:
     def start(self, spec: ElasticSpec, nodes: tuple[str, ...], seq: int, now: float) -> Run:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        step = " ".join(shlex.quote(a) for a in ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", *spec.argv()])
+        addr = node_addr(nodes[0])
+        env = spec.env() | {"MASTER_ADDR": addr, "MASTER_PORT": str(free_port(addr))}
+        exports = "; ".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+        step = " ".join(shlex.quote(a) for a in ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", "bash", "-c",
+                                                  _TORCH_RANKS, "hpcsched-task", *spec.argv()])
         out = commands.run([
             "sbatch", "--parsable", "-p", self.partition, "-N", str(len(nodes)), "-w", ",".join(nodes),
             "-J", f"{self.prefix}{spec.id}-{seq}", "-o", str(self.log_dir / f"{spec.id}-%j.out"),
-            "--chdir", os.getcwd(), "--wrap", f"exec {step}",
+            "--chdir", os.getcwd(), "--wrap", f"{exports}; exec {step}",
         ])
         return Run(spec, nodes, out.strip().split(";")[0], now)
 
@@ -117,9 +123,11 @@ class LocalExecutor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
         run = Run(spec, nodes, f"{spec.id}-{seq}", now, running_since=now)
+        common = os.environ | spec.env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1"))}
         for rank, node in enumerate(nodes):
-            env = os.environ | {"HPCSCHED_RANK": str(rank), "HPCSCHED_WORLD": str(len(nodes)),
-                                "HPCSCHED_RUN_ID": run.handle, "HPCSCHED_NODE": node}
+            env = common | {"HPCSCHED_RANK": str(rank), "HPCSCHED_WORLD": str(len(nodes)),
+                            "HPCSCHED_RUN_ID": run.handle, "HPCSCHED_NODE": node,
+                            "RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0"}
             with (self.log_dir / f"{run.handle}-{node}.out").open("wb") as out:
                 run.procs.append(subprocess.Popen(spec.argv(), env=env, stdout=out, stderr=subprocess.STDOUT))
         return run
@@ -144,6 +152,17 @@ class LocalExecutor:
         return ENDED, "exit " + ",".join(str(c) for c in codes)
 
 
-def python() -> str:
-    """The interpreter to run workloads with: this one (the project's venv)."""
-    return sys.executable
+def node_addr(node: str) -> str:
+    """The address Slurm reaches ``node`` at (its NodeAddr): where rank 0 listens for the others."""
+    out = commands.run(["scontrol", "show", "node", "-o", node])
+    for field_ in out.split():
+        if field_.startswith("NodeAddr="):
+            return field_.split("=", 1)[1]
+    return node
+
+
+def free_port(host: str) -> int:
+    """A port the OS says is free on ``host`` now (bound to port 0, then released)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -77,7 +77,9 @@ class SlurmIdleSource:
 
     def snapshot(self) -> Snapshot:
         states = parse_sinfo(commands.run(["sinfo", "-N", "-h", "-o", "%N %T"]))
-        jobs = parse_squeue(commands.run(["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%i|%P|%j|%T|%N"]))
+        # CONFIGURING: a job just allocated (prolog running) already holds its nodes.
+        jobs = parse_squeue(commands.run(["squeue", "-h", "-t", "CONFIGURING,RUNNING,COMPLETING",
+                                          "-o", "%i|%P|%j|%T|%N"]))
         holders: dict[str, list[SlurmJob]] = {}
         for j in jobs:
             for n in j.nodes:

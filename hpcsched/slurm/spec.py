@@ -1,11 +1,19 @@
 """What harvesting runs: an elastic job's command, bounds, scaling curve and checkpoint directory.
 
 Workload protocol (what the harvester needs from a training program, nothing more): it runs one
-process per node with its rank in ``SLURM_PROCID``/``SLURM_NTASKS`` (mode (a), under ``srun``) or
-``HPCSCHED_RANK``/``HPCSCHED_WORLD``/``HPCSCHED_RUN_ID`` (mode (b)); on SIGTERM it checkpoints and
-exits 0; it resumes from its checkpoint; and it keeps ``CKPT_DIR/progress.json`` (last completed
-step) and ``CKPT_DIR/checkpoint.json`` (last checkpointed step) as ``{"step": N}``.
-``hpcsched.slurm.dp_train`` is such a program.
+process per node; on SIGTERM it checkpoints and exits 0; it resumes from its checkpoint; and it
+tells its progress in one of two ways:
+
+- ``CKPT_DIR/progress.json`` (last completed step) and ``CKPT_DIR/checkpoint.json`` (last
+  checkpointed step) as ``{"step": N}`` (``hpcsched.slurm.dp_train``);
+- the runtime's: JSON lines appended to ``$HPCSCHED_PROGRESS_FILE`` (here ``CKPT_DIR/progress.jsonl``)
+  with ``step`` and, when a checkpoint was written at that step, a non-empty ``checkpoint``
+  (``workloads/ddp_train.py``).
+
+Every process gets its rank as ``SLURM_PROCID``/``SLURM_NTASKS`` (mode (a)), ``HPCSCHED_RANK``/
+``HPCSCHED_WORLD``/``HPCSCHED_RUN_ID`` (mode (b)) and, in both modes, the torch.distributed variables
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT``, plus the runtime's
+``HPCSCHED_CHECKPOINT_DIR``/``HPCSCHED_STEPS``/``HPCSCHED_PROGRESS_FILE``.
 """
 
 from __future__ import annotations
@@ -36,15 +44,41 @@ class ElasticSpec:
     def argv(self) -> list[str]:
         return [a.format(ckpt_dir=self.ckpt_dir, steps=self.steps, python=sys.executable) for a in self.command]
 
+    @property
+    def progress_file(self) -> Path:
+        return self.ckpt_dir / "progress.jsonl"
+
+    def env(self) -> dict[str, str]:
+        """The runtime's workload variables, so its programs run unchanged under the harvester."""
+        return {"HPCSCHED_CHECKPOINT_DIR": str(self.ckpt_dir), "HPCSCHED_STEPS": str(self.steps),
+                "HPCSCHED_PROGRESS_FILE": str(self.progress_file)}
+
     def progress_step(self) -> int:
+        if self.progress_file.exists():
+            return max((r.get("step", 0) for r in _jsonl(self.progress_file)), default=0)
         return _read_step(self.ckpt_dir / "progress.json")
 
     def checkpoint_step(self) -> int:
+        if self.progress_file.exists():
+            return max((r.get("step", 0) for r in _jsonl(self.progress_file) if r.get("checkpoint")), default=0)
         return _read_step(self.ckpt_dir / "checkpoint.json")
 
     @property
     def done(self) -> bool:
         return self.checkpoint_step() >= self.steps
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of a progress file (a line being written is skipped)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 def _read_step(path: Path) -> int:
