@@ -172,3 +172,12 @@ def test_idle_report_optional_and_strict(tmp_path: Path) -> None:
     assert [iv.end for iv in read_idle_intervals(f)] == [None]
     with pytest.raises(InputError, match="censored"):
         list(read_idle_intervals(f, TraceReport(str(f), "bftrainer-idle", strict=True)))
+
+
+def test_second_pass_counts_afresh() -> None:
+    trace = open_trace(DATA / "swf" / "alea-wagap-2013.swf.gz")
+    first = [j.id for j in trace]
+    counts = dict(trace.report.anomalies)
+    assert [j.id for j in trace] == first and dict(trace.report.anomalies) == counts
+    # zcat alea-wagap-2013.swf.gz | awk '$4<0' | wc -l -> 2
+    assert counts["negative_runtime"] == 2

@@ -3,6 +3,12 @@
 ``open_trace`` detects the format (or takes ``fmt``), streams records and runs the checks every
 job log gets (sorted submits, unique ids, sane run times, jobs that fit the machine), counting each
 anomaly in the trace's ``TraceReport``.
+
+Conventions for every reader: times are seconds; ``Job.submit`` is epoch seconds where the log ties
+its times to the calendar (SWF with ``UnixStartTime``, PBS/wagap, Cobalt, Slurm, Philly; naive
+datetimes read as UTC), otherwise as the log gives them (Muri: relative); ``report.meta['time_base']``
+says which. Sizes are nodes, processors and GPUs; every conversion is listed in
+``report.conversions``. Each ``Job.extra['line']`` is the line it came from.
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ from hpcsched.traces.base import (
     TraceFormat,
     TraceReport,
     head_lines,
+    numbered_lines,
 )
+
+__all__ = ["FORMATS", "Trace", "TraceFormat", "TraceReport", "detect_format", "numbered_lines", "open_trace",
+           "read_jobs"]
 
 # Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
 FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
@@ -63,6 +73,7 @@ class Trace:
         self.report = TraceReport(str(self.path), self.format.name, strict=strict, options=dict(options or {}))
 
     def __iter__(self) -> Iterator[Any]:
+        self.report.reset()  # a second pass counts afresh instead of doubling every anomaly
         records = self.format.read(self.path, self.report)
         if self.format.kind == "jobs":
             records = _validated(records, self.report)

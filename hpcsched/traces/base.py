@@ -67,6 +67,13 @@ class TraceReport:
         if kind == MALFORMED_ROW and not self.records and self.anomalies[kind] >= GIVE_UP_ROWS:
             self.fail_unreadable()
 
+    def reset(self) -> None:
+        """Forget what a previous pass found; keep the settings (strict, options, progress)."""
+        for d in (self.anomalies, self.first_lines, self.first_details, self.meta):
+            d.clear()
+        self.conversions.clear()
+        self.records = 0
+
     def fail_unreadable(self) -> None:
         """Raise the one error for a file where no row could be read as this format."""
         n = self.anomalies[MALFORMED_ROW]
