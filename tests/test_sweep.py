@@ -168,15 +168,20 @@ def test_a_failing_cell_is_recorded_and_retried(tmp_path: Path) -> None:
 
 
 def test_cli_sweep_json_and_dry_run(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hpcsched.cli import app
+
     cfg = _tiny_config(tmp_path, "[srtf]")
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hpcsched.cli", "sweep", str(cfg), "--out", str(out)]
-    dry = subprocess.run([*cmd, "--dry-run", "--json"], capture_output=True, text=True, cwd=ROOT, check=True)
-    cells = json.loads(dry.stdout)
-    assert [c["policy"] for c in cells] == ["srtf"] and not out.exists()
-    run = subprocess.run([*cmd, "--json", "-j", "1"], capture_output=True, text=True, cwd=ROOT, check=True)
+    runner = CliRunner()
+    dry = runner.invoke(app, ["sweep", str(cfg), "--out", str(out), "--dry-run", "--json"])
+    assert dry.exit_code == 0, dry.output
+    assert [c["policy"] for c in json.loads(dry.stdout)] == ["srtf"] and not out.exists()
+    run = runner.invoke(app, ["sweep", str(cfg), "--out", str(out), "--json", "-j", "1"])
+    assert run.exit_code == 0, run.output
     summary = json.loads(run.stdout)
     assert (summary["cells"], summary["ran"], summary["failed"]) == (1, 1, 0)
     assert (out / "results.csv").is_file()
-    manifest = json.loads((out / "sweep.json").read_text())
-    assert manifest["command"][:2] == ["hpcsched", "sweep"]
+    again = json.loads(runner.invoke(app, ["sweep", str(cfg), "--out", str(out), "--json"]).stdout)
+    assert (again["ran"], again["skipped"]) == (0, 1)

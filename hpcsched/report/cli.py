@@ -8,8 +8,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from hpcsched.report.build import make_report
-
 
 def report(
     sweep_dir: Path = typer.Argument(..., help="A directory written by `hpcsched sweep`."),
@@ -22,6 +20,8 @@ def report(
     harvested node-hours / utilisation vs Tfwd for replays. The numbers behind each plot are
     printed as tables too, and results.csv is copied beside them.
     """
+    from hpcsched.report.build import make_report  # matplotlib: loaded only when a report is made
+
     command = ["hpcsched", "report", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "report" else None
     readme = make_report(sweep_dir, out, baseline, command)
     Console(stderr=True).print(f"report written to {readme}")
