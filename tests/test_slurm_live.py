@@ -189,6 +189,32 @@ def test_elastic_job_yields_to_batch_and_grows_back(tmp_path: Path) -> None:
     assert 0.5 < s["utilization"] <= 1.0, s  # harvested node-seconds over the pool's node-seconds
 
 
+def test_requeue_preemption_is_a_preemption_too(tmp_path: Path) -> None:
+    """PreemptMode=REQUEUE: no run of ours is left requeued (it would start ~2 min later, after
+    BeginTime); the job restarts on the free nodes at once from its SIGTERM checkpoint and ends exactly.
+
+    Seen on 22.05: a run whose step exits within the grace time completes and is not requeued at all;
+    a run Slurm does requeue is cancelled by the harvester (event ``requeued``)."""
+    sh("scontrol", "update", "PartitionName=scavenger", "PreemptMode=REQUEUE")
+    try:
+        steps = 200
+        out = tmp_path / "run"
+        spec = dp_spec(out, steps)
+        h = Harvester(SlurmIdleSource(), ScavengerExecutor("scavenger", out / "logs"), [spec], Recorder(out),
+                      HarvestConfig(poll_s=0.3, settle_s=2.0))
+        drive(h, lambda: sizes(h) == 4 and spec.progress_step() >= 30, 60, "the job running on 4 nodes")
+        sh("sbatch", "--parsable", "-p", "batch", "-N2", "--wrap", "sleep 3")
+        drive(h, lambda: h.done, 120, "the job to finish")
+    finally:
+        sh("scontrol", "update", "PartitionName=scavenger", "PreemptMode=CANCEL")
+    ev = events(out)
+    preempted = [e for e in ev if e["event"] == "preempted"]
+    assert preempted and all(int(e["lost_steps"]) == 0 for e in preempted)
+    assert not sh("squeue", "-h", "-n", ",".join(f"hpcsched-lr-{i}" for i in range(1, 20)), "-o", "%i").strip()
+    assert 2 in [len(e["nodes"].split()) for e in ev if e["event"] == "start"]
+    assert spec.checkpoint_step() == spec.progress_step() == steps
+
+
 def test_local_mode_vacates_nodes_slurm_allocates(tmp_path: Path) -> None:
     """Mode (b): own processes on idle nodes, invisible to Slurm; vacated when Slurm allocates a node
     to a batch job or loses its slurmd, regrown after."""

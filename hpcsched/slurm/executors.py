@@ -22,8 +22,11 @@ from hpcsched.slurm.spec import ElasticSpec
 PENDING, RUNNING, ENDED = "pending", "running", "ended"
 # Each srun task exports torch.distributed's rank variables from Slurm's, then becomes the program.
 _TORCH_RANKS = 'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=0; exec "$@"'
-_SLURM_LIVE = {"PENDING": PENDING, "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING,
-               "SUSPENDED": RUNNING, "REQUEUED": PENDING, "RESIZING": RUNNING}
+# squeue states of a job that is not over yet; any other state (COMPLETED, CANCELLED, PREEMPTED, FAILED,
+# TIMEOUT, NODE_FAIL, ...) or none at all means the run has ended.
+_SLURM_LIVE = {"PENDING": PENDING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "REQUEUE_FED": PENDING,
+               "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING, "SUSPENDED": RUNNING,
+               "SIGNALING": RUNNING, "STAGE_OUT": RUNNING, "STOPPED": RUNNING, "RESIZING": RUNNING}
 
 
 @dataclass

@@ -90,6 +90,12 @@ class Harvester:
             run.preempted_by = "; ".join(f"{n}: {left[n]}" for n in taken)
             self.rec.event(now, "vacate", job_id, tuple(taken), detail=run.preempted_by)
             (self.executor.kill if state == PENDING else self.executor.stop)(run)
+        elif state == PENDING and run.running_since is not None and not run.stop_requested:
+            # PreemptMode=REQUEUE: Slurm put our run back in the queue (to start minutes later, after
+            # BeginTime); cancel it and decide again now, like a cancelled preemption.
+            run.preempted_by = f"requeued by Slurm ({detail})"
+            self.rec.event(now, "requeued", job_id, run.nodes, detail=run.handle)
+            self.executor.kill(run)
         elif state == PENDING and now - run.started > self.cfg.pending_timeout_s and not run.stop_requested:
             self.rec.event(now, "pending-timeout", job_id, run.nodes, detail=run.handle)
             self.executor.kill(run)

@@ -54,6 +54,9 @@ def parse_squeue(text: str, expand: Callable[[str], list[str]] = commands.hostna
     return jobs
 
 
+_HOLDING = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,SIGNALING,STAGE_OUT,STOPPED,RESIZING"
+
+
 class SlurmIdleSource:
     """Polls a live Slurm; ``poll()`` returns the pool changes since the previous poll.
 
@@ -77,9 +80,8 @@ class SlurmIdleSource:
 
     def snapshot(self) -> Snapshot:
         states = parse_sinfo(commands.run(["sinfo", "-N", "-h", "-o", "%N %T"]))
-        # CONFIGURING: a job just allocated (prolog running) already holds its nodes.
-        jobs = parse_squeue(commands.run(["squeue", "-h", "-t", "CONFIGURING,RUNNING,COMPLETING",
-                                          "-o", "%i|%P|%j|%T|%N"]))
+        # Every state in which a job holds nodes (CONFIGURING: just allocated, prolog running).
+        jobs = parse_squeue(commands.run(["squeue", "-h", "-t", _HOLDING, "-o", "%i|%P|%j|%T|%N"]))
         holders: dict[str, list[SlurmJob]] = {}
         for j in jobs:
             for n in j.nodes:
@@ -89,6 +91,11 @@ class SlurmIdleSource:
             held = holders.get(node, [])
             ours_only = bool(held) and all(self.is_ours(j) for j in held)
             if st.harvestable and not held:
+                pool.append(node)
+            elif st.busy and not held:
+                # sinfo still says allocated/completing but no job holds the node any more: a job
+                # ended between the two reads (sinfo lags squeue). It is free in a moment; leaving
+                # the pool now would only shrink a job that is about to be resized onto it.
                 pool.append(node)
             elif ours_only and (st.busy or st.harvestable):
                 pool.append(node)
