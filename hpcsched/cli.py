@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "hpcsched.sim.replay_cli",
     "hpcsched.runtime.cli",
     "hpcsched.slurm.cli",
+    "hpcsched.testbed.cli",
 )
 
 for _name in COMMAND_MODULES:

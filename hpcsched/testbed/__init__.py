@@ -1,0 +1,7 @@
+"""Testbed experiments (issue 9): replay a DL trace through the real runtime and hold the simulator to it.
+
+``mapping`` turns trace jobs into small real training jobs (time scaling, model -> workload),
+``local`` starts a controller and workers on this machine, ``driver`` submits the jobs at their scaled
+times and writes the real ``jobs.csv``, ``measure`` reads what the runtime measured, ``feedback`` builds
+the two simulations (trace profiles, measured profiles) and ``compare`` prints the sim-vs-real table.
+"""

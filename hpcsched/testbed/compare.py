@@ -1,0 +1,135 @@
+"""The sim-vs-real table: per-job JCT error, avg / p99 JCT and makespan error, iteration times by sharing.
+
+Errors are ``(sim - real) / real``: positive means the simulator is pessimistic. Makespan here is the
+span from the first submission to the last completion (the trace may not start at 0). Iteration times
+compare what the real run measured in each report window (``REAL_DIR/iterations.csv``) with what the
+simulation assumed for that job when running solo (its ``SIM_DIR/trace.csv`` iteration time x the
+simulator's 1.015 solo factor), grouped by how many jobs shared the worker during the window.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from hpcsched.errors import InputError
+from hpcsched.metrics import summarize
+from hpcsched.results import read_results
+from hpcsched.sim.semantics import SOLO_FACTOR
+
+ITERATIONS_FILE = "iterations.csv"
+
+
+def _err(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None or real == 0:
+        return None
+    return (sim - real) / real
+
+
+def compare_runs(sim_dir: Path, real_dir: Path) -> dict[str, Any]:
+    """Everything the table shows, as plain data (the CLI prints it, ``--json`` dumps it)."""
+    sim, sim_meta = read_results(sim_dir)
+    real, real_meta = read_results(real_dir)
+    s, r = summarize(sim, sim_meta), summarize(real, real_meta)
+    both = real.merge(sim, on="job_id", suffixes=("_real", "_sim"), how="outer", indicator=True)
+    only = both[both["_merge"] != "both"]["job_id"].tolist()
+    if len(only) == len(both):
+        raise InputError(sim_dir, f"no job ids in common with {real_dir}: not runs of the same jobs")
+    jobs = []
+    for _, row in both[both["_merge"] == "both"].iterrows():
+        rj = row["end_real"] - row["submit_real"] if pd.notna(row["end_real"]) else None
+        sj = row["end_sim"] - row["submit_sim"] if pd.notna(row["end_sim"]) else None
+        jobs.append({"job_id": row["job_id"], "real_jct": rj, "sim_jct": sj, "error": _err(sj, rj)})
+    summary = {}
+    for key, label in (("avg_jct", "avg JCT"), ("p99_jct", "p99 JCT"), ("span", "makespan")):
+        summary[label] = {"real": r.get(key), "sim": s.get(key), "error": _err(s.get(key), r.get(key))}
+    errs = [abs(j["error"]) for j in jobs if j["error"] is not None]
+    return {"sim_dir": str(sim_dir), "real_dir": str(real_dir), "jobs": jobs, "summary": summary,
+            "mean_abs_job_error": statistics.mean(errs) if errs else None, "only_in_one": only,
+            "real_unfinished": r.get("unfinished"), "sim_unfinished": s.get("unfinished"),
+            "iterations": iteration_rows(sim_dir, real_dir)}
+
+
+def iteration_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
+    """Measured vs assumed seconds per iteration (trace scale), by jobs sharing the worker."""
+    it_file, trace = real_dir / ITERATIONS_FILE, sim_dir / "trace.csv"
+    if not it_file.is_file() or not trace.is_file():
+        return []
+    win = pd.read_csv(it_file, dtype={"job_id": str})
+    prof = pd.read_csv(trace, dtype={"job_id": str})
+    assumed = dict(zip(prof["job_id"], prof["iteration_time"] * 1e-3 * SOLO_FACTOR, strict=True))
+    win = win[win["job_id"].isin(assumed)]
+    rows = []
+    for k, g in win.groupby("sharing"):
+        meas = float(g["pace_s"].median())
+        prof_k = float(statistics.median(assumed[j] for j in g["job_id"]))
+        rows.append({"sharing": int(k), "windows": len(g), "jobs": int(g["job_id"].nunique()),
+                     "measured_s": meas, "profiled_s": prof_k, "error": _err(prof_k, meas)})
+    return rows
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def render_markdown(results: list[dict[str, Any]], names: list[str]) -> str:
+    """One Markdown report for one real run against one or more simulations (for docs)."""
+    lines = ["| metric | real | " + " | ".join(f"{n} | error" for n in names) + " |",
+             "|---|---:|" + "---:|---:|" * len(names)]
+    for label in ("avg JCT", "p99 JCT", "makespan"):
+        real = results[0]["summary"][label]["real"]
+        cells = " | ".join(f"{_num(r['summary'][label]['sim'])} | {_pct(r['summary'][label]['error'])}"
+                           for r in results)
+        lines.append(f"| {label} (s) | {_num(real)} | {cells} |")
+    cells = " | ".join(f"| {_pct(r['mean_abs_job_error'])}" for r in results)
+    lines.append(f"| mean abs per-job JCT error | | {cells} |")
+    lines += ["", "| job | real JCT (s) | " + " | ".join(f"{n} JCT | error" for n in names) + " |",
+              "|---|---:|" + "---:|---:|" * len(names)]
+    per = [{j["job_id"]: j for j in r["jobs"]} for r in results]
+    for j in results[0]["jobs"]:
+        cells = " | ".join(f"{_num(p[j['job_id']]['sim_jct'])} | {_pct(p[j['job_id']]['error'])}" for p in per)
+        lines.append(f"| {j['job_id']} | {_num(j['real_jct'])} | {cells} |")
+    if any(r["iterations"] for r in results):
+        lines += ["", "| jobs on the worker | windows | measured s/iter | " +
+                  " | ".join(f"{n} s/iter | error" for n in names) + " |",
+                  "|---:|---:|---:|" + "---:|---:|" * len(names)]
+        by = [{row["sharing"]: row for row in r["iterations"]} for r in results]
+        for row in results[0]["iterations"]:
+            k = row["sharing"]
+            cells = " | ".join(f"{b[k]['profiled_s']:,.1f} | {_pct(b[k]['error'])}" if k in b else "- | -" for b in by)
+            lines.append(f"| {k} | {row['windows']} | {row['measured_s']:,.1f} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_tables(result: dict[str, Any], title: str, console) -> None:
+    """Rich tables for one comparison (stdout)."""
+    from rich.table import Table
+
+    t = Table(title=f"{title}: summary")
+    for c in ("metric", "real", "sim", "error"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for label, v in result["summary"].items():
+        t.add_row(f"{label} (s)", _num(v["real"]), _num(v["sim"]), _pct(v["error"]))
+    t.add_row("mean |per-job JCT error|", "", "", _pct(result["mean_abs_job_error"]))
+    console.print(t)
+    t = Table(title=f"{title}: per job")
+    for c in ("job", "real JCT (s)", "sim JCT (s)", "error"):
+        t.add_column(c, justify="left" if c == "job" else "right")
+    for j in result["jobs"]:
+        t.add_row(str(j["job_id"]), _num(j["real_jct"]), _num(j["sim_jct"]), _pct(j["error"]))
+    console.print(t)
+    if result["iterations"]:
+        t = Table(title=f"{title}: seconds per iteration (trace scale) by jobs sharing the worker")
+        for c in ("jobs on worker", "windows", "jobs", "measured", "profiled", "error"):
+            t.add_column(c, justify="right")
+        for row in result["iterations"]:
+            t.add_row(str(row["sharing"]), str(row["windows"]), str(row["jobs"]), f"{row['measured_s']:,.1f}",
+                      f"{row['profiled_s']:,.1f}", _pct(row["error"]))
+        console.print(t)

@@ -1,0 +1,123 @@
+"""What the runtime measured, read back from the controller's SQLite state (read-only).
+
+Per job and attempt (generation): when the controller launched it (``start`` event), its progress reports
+(step, time, per-stage seconds), and when it was recorded complete. From these:
+
+- **pace**: real seconds per step between consecutive reports of one attempt. This is the wall-clock
+  rate, so it includes everything a step really costs (checkpoints, reports, contention), unlike the
+  per-stage timers, which only give the split between data, compute and communication;
+- **sharing**: how many of the run's jobs held tasks on the same worker at the middle of a report window
+  (1 = alone on its worker). On CPU workers these jobs share the node's cores;
+- **overhead**: launch decision -> first report (process start, torch import, rendezvous) plus last
+  report -> recorded completion (exit, teardown, the next heartbeat), per attempt.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcsched.errors import InputError
+from hpcsched.model import ResourceProfile
+
+
+@dataclass
+class Window:
+    job_id: str  # runtime id
+    generation: int
+    t0: float
+    t1: float
+    steps: int
+    data_s: float
+    compute_s: float
+    comm_s: float
+    sharing: int = 1
+
+    @property
+    def pace(self) -> float:
+        return (self.t1 - self.t0) / self.steps
+
+
+@dataclass
+class Measured:
+    job_id: str
+    windows: list[Window] = field(default_factory=list)
+    startup_s: list[float] = field(default_factory=list)  # per attempt
+    teardown_s: float | None = None
+    attempts: int = 0
+
+    def solo_pace(self) -> float | None:
+        """Median pace while alone on its worker; all windows when it never was."""
+        ws = [w for w in self.windows if w.sharing == 1] or self.windows
+        return statistics.median(w.pace for w in ws) if ws else None
+
+    def profile(self) -> ResourceProfile | None:
+        """Median per-stage split of the same windows (real seconds)."""
+        ws = [w for w in self.windows if w.sharing == 1] or self.windows
+        if not ws:
+            return None
+        return ResourceProfile(*(statistics.median(getattr(w, k) for w in ws) for k in ("data_s", "compute_s",
+                                                                                           "comm_s")))
+
+    def overhead_s(self) -> float:
+        """One attempt's start-up plus the tear-down: what a job pays beyond its steps when run once."""
+        start = statistics.median(self.startup_s) if self.startup_s else 0.0
+        return start + (self.teardown_s or 0.0)
+
+
+def _connect(state: Path) -> sqlite3.Connection:
+    if not state.is_file():
+        raise InputError(state, "no such controller state file")
+    return sqlite3.connect(f"file:{state}?mode=ro", uri=True, timeout=10)
+
+
+def read_measurements(state: Path, job_ids: set[str]) -> dict[str, Measured]:
+    """Measurements of the runtime jobs ``job_ids`` from a controller state file."""
+    import json
+
+    db = _connect(state)
+    try:
+        events = db.execute("SELECT time, job_id, kind, detail FROM events WHERE job_id IS NOT NULL "
+                            "ORDER BY time").fetchall()
+        rows = db.execute("SELECT job_id, generation, time, step, data_s, compute_s, comm_s FROM progress "
+                          "ORDER BY job_id, generation, time").fetchall()
+    finally:
+        db.close()
+    out = {j: Measured(j) for j in job_ids}
+    launches: dict[tuple[str, int], tuple[float, list[str]]] = {}
+    completed: dict[str, float] = {}
+    for t, jid, kind, detail in events:
+        if jid not in out:
+            continue
+        d = json.loads(detail)
+        if kind == "start":
+            launches[(jid, int(d.get("generation", 0)))] = (t, list(d.get("workers", [])))
+        elif kind == "completed":
+            completed[jid] = t
+    by_attempt: dict[tuple[str, int], list[tuple]] = {}
+    for r in rows:
+        if r[0] in out:
+            by_attempt.setdefault((r[0], r[1]), []).append(r)
+    spans: list[tuple[str, str, float, float]] = []  # job, worker, from, to
+    for (jid, gen), rs in by_attempt.items():
+        m = out[jid]
+        m.attempts += 1
+        launched = launches.get((jid, gen))
+        if launched is not None:
+            m.startup_s.append(max(0.0, rs[0][2] - launched[0]))
+            spans += [(jid, w, launched[0], rs[-1][2]) for w in launched[1]]
+        for a, b in zip(rs, rs[1:], strict=False):
+            if b[3] > a[3] and b[2] > a[2]:
+                m.windows.append(Window(jid, gen, a[2], b[2], b[3] - a[3], b[4] or 0.0, b[5] or 0.0, b[6] or 0.0))
+        if jid in completed and gen == max(g for (j, g) in by_attempt if j == jid):
+            m.teardown_s = max(0.0, completed[jid] - rs[-1][2])
+    workers_of: dict[tuple[str, int], list[str]] = {k: v[1] for k, v in launches.items()}
+    for m in out.values():
+        for w in m.windows:
+            mid = (w.t0 + w.t1) / 2
+            mine = workers_of.get((w.job_id, w.generation), [])
+            others = {j for j, wk, a, b in spans if j != w.job_id and wk in mine and a <= mid <= b}
+            w.sharing = 1 + len(others)
+    return out

@@ -1,0 +1,144 @@
+"""One testbed experiment from start to finish: scale, replay, measure, simulate twice, compare."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcsched.cluster_spec import read_cluster_spec
+from hpcsched.errors import InputError
+from hpcsched.testbed import compare, driver, feedback, measure
+from hpcsched.testbed.mapping import ScaledJob, Scaling, scale_jobs
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    trace: Path
+    cluster: Path
+    policy: str
+    out: Path
+    jobs: int = 12
+    skip: int = 0
+    min_steps: int = 40
+    max_steps: int = 400
+    max_procs: int = 1
+    timeout_s: float = 1800.0
+    controller: str | None = None  # None: start a local cluster
+    state: Path | None = None
+    token_file: Path | None = None
+    time_scale: str = "auto"
+
+
+def _select(opts: RunOptions):
+    from hpcsched.sim.runs import load_jobs
+
+    jobs, _ = load_jobs(opts.trace)
+    jobs = sorted(jobs, key=lambda j: j.submit)[opts.skip: opts.skip + opts.jobs]
+    if len(jobs) < 1:
+        raise InputError(opts.trace, f"no jobs left after --skip {opts.skip}")
+    return jobs
+
+
+def _durations(jobs) -> list[float]:
+    return [j.duration or (j.iterations or 0) * (j.iteration_time or 0) for j in jobs]
+
+
+def run_testbed(opts: RunOptions, pick_scale: Callable[[str, list[float], int, int], float],
+                progress: Callable[[int, int], None] | None = None,
+                say: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+    """Run everything; return the comparison of the real run with each simulation, by simulation name."""
+    from hpcsched.policies import REGISTRY
+
+    if opts.policy not in REGISTRY.names():
+        raise InputError(None, f"unknown policy {opts.policy!r}; known: {', '.join(REGISTRY.names())}")
+    spec = read_cluster_spec(opts.cluster)
+    chosen = _select(opts)
+    scale = pick_scale(opts.time_scale, _durations(chosen), opts.min_steps, opts.max_steps)
+    scaled = scale_jobs(chosen, spec, Scaling(scale, opts.min_steps, opts.max_steps, opts.max_procs))
+    say(f"testbed: {len(scaled)} jobs, time scale {scale:,.1f} trace s per real s, "
+        f"{spec.nodes} workers x {spec.gpus_per_node} slots, policy {opts.policy}")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    rep, state = _replay(opts, spec, scaled, scale, progress)
+    meta = {"policy": opts.policy, "trace": str(opts.trace), "cluster": spec.name, "capacity_gpus": spec.gpus,
+            "capacity_nodes": spec.nodes, "jobs_replayed": len(scaled), "skip": opts.skip}
+    driver.write_real(opts.out, scaled, rep, meta)
+    if rep.timed_out:
+        say(f"testbed: timed out after {opts.timeout_s:.0f} s; unfinished jobs were cancelled")
+    measured: dict[str, measure.Measured] = {}
+    if state is not None:
+        by_runtime = measure.read_measurements(state, set(rep.runtime_ids.values()))
+        measured = {tid: by_runtime[rid] for tid, rid in rep.runtime_ids.items() if rid in by_runtime}
+        _write_windows(opts.out / compare.ITERATIONS_FILE, measured, rep.runtime_ids, scale)
+        _write_profiles(state, opts.out / "profile")
+    else:
+        say("testbed: no --state given: the second simulation uses nominal profiles (nothing measured)")
+    with_measured = feedback.measured_jobs(scaled, scale, measured)
+    sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True), "sim-measured": (with_measured, True),
+            "sim-grouped": (with_measured, False)}
+    out = {}
+    for name, (jobs, flatten) in sims.items():
+        feedback.run_sim(jobs, spec, opts.policy, opts.out / name, str(opts.trace), flatten=flatten)
+        out[name] = compare.compare_runs(opts.out / name, opts.out)
+    return out
+
+
+def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progress):
+    from hpcsched.runtime.client import Client, resolve_token
+
+    workdir = driver.workloads_root()
+    if not (workdir / "workloads" / "ddp_train.py").is_file():
+        raise InputError(workdir, "no workloads/ddp_train.py here: run the testbed from a source checkout")
+    if opts.controller:
+        client = Client(opts.controller, resolve_token(opts.token_file))
+        _check_workers(client, spec, opts.cluster)
+        try:
+            return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
+                                 progress=progress), opts.state
+        finally:
+            client.close()
+    from hpcsched.testbed.local import LocalCluster
+
+    with LocalCluster(opts.out / "runtime", spec, opts.policy) as lc:
+        client = Client(lc.address, lc.token, timeout=30)
+        try:
+            lc.wait_workers(client)
+            return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
+                                 progress=progress), lc.state
+        finally:
+            client.close()
+
+
+def _check_workers(client, spec, path: Path) -> None:
+    alive = [w for w in client.workers() if w.alive]
+    if len(alive) != spec.nodes or any(w.slots != spec.gpus_per_node for w in alive):
+        raise InputError(path, f"the controller has {len(alive)} live workers with slots "
+                               f"{[w.slots for w in alive]}; the spec says {spec.nodes} x {spec.gpus_per_node}")
+
+
+def _write_windows(path: Path, measured: dict[str, measure.Measured], runtime_ids: dict[str, str],
+                   scale: float) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("job_id", "runtime_id", "generation", "steps", "sharing", "pace_s", "data_s", "compute_s",
+                    "comm_s", "startup_s"))
+        for tid, m in measured.items():
+            start = m.overhead_s() * scale
+            for win in m.windows:
+                w.writerow((tid, runtime_ids[tid], win.generation, win.steps, win.sharing,
+                            f"{win.pace * scale:.6f}", f"{win.data_s * scale:.6f}", f"{win.compute_s * scale:.6f}",
+                            f"{win.comm_s * scale:.6f}", f"{start:.3f}"))
+
+
+def _write_profiles(state: Path, out: Path) -> None:
+    """What ``hpcsched profile --state STATE --out OUT/profile`` writes (the runtime's own format)."""
+    from hpcsched.runtime.profile import write_profiles
+    from hpcsched.runtime.store import Store
+
+    store = Store(state)
+    try:
+        write_profiles(store, out)
+    finally:
+        store.close()

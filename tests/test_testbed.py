@@ -1,0 +1,162 @@
+"""Testbed (issue 9): trace -> real jobs mapping, measurements from a real controller store, the sim-vs-real
+table on hand-checkable runs. The end-to-end run through real processes is in test_testbed_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched.model import ClusterSpec
+from hpcsched.results import JobResult, read_results, write_results
+from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.store import Store
+from hpcsched.sim.runs import load_jobs
+from hpcsched.sim.semantics import SOLO_FACTOR
+from hpcsched.testbed import feedback
+from hpcsched.testbed.compare import ITERATIONS_FILE, compare_runs, render_markdown
+from hpcsched.testbed.mapping import BALANCED, COMPUTE_HEAVY, DATA_HEAVY, Scaling, job_yaml, real_to_trace, scale_jobs
+from hpcsched.testbed.measure import read_measurements
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "trace-data/muri/cluster_trace.csv"
+SPEC = ClusterSpec(1, 2, 2, name="l2x2")
+
+
+def _first(n: int):
+    jobs, _ = load_jobs(TRACE)
+    return sorted(jobs, key=lambda j: j.submit)[:n]
+
+
+def test_scaling_the_bundled_trace() -> None:
+    jobs = _first(12)
+    scaled = scale_jobs(jobs, SPEC, Scaling(scale=1000.0, min_steps=40, max_steps=400, max_procs=2))
+    assert [s.trace_id for s in scaled] == [j.id for j in jobs]
+    by = {s.trace_id: s for s in scaled}
+    # job 1: vgg16, 281 s alone -> 0.281 real s / 0.040 s nominal = 7 steps -> lengthened to 40
+    assert by["1"].workload == BALANCED and by["1"].steps == 40
+    # job 0: gpt2, 5095 s -> 5.095 s / 0.050 = 102 steps, inside the bounds
+    assert by["0"].workload == COMPUTE_HEAVY and by["0"].steps == round(5095 / 1000 / 0.050)
+    # job 2: a2c, 255697 s -> far more than 400 steps -> shortened
+    assert by["2"].workload == DATA_HEAVY and by["2"].steps == 400
+    # 8-GPU trace jobs get the 2 slots of one worker; gaps divide by the scale
+    assert all(s.procs == 2 for s in scaled)
+    assert by["1"].submit_offset == pytest.approx(1534.0 / 1000)
+    assert by["11"].submit_offset == pytest.approx(7371.0 / 1000)
+    # the job file is one the runtime accepts, with the steps and the workload's flags
+    spec = parse_job_spec(job_yaml(by["2"], ROOT), "job.yaml")
+    assert spec.steps == 400 and spec.procs == 2 and spec.launcher == "torchrun"
+    assert spec.command[:7] == ("workloads/ddp_train.py", "--model", "cnn", "--batch", "16", "--io-latency-ms", "30")
+
+
+def test_time_mapping_round_trip() -> None:
+    assert real_to_trace(110.5, real_start=100.0, trace_start=7000.0, scale=1000.0) == pytest.approx(17500.0)
+    assert real_to_trace(0.0, 100.0, 0.0, 10.0) is None  # the runtime's "not yet" is 0, not a time
+    assert real_to_trace(None, 100.0, 0.0, 10.0) is None
+
+
+def test_sim_jobs_keep_the_replayed_jobs_and_fold_in_measured_overhead(tmp_path: Path) -> None:
+    scaled = scale_jobs(_first(3), SPEC, Scaling(scale=1000.0, max_procs=1))
+    trace_jobs = feedback.trace_jobs(scaled, 1000.0)
+    for s, j in zip(scaled, trace_jobs, strict=True):
+        assert j.iterations == s.steps and j.gpus == 1 and j.submit == s.trace_submit
+        assert j.iteration_time == pytest.approx(s.workload.nominal_iteration_s * 1000.0)
+        # stage split in the trace's proportions
+        assert j.profile.total_s == pytest.approx(j.iteration_time)
+        p = s.trace_profile
+        assert j.profile.data_s / j.profile.total_s == pytest.approx(p.data_s / p.total_s)
+    # the Muri CSV written for the simulator reads back as the same jobs
+    back, _ = load_jobs(feedback.write_muri_trace(tmp_path / "t.csv", trace_jobs))
+    for a, b in zip(trace_jobs, back, strict=True):
+        assert (a.id, a.gpus, a.iterations) == (b.id, b.gpus, b.iterations)
+        assert b.iteration_time == pytest.approx(a.iteration_time, rel=1e-6)
+        assert b.submit == pytest.approx(a.submit, abs=1e-3)
+
+
+def _fake_run(store: Store) -> None:
+    """Two jobs on worker w1, written through the runtime's own store as the controller writes them."""
+    for name, t_launch, reports in (("a", 100.0, [(103.0, 0), (104.0, 10), (105.0, 20)]),
+                                    ("b", 104.5, [(106.0, 0), (108.0, 10)])):
+        jid = store.add_job(parse_job_spec(f"name: {name}\ncommand: [x.py]\nsteps: 20\n", "j.yaml"), t_launch - 1)
+        store._event(t_launch, jid, "start", {"generation": 1, "procs": 1, "workers": ["w1"]})
+        for t, step in reports:
+            store.add_progress(jid, 1, {"time": t, "step": step, "data_s": 0.02, "compute_s": 0.06, "comm_s": 0.02,
+                                        "world_size": 1})
+        store._event(reports[-1][0] + 2.0, jid, "completed", {"steps": reports[-1][1]})
+
+
+def test_measurements_from_a_real_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    _fake_run(store)
+    store.close()
+    m = read_measurements(tmp_path / "state.db", {"j0001", "j0002"})
+    a, b = m["j0001"], m["j0002"]
+    assert a.startup_s == [3.0] and a.teardown_s == 2.0 and a.overhead_s() == 5.0
+    # a: window 103-104 alone (b launched at 104.5), 104-105 shared with b; solo pace = 1 s / 10 steps
+    assert [w.sharing for w in a.windows] == [1, 2]
+    assert a.solo_pace() == pytest.approx(0.1)
+    # b: its one window (106-108) is after a's last report (105): alone
+    assert [w.sharing for w in b.windows] == [1] and b.solo_pace() == pytest.approx(0.2)
+    assert a.profile().stages() == pytest.approx((0.02, 0.06, 0.02))
+
+
+def _results(d: Path, rows: list[tuple[str, float, float, float]], tool: str) -> Path:
+    write_results(d, [JobResult(j, s, st, e, 1) for j, s, st, e in rows], {"tool": tool, "capacity_gpus": 4})
+    return d
+
+
+def test_compare_hand_checked(tmp_path: Path) -> None:
+    real = _results(tmp_path / "real", [("1", 0, 0, 100), ("2", 10, 10, 210)], "testbed")
+    sim = _results(tmp_path / "sim", [("1", 0, 0, 110), ("2", 10, 10, 190)], "simulate")
+    (real / ITERATIONS_FILE).write_text("job_id,sharing,pace_s\n1,1,10\n1,2,12\n2,1,20\n")
+    (sim / "trace.csv").write_text(",".join(feedback.MURI_HEADER) + "\n"
+                                   "1,1,0,10,vgg16,0,100000,0,9000,3000,3000,3000,0\n"
+                                   "2,1,10000,10,vgg16,0,200000,0,20000,5000,10000,5000,0\n")
+    res = compare_runs(sim, real)
+    errs = {j["job_id"]: j["error"] for j in res["jobs"]}
+    assert errs["1"] == pytest.approx(0.10) and errs["2"] == pytest.approx(-0.10)
+    assert res["summary"]["avg JCT"]["real"] == pytest.approx(150.0)
+    assert res["summary"]["avg JCT"]["sim"] == pytest.approx(145.0)  # (110 + 180) / 2
+    assert res["summary"]["avg JCT"]["error"] == pytest.approx(-5 / 150)
+    assert res["summary"]["makespan"]["error"] == pytest.approx((190 - 210) / 210)  # span: first submit 0 to last end
+    assert res["mean_abs_job_error"] == pytest.approx(0.10)
+    rows = {r["sharing"]: r for r in res["iterations"]}
+    # alone: measured median(10, 20) = 15 s; assumed median(9, 20) x 1.015
+    assert rows[1]["measured_s"] == 15.0 and rows[1]["profiled_s"] == pytest.approx(14.5 * SOLO_FACTOR)
+    assert rows[2]["measured_s"] == 12.0 and rows[2]["profiled_s"] == pytest.approx(9 * SOLO_FACTOR)
+    md = render_markdown([res], ["sim"])
+    assert "| avg JCT (s) | 150 | 145 | -3.3% |" in md
+
+
+def test_compare_cli_and_bad_input(tmp_path: Path) -> None:
+    real = _results(tmp_path / "real", [("1", 0, 0, 100)], "testbed")
+    sim = _results(tmp_path / "sim", [("1", 0, 0, 120)], "simulate")
+    out = subprocess.run([sys.executable, "-m", "hpcsched.cli", "testbed", "--compare", str(sim), str(real), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["summary"]["avg JCT"]["error"] == pytest.approx(0.2)
+    other = _results(tmp_path / "other", [("9", 0, 0, 100)], "simulate")
+    bad = subprocess.run([sys.executable, "-m", "hpcsched.cli", "testbed", "--compare", str(other), str(real)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no job ids in common" in bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "hpcsched.cli", "testbed", "--trace", str(TRACE)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "--cluster" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_flattened_policy_runs_groups_as_solo_jobs(tmp_path: Path) -> None:
+    """muri-s groups jobs when oversubscribed; as the runtime runs it, no job ever shares GPUs."""
+    scaled = scale_jobs(_first(12), SPEC, Scaling(scale=2000.0, max_procs=1))
+    jobs = feedback.trace_jobs(scaled, 2000.0)
+    t = time.perf_counter()
+    grouped = feedback.run_sim(jobs, SPEC, "muri-s", tmp_path / "g", "t", flatten=False)
+    flat = feedback.run_sim(jobs, SPEC, "muri-s", tmp_path / "f", "t", flatten=True)
+    assert time.perf_counter() - t < 30
+    assert grouped.timeline["running_jobs"].max() > SPEC.gpus  # co-located: more jobs than GPUs at once
+    assert flat.timeline["running_jobs"].max() <= SPEC.gpus
+    df, meta = read_results(tmp_path / "f")
+    assert (df["status"] == "completed").all() and meta["groups"].startswith("flattened")

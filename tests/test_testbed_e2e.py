@@ -1,0 +1,62 @@
+"""The testbed end to end: 12 jobs of the bundled Muri testbed trace through a real controller and 2 real
+workers (torchrun, gloo on CPU) under an interleaving policy, then both simulations and the comparison."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcsched.results import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "trace-data/muri/cluster_trace.csv"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (the runtime's extra)")
+def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
+    spec = tmp_path / "local2x2.yaml"
+    spec.write_text("name: local2x2\nswitches: 1\nnodes_per_switch: 2\ngpus_per_node: 2\n")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "hpcsched.cli", "testbed", "--trace", str(TRACE), "--cluster", str(spec),
+           "--policy", "muri-s", "--local", "--jobs", "12", "--min-steps", "20", "--max-steps", "60",
+           "--time-scale", "2000", "--timeout", "900", "--out", str(out), "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = json.loads(p.stdout)
+
+    # every job completed in the real run, with its times in trace seconds
+    real, meta = read_results(out)
+    assert len(real) == 12 and (real["status"] == "completed").all()
+    assert meta["tool"] == "testbed" and meta["policy"] == "muri-s" and meta["scale"] == 2000
+    assert ((real["start"] >= real["submit"]) & (real["end"] > real["start"])).all()
+    run = json.loads((out / "testbed.json").read_text())
+    for j in run["jobs"]:
+        assert j["runtime"]["state"] == "completed" and j["runtime"]["steps_done"] == j["steps"]
+        assert j["runtime"]["last_loss"] < j["runtime"]["first_loss"]  # real training happened
+
+    # the two simulations ran the same 12 jobs; the comparison covers every job
+    for name in ("sim-trace", "sim-measured", "sim-grouped"):
+        sim, _ = read_results(out / name)
+        assert sorted(sim["job_id"]) == sorted(real["job_id"])
+        res = results[name]
+        assert len(res["jobs"]) == 12 and all(j["error"] is not None for j in res["jobs"])
+        assert {"avg JCT", "p99 JCT", "makespan"} <= set(res["summary"])
+        assert res["iterations"] and res["iterations"][0]["measured_s"] > 0
+    # measured profiles bring the simulation closer to the real run than the trace's profiles
+    err = {n: abs(results[n]["summary"]["avg JCT"]["error"]) for n in ("sim-trace", "sim-measured")}
+    assert err["sim-measured"] < err["sim-trace"], err
+    # what the runtime's `hpcsched profile` writes is there, one row per job
+    assert len((out / "profile" / "profiles.csv").read_text().splitlines()) == 13
+    assert "| avg JCT (s) |" in (out / "comparison.md").read_text()
+
+    # --compare reproduces the table from the folders alone
+    c = subprocess.run([sys.executable, "-m", "hpcsched.cli", "testbed", "--compare", str(out / "sim-measured"),
+                        str(out), "--json"], capture_output=True, text=True, timeout=120)
+    assert c.returncode == 0, c.stderr
+    again = json.loads(c.stdout)
+    assert again["summary"]["avg JCT"]["error"] == pytest.approx(results["sim-measured"]["summary"]["avg JCT"]["error"])
