@@ -136,7 +136,6 @@ def exhaustive_best(node_type: list[int], tw: np.ndarray) -> float:
 ENGINES = {
     "dense": MatchSettings(dense_limit=1000),
     "types": MatchSettings(dense_limit=0, type_limit=1000),
-    "sparse": MatchSettings(dense_limit=0, type_limit=0, top_k=50, per_type=50),
 }
 
 
@@ -263,3 +262,21 @@ def test_profile_book_blends_measurements_and_changes_grouping() -> None:
         ProfileBook().observe_stages("0", (1.0, -1.0, 0.0))
     with pytest.raises(ValueError):
         ProfileBook(alpha=0.0)
+
+
+def test_vectorised_weights_equal_looked_up_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hpcsched.interleave.grouping as grouping
+
+    rng = np.random.default_rng(5)
+    for rules in (GroupingRules(), GroupingRules(model=PeriodModel("muri4")), GroupingRules(weight="gain")):
+        cands = [cand(i, int(rng.choice([1, 2, 4])), tuple(rng.uniform(0.01, 1, 3))) for i in range(90)]
+        cands.append(cand(90, 4, None, 1.0))
+        scorer = Scorer(rules)
+        singles = [(scorer.intern(c.key),) for c in cands]
+        kinds = [tuple(sorted(singles[2 * i] + singles[2 * i + 1])) for i in range(30)] + singles[60:]
+        fast = scorer._matrix_vectorised(kinds)
+        monkeypatch.setattr(grouping, "_VECTOR_FROM", 10**9)
+        slow = scorer.matrix(kinds)
+        monkeypatch.setattr(grouping, "_VECTOR_FROM", 64)
+        assert fast == pytest.approx(slow, abs=1e-12)
+        assert np.all(fast[-1] == 0)  # the profile-less job has no edge

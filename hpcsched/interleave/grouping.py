@@ -74,6 +74,8 @@ class Score:
 
 
 Kind = tuple[int, ...]  # a node: sorted interned job-type ids of its members
+_VECTOR_FROM = 64  # more node kinds than this: weights computed in one vectorised pass, not cached
+_CHUNK = 50_000  # groups per vectorised period evaluation (bounds memory: 24 orderings x 16 floats each)
 
 
 @dataclass
@@ -121,6 +123,74 @@ class Scorer:
             self._weights[(a, b)] = self._weights[(b, a)] = w
         return w
 
+    def matrix(self, kinds: Sequence[Kind]) -> np.ndarray:
+        """Edge weights between node kinds: looked up pair by pair and cached for few kinds (the usual
+        case: a trace has a few dozen job types), one vectorised pass for many (distinct profiles)."""
+        key = tuple(kinds)
+        tw = self._matrices.get(key)
+        if tw is not None:
+            return tw
+        u = len(kinds)
+        if u > _VECTOR_FROM:
+            return self._matrix_vectorised(kinds)
+        tw = np.zeros((u, u))
+        for a in range(u):
+            for b in range(a, u):
+                tw[a, b] = tw[b, a] = self.weight(kinds[a], kinds[b])
+        self._matrices[key] = tw
+        return tw
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        types = self._types
+        stages = np.array([t[1 : 1 + STAGES] if t[1] is not None else (0.0,) * STAGES for t in types], dtype=float)
+        profiled = np.array([t[1] is not None for t in types])
+        gpus = np.array([t[0] for t in types], dtype=float)
+        solo = np.array([t[-1] for t in types], dtype=float)
+        return stages, profiled, gpus, solo
+
+    def _matrix_vectorised(self, kinds: Sequence[Kind]) -> np.ndarray:
+        rules = self.rules
+        stages, profiled, gpus, solo = self._arrays()
+        u = len(kinds)
+        size = np.array([len(k) for k in kinds])
+        width = int(size.max())
+        members = np.full((u, width), -1, dtype=np.intp)  # kinds padded with -1
+        for i, k in enumerate(kinds):
+            members[i, : len(k)] = k
+        part_gain = np.array([s.gain for s in self.scores(list(kinds))]) if rules.weight == "gain" else np.zeros(u)
+        valid = size[:, None] + size[None, :] <= rules.max_group
+        ii, jj = np.nonzero(np.triu(valid))
+        tw = np.zeros((u, u))
+        for la in np.unique(size):
+            for lb in np.unique(size):
+                sel = (size[ii] == la) & (size[jj] == lb)
+                if not sel.any():
+                    continue
+                a, b = ii[sel], jj[sel]
+                grp = np.concatenate([members[a, :la], members[b, :lb]], axis=1)
+                w, ok = self._weights_of(grp, stages, profiled, gpus, solo)
+                w = np.where(ok, w - part_gain[a] - part_gain[b], 0.0)
+                tw[a, b] = w
+                tw[b, a] = w
+        return tw
+
+    def _weights_of(
+        self, grp: np.ndarray, stages: np.ndarray, profiled: np.ndarray, gpus: np.ndarray, solo: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Efficiency or gain (before subtracting the parts' gains) of G merged groups of k job types, and
+        which of them can be scored at all (every member profiled)."""
+        rules = self.rules
+        t = stages[grp]
+        raw = np.concatenate([rules.model.raw_periods(t[c : c + _CHUNK]) for c in range(0, len(t), _CHUNK)])
+        period = raw * group_factor(grp.shape[1])
+        ok = profiled[grp].all(axis=1) & (period > 0)
+        safe = np.where(ok, period, 1.0)
+        if rules.weight == "efficiency":
+            w = t.sum(axis=(1, 2)) / (rules.model.resources * safe)
+        else:
+            w = (gpus[grp] * solo[grp]).sum(axis=1) / safe - gpus[grp].max(axis=1)
+        return np.where(ok, w, 0.0), ok
+
     def _compute(self, k: int, gs: list[Kind]) -> None:
         types = self._types
         profiled = [g for g in gs if all(types[t][1] is not None for t in g)]
@@ -157,6 +227,48 @@ def _gpus(node: tuple[int, ...], cands: Sequence[Candidate]) -> int:
     return max(cands[i].gpus for i in node)
 
 
+def _match_exact(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
+    """Maximum-weight pairs (positions, weight) among nodes of the given kinds, listed in priority order."""
+    kinds = sorted(set(node_kinds))
+    kind_ix = {k: i for i, k in enumerate(kinds)}
+    node_type = [kind_ix[k] for k in node_kinds]
+    u = len(kinds)
+    tw = scorer.matrix(kinds)
+    counts = np.bincount(node_type, minlength=u)
+    ckey = (tuple(kinds), tuple(counts.tolist()))
+    x = scorer._matches.get(ckey)
+    if x is None:
+        x, _ = pair_counts(np.repeat(np.arange(u), counts), tw, scorer.rules.match)
+        if u <= _VECTOR_FROM:
+            scorer._matches[ckey] = x
+    return [(i, j, float(tw[node_type[i], node_type[j]])) for i, j in assign(node_type, x, tw)]
+
+
+def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
+    """Pairs for one bucket: exact, or per chunk when there are too many distinct nodes for it.
+
+    Blossom is O(n^3): 2,000 distinct jobs take seconds even on a sparse graph. Many *distinct* nodes
+    (few kinds go to the exact integer program instead) are dealt into chunks of ``CHUNK`` by stride
+    in priority order, so each chunk is a cross-section of the whole bucket with partners of every kind;
+    each chunk is matched exactly, then the nodes left unmatched are matched among themselves once more.
+    bench/bench_interleave.py measures the weight this loses against exact matching on the whole graph.
+    """
+    n = len(node_kinds)
+    settings = scorer.rules.match
+    if n <= settings.dense_limit or len(set(node_kinds)) <= settings.type_limit:
+        return _match_exact(node_kinds, scorer)
+    chunks = -(-n // settings.dense_limit)
+    out: list[tuple[int, int, float]] = []
+    for c in range(chunks):
+        pos = list(range(c, n, chunks))
+        out += [(pos[i], pos[j], w) for i, j, w in _match_exact([node_kinds[p] for p in pos], scorer)]
+    matched = {p for i, j, _ in out for p in (i, j)}
+    rest = [p for p in range(n) if p not in matched]
+    if 2 <= len(rest) < n:  # something matched, so this recursion shrinks
+        out += [(rest[i], rest[j], w) for i, j, w in _match([node_kinds[p] for p in rest], scorer)]
+    return out
+
+
 def _round(
     buckets: list[list[tuple[int, ...]]],
     kinds_of: list[int],
@@ -170,33 +282,15 @@ def _round(
     ready: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...] | None]] = []  # (gain, bucket, pos, a, b)
     for bi, nodes in enumerate(buckets):
         node_kinds = [tuple(sorted(kinds_of[i] for i in node)) for node in nodes]
-        kinds = sorted(set(node_kinds))
-        kind_ix = {k: i for i, k in enumerate(kinds)}
-        node_type = [kind_ix[k] for k in node_kinds]
-        u = len(kinds)
-        tkey = tuple(kinds)
-        tw = scorer._matrices.get(tkey)
-        if tw is None:
-            tw = np.zeros((u, u))
-            for a in range(u):
-                for b in range(a, u):
-                    tw[a, b] = tw[b, a] = scorer.weight(kinds[a], kinds[b])
-            scorer._matrices[tkey] = tw
-        counts = np.bincount(node_type, minlength=u)
-        ckey = (tkey, tuple(counts.tolist()))
-        x = scorer._matches.get(ckey)
-        if x is None:
-            x, _ = pair_counts(np.repeat(np.arange(u), counts), tw, rules.match)
-            scorer._matches[ckey] = x
-        paired: dict[int, int] = {}
-        for i, j in assign(node_type, x, tw):
-            paired[i], paired[j] = j, i
+        paired: dict[int, tuple[int, float]] = {}
+        for i, j, w in _match(node_kinds, scorer):
+            paired[i], paired[j] = (j, w), (i, w)
         for pos, node in enumerate(nodes):
-            partner = paired.get(pos)
-            if partner is None:
+            hit = paired.get(pos)
+            if hit is None:
                 ready.append((0.0, bi, pos, node, None))
-            elif partner < pos:
-                ready.append((tw[node_type[partner], node_type[pos]], bi, pos, nodes[partner], node))
+            elif hit[0] < pos:
+                ready.append((hit[1], bi, pos, nodes[hit[0]], node))
     if rules.merge_order == "gain":
         ready.sort(key=lambda r: (r[4] is None, -r[0], r[1], r[2]))
     out: list[list[tuple[int, ...]]] = [[] for _ in buckets]

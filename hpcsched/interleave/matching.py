@@ -2,19 +2,16 @@
 
 Nodes carry a *type* (jobs with the same stage profile, GPU count and solo speed are interchangeable),
 and the weight of an edge depends only on the two types. Real traces have few types (Muri's have at
-most 48: 8 models x 6 GPU counts), random or re-profiled jobs may all differ. Three engines, picked by
-size, all returning how many pairs to form between each two types:
+most 48: 8 models x 6 GPU counts), random or re-profiled jobs may all differ. Two exact engines, picked
+by size, both returning how many pairs to form between each two types:
 
-* ``dense`` (n <= ``dense_limit``): exact Edmonds blossom (rustworkx, O(n^3), Rust) on the complete
-  graph. rustworkx rather than networkx: same answer, ~80x faster (0.02 s vs 1.6 s at 200 nodes).
-* ``types`` (few types, many nodes): exact, as an integer program over pair counts x[a, b]
+* ``dense`` (n <= ``dense_limit``, or too many types for the next): Edmonds blossom (rustworkx, Rust)
+  on the complete graph. rustworkx rather than networkx: same answer, ~80x faster (0.02 s vs 1.6 s at
+  200 nodes); still O(n^3), so ``grouping`` never hands it thousands of distinct nodes but matches
+  them in chunks (see ``grouping._match``).
+* ``types`` (few types, many nodes): an integer program over pair counts x[a, b]
   (sum_b x[a, b] + 2 x[a, a] <= n_a), solved by HiGHS. Its size depends on the number of types, not of
-  jobs: 2,000 jobs of 40 types is 820 integer variables, solved in milliseconds.
-* ``sparse`` (many distinct types, many nodes): exact blossom on a sparsified graph that keeps, for each
-  node, its ``top_k`` best partner types and ``per_type`` nodes of each (chosen by rotation so that
-  interchangeable nodes spread their edges instead of all pointing at the same few partners). Most pairs
-  interleave poorly, so the optimum rarely needs them: bench/bench_interleave.py measures >= 99% of the
-  exact weight on random and trace-derived graphs at a fraction of the time.
+  jobs: 2,000 jobs of 48 types is 1,176 integer variables, solved in milliseconds.
 
 Then ``assign`` turns pair counts into concrete node pairs, walking nodes in priority order so the
 highest-priority jobs of each type pair are paired first (any such assignment has the same weight).
@@ -37,10 +34,8 @@ _SCALE = 1_000_000  # rustworkx wants integer weights; 1e-6 resolution on effici
 class MatchSettings:
     """Which engine handles which size; defaults chosen with bench/bench_interleave.py."""
 
-    dense_limit: int = 96
+    dense_limit: int = 96  # at most this many nodes -> blossom on the complete graph
     type_limit: int = 48  # at most this many distinct types -> exact integer program
-    top_k: int = 8
-    per_type: int = 4
 
 
 def _blossom(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int]]:
@@ -72,37 +67,6 @@ def _dense_counts(node_type: np.ndarray, tw: np.ndarray) -> np.ndarray:
     i, j = _upper(n)
     w = tw[node_type[i], node_type[j]]
     return _counts_from_pairs(_blossom(n, i, j, w), node_type, tw.shape[0])
-
-
-def _sparse_counts(node_type: np.ndarray, tw: np.ndarray, top_k: int, per_type: int) -> np.ndarray:
-    n, u = len(node_type), tw.shape[0]
-    members = [np.flatnonzero(node_type == t) for t in range(u)]
-    rank = np.empty(n, dtype=np.intp)
-    for m in members:
-        rank[m] = np.arange(len(m))
-    present = np.array([len(m) > 0 for m in members])
-    edges: set[tuple[int, int]] = set()
-    for a in range(u):
-        if not present[a]:
-            continue
-        row = np.where(present, tw[a], -np.inf)
-        if len(members[a]) < 2:
-            row[a] = -np.inf
-        order = np.argsort(-row, kind="stable")[:top_k]
-        partners = [b for b in order if row[b] > 0]
-        for node in members[a]:
-            r = rank[node]
-            for b in partners:
-                mb = members[b]
-                for s in range(per_type):
-                    other = int(mb[(r + 1 + s) % len(mb)]) if b == a else int(mb[(r + s) % len(mb)])
-                    if other != node:
-                        edges.add((min(node, other), max(node, other)))
-    if not edges:
-        return np.zeros((u, u), dtype=np.int64)
-    e = np.array(sorted(edges), dtype=np.intp)
-    w = tw[node_type[e[:, 0]], node_type[e[:, 1]]]
-    return _counts_from_pairs(_blossom(n, e[:, 0], e[:, 1], w), node_type, u)
 
 
 def _type_counts(counts: np.ndarray, tw: np.ndarray) -> np.ndarray:
@@ -157,7 +121,7 @@ def pair_counts(
         return _dense_counts(nt, tw), "dense"
     if int((counts > 0).sum()) <= settings.type_limit:
         return _type_counts(counts, tw), "types"
-    return _sparse_counts(nt, tw, settings.top_k, settings.per_type), "sparse"
+    return _dense_counts(nt, tw), "dense"
 
 
 def assign(node_type: Sequence[int], x: np.ndarray, type_weight: np.ndarray | None = None) -> list[tuple[int, int]]:
@@ -169,12 +133,19 @@ def assign(node_type: Sequence[int], x: np.ndarray, type_weight: np.ndarray | No
     reference's); any assignment of the counts has the same total weight.
     """
     xs = np.asarray(x, dtype=np.int64)
-    if not xs.any():
+    sym = xs + np.triu(xs, 1).T
+    rows, cols = np.nonzero(sym)
+    if len(rows) == 0:
         return []
-    left = (xs + np.triu(xs, 1).T).tolist()  # symmetric: left[a][b] pairs still to form between a and b
-    u = len(left)
-    tw = [[0.0] * u for _ in range(u)] if type_weight is None else np.asarray(type_weight, dtype=float).tolist()
-    partners = [sorted((b for b in range(u) if left[a][b] > 0), key=lambda b, a=a: -tw[a][b]) for a in range(u)]
+    tw = np.zeros(sym.shape) if type_weight is None else np.asarray(type_weight, dtype=float)
+    weights = tw[rows, cols].tolist()
+    left: dict[int, dict[int, int]] = {}  # left[a][b]: pairs still to form between types a and b
+    partners: dict[int, list[tuple[float, int]]] = {}  # heaviest partner types first
+    for a, b, c, w in zip(rows.tolist(), cols.tolist(), sym[rows, cols].tolist(), weights, strict=True):
+        left.setdefault(a, {})[b] = c
+        partners.setdefault(a, []).append((-w, b))
+    for lst in partners.values():
+        lst.sort()
     queues: dict[int, deque[int]] = {}
     for i, t in enumerate(node_type):
         queues.setdefault(int(t), deque()).append(i)
@@ -186,18 +157,22 @@ def assign(node_type: Sequence[int], x: np.ndarray, type_weight: np.ndarray | No
         a = int(t)
         taken[i] = True
         queues[a].popleft()  # nodes of a type are always taken from the front, so i is there
-        row, best_b, best_w, best_head = left[a], -1, 0.0, 0
-        for b in partners[a]:
+        row = left.get(a)
+        if row is None:
+            continue
+        best_b, best_w, best_head = -1, 0.0, 0
+        for neg_w, b in partners[a]:
             if row[b] <= 0:
                 continue
             q = queues[b]
             if not q:
                 continue
-            if best_b >= 0 and (tw[a][b] < best_w or (tw[a][b] == best_w and q[0] > best_head)):
-                if tw[a][b] < best_w:
-                    break  # partners are sorted by weight: nothing heavier follows
-                continue
-            best_b, best_w, best_head = b, tw[a][b], q[0]
+            if best_b >= 0:
+                if -neg_w < best_w:
+                    break  # sorted by weight: nothing heavier follows
+                if q[0] > best_head:
+                    continue
+            best_b, best_w, best_head = b, -neg_w, q[0]
         if best_b < 0:
             continue
         j = queues[best_b].popleft()

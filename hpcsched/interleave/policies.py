@@ -60,13 +60,19 @@ def candidates(order: list[JobView], snapshot: Snapshot) -> list[JobView]:
         by_gpus.setdefault(v.gpus, []).append(pos)
     taken_upto: dict[int, int] = dict.fromkeys(by_gpus, 0)
     chosen = [False] * len(order)
+    failed: set[int] = set()  # reservations only grow: a size that did not fit never will this round
+    left = c.gpus
     for pos, v in enumerate(order):
-        if chosen[pos] or v.gpus <= 0 or v.gpus > c.gpus:
+        if left <= 0:
+            break
+        if chosen[pos] or v.gpus in failed or v.gpus <= 0 or v.gpus > left:
             continue
         p = pl.place_consolidated(free, v.gpus, c.gpus_per_node, nps)
         if p is None:
+            failed.add(v.gpus)
             continue
         pl.apply(free, p)
+        left -= v.gpus
         same = by_gpus[v.gpus]
         lo = taken_upto[v.gpus]
         hi = min(lo + SLOT_JOBS, len(same))
