@@ -39,7 +39,7 @@ def scale_arrivals(jobs: Sequence[T], factor: float) -> list[T]:
 def execute(cell: Cell, root: Path, workdir: Path) -> dict[str, Any]:
     """Run ``cell`` with input paths resolved against ``root``; its files go to ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     record: dict[str, Any] = {"id": cell.id, "kind": cell.kind, "params": dict(cell.params)}
     try:
         runner = _RUNNERS[cell.kind]
@@ -51,6 +51,7 @@ def execute(cell: Cell, root: Path, workdir: Path) -> dict[str, Any]:
         tb = traceback.format_exc(limit=6)
         record |= {"status": "failed", "metrics": {}, "error": f"{type(e).__name__}: {e}", "traceback": tb}
     record["wall_s"] = time.perf_counter() - t0
+    record["cpu_s"] = time.process_time() - cpu0  # what the cell cost, whatever else loads the machine
     return record
 
 

@@ -151,14 +151,17 @@ def run_sweep(
             mark = "ok" if rec["status"] == "ok" else "FAILED"
             bar.update(task, advance=1, description=f"sweep {config.name}: {mark} {rec.get('label', rec['id'])}")
 
-        if not todo:
-            pass
-        elif ray_address:
-            from hpcsched.sweep.ray_runner import run_on_ray
+        try:
+            if todo and ray_address:
+                from hpcsched.sweep.ray_runner import run_on_ray
 
-            run_on_ray(todo, config.root, out, ray_address, done)
-        else:
-            _run_local(todo, config.root, out, workers or os.cpu_count() or 1, done)
+                run_on_ray(todo, config.root, out, ray_address, done)
+            elif todo:
+                _run_local(todo, config.root, out, workers or os.cpu_count() or 1, done)
+        except KeyboardInterrupt:  # keep what finished: a table now, the rest on the next run
+            write_table(build_table([records[c.id] for c in config.cells if c.id in records]), out)
+            _write_manifest(config, out, command, status="interrupted")
+            raise
     ordered = [records[c.id] for c in config.cells if c.id in records]
     tables = write_table(build_table(ordered), out)
     failed = [r for r in ordered if r["status"] != "ok"]
@@ -177,13 +180,24 @@ def _run_local(todo: list[Cell], root: Path, out: Path, workers: int, done: Call
         return
     # forkserver: workers do not inherit the progress bar's thread (fork after threads can deadlock).
     ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx)
+    try:
         futures: dict[Future[dict[str, Any]], Cell] = {pool.submit(_local_cell, c, root, out): c for c in todo}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
-                done(f.result() | {"label": futures[f].label()})
+                cell = futures[f]
+                try:
+                    rec = f.result()
+                except Exception as e:  # noqa: BLE001 - a worker killed (out of memory...): record, retry later
+                    rec = {"id": cell.id, "kind": cell.kind, "params": dict(cell.params), "status": "failed",
+                           "metrics": {}, "error": f"worker: {type(e).__name__}: {e}", "wall_s": None}
+                done(rec | {"label": cell.label()})
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # on Ctrl-C do not wait for queued cells
+        raise
+    pool.shutdown()
 
 
 def _write_manifest(config: SweepConfig, out: Path, command: Sequence[str] | None, status: str,

@@ -40,6 +40,7 @@ def build_table(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         row: dict[str, Any] = {"cell_id": rec["id"], "kind": rec["kind"], "status": rec.get("status")}
         row |= dict(rec.get("params", {}))
         row["wall_s"] = rec.get("wall_s")
+        row["cpu_s"] = rec.get("cpu_s")
         row["error"] = rec.get("error")
         for k, v in (rec.get("metrics") or {}).items():
             if k in _NOT_METRICS or not (v is None or isinstance(v, (int, float))) or isinstance(v, bool):
@@ -49,7 +50,7 @@ def build_table(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
                 metric_cols.append(k)
         rows.append(row)
     params = [c for c in param_columns() if any(c in r for r in rows)]
-    columns = [*LEAD_COLUMNS, *params, "wall_s", "error", *metric_cols]
+    columns = [*LEAD_COLUMNS, *params, "wall_s", "cpu_s", "error", *metric_cols]
     return pd.DataFrame(rows, columns=columns)
 
 
