@@ -54,13 +54,13 @@ def solve_counts(problem: Problem, solver: str = "highs", time_limit: float = 10
     if solver == "dp":
         return solve_dp(values, size), "optimal", 0
     model = build(values, size)
-    sol = BACKENDS[solver](model, time_limit)
+    g = greedy(values, size, from_current=True)  # warm start, and the answer if the solver has none
+    sol = BACKENDS[solver](model, time_limit, model.vector(g))
     if sol is None:
-        return greedy(values, size, from_current=True), "fallback", model.n_vars
+        return g, "fallback", model.n_vars
     counts = model.counts(sol.x)
     if sol.optimal:
         return counts, "optimal", model.n_vars
-    g = greedy(values, size, from_current=True)
     if objective_value(values, g) > objective_value(values, counts):
         counts = g
     return counts, "time_limit", model.n_vars

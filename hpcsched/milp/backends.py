@@ -30,7 +30,9 @@ class Solution:
     seconds: float
 
 
-def solve_highs(model: Model, time_limit: float) -> Solution | None:
+def solve_highs(model: Model, time_limit: float, start: np.ndarray | None = None) -> Solution | None:
+    """HiGHS with presolve and its large-neighbourhood heuristics off: on these small, LP-tight models
+    they cost several times the branch-and-bound itself; a warm start (greedy) replaces them."""
     import highspy
 
     t0 = time.perf_counter()
@@ -40,6 +42,8 @@ def solve_highs(model: Model, time_limit: float) -> Solution | None:
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", 1e-9)
     h.setOptionValue("presolve", "off")  # presolve costs ~20x the solve on these tiny models
+    for opt in ("mip_heuristic_run_rins", "mip_heuristic_run_rens", "mip_heuristic_run_root_reduced_cost"):
+        h.setOptionValue(opt, False)
     inf = highspy.kHighsInf
     n = model.n_vars
     h.addVars(n, model.lb, model.ub)
@@ -48,6 +52,11 @@ def solve_highs(model: Model, time_limit: float) -> Solution | None:
     for idx, coef, lo, hi in model.rows:
         h.addRow(-inf if lo == -np.inf else lo, inf if hi == np.inf else hi, len(idx),
                  np.array(idx, dtype=np.int32), np.array(coef))
+    if start is not None:
+        warm = highspy.HighsSolution()
+        warm.col_value = list(start)
+        warm.value_valid = True
+        h.setSolution(warm)
     h.run()
     status = h.getModelStatus()
     info = h.getInfo()
@@ -58,7 +67,7 @@ def solve_highs(model: Model, time_limit: float) -> Solution | None:
     return Solution(x, float(model.c @ x), optimal, time.perf_counter() - t0)
 
 
-def solve_cbc(model: Model, time_limit: float) -> Solution | None:
+def solve_cbc(model: Model, time_limit: float, start: np.ndarray | None = None) -> Solution | None:
     try:
         import mip
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -85,7 +94,7 @@ def solve_cbc(model: Model, time_limit: float) -> Solution | None:
     return Solution(x, float(model.c @ x), status == mip.OptimizationStatus.OPTIMAL, time.perf_counter() - t0)
 
 
-def solve_gurobi(model: Model, time_limit: float) -> Solution | None:
+def solve_gurobi(model: Model, time_limit: float, start: np.ndarray | None = None) -> Solution | None:
     try:
         import gurobipy as gp
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -124,7 +133,7 @@ def solve_gurobi(model: Model, time_limit: float) -> Solution | None:
     return Solution(xv, float(model.c @ xv), m.Status == gp.GRB.OPTIMAL, time.perf_counter() - t0)
 
 
-BACKENDS: dict[str, Callable[[Model, float], Solution | None]] = {
+BACKENDS: dict[str, Callable[[Model, float, np.ndarray | None], Solution | None]] = {
     "highs": solve_highs,
     "cbc": solve_cbc,
     "gurobi": solve_gurobi,

@@ -23,6 +23,16 @@ def _table(jv: JobValue) -> np.ndarray:
     return np.array([jv.value(n) for n in range(jv.cap + 1)] if jv.cap >= 0 else [jv.value(0)])
 
 
+def _best_step(t: np.ndarray, n: int, free: int) -> tuple[float, int]:
+    """The best gain per node from count n, jumping up to ``free`` nodes; (0, n) if nothing gains."""
+    hi = min(len(t) - 1, n + free)
+    if hi <= n:
+        return 0.0, n
+    gain = (t[n + 1:hi + 1] - t[n]) / np.arange(1, hi - n + 1)
+    k = int(np.argmax(gain))
+    return (float(gain[k]), n + k + 1) if gain[k] > 1e-12 else (0.0, n)
+
+
 def greedy(values: Sequence[JobValue], pool_size: int, from_current: bool = False) -> list[int]:
     tables = [_table(v) for v in values]
     counts = [min(v.state.count, v.cap) if from_current else 0 for v in values]
@@ -31,22 +41,19 @@ def greedy(values: Sequence[JobValue], pool_size: int, from_current: bool = Fals
     free = pool_size - sum(counts)
     if free < 0:  # the pool shrank under the current allocation: start from scratch
         counts, free = [0] * len(values), pool_size
+    # each job's best step stays valid while the pool only shrinks, unless its jump no longer fits
+    best = [_best_step(t, n, free) for t, n in zip(tables, counts, strict=True)]
     while free > 0:
-        best_gain, best_j, best_n = 0.0, -1, 0
-        for j, t in enumerate(tables):
-            n = counts[j]
-            hi = min(len(t) - 1, n + free)
-            if hi <= n:
-                continue
-            steps = np.arange(1, hi - n + 1)
-            gain = (t[n + 1:hi + 1] - t[n]) / steps
-            k = int(np.argmax(gain))
-            if gain[k] > best_gain + 1e-12:
-                best_gain, best_j, best_n = float(gain[k]), j, n + k + 1
-        if best_j < 0:
+        j = max(range(len(best)), key=lambda i: best[i][0], default=-1)
+        if j < 0 or best[j][0] <= 0:
             break
-        free -= best_n - counts[best_j]
-        counts[best_j] = best_n
+        target = best[j][1]
+        if target - counts[j] > free:
+            best[j] = _best_step(tables[j], counts[j], free)
+            continue
+        free -= target - counts[j]
+        counts[j] = target
+        best[j] = _best_step(tables[j], target, free)
     return counts
 
 

@@ -60,6 +60,18 @@ class Model:
         return out
 
 
+    def vector(self, counts: list[int]) -> np.ndarray:
+        """The solution vector of a count vector (a warm start for the solver)."""
+        x = np.zeros(self.n_vars)
+        for p, zi, mi in zip(self.pieces, self.z_index, self.m_index, strict=True):
+            n = counts[p.job]
+            if p.lo <= n <= p.hi:
+                x[zi] = 1.0
+                if mi >= 0:
+                    x[mi] = float(n - p.lo)
+        return x
+
+
 def pieces_of(j: int, jv: JobValue) -> list[Piece]:
     """Maximal integer intervals of Jmin..cap on which the job's value is affine, plus the point 0.
 
