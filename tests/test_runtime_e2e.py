@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcsched.runtime import launchers
 from hpcsched.runtime.client import Client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,4 +259,28 @@ def test_mpirun_job_across_two_workers_and_cancel(tmp_path: Path) -> None:
         c.close()
         for w in workers:
             stop(w)
+        stop(ctl)
+
+
+horovod_missing = importlib.util.find_spec("horovod") is None or "horovodrun" not in launchers.available()
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(horovod_missing or torch_missing, reason="needs Horovod with PyTorch (make horovod)")
+def test_horovodrun_job(tmp_path: Path) -> None:
+    """A Horovod (gloo) job launched by a worker through horovodrun trains to its exact step count."""
+    ctl, addr = start_controller(tmp_path, controller_config(tmp_path))
+    w = start_worker(tmp_path, addr, "h1", slots=2)
+    c = client(addr)
+    try:
+        jid = _submit(c, _job(tmp_path, "hvd", 2, 40, launcher="horovodrun", program="workloads/horovod_train.py"))
+        j = wait_for("the horovod job ended", lambda: (j := _jobs(c)[jid]).state in ("completed", "failed") and j,
+                     180, poll=0.5)
+        assert j.state == "completed", j.message
+        result = json.loads((tmp_path / "run/ckpt" / jid / "result.json").read_text())
+        assert result["steps"] == 40 and result["world_size"] == 2
+        assert result["final_loss"] < result["first_loss"]
+    finally:
+        c.close()
+        stop(w)
         stop(ctl)

@@ -224,10 +224,8 @@ class Controller:
             now = time.time()
             self._reap_dead_workers(now)
             jobs = self.store.jobs(("pending", "running", "stopping"))
-            dt, self._last_tick = now - self._last_tick, now
-            for j in jobs:
-                if j.state == "running":
-                    self.store.update_job(j.id, executed_s=j.executed_s + dt, attained_s=j.attained_s + dt * j.procs)
+            self.store.accrue_service(now - self._last_tick)
+            self._last_tick = now
             workers = [w for w in self.store.workers() if w.id in self.last_seen]
             used: dict[str, int] = {}
             for a in self.store.allocations():

@@ -31,6 +31,15 @@ def available() -> list[str]:
     return out
 
 
+def merged_hosts(hosts: list[str]) -> str:
+    """``a:1,a:1,b:2`` -> ``a:2,b:2``: two nodes on one address (loopback tests) are one host to MPI."""
+    slots: dict[str, int] = {}
+    for h in hosts:
+        name, _, n = h.rpartition(":")
+        slots[name] = slots.get(name, 0) + int(n)
+    return ",".join(f"{h}:{n}" for h, n in slots.items())
+
+
 def _program(command: list[str], python: str) -> list[str]:
     return [python, *command] if command[0].endswith(".py") else list(command)
 
@@ -59,8 +68,8 @@ def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     env = _env(t, devices)
     if t.node_rank != 0:
         return None, env
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size), "--host", ",".join(t.hosts),
-           "--bind-to", "none"]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size),
+           "--host", merged_hosts(list(t.hosts)), "--bind-to", "none"]
     for k in sorted(env):
         if k.startswith(("HPCSCHED_", "MASTER_", "CUDA_", "OMP_", "PYTHON")):
             cmd += ["-x", k]
@@ -72,7 +81,8 @@ def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     if t.node_rank != 0:
         return None, env
     exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
-    cmd = [exe, "-np", str(t.world_size), "-H", ",".join(t.hosts), "--gloo", "--network-interface", "lo"]
+    cmd = [exe, "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts)), "--gloo",
+           "--network-interface", os.environ.get("HPCSCHED_NETWORK_INTERFACE", "lo")]
     return [*cmd, *_program(list(t.command), python)], env
 
 

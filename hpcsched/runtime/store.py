@@ -138,6 +138,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=5000")
         self.db.executescript(SCHEMA)
+        self._specs: dict[str, JobSpec] = {}
 
     def close(self) -> None:
         self.db.close()
@@ -172,9 +173,17 @@ class Store:
         out = []
         for r in cur.fetchall():
             d = dict(zip(cols, r, strict=True))
-            d["spec"] = _spec_from_json(d["spec"])
+            spec = self._specs.get(d["id"])  # a spec never changes once submitted: parse it once
+            if spec is None:
+                spec = self._specs[d["id"]] = _spec_from_json(d["spec"])
+            d["spec"] = spec
             out.append(JobRow(**d))
         return out
+
+    def accrue_service(self, seconds: float) -> None:
+        """Running jobs have run ``seconds`` more, each on its ``procs`` (LAS / Tiresias need this)."""
+        self.db.execute("UPDATE jobs SET executed_s = executed_s + ?, attained_s = attained_s + ? * procs "
+                        "WHERE state = 'running'", (seconds, seconds))
 
     def update_job(self, job_id: str, **fields: object) -> None:
         sets = ", ".join(f"{k} = ?" for k in fields)
