@@ -24,6 +24,8 @@ $(EXTRAS_STAMP): $(STAMP)
 	-$(BIN)/pip install -q -e '.[cvxpy]'
 	-$(BIN)/pip install -q -e '.[gurobi]'
 	-$(BIN)/pip install -q -e '.[ray]'
+	-$(BIN)/pip install -q -e '.[torch]'
+	-$(BIN)/pip install -q -e '.[mpi]'
 	touch $(EXTRAS_STAMP)
 
 extras: $(EXTRAS_STAMP)
