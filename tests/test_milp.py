@@ -234,3 +234,16 @@ def test_model_is_small_and_independent_of_pool_size() -> None:
     small = build(job_values(Problem(jobs, tuple(f"n{k}" for k in range(100)), 10.0)), 100)
     big = build(job_values(Problem(jobs, tuple(f"n{k}" for k in range(4000)), 10.0)), 4000)
     assert big.n_vars <= 2000 and big.n_vars <= 2 * small.n_vars
+
+
+def test_gurobi_free_licence_limit_is_reported_clearly() -> None:
+    pytest.importorskip("gurobipy", reason="gurobi backend needs the [gurobi] extra (gurobipy)")
+    jobs = tuple(JobState(_job(i)) for i in range(200))
+    p = Problem(jobs, tuple(f"n{k}" for k in range(3000)), 10.0)
+    try:
+        d = allocate(p, "gurobi")
+    except SolverUnavailable as e:
+        assert "2000" in str(e) and "--solver highs" in str(e)
+        return
+    assert d.status == "optimal"  # an unrestricted licence solves it
+    assert d.objective == pytest.approx(allocate(p, "highs").objective, rel=1e-9)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from hpcsched.errors import InputError
-from hpcsched.milp import SOLVERS, Objective
+from hpcsched.milp import SOLVERS, Objective, SolverUnavailable
 from hpcsched.model import ElasticJob
 from hpcsched.results import write_results
 from hpcsched.sim.replay import ACCOUNTING, EVENT_COLUMNS, ReplayConfig, ReplayResult, replay
@@ -120,7 +120,11 @@ def replay_cmd(
     with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("replay", total=max(len(tl.events), 1))
-        res = replay(tl, jobs, config, progress=lambda k, n: bar.update(task, completed=k, total=max(n, 1)))
+        try:
+            res = replay(tl, jobs, config, progress=lambda k, n: bar.update(task, completed=k, total=max(n, 1)))
+        except SolverUnavailable as e:  # a missing extra or Gurobi's size-limited licence: say which
+            err.print(f"error: {e}", markup=False, highlight=False)
+            raise typer.Exit(2) from None
     s = res.summary
     meta: dict[str, object] = {
         "tool": "replay", "policy": f"bftrainer-{solver}", "trace": str(idle or log), "jobs_file": str(jobs_file),
