@@ -9,7 +9,7 @@ import pytest
 from hpcsched.errors import InputError
 from hpcsched.slurm.config import read_harvest_config
 from hpcsched.slurm.nodes import parse_sinfo, parse_state
-from hpcsched.slurm.source import parse_squeue
+from hpcsched.slurm.source import SlurmJob, derive_pool, parse_squeue
 
 # Captured from `sinfo -N -h -o '%N %T'` on the 4-node test cluster (two partitions, so each node
 # appears twice) while n2 was drained, n3 ran a batch job and n4's slurmd had been killed.
@@ -61,6 +61,17 @@ def test_squeue_lines_expand_hostlists() -> None:
     jobs = parse_squeue("12|batch|wrap|RUNNING|n[1-3]\n13|scavenger|hpcsched-lr-1|PENDING|\n",
                         expand=lambda s: {"n[1-3]": ["n1", "n2", "n3"]}[s])
     assert [(j.id, j.nodes) for j in jobs] == [("12", ("n1", "n2", "n3")), ("13", ())]
+
+
+def test_pool_keeps_our_nodes_and_drops_foreign_and_broken_ones() -> None:
+    states = parse_sinfo("n1 idle\nn2 allocated\nn3 allocated\nn4 draining\nn5 allocated\nn6 down*\nn7 planned\n")
+    jobs = [SlurmJob("7", "scavenger", "hpcsched-lr-1", "RUNNING", ("n2", "n4")),
+            SlurmJob("8", "batch", "wrap", "CONFIGURING", ("n3",))]
+    pool, why = derive_pool(states, jobs, lambda j: j.name.startswith("hpcsched-"))
+    # n2: held by our own scavenger job; n5: sinfo says allocated but no job holds it (one just ended)
+    assert pool == ["n1", "n2", "n5"]
+    assert why == {"n3": "allocated by job 8 (batch)", "n4": "draining", "n6": "down* (not responding)",
+                   "n7": "planned"}
 
 
 def _cfg(tmp_path: Path, text: str) -> Path:

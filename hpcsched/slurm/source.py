@@ -12,7 +12,7 @@ responding)``, ``allocated by job 12 (batch)``...) for the event log.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hpcsched.sim.replay_events import PoolEvent
@@ -57,6 +57,31 @@ def parse_squeue(text: str, expand: Callable[[str], list[str]] = commands.hostna
 _HOLDING = "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,SIGNALING,STAGE_OUT,STOPPED,RESIZING"
 
 
+def derive_pool(states: dict[str, NodeState], jobs: Sequence[SlurmJob], is_ours: Callable[[SlurmJob], bool]
+                ) -> tuple[list[str], dict[str, str]]:
+    """The harvestable pool (in ``states`` order) and, for every other node, why it is not in it.
+
+    In the pool: plain idle nodes no job holds; nodes held only by our own jobs; and busy nodes no job
+    holds any more (a job ended between the sinfo and squeue reads: sinfo lags, the node is free in a
+    moment, and dropping it would only shrink a job about to be resized onto it).
+    """
+    holders: dict[str, list[SlurmJob]] = {}
+    for j in jobs:
+        for n in j.nodes:
+            holders.setdefault(n, []).append(j)
+    pool, why = [], {}
+    for node, st in states.items():
+        held = holders.get(node, [])
+        foreign = [j for j in held if not is_ours(j)]
+        if foreign:
+            why[node] = f"{st.raw} by job {foreign[0].id} ({foreign[0].partition})"
+        elif st.harvestable or st.busy:
+            pool.append(node)
+        else:
+            why[node] = st.reason or st.raw
+    return pool, why
+
+
 class SlurmIdleSource:
     """Polls a live Slurm; ``poll()`` returns the pool changes since the previous poll.
 
@@ -82,28 +107,7 @@ class SlurmIdleSource:
         states = parse_sinfo(commands.run(["sinfo", "-N", "-h", "-o", "%N %T"]))
         # Every state in which a job holds nodes (CONFIGURING: just allocated, prolog running).
         jobs = parse_squeue(commands.run(["squeue", "-h", "-t", _HOLDING, "-o", "%i|%P|%j|%T|%N"]))
-        holders: dict[str, list[SlurmJob]] = {}
-        for j in jobs:
-            for n in j.nodes:
-                holders.setdefault(n, []).append(j)
-        pool, why = [], {}
-        for node, st in states.items():
-            held = holders.get(node, [])
-            ours_only = bool(held) and all(self.is_ours(j) for j in held)
-            if st.harvestable and not held:
-                pool.append(node)
-            elif st.busy and not held:
-                # sinfo still says allocated/completing but no job holds the node any more: a job
-                # ended between the two reads (sinfo lags squeue). It is free in a moment; leaving
-                # the pool now would only shrink a job that is about to be resized onto it.
-                pool.append(node)
-            elif ours_only and (st.busy or st.harvestable):
-                pool.append(node)
-            elif held and not ours_only:
-                other = next(j for j in held if not self.is_ours(j))
-                why[node] = f"{st.raw} by job {other.id} ({other.partition})"
-            else:
-                why[node] = st.reason or st.raw
+        pool, why = derive_pool(states, jobs, self.is_ours)
         return Snapshot(self.now(), states, tuple(jobs), tuple(pool), why)
 
     def poll(self) -> PoolEvent | None:
