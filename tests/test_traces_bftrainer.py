@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from hpcsched.errors import InputError
+from hpcsched.model import IdleInterval
 from hpcsched.traces import open_trace
 from hpcsched.traces.base import TraceReport
 from hpcsched.traces.bftrainer import read_elastic_jobs, read_idle_intervals, read_node_order
@@ -17,9 +19,14 @@ CURVES_HEADER = "job,Ns,Ps,Os,Tsub\n"
 CURVE = '"[0.0, 1.0, 2.0]","[0.0, 10.0, 15.0]","[0.0, 10.0, 15.0]"'
 
 
-def test_idle_intervals_counts_and_censoring() -> None:
+@cache
+def _idle() -> tuple[list[IdleInterval], TraceReport]:
     report = TraceReport("idle", "bftrainer-idle")
-    ivs = list(read_idle_intervals(BF / "idle-intervals.csv.gz", report))
+    return list(read_idle_intervals(BF / "idle-intervals.csv.gz", report)), report
+
+
+def test_idle_intervals_counts_and_censoring() -> None:
+    ivs, report = _idle()
     # zcat idle-intervals.csv.gz | awk -F, 'NR>1' | wc -l  -> 423502
     assert len(ivs) == 423502
     # zcat idle-intervals.csv.gz | awk -F, 'NR>1 && $3==-1' | wc -l  -> 148
@@ -37,7 +44,7 @@ def test_node_order() -> None:
     # wc -l node-order.txt -> 4734 ; sort -u node-order.txt | wc -l -> 4734
     assert len(nodes) == 4734 and len(set(nodes)) == 4734
     assert nodes[:2] == ["c05n06", "a02n02"]
-    idle_nodes = {iv.node for iv in read_idle_intervals(BF / "idle-intervals.csv.gz")}
+    idle_nodes = {iv.node for iv in _idle()[0]}
     assert idle_nodes <= set(nodes)
 
 

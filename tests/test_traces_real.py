@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hpcsched.errors import InputError
-from hpcsched.model import JobStatus
+from hpcsched.model import Job, JobStatus
 from hpcsched.traces import FORMATS, open_trace, read_jobs
 from hpcsched.traces.cli import inspect_trace
 
@@ -132,8 +132,13 @@ def test_ricc_first_job_fields() -> None:
     assert job.extra["line"] == 21
 
 
+@cache
+def jobs_of(rel: str) -> list[Job]:
+    return read_jobs(BUNDLED / rel)
+
+
 def test_swf_status_mapping_keeps_cancelled_and_failed() -> None:
-    jobs = read_jobs(BUNDLED / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz")
+    jobs = jobs_of("swf/KTH-SP2-1996-2.1-cln.swf.gz")
     by = {s: sum(j.status is s for j in jobs) for s in JobStatus}
     # $Z KTH...gz | awk '!/^;/&&NF{print $11}' | sort | uniq -c -> 1: 20530, 0: 7946
     assert by[JobStatus.COMPLETED] == 20530 and by[JobStatus.FAILED] == 7946
@@ -161,7 +166,7 @@ def test_cores_per_node_option_changes_node_counts() -> None:
 
 
 def test_eagle_duplicates_made_unique_and_times_exact() -> None:
-    jobs = read_jobs(BUNDLED / "slurm" / "eagle-sacct-sample.csv")
+    jobs = jobs_of("slurm/eagle-sacct-sample.csv")
     assert len({j.id for j in jobs}) == 1000
     arr = [j for j in jobs if j.id.split("#")[0] == "532939"]
     # awk -F, '$1==532939' eagle-sacct-sample.csv | wc -l -> 452
@@ -175,7 +180,7 @@ def test_eagle_duplicates_made_unique_and_times_exact() -> None:
 
 
 def test_theta_whole_machine_jobs_and_status() -> None:
-    jobs = read_jobs(BUNDLED / "cobalt" / "theta-2022-2023.csv.gz")
+    jobs = jobs_of("cobalt/theta-2022-2023.csv.gz")
     # awk -F, 'NR>1&&$8==4392' -> 3 ; awk -F, 'NR>1{print $14}' | sort | uniq -c -> Pass 8932 Killed 4258 Failed 1184
     assert sum(j.nodes == 4392 for j in jobs) == 3
     assert sum(j.status is JobStatus.CANCELLED for j in jobs) == 4258
@@ -194,7 +199,7 @@ def test_theta_machine_override_finds_larger_jobs() -> None:
 
 
 def test_philly_gpus_and_epoch_submit() -> None:
-    jobs = read_jobs(BUNDLED / "philly" / "philly-sia.csv.gz")
+    jobs = jobs_of("philly/philly-sia.csv.gz")
     # $Z philly/philly-sia.csv.gz | awk -F, 'NR>1&&NF{s+=$3}END{print s}' -> 107235
     assert sum(j.gpus for j in jobs) == 107235
     assert jobs[0].submit == 1507532515.0  # 2017-10-09 07:01:55 read as UTC: date -u -d '...' +%s
