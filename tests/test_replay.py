@@ -140,13 +140,18 @@ def test_extensions_run_and_restart_accounting_charges_starts(forty) -> None:
     assert (_events(pred).tfwd > 10.0).any()  # the predictor took over from the fixed window
 
 
-def test_replay_cli_writes_results_that_calc_reads(tmp_path: Path) -> None:
+def test_replay_cli_writes_results_that_calc_reads(tmp_path: Path, forty) -> None:
     from typer.testing import CliRunner
 
     from hpcsched.cli import app
 
+    nodes = forty[0]
+    raw = pd.read_csv(IDLE)  # a slice of the real data: the 40 nodes' intervals, and their order
+    idle = tmp_path / "idle.csv"
+    raw[raw.node.isin(nodes)].to_csv(idle, index=False)
+    (tmp_path / "node-order.txt").write_text("\n".join(nodes) + "\n")
     out = tmp_path / "r"
-    args = ["replay", "--idle", str(IDLE), "--nodes", "40", "--jobs", str(JOBS10[0]), "--curves", str(JOBS10[1]),
+    args = ["replay", "--idle", str(idle), "--nodes", "40", "--jobs", str(JOBS10[0]), "--curves", str(JOBS10[1]),
             "--tfwd", "10", "--solver", "dp", "--out", str(out), "--json"]
     p = CliRunner().invoke(app, args)
     assert p.exit_code == 0, p.output
@@ -160,6 +165,7 @@ def test_replay_cli_writes_results_that_calc_reads(tmp_path: Path) -> None:
 
     assert summarize(df, meta)["utilization"] == pytest.approx(s["utilization"], rel=1e-6)
     assert len(pd.read_csv(out / "events.csv")) == s["events"] + 1
+    assert s["utilization"] >= REFERENCE_UTIL[10.0]
 
 
 def test_replay_cli_rejects_bad_input(tmp_path: Path) -> None:
