@@ -125,35 +125,43 @@ def _validated(jobs: Any, report: TraceReport) -> Iterator[Job]:
     end stamp) is counted and becomes unknown. The machine size is read after the first job,
     because readers learn it from headers while streaming.
     """
-    counts: dict[str, int] = {}
+    seen: set[str] = set()
+    repeats: dict[str, int] = {}
     last_submit = float("-inf")
     machine: tuple[int, int, int] | None = None
-    for job in jobs:
+    for job in jobs:  # the hot loop of every read: the common, clean job takes no branch
         if machine is None:
             machine = _machine(report)
             max_nodes, max_procs, max_gpus = machine
-        line = job.extra.get("line") if job.extra else None
-        n = counts.get(job.id, 0) + 1
-        counts[job.id] = n
-        if n > 1:
-            report.anomaly(DUPLICATE_ID, line, job.id)
-            job = dataclasses.replace(job, id=f"{job.id}#{n}")
+        jid = job.id
+        if jid in seen:
+            n = repeats[jid] = repeats.get(jid, 1) + 1
+            report.anomaly(DUPLICATE_ID, _line(job), jid)
+            job = dataclasses.replace(job, id=f"{jid}#{n}")
             report.convert("a repeated job id becomes id#n (n-th occurrence)")
+        else:
+            seen.add(jid)
         if job.submit < last_submit:
-            report.anomaly(UNSORTED_SUBMIT, line)
+            report.anomaly(UNSORTED_SUBMIT, _line(job))
         else:
             last_submit = job.submit
         d = job.duration
         if d is not None:
-            if d == 0:
-                report.anomaly(ZERO_RUNTIME, line)
-            elif d < 0:
-                report.anomaly(NEGATIVE_RUNTIME, line)
-                job = dataclasses.replace(job, duration=None, end=None)
-            elif job.requested is not None and job.requested > 0 and d > job.requested:
-                report.anomaly(RUNTIME_OVER_REQUEST, line)
+            if d <= 0:
+                if d == 0:
+                    report.anomaly(ZERO_RUNTIME, _line(job))
+                else:
+                    report.anomaly(NEGATIVE_RUNTIME, _line(job))
+                    job = dataclasses.replace(job, duration=None, end=None)
+            elif job.requested is not None and d > job.requested > 0:
+                report.anomaly(RUNTIME_OVER_REQUEST, _line(job))
         if (max_nodes and job.nodes > max_nodes) or (max_procs and job.procs > max_procs) or (
             max_gpus and job.gpus > max_gpus
         ):
-            report.anomaly(LARGER_THAN_MACHINE, line)
+            report.anomaly(LARGER_THAN_MACHINE, _line(job))
         yield job
+
+
+def _line(job: Job) -> int | None:
+    line = job.extra.get("line") if job.extra else None
+    return line if isinstance(line, int) else None
