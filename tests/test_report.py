@@ -76,3 +76,27 @@ def test_report_of_a_real_sweep_writes_markdown_and_plots(tmp_path: Path) -> Non
     fifo = table[(table["policy"] == "fifo") & (table["compat"] == "muri")]["avg_jct"].item()
     srtf = table[(table["policy"] == "srtf") & (table["compat"] == "muri")]["avg_jct"].item()
     assert f"| trace3_head | 1 | {fifo / srtf:.3f} |" in text  # the avg-JCT ratio table under the bars
+
+
+def test_replay_sweep_and_its_report(tmp_path: Path) -> None:
+    bft = ROOT / "trace-data" / "bftrainer"
+    # The first two shufflenet jobs, shortened so they finish within hours of the real idle log.
+    (tmp_path / "b.csv").write_text(
+        "\n".join(line.replace("130000000.0", "2000000.0")
+                  for line in (bft / "hps-shufflenet-Jbnd-10J.csv").read_text().splitlines()[:3]) + "\n")
+    (tmp_path / "c.csv").write_text("\n".join((bft / "hps-shufflenet-JNPs-10J.csv").read_text().splitlines()[:3]))
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(f"grid:\n  kind: replay\n  idle: {bft / 'idle-intervals.csv.gz'}\n  nodes: 8\n"
+                   "  bounds: b.csv\n  curves: c.csv\n  tfwd: [10, 300]\n  solver: greedy\n")
+    out = tmp_path / "sweep"
+    assert run_sweep(load_config(cfg), out, workers=1, progress=False).failed == []
+    table = pd.read_csv(out / "results.csv")
+    assert table["tfwd"].tolist() == [10.0, 300.0]
+    assert (table["jobs_done"] == 2).all() and (table["pool_nodes"] == 8).all()
+    assert ((table["utilization"] > 0) & (table["utilization"] <= 1)).all()
+    assert table["utilization"].to_numpy() == pytest.approx(
+        (table["used_node_hours"] / table["idle_node_hours"]).to_numpy(), rel=1e-6)
+    readme = make_report(out, tmp_path / "report")
+    files = {p.name for p in readme.parent.iterdir()}
+    assert {"harvest_vs_tfwd.png", "util_replay.png", "README.md"} <= files
+    assert "## Idle-node harvesting replays" in readme.read_text()

@@ -134,9 +134,7 @@ def _timeline(sweep_dir: Path, cell_id: str) -> pd.DataFrame:
     """Busy fraction over time: GPUs busy / capacity (simulate), or nodes used / idle pool (replay)."""
     d = sweep_dir / CELLS_DIR / cell_id
     if (d / REPLAY_EVENTS).is_file():
-        ev = pd.read_csv(d / REPLAY_EVENTS, usecols=["time", "pool", "used"])
-        util = (ev["used"] / ev["pool"].where(ev["pool"] > 0)).fillna(0.0)
-        return pd.DataFrame({"time": ev["time"] - ev["time"].iloc[0], "utilization": util})
+        return _binned_pool_use(pd.read_csv(d / REPLAY_EVENTS, usecols=["time", "pool", "used"]))
     if not (d / TIMELINE_FILE).is_file():
         return pd.DataFrame(columns=["time", "utilization"])
     tl = pd.read_csv(d / TIMELINE_FILE)
@@ -147,6 +145,20 @@ def _timeline(sweep_dir: Path, cell_id: str) -> pd.DataFrame:
     if "utilization" in tl:
         return tl[["time", "utilization"]]
     return pd.DataFrame(columns=["time", "utilization"])
+
+
+def _binned_pool_use(ev: pd.DataFrame, bins: int = 150) -> pd.DataFrame:
+    """Used / idle node-seconds per time bin: the pool is often empty, so per-event ratios only flicker."""
+    if ev.empty:
+        return pd.DataFrame(columns=["time", "utilization"])
+    t = (ev["time"] - ev["time"].iloc[0]).to_numpy(dtype=float)
+    dur = np.diff(t, append=t[-1])  # each row's state holds until the next event
+    width = max(t[-1] / bins, 60.0)
+    b = (t // width).astype(int)
+    used = np.bincount(b, weights=ev["used"].to_numpy(dtype=float) * dur)
+    idle = np.bincount(b, weights=ev["pool"].to_numpy(dtype=float) * dur)
+    keep = idle > 0
+    return pd.DataFrame({"time": np.nonzero(keep)[0] * width, "utilization": used[keep] / idle[keep]})
 
 
 def _simulate_section(sim: pd.DataFrame, baseline: str, sweep_dir: Path, out: Path) -> list[str]:
