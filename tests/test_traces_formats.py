@@ -181,3 +181,14 @@ def test_second_pass_counts_afresh() -> None:
     assert [j.id for j in trace] == first and dict(trace.report.anomalies) == counts
     # zcat alea-wagap-2013.swf.gz | awk '$4<0' | wc -l -> 2
     assert counts["negative_runtime"] == 2
+
+
+def test_format_aliases_and_header_counts() -> None:
+    kth = DATA / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
+    trace = open_trace(kth, fmt="SWF")
+    assert trace.format.name == "swf"
+    assert open_trace(DATA / "cobalt" / "theta-2022-2023.csv.gz", fmt="theta").format.name == "cobalt"
+    assert open_trace(DATA / "swf" / "alea-wagap-2013.swf.gz", fmt="wagap").format.name == "swf-pbs"
+    n = sum(1 for _ in trace)
+    # zcat KTH...gz | grep -E 'MaxJobs|MaxRecords' -> 28490 and 28476; the body has 28476 jobs
+    assert (trace.report.meta["header_maxjobs"], trace.report.meta["header_maxrecords"], n) == ("28490", "28476", 28476)

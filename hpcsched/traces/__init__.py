@@ -43,6 +43,11 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
     muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, *slurm.FORMATS, *bftrainer.FORMATS
 )}
 
+# Other names users reach for; ``--format`` accepts them too.
+ALIASES = {"sacct": "slurm-sacct", "jobcomp": "slurm-jobcomp", "eagle": "slurm-csv", "theta": "cobalt",
+           "pbs": "swf-pbs", "wagap": "swf-pbs", "sia": "philly", "idle": "bftrainer-idle",
+           "jbnd": "bftrainer-bounds", "jnps": "bftrainer-curves"}
+
 
 def detect_format(path: str | Path) -> TraceFormat:
     """The registered format whose sniffer accepts the file's first lines."""
@@ -64,6 +69,7 @@ class Trace:
         self, path: str | Path, fmt: str | None = None, strict: bool = False, options: dict[str, Any] | None = None
     ) -> None:
         self.path = Path(path)
+        fmt = ALIASES.get(fmt.lower(), fmt.lower()) if fmt is not None else None
         if fmt is None:
             self.format = detect_format(self.path)
         elif fmt in FORMATS:

@@ -157,6 +157,9 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
     if setup is None:
         setup = _setup(path, report, header)
     report.meta["cancelled_that_ran"] = cancelled_ran
+    for key in ("MaxJobs", "MaxRecords"):  # headers that disagree with the body (KTH: 28,490 vs 28,476)
+        if key in header:
+            report.meta[f"header_{key.lower()}"] = header[key]
 
 
 def _job(f: list[str], lineno: int, submit: float, wait: float, run: float, alloc: float, req_procs: float,
