@@ -218,3 +218,15 @@ def test_live_sacct_c_matches_the_completion_log(tmp_path: Path) -> None:
         a, b = from_log[jid], from_sacct[jid]
         assert (a.nodes, a.end, a.status) == (b.nodes, b.end, b.status), jid
         assert a.extra.get("nodelist") == b.extra.get("nodelist"), jid
+
+
+def test_cancelled_before_start_is_not_unknown(tmp_path: Path) -> None:
+    f = tmp_path / "s.txt"
+    f.write_text("JobID|Submit|Start|End|Elapsed|State|NodeList\n"
+                 "8|2026-01-01T00:00:00|None|2026-01-01T00:00:09|00:00:00|CANCELLED by 0|None assigned\n"
+                 "9|2026-01-01T00:00:01|None|2026-01-01T00:00:09|00:00:00|FAILED|None assigned\n")
+    trace = open_trace(f)
+    a, b = list(trace)
+    assert a.start is None and a.duration == 0 and a.status is JobStatus.CANCELLED
+    # both ran 0 s; only the failed one lacks a start it should have had; neither names a node
+    assert trace.report.anomalies == {"zero_runtime": 2, "unknown_field": 3}

@@ -206,7 +206,7 @@ def _job(row: dict[str, str], cols: dict[str, str], lineno: int, report: TraceRe
         duration = None if end is None else duration
     elif nodes is None:
         report.anomaly(UNKNOWN_FIELD, lineno, "node count")
-    if status is not JobStatus.PENDING and start is None:
+    if start is None and status not in (JobStatus.PENDING, JobStatus.CANCELLED):  # cancelled while queued: no start
         report.anomaly(UNKNOWN_FIELD, lineno, "start time")
     user = get("user")
     return Job(
