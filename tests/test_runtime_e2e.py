@@ -189,11 +189,31 @@ def test_e2e_worker_killed_and_controller_restarted(tmp_path: Path) -> None:
             assert e["resumed_from"] == e["last_checkpoint"], e
         assert any(e["worker"] == victim for e in store.events(kind="worker_lost"))
         store.close()
+        _check_profile(tmp_path, {a: 2, b: 1, cj: 1})
     finally:
         c.close()
         for w in workers.values():
             stop(w)
         stop(ctl)
+
+
+def _check_profile(d: Path, sizes: dict[str, int]) -> None:
+    """``hpcsched profile`` on the run's state: the simulator's own readers load what it wrote."""
+    from hpcsched.traces import read_jobs
+    from hpcsched.traces.bftrainer import read_elastic_jobs
+
+    out = d / "profile"
+    done = subprocess.run([sys.executable, "-m", "hpcsched.runtime", "profile", "--state", str(d / "run/state.db"),
+                           "--out", str(out), "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    jobs = {j.id: j for j in read_jobs(out / "profiles.csv", "muri")}
+    assert {k: j.gpus for k, j in jobs.items()} == sizes
+    for j in jobs.values():
+        assert j.profile is not None and j.profile.compute_s > 0 and j.profile.data_s > 0.02  # 25 ms emulated IO
+    curves = {e.id: e for e in read_elastic_jobs(out / "scaling-Jbnd.csv", out / "scaling-JNPs.csv")}
+    assert set(curves) == set(sizes)
+    for jid, n in sizes.items():
+        assert curves[jid].curve.rate(n) > 0
 
 
 def test_unauthenticated_client_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -124,7 +124,7 @@ def submit(
         raise InputError(job_file, f"cannot read: {e.strerror or e}") from None
     parse_job_spec(text, str(job_file))  # fail here, with the line, before any RPC
     doc = yaml.safe_load(text) or {}
-    doc.setdefault("workdir", str(job_file.resolve().parent))
+    doc["workdir"] = str((job_file.resolve().parent / str(doc.get("workdir", "."))).resolve())  # as the user sees it
     try:
         job_id = _client(controller, address_file, token_file, tls_ca).submit(yaml.safe_dump(doc), str(job_file))
     except ClientError as e:
@@ -201,10 +201,11 @@ def workers(
 
 def profile(
     state: Path = typer.Option(..., "--state", help="the controller's SQLite state file"),
-    out: Path = typer.Option(Path("out/profile"), "--out", help="folder for profiles.csv and scaling-JNPs.csv"),
+    out: Path = typer.Option(Path("out/profile"), "--out",
+                             help="folder for profiles.csv (Muri) and scaling-JNPs.csv / scaling-Jbnd.csv (BFTrainer)"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Write measured stage times (Muri CSV) and scaling curves (BFTrainer JNPs CSV) for the simulator."""
+    """Write measured stage times (Muri CSV) and scaling curves (BFTrainer JNPs + Jbnd CSV) for the simulator."""
     from hpcsched.runtime.profile import write_profiles
     from hpcsched.runtime.store import Store
 
@@ -215,7 +216,7 @@ def profile(
         res = write_profiles(store, out)
     finally:
         store.close()
-    print(json.dumps(res) if as_json else f"{res['jobs']} jobs -> {res['profiles']}, {res['scaling']}")
+    print(json.dumps(res) if as_json else f"{res['jobs']} jobs -> {res['profiles']}, {res['scaling']}, {res['bounds']}")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,9 @@
 - Interleaving profiles as a Muri CSV (milliseconds): per job its size, iterations, median iteration
   time and median data / compute / communication stage times (resource_time_0/1/2).
 - Scaling curves as a BFTrainer ``JNPs`` CSV: per job the median throughput (samples/s) measured at each
-  world size it ran at, with the point (0, 0) first as in the published files.
+  world size it ran at, with the point (0, 0) first as in the published files; and its ``Jbnd`` twin:
+  the job's [min_procs, max_procs], the samples it processed (throughput integrated over its reports)
+  and its measured resize costs (the longest recorded resize, 0 when it was never resized).
 Medians, not means: the first report after a (re)start includes warm-up and would skew a mean.
 """
 
@@ -34,13 +36,18 @@ def write_profiles(store: Store, out_dir: Path) -> dict[str, object]:
     for p in store.progress():
         if p["data_s"] is not None and p["samples_per_s"]:
             by_job[p["job_id"]].append(p)
+    resize = defaultdict(float)
+    for e in store.events(kind="resized"):
+        resize[e["job_id"]] = max(resize[e["job_id"]], e["seconds"])
     muri = out_dir / "profiles.csv"
     jnps = out_dir / "scaling-JNPs.csv"
+    jbnd = out_dir / "scaling-Jbnd.csv"
     rows = 0
-    with open(muri, "w", newline="") as fm, open(jnps, "w", newline="") as fj:
-        wm, wj = csv.writer(fm), csv.writer(fj)
+    with open(muri, "w", newline="") as fm, open(jnps, "w", newline="") as fj, open(jbnd, "w", newline="") as fb:
+        wm, wj, wb = csv.writer(fm), csv.writer(fj), csv.writer(fb)
         wm.writerow(MURI_COLUMNS)
         wj.writerow(("job", "Ns", "Ps", "Os", "Tsub"))
+        wb.writerow(("job", "Tcup", "Tcdw", "Jmin", "Jmax", "Pmax", "Tsub"))
         for j in jobs:
             ps = by_job.get(j.id, [])
             if not ps:
@@ -56,5 +63,9 @@ def write_profiles(store: Store, out_dir: Path) -> dict[str, object]:
             ns = [0.0, *sorted(float(s) for s in sizes)]
             rates = [0.0, *(round(_median(sizes[int(n)]), 3) for n in ns[1:])]
             wj.writerow((j.id, json.dumps(ns), json.dumps(rates), json.dumps(rates), int(j.submit_time)))
+            samples = sum(b["samples_per_s"] * (b["time"] - a["time"]) for a, b in zip(ps, ps[1:], strict=False)
+                          if b["time"] > a["time"] and a["step"] < b["step"])
+            wb.writerow((j.id, round(resize[j.id], 3), round(resize[j.id], 3), j.spec.min_procs, j.spec.max_procs,
+                         round(max(samples, 1.0)), int(j.submit_time)))
             rows += 1
-    return {"jobs": rows, "profiles": str(muri), "scaling": str(jnps)}
+    return {"jobs": rows, "profiles": str(muri), "scaling": str(jnps), "bounds": str(jbnd)}
