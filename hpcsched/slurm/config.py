@@ -75,6 +75,7 @@ def read_harvest_config(path: Path) -> HarvestFile:
     try:
         cfg = HarvestConfig(poll_s=float(d.get("poll_s", 0.5)), settle_s=float(d.get("settle_s", 3.0)),
                             pending_timeout_s=float(d.get("pending_timeout_s", 20.0)),
+                            stop_timeout_s=float(d.get("stop_timeout_s", 30.0)),
                             solver=str(d.get("solver", "highs")), tfwd=float(d.get("tfwd", 10.0)))
     except (TypeError, ValueError) as e:
         raise InputError(path, f"bad setting: {e}") from None

@@ -36,6 +36,15 @@ from pathlib import Path
 import numpy as np
 
 EXIT_PEER_LOST = 3
+RDZV_TIMEOUT_S = 60
+
+
+class _Interrupted(Exception):
+    """SIGTERM or the rendezvous deadline arrived while the group was still forming."""
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -151,21 +160,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-time", type=float, default=0.0,
                     help="pace steps to at least this many seconds (stands in for a bigger model)")
     a = ap.parse_args(argv)
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGALRM)
+    try:
+        return _train(a)
+    finally:  # main() also runs in-process (tests): leave the caller's handlers as they were
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGALRM, saved[1])
+
+
+def _train(a: argparse.Namespace) -> int:
     rank = int(os.environ.get("HPCSCHED_RANK", os.environ.get("SLURM_PROCID", "0")))
     world = int(os.environ.get("HPCSCHED_WORLD", os.environ.get("SLURM_NTASKS", "1")))
     run_id = os.environ.get("HPCSCHED_RUN_ID") or os.environ.get("SLURM_JOB_ID") or str(os.getppid())
     a.ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     stop = {"flag": 0.0}
-    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", 1.0))
-
-    x, y = dataset(a.seed, a.samples, a.features)
+    # While the group forms nothing has been computed, so SIGTERM (or no peers after RDZV_TIMEOUT_S)
+    # just ends the process; a rank blocked in accept() or recv() would otherwise wait forever for a
+    # peer that died before it could connect.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGALRM, _interrupt)
+    signal.alarm(RDZV_TIMEOUT_S)
     try:
-        group = Group(rank, world, a.ckpt_dir, run_id)
+        x, y = dataset(a.seed, a.samples, a.features)
+        group = Group(rank, world, a.ckpt_dir, run_id, timeout=RDZV_TIMEOUT_S)
         step, w = group.broadcast(load_checkpoint(a.ckpt_dir, a.features) if rank == 0 else None)  # type: ignore[misc]
+        signal.alarm(0)
+        signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", 1.0))
+    except _Interrupted as e:
+        print(f"rank {rank}: {e} before the group formed; nothing to checkpoint", file=sys.stderr)
+        return 0 if str(e) == "SIGTERM" else EXIT_PEER_LOST
     except (EOFError, ConnectionError, TimeoutError) as e:
         print(f"rank {rank}: rendezvous failed: {e}", file=sys.stderr)
         return EXIT_PEER_LOST
+    finally:
+        signal.alarm(0)
     log = a.ckpt_dir / "log.jsonl"
 
     def record(event: str, **kw: object) -> None:

@@ -40,6 +40,8 @@ class Run:
     running_since: float | None = None
     ended: float | None = None
     stop_requested: bool = False
+    stop_seen: float | None = None  # harvester clock when it first saw the stop in flight
+    killed: bool = False
     preempted_by: str = ""  # why Slurm took it, when it did
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -125,7 +127,7 @@ class LocalExecutor:
     def start(self, spec: ElasticSpec, nodes: tuple[str, ...], seq: int, now: float) -> Run:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        run = Run(spec, nodes, f"{spec.id}-{seq}", now, running_since=now)
+        run = Run(spec, nodes, f"{spec.id}-{seq}", now)
         common = os.environ | spec.env() | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1"))}
         for rank, node in enumerate(nodes):
             env = common | {"HPCSCHED_RANK": str(rank), "HPCSCHED_WORLD": str(len(nodes)),

@@ -34,6 +34,7 @@ class HarvestConfig:
     poll_s: float = 0.5  # seconds between Slurm polls
     settle_s: float = 3.0  # wait after a preemption before re-deciding
     pending_timeout_s: float = 20.0  # cancel a run Slurm has not started by then, decide again
+    stop_timeout_s: float = 30.0  # a run asked to checkpoint and stop that is still alive then is killed
     solver: str = "highs"  # hpcsched.milp solver
     tfwd: float = 10.0  # the allocator's look-ahead window, seconds
 
@@ -99,6 +100,13 @@ class Harvester:
         elif state == PENDING and now - run.started > self.cfg.pending_timeout_s and not run.stop_requested:
             self.rec.event(now, "pending-timeout", job_id, run.nodes, detail=run.handle)
             self.executor.kill(run)
+        if state != ENDED and run.stop_requested and not run.killed:
+            run.stop_seen = run.stop_seen if run.stop_seen is not None else now
+            if now - run.stop_seen > self.cfg.stop_timeout_s:
+                self.rec.event(now, "kill", job_id, run.nodes, detail=f"still alive {self.cfg.stop_timeout_s:.0f}s "
+                               "after SIGTERM")
+                run.killed = True
+                self.executor.kill(run)
         if state == ENDED:
             self._ended(job_id, run, detail, now)
 
