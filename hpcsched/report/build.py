@@ -31,9 +31,9 @@ from hpcsched.sweep.table import CSV_FILE, read_table
 
 REPORT_FILE = "README.md"
 REPLAY_EVENTS = "events.csv"  # written by the replayer: one row per idle-pool event
-_SIM_COLUMNS = ("jobs", "avg_jct", "p99_jct", "makespan", "utilization", "events", "wall_s")
+_SIM_COLUMNS = ("jobs", "avg_jct", "p99_jct", "makespan", "utilization", "events", "wall_s", "cpu_s")
 _REPLAY_COLUMNS = ("tfwd", "pool_nodes", "events", "jobs_done", "idle_node_hours", "used_node_hours", "utilization",
-                   "rescales", "wall_s")
+                   "rescales", "wall_s", "cpu_s")
 
 
 def _fmt(v: Any) -> str:
@@ -113,11 +113,14 @@ def _commands(manifest: dict[str, Any], command: Sequence[str] | None) -> list[s
 def _overview(df: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
     ok = int((df["status"] == "ok").sum())
     cell_s = float(pd.to_numeric(df["wall_s"], errors="coerce").sum())
-    line = f"{len(df)} cells ({ok} ok, {len(df) - ok} failed); time inside the cells {cell_s:,.1f} s"
-    wall = (manifest.get("outcome") or {}).get("wall_s")
-    if wall is not None:
-        ran = manifest["outcome"].get("ran")
-        line += f"; the last `hpcsched sweep` run took {wall:,.1f} s wall and ran {ran} cells"
+    line = f"{len(df)} cells ({ok} ok, {len(df) - ok} failed); wall time inside the cells {cell_s:,.1f} s"
+    if "cpu_s" in df:
+        line += f", CPU time {float(pd.to_numeric(df['cpu_s'], errors='coerce').sum()):,.1f} s"
+    runs = [r for r in manifest.get("runs", []) if r.get("ran")]
+    if runs:
+        wall = sum(float(r.get("wall_s") or 0.0) for r in runs)
+        line += (f"; `hpcsched sweep` ran them in {len(runs)} run(s) taking {wall:,.1f} s wall in all "
+                 f"(last finished {runs[-1].get('finished', '?')})")
     return [line + ".", "", "The full table, one row per cell: [results.csv](results.csv).", ""]
 
 

@@ -214,8 +214,17 @@ def _write_manifest(config: SweepConfig, out: Path, command: Sequence[str] | Non
         "status": status,
         "cells": [{"id": c.id, "kind": c.kind, "label": c.label(), "params": dict(c.params)} for c in config.cells],
     }
+    runs: list[dict[str, Any]] = []
+    try:
+        runs = list(json.loads((out / SWEEP_JSON).read_text()).get("runs", []))
+    except (OSError, json.JSONDecodeError):
+        pass
     if outcome is not None:
         manifest["outcome"] = outcome.as_json()
+        runs.append({"command": manifest["command"], "ran": outcome.ran, "failed": len(outcome.failed),
+                     "wall_s": round(outcome.wall_s, 3),
+                     "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    manifest["runs"] = runs  # every run that touched this directory: the report sums them
     tmp = out / f".{SWEEP_JSON}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, out / SWEEP_JSON)
