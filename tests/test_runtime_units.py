@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,28 @@ def test_store_survives_reopen(tmp_path: Path) -> None:
     assert (job.id, job.state, job.generation, job.ckpt_step, job.spec.steps) == (jid, "running", 1, 5, 10)
     assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     s.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_tls_with_token(tmp_path: Path) -> None:
+    """With tls_cert/tls_key the controller speaks TLS only: a client trusting the certificate and holding
+    the token gets through; a plaintext client does not."""
+    from hpcsched.runtime.client import Client, ClientError
+    from hpcsched.runtime.server import ControllerServer
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    (tmp_path / "c.yaml").write_text("listen: 127.0.0.1:0\nstate: s.db\ntoken: t0k\ntls_cert: c.pem\ntls_key: k.pem\n")
+    srv = ControllerServer(read_controller_config(tmp_path / "c.yaml"))
+    addr = srv.start()
+    try:
+        ok = Client(addr, "t0k", tls_ca=tmp_path / "c.pem")
+        assert ok.workers() == []
+        ok.close()
+        plain = Client(addr, "t0k", timeout=3)
+        with pytest.raises(ClientError, match="UNAVAILABLE"):
+            plain.workers()
+        plain.close()
+    finally:
+        srv.stop()

@@ -140,8 +140,6 @@ def jobs(
     as_json: bool = typer.Option(False, "--json", help="one object per job"),
 ) -> None:
     """List jobs with their state, size, progress and loss."""
-    from google.protobuf.json_format import MessageToDict
-
     from hpcsched.runtime.client import ClientError
 
     try:
@@ -149,7 +147,8 @@ def jobs(
     except ClientError as e:
         _fail(e)
     if as_json:
-        print(json.dumps([MessageToDict(j, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []
+        print(json.dumps([{k: list(v) if k == "workers" else v for k in fields for v in [getattr(j, k)]}
                           for j in rows], indent=1))
         return
     t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers")
