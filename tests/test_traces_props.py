@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hpcsched.errors import InputError
 from hpcsched.traces import FORMATS, detect_format, open_trace
 from hpcsched.traces.bftrainer import read_elastic_jobs
+from hpcsched.traces.cli import inspect_trace
 from hpcsched.traces.hostlist import expand_hostlist
 
 DATA = Path(__file__).resolve().parents[1] / "trace-data"
@@ -52,11 +53,13 @@ def workdir() -> Iterator[Path]:
 
 
 def _read_all(path: Path, fmt: str | None) -> int:
-    """The property: a full read ends in records or InputError, never anything else."""
+    """The property: a full read (and its ``trace inspect`` summary) ends in records or InputError."""
     try:
         if fmt is None:
             detect_format(path)
-        return sum(1 for _ in open_trace(path, fmt))
+        n = sum(1 for _ in open_trace(path, fmt))
+        assert inspect_trace(path, fmt)["jobs"] == n
+        return n
     except InputError as e:
         assert e.path is not None and str(e).startswith(str(path))
         return -1
@@ -163,6 +166,10 @@ def test_undamaged_heads_read(workdir: Path, name: str) -> None:
         ("bftrainer-curves", 'job,Ns,Ps,Os,Tsub\nJ1,"[' + "9" * 400 + ']","[1]","[1]",5\n'),
         ("bftrainer-curves", 'job,Ns,Ps,Os,Tsub\nJ1,"' + "[" * 3000 + '","[1]","[1]",5\n'),
         ("muri", "job_id,num_gpu,submit_time,iterations,model_name\n1,1,0,1e400,m\n"),
+        ("muri", "job_id,num_gpu,submit_time,iterations,model_name\n1," + "9" * 400 + ",0,1,m\n"),
+        ("swf", "1 " + "9" * 400 + " 0 10 4 -1 -1 4 100 -1 1 1 1 -1 1 -1 -1 -1\n"),
+        ("swf", "1 0 0 10 " + "9" * 400 + " -1 -1 4 100 -1 1 1 1 -1 1 -1 -1 -1\n"),
+        ("philly", "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0," + "9" * 400 + ",1,c\n"),
     ],
 )
 def test_overflow_regressions(workdir: Path, fmt: str, text: str) -> None:

@@ -89,6 +89,23 @@ class TraceReport:
             self.conversions.append(note)
 
 
+MAX_COUNT = 10**9  # no machine has this many nodes, processors or GPUs: a larger count is damage
+
+
+def count_field(text: str, name: str) -> int:
+    """A node/processor/GPU count: a whole number in [0, MAX_COUNT], else ValueError naming the field."""
+    try:
+        v = int(text)
+    except ValueError:
+        f = float(text)
+        if not f.is_integer():
+            raise ValueError(f"{name}: not a whole number: {text!r}") from None
+        v = int(f)
+    if not 0 <= v <= MAX_COUNT:
+        raise ValueError(f"{name}: {text!r} is not a plausible count")
+    return v
+
+
 def _is_gzip(path: Path) -> bool:
     with path.open("rb") as f:
         return f.read(2) == b"\x1f\x8b"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hpcsched.model import Job, JobStatus
-from hpcsched.traces.base import MALFORMED_ROW, UNKNOWN_FIELD, TraceFormat, TraceReport, csv_records
+from hpcsched.traces.base import MALFORMED_ROW, MAX_COUNT, UNKNOWN_FIELD, TraceFormat, TraceReport, csv_records
 
 COLUMNS = ("job", "node_num", "submit_time", "wait_time", "run_time", "wall_time")
 THETA_NODES = 4392
@@ -42,6 +42,9 @@ def _read(path: Path, report: TraceReport) -> Iterator[Job]:
             nodes, wall = _num(row["node_num"]), _num(row["wall_time"])
             cpus = _num(row.get("cpu_num", "")) or 0
             gpus = _num(row.get("gpu_num", "")) or 0
+            for name, v in (("node_num", nodes), ("cpu_num", cpus), ("gpu_num", gpus)):
+                if v is not None and not (0 <= v <= MAX_COUNT and float(v).is_integer()):
+                    raise ValueError(f"{name}: {v!r} is not a plausible count")
         except ValueError as e:
             report.anomaly(MALFORMED_ROW, lineno, str(e))
             continue

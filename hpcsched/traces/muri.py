@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.model import ClusterSpec, Job, JobStatus, ResourceProfile
-from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, csv_header_is, csv_rows
+from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, count_field, csv_header_is, csv_rows
 
 COLUMNS = ("job_id", "num_gpu", "submit_time", "iterations", "model_name")
 _MS = 1e-3
@@ -40,7 +40,7 @@ def read(path: Path, report: TraceReport) -> Iterator[Job]:
             yield Job(
                 id=row[idx["job_id"]].strip(),
                 submit=_ms(row[idx["submit_time"]]),
-                gpus=int(row[idx["num_gpu"]]),
+                gpus=count_field(row[idx["num_gpu"]], "num_gpu"),
                 duration=_ms(row[idx["duration"]]) if "duration" in idx else None,
                 iterations=int(float(row[idx["iterations"]])),
                 iteration_time=_ms(row[idx["iteration_time"]]) if "iteration_time" in idx else None,

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from hpcsched.model import Job, JobStatus
-from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, csv_header_is, csv_records
+from hpcsched.traces.base import MALFORMED_ROW, TraceFormat, TraceReport, count_field, csv_header_is, csv_records
 
 COLUMNS = ("timestamp", "duration", "num_gpus")
 
@@ -29,7 +29,7 @@ def _read(path: Path, report: TraceReport) -> Iterator[Job]:
         try:
             submit = datetime.fromisoformat(row["timestamp"].strip()).replace(tzinfo=UTC).timestamp()
             duration = float(row["duration"])
-            gpus = int(row["num_gpus"])
+            gpus = count_field(row["num_gpus"], "num_gpus")
         except ValueError as e:
             report.anomaly(MALFORMED_ROW, lineno, str(e))
             continue

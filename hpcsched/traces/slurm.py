@@ -34,6 +34,7 @@ from hpcsched.traces.base import (
     UNKNOWN_FIELD,
     TraceFormat,
     TraceReport,
+    count_field,
     csv_records,
     numbered_lines,
 )
@@ -139,10 +140,7 @@ def _state(raw: str) -> JobStatus:
 def _int(text: str | None) -> int | None:
     if text is None or text.strip().lower() in _MISSING:
         return None
-    v = _finite(text)
-    if v != int(v):
-        raise ValueError(f"not a whole number: {text!r}")
-    return int(v)
+    return count_field(text.strip(), "count")
 
 
 def _finite(text: str) -> float:
@@ -184,7 +182,7 @@ def _job(row: dict[str, str], cols: dict[str, str], lineno: int, report: TraceRe
             requested = parse_slurm_duration(get("limit") or "")
         nodes, procs, gpus = _int(get("nodes")), _int(get("procs")), _int(get("gpus"))
         if gpus is None and (tres := get("tres")):
-            gpus = sum(int(n) for n in _GPU_TRES.findall(tres)) or 0
+            gpus = sum(count_field(n, "gres/gpu") for n in _GPU_TRES.findall(tres))
     except ValueError as e:
         report.anomaly(MALFORMED_ROW, lineno, str(e))
         return None

@@ -33,6 +33,7 @@ from hpcsched.errors import InputError
 from hpcsched.model import Job, JobStatus
 from hpcsched.traces.base import MALFORMED_ROW, UNKNOWN_FIELD, TraceFormat, TraceReport, numbered_lines
 
+_LIMIT = 2.0**53  # above this an SWF number is damage (and no longer exact as a float)
 _STATUS = {
     1: JobStatus.COMPLETED,
     0: JobStatus.FAILED,
@@ -49,12 +50,12 @@ _NEEDED = ((2, "wait"), (3, "run_time"), (4, "allocated_procs"), (7, "requested_
 def _number(text: str) -> float:
     """An SWF number; ValueError for anything that is not a finite one (``inf``, ``nan``, ``1e999``)."""
     try:
-        return int(text)
+        v: float = int(text)
     except ValueError:
         v = float(text)
-        if not math.isfinite(v):
-            raise ValueError(f"not a finite number: {text!r}") from None
-        return v
+    if not abs(v) <= _LIMIT:  # also catches inf and nan
+        raise ValueError(f"not a plausible SWF number: {text!r}")
+    return v
 
 
 def _header(line: str, meta: dict[str, str]) -> None:
@@ -105,7 +106,7 @@ def _setup(path: Path, report: TraceReport, header: dict[str, str]) -> tuple[flo
 def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
     header: dict[str, str] = {}
     unknown: Counter[str] = Counter()
-    report.meta["unknown_fields"] = unknown
+    report.meta.update(unknown_fields=unknown, cancelled_that_ran=0)
     cancelled_ran = 0
     setup: tuple[float, float, int] | None = None
     any_text = False
@@ -130,7 +131,8 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
                 int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[8]), int(f[10]))
         except ValueError:
             submit = -1
-        if submit >= 0 and wait >= 0 and run >= 0 and alloc > 0 and req_time >= 0 and status >= 0 and f[7] != "-1":
+        if (0 <= submit < _LIMIT and 0 <= wait < _LIMIT and 0 <= run < _LIMIT and 0 < alloc < _LIMIT
+                and 0 <= req_time < _LIMIT and status >= 0 and f[7] != "-1"):
             start = float(offset + submit + wait)
             if status == 5 and run > 0:
                 cancelled_ran += 1
@@ -139,36 +141,39 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
                       _STATUS.get(status, JobStatus.UNKNOWN), f[11] if f[11] != "-1" else None,
                       f[14] if f[14] != "-1" else None, {"line": lineno})
             continue
-        try:
-            submit, wait, run, alloc = _number(f[1]), _number(f[2]), _number(f[3]), _number(f[4])
-            req_procs, req_time, status = _number(f[7]), _number(f[8]), int(f[10])
-        except ValueError as e:
-            report.anomaly(MALFORMED_ROW, lineno, str(e))
-            continue
-        job = _job(f, lineno, offset + submit if submit >= 0 else -1.0, wait, run, alloc, req_procs, req_time,
-                   status, cpn, report, unknown)
-        if job is None:
-            continue
-        if status == 5 and run > 0:
-            cancelled_ran += 1
-        yield job
+        job = _job(f, lineno, offset, cpn, report, unknown)
+        if job is not None:
+            yield job
     if not any_text:
         raise InputError(path, "empty file: no SWF header or jobs", 1)
     if setup is None:
         setup = _setup(path, report, header)
-    report.meta["cancelled_that_ran"] = cancelled_ran
+    report.meta["cancelled_that_ran"] += cancelled_ran
     for key in ("MaxJobs", "MaxRecords"):  # headers that disagree with the body (KTH: 28,490 vs 28,476)
         if key in header:
             report.meta[f"header_{key.lower()}"] = header[key]
 
 
-def _job(f: list[str], lineno: int, submit: float, wait: float, run: float, alloc: float, req_procs: float,
-         req_time: float, status: int, cpn: float, report: TraceReport, unknown: Counter[str],
-         nodes: int | None = None, queue: str | None = None) -> Job | None:
-    """One Job from parsed SWF numbers; None (counted) when the submit time is unknown."""
+def _job(f: list[str], lineno: int, offset: float, cpn: float, report: TraceReport, unknown: Counter[str],
+         pbs: bool = False) -> Job | None:
+    """One Job from SWF fields, every check made; None (counted) for a row that cannot be a job.
+
+    ``pbs``: the 21-field variant, whose nodes come from field 19 (or the spec in 21), queue from 20.
+    """
+    try:
+        submit, wait, run, alloc = _number(f[1]), _number(f[2]), _number(f[3]), _number(f[4])
+        req_procs, req_time, status = _number(f[7]), _number(f[8]), int(f[10])
+        nodes = _pbs_nodes(f[18], f[20]) if pbs else None
+    except ValueError as e:
+        report.anomaly(MALFORMED_ROW, lineno, str(e))
+        return None
     if submit < 0:
         report.anomaly(MALFORMED_ROW, lineno, "submit time unknown (-1): job skipped")
         return None
+    submit += offset
+    if status == 5 and run > 0:
+        report.meta["cancelled_that_ran"] += 1
+    queue = f[19 if pbs else 14]
     for i, name in _NEEDED:
         if f[i] == "-1":
             unknown[name] += 1
@@ -190,7 +195,7 @@ def _job(f: list[str], lineno: int, submit: float, wait: float, run: float, allo
         end=end,
         status=_STATUS.get(status, JobStatus.UNKNOWN),
         user=f[11] if f[11] != "-1" else None,
-        queue=queue if queue is not None else (f[14] if f[14] != "-1" else None),
+        queue=queue if queue != "-1" else None,
         extra={"line": lineno},
     )
 
@@ -209,11 +214,9 @@ def _pbs_nodes(cpu_ids: str, nodespec: str) -> int:
 
 def _read_pbs(path: Path, report: TraceReport) -> Iterator[Job]:
     unknown: Counter[str] = Counter()
-    report.meta["unknown_fields"] = unknown
-    report.meta["time_base"] = "epoch"
+    report.meta.update(unknown_fields=unknown, cancelled_that_ran=0, time_base="epoch")
     report.convert("submit: epoch s as in the file (field 2)")
     report.convert("nodes = distinct node ids in field 19; procs = allocated procs (field 5)")
-    cancelled_ran = 0
     any_text = False
     for lineno, line in numbered_lines(path, report):
         if not line or line.isspace():
@@ -223,23 +226,11 @@ def _read_pbs(path: Path, report: TraceReport) -> Iterator[Job]:
         if len(f) != 21:
             report.anomaly(MALFORMED_ROW, lineno, f"{len(f)} fields, the PBS variant has 21")
             continue
-        try:
-            submit, wait, run, alloc = _number(f[1]), _number(f[2]), _number(f[3]), _number(f[4])
-            req_procs, req_time, status = _number(f[7]), _number(f[8]), int(f[10])
-            nodes = _pbs_nodes(f[18], f[20])
-        except ValueError as e:
-            report.anomaly(MALFORMED_ROW, lineno, str(e))
-            continue
-        job = _job(f, lineno, submit, wait, run, alloc, req_procs, req_time, status, 1.0, report, unknown, nodes,
-                   queue=f[19] if f[19] != "-1" else None)
-        if job is None:
-            continue
-        if status == 5 and run > 0:
-            cancelled_ran += 1
-        yield job
+        job = _job(f, lineno, 0.0, 1.0, report, unknown, pbs=True)
+        if job is not None:
+            yield job
     if not any_text:
         raise InputError(path, "empty file: no jobs", 1)
-    report.meta["cancelled_that_ran"] = cancelled_ran
 
 
 def _data_lines(first_lines: list[str]) -> list[list[str]]:
