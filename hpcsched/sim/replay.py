@@ -100,6 +100,195 @@ class _MedianWindow:
         return self.sorted[len(self.sorted) // 2] if len(self.sorted) >= 10 else None
 
 
+class _Replay:
+    """One replay's mutable state; ``run`` walks the events in the reference's per-event order."""
+
+    def __init__(self, timeline: PoolTimeline, jobs: Sequence[ElasticJob], config: ReplayConfig) -> None:
+        ids = [j.id for j in jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("job ids must be unique")
+        for j in jobs:
+            check_job(j)
+        self.tl, self.cfg = timeline, config
+        self.queue = sorted(jobs, key=lambda j: j.submit)  # stable: file order among equal submits
+        self.runs = {j.id: _Run(j) for j in self.queue}
+        self.pool: dict[str, None] = dict.fromkeys(timeline.initial)  # insertion order: longest idle first
+        self.joined_at: dict[str, float] = {}
+        self.history = _MedianWindow(config.history)
+        self.active: list[_Run] = []
+        self.admitted = self.done = self.rescales = self.preemptions = self.hits = 0
+        self.cache: dict[tuple[object, ...], tuple[list[int], str]] = {}
+        self.events: list[tuple[object, ...]] = []
+        self.used_ns = self.idle_ns = self.solve_s = self.overshoot = 0.0
+
+    def admit(self, now: float) -> None:
+        """FCFS up to max_jobs: the reference's maxJ queue limit."""
+        q = self.queue
+        while len(self.active) < self.cfg.max_jobs and self.admitted < len(q) and q[self.admitted].submit <= now:
+            self.active.append(self.runs[q[self.admitted].id])
+            self.admitted += 1
+
+    def progress(self, dt: float) -> None:
+        """Work at the last decision's rates, minus that decision's restart losses."""
+        self.idle_ns += dt * len(self.pool)
+        for r in self.active:
+            r.samples += dt * r.rate - r.pending_loss
+            r.pending_loss = 0.0
+            r.node_seconds += dt * len(r.held)
+            self.used_ns += dt * len(r.held)
+
+    def preempt(self, now: float, left: Sequence[str]) -> tuple[dict[str, set[str]], float]:
+        """The batch scheduler takes ``left`` back; jobs on them lose those nodes (charged once each)."""
+        owner = {x: r for r in self.active for x in r.held} if left else {}
+        lost: dict[str, set[str]] = {}
+        loss = 0.0
+        for x in left:
+            self.pool.pop(x, None)
+            if x in self.joined_at:
+                self.history.add(now - self.joined_at.pop(x))
+            r = owner.get(x)
+            if r is None:
+                continue
+            if r.job.id not in lost:
+                lost[r.job.id] = set()
+                r.preemptions += 1
+                if self.cfg.accounting == "reference":
+                    r.samples -= r.job.scale_down_s * r.rate
+                    loss += r.job.scale_down_s * r.rate
+            lost[r.job.id].add(x)
+        for r in self.active:
+            if r.job.id in lost:
+                r.held = tuple(x for x in r.held if x not in lost[r.job.id])
+        self.preemptions += len(lost)
+        return lost, loss
+
+    def complete(self, now: float, lost: dict[str, set[str]]) -> None:
+        finished = [r for r in self.active if r.samples >= r.job.total_samples]
+        for r in finished:
+            self.overshoot += r.samples - r.job.total_samples  # work past Pmax before an event saw it
+            r.samples = r.job.total_samples
+            r.end = now
+            r.held, r.rate = (), 0.0
+            lost.pop(r.job.id, None)
+        self.done += len(finished)
+        if finished:
+            self.active[:] = [r for r in self.active if r.end is None]
+
+    def decide(self, now: float, lost: dict[str, set[str]], first: bool) -> tuple[int, float, float, str, float]:
+        """Re-solve and apply: (rescales, restart loss, Tfwd used, solver status, seconds)."""
+        cfg = self.cfg
+        tfwd = (self.history.median() or cfg.tfwd) if cfg.predict_tfwd else cfg.tfwd
+        states = tuple(JobState(r.job, r.held, frozenset(lost.get(r.job.id, ()))) for r in self.active)
+        problem = Problem(states, tuple(self.pool), tfwd, cfg.objective)
+        # counts depend only on who holds how many, who was preempted, the pool size and Tfwd
+        key = (tuple((s.job.id, s.count, s.preempted) for s in states), len(self.pool), tfwd)
+        t0 = time.perf_counter()
+        hit = self.cache.get(key)
+        if hit is None:
+            counts, status, _ = solve_counts(problem, cfg.solver, cfg.time_limit)
+            if len(self.cache) > 100_000:
+                self.cache.clear()
+            self.cache[key] = (counts, status)
+        else:
+            counts, status = hit
+            self.hits += 1
+        nodes = map_nodes(states, problem.pool, counts)
+        secs = time.perf_counter() - t0
+        self.solve_s += secs
+        rescales, loss = 0, 0.0
+        for r, s in zip(self.active, states, strict=True):
+            new = nodes[r.job.id]
+            c, n = s.count, len(new)
+            new_rate = job_rate(r.job, n)
+            if n != c:
+                rescales += 1
+                r.rescales += 1
+            r.pending_loss = self._restart_loss(r.job, s.preempted, c, n, new_rate, first)
+            loss += r.pending_loss
+            r.held, r.rate, r.max_nodes = new, new_rate, max(r.max_nodes, n)
+            if n > 0 and r.start is None:
+                r.start = now
+        self.rescales += rescales
+        return rescales, loss, tfwd, status, secs
+
+    def _restart_loss(self, job: ElasticJob, preempted: bool, c: int, n: int, new_rate: float, first: bool) -> float:
+        if self.cfg.accounting == "reference":  # T x old rate (a start is free but the very first)
+            if first and n > 0:
+                return job.scale_up_s * new_rate
+            if n > c:
+                return job.scale_up_s * job_rate(job, c)
+            if n < c:
+                return job.scale_down_s * job_rate(job, c)
+            return 0.0
+        if n > 0 and (preempted or n != c):  # one stall per restart, at the new rate
+            return (job.scale_down_s if preempted or n < c else job.scale_up_s) * new_rate
+        return 0.0
+
+    def _held(self) -> int:
+        return sum(len(r.held) for r in self.active)
+
+    def run(self, progress: Callable[[int, int], None] | None) -> float | None:
+        """Walk the events; the time every job was done, or None if the data ran out first."""
+        tl = self.tl
+        self.admit(tl.start)
+        resc, loss, tfwd, status, secs = self.decide(tl.start, {}, True)
+        self.events.append((tl.start, 0.0, len(self.pool), len(self.pool), 0, self._held(), len(self.active), 0, 0,
+                            0.0, resc, loss, sum(r.rate for r in self.active), tfwd, secs, status))
+        t_prev = tl.start
+        for k, ev in enumerate(tl.events):
+            now, dt = ev.time, ev.time - t_prev
+            self.progress(dt)
+            lost, preempt_loss = self.preempt(now, ev.left)
+            self.complete(now, lost)
+            for x in ev.joined:
+                self.pool[x] = None
+                self.joined_at[x] = now
+            self.admit(now)
+            head = (now, dt, len(self.pool), len(ev.joined), len(ev.left))
+            if not self.active and self.admitted == len(self.queue):
+                self.events.append((*head, 0, 0, self.done, len(lost), preempt_loss, 0, 0.0, 0.0, 0.0, 0.0,
+                                    "finished"))
+                return now
+            resc, loss, tfwd, status, secs = self.decide(now, lost, False)
+            self.events.append((*head, self._held(), len(self.active), self.done, len(lost), preempt_loss, resc,
+                                loss, sum(r.rate for r in self.active), tfwd, secs, status))
+            t_prev = now
+            if progress is not None and k % 200 == 0:
+                progress(k, len(tl.events))
+        return None
+
+    def result(self, stopped_at: float | None) -> ReplayResult:
+        tl = self.tl
+        end = stopped_at if stopped_at is not None else (tl.events[-1].time if tl.events else tl.start)
+        jobs = []
+        for j in self.queue:
+            r = self.runs[j.id]
+            status = "completed" if r.end is not None else ("unfinished" if r.start is not None else "not_started")
+            jobs.append(JobResult(j.id, j.submit, r.start, r.end, 0, r.max_nodes, 0.0, r.node_seconds, status))
+        summary: dict[str, object] = {
+            "events": len(self.events) - 1,
+            "jobs": len(self.queue),
+            "jobs_done": self.done,
+            "idle_node_hours": self.idle_ns / 3600.0,
+            "used_node_hours": self.used_ns / 3600.0,
+            "utilization": self.used_ns / self.idle_ns if self.idle_ns > 0 else 0.0,
+            "rescales": self.rescales,
+            "preemptions": self.preemptions,
+            "samples": sum(r.samples for r in self.runs.values()),
+            "samples_past_pmax": self.overshoot,
+            "start": tl.start,
+            "end": end,
+            "finished": stopped_at is not None,
+            "solve_seconds": self.solve_s,
+            "decisions_cached": self.hits,
+        }
+        per_job: list[dict[str, object]] = [
+            {"job_id": r.job.id, "samples": r.samples, "rescales": r.rescales, "preemptions": r.preemptions}
+            for r in (self.runs[j.id] for j in self.queue)
+        ]
+        return ReplayResult(summary, self.events, jobs, per_job)
+
+
 def replay(
     timeline: PoolTimeline,
     jobs: Sequence[ElasticJob],
@@ -107,170 +296,8 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     """Run the replay; ``progress(done, total)`` is called every few hundred events."""
-    for j in jobs:
-        check_job(j)
-    queue = sorted(jobs, key=lambda j: j.submit)  # stable: file order among equal submits
-    runs = {j.id: _Run(j) for j in queue}
-    pool: dict[str, None] = dict.fromkeys(timeline.initial)  # insertion order: longest idle first
-    joined_at: dict[str, float] = {}
-    history = _MedianWindow(config.history)
-    active: list[_Run] = []
-    admitted = 0
-    cache: dict[tuple[object, ...], tuple[list[int], str]] = {}
-    events: list[tuple[object, ...]] = []
-    used_ns = idle_ns = 0.0
-    total_rescales = total_preempt = 0
-    solve_s = 0.0
-    overshoot = 0.0
-    hits = 0
-    t_prev = timeline.start
-    stopped_at: float | None = None
-    n_events = len(timeline.events)
-
-    def admit(now: float) -> None:
-        nonlocal admitted
-        while len(active) < config.max_jobs and admitted < len(queue) and queue[admitted].submit <= now:
-            active.append(runs[queue[admitted].id])
-            admitted += 1
-
-    def decide(now: float, lost: dict[str, set[str]], first: bool) -> tuple[int, float, float, str, float]:
-        nonlocal solve_s, hits
-        tfwd = config.tfwd
-        if config.predict_tfwd:
-            tfwd = history.median() or config.tfwd
-        states = tuple(JobState(r.job, r.held, frozenset(lost.get(r.job.id, ()))) for r in active)
-        problem = Problem(states, tuple(pool), tfwd, config.objective)
-        key = (tuple((s.job.id, s.count, s.preempted) for s in states), len(pool), tfwd)
-        t0 = time.perf_counter()
-        hit = cache.get(key)
-        if hit is None:
-            counts, status, _ = solve_counts(problem, config.solver, config.time_limit)
-            if len(cache) > 100_000:
-                cache.clear()
-            cache[key] = (counts, status)
-        else:
-            counts, status = hit
-            hits += 1
-        nodes = map_nodes(states, problem.pool, counts)
-        dt_solve = time.perf_counter() - t0
-        solve_s += dt_solve
-        rescales, loss = 0, 0.0
-        for r, s in zip(active, states, strict=True):
-            new = nodes[r.job.id]
-            c, n = s.count, len(new)
-            new_rate = job_rate(r.job, n)
-            if n != c:
-                rescales += 1
-                r.rescales += 1
-            if config.accounting == "reference":
-                if first and n > 0:  # the reference charges the first allocation's start-up
-                    r.pending_loss = r.job.scale_up_s * new_rate
-                elif n > c:
-                    r.pending_loss = r.job.scale_up_s * job_rate(r.job, c)
-                elif n < c:
-                    r.pending_loss = r.job.scale_down_s * job_rate(r.job, c)
-            elif n > 0 and (s.preempted or n != c):
-                stall = r.job.scale_down_s if s.preempted or n < c else r.job.scale_up_s
-                r.pending_loss = stall * new_rate
-            loss += r.pending_loss
-            r.held = new
-            r.rate = new_rate
-            r.max_nodes = max(r.max_nodes, n)
-            if n > 0 and r.start is None:
-                r.start = now
-        return rescales, loss, tfwd, status, dt_solve
-
-    admit(timeline.start)
-    rescales, loss, tfwd, status, dts = decide(timeline.start, {}, True)
-    total_rescales += rescales
-    events.append((timeline.start, 0.0, len(pool), len(pool), 0, sum(len(r.held) for r in active), len(active),
-                   0, 0, 0.0, rescales, loss, sum(r.rate for r in active), tfwd, dts, status))
-    done = 0
-    for k, ev in enumerate(timeline.events):
-        now = ev.time
-        dt = now - t_prev
-        idle_ns += dt * len(pool)
-        for r in active:  # progress at the last decision's rates, minus its restart losses
-            r.samples += dt * r.rate - r.pending_loss
-            r.pending_loss = 0.0
-            r.node_seconds += dt * len(r.held)
-            used_ns += dt * len(r.held)
-        owner = {x: r for r in active for x in r.held} if ev.left else {}
-        lost: dict[str, set[str]] = {}
-        preempt_loss = 0.0
-        for x in ev.left:  # preemption: the batch scheduler takes nodes back
-            pool.pop(x, None)
-            if x in joined_at:
-                history.add(now - joined_at.pop(x))
-            r = owner.get(x)
-            if r is None:
-                continue
-            if r.job.id not in lost:
-                lost[r.job.id] = set()
-                r.preemptions += 1
-                if config.accounting == "reference":
-                    r.samples -= r.job.scale_down_s * r.rate
-                    preempt_loss += r.job.scale_down_s * r.rate
-            lost[r.job.id].add(x)
-        for r in active:
-            if r.job.id in lost:
-                r.held = tuple(x for x in r.held if x not in lost[r.job.id])
-        total_preempt += len(lost)
-        finished = [r for r in active if r.samples >= r.job.total_samples]
-        for r in finished:
-            overshoot += r.samples - r.job.total_samples  # work done past Pmax before the event saw it
-            r.samples = r.job.total_samples
-            r.end = now
-            r.held, r.rate = (), 0.0
-            lost.pop(r.job.id, None)
-        done += len(finished)
-        if finished:
-            active[:] = [r for r in active if r.end is None]
-        for x in ev.joined:
-            pool[x] = None
-            joined_at[x] = now
-        admit(now)
-        if not active and admitted == len(queue):
-            stopped_at = now
-            events.append((now, dt, len(pool), len(ev.joined), len(ev.left), 0, 0, done, len(lost), preempt_loss,
-                           0, 0.0, 0.0, 0.0, 0.0, "finished"))
-            break
-        rescales, loss, tfwd, status, dts = decide(now, lost, False)
-        total_rescales += rescales
-        events.append((now, dt, len(pool), len(ev.joined), len(ev.left), sum(len(r.held) for r in active),
-                       len(active), done, len(lost), preempt_loss, rescales, loss, sum(r.rate for r in active),
-                       tfwd, dts, status))
-        t_prev = now
-        if progress is not None and k % 200 == 0:
-            progress(k, n_events)
+    state = _Replay(timeline, jobs, config)
+    stopped_at = state.run(progress)
     if progress is not None:
-        progress(n_events, n_events)
-    end_time = stopped_at if stopped_at is not None else (timeline.events[-1].time if timeline.events else t_prev)
-    results = []
-    for j in queue:
-        r = runs[j.id]
-        status_j = "completed" if r.end is not None else ("unfinished" if r.start is not None else "not_started")
-        results.append(JobResult(j.id, j.submit, r.start, r.end, 0, r.max_nodes, 0.0, r.node_seconds, status_j))
-    samples = sum(r.samples for r in runs.values())
-    summary: dict[str, object] = {
-        "events": len(events) - 1,
-        "jobs": len(queue),
-        "jobs_done": done,
-        "idle_node_hours": idle_ns / 3600.0,
-        "used_node_hours": used_ns / 3600.0,
-        "utilization": used_ns / idle_ns if idle_ns > 0 else 0.0,
-        "rescales": total_rescales,
-        "preemptions": total_preempt,
-        "samples": samples,
-        "samples_past_pmax": overshoot,
-        "start": timeline.start,
-        "end": end_time,
-        "finished": stopped_at is not None,
-        "solve_seconds": solve_s,
-        "decisions_cached": hits,
-    }
-    per_job = [
-        {"job_id": r.job.id, "samples": r.samples, "rescales": r.rescales, "preemptions": r.preemptions}
-        for r in (runs[j.id] for j in queue)
-    ]
-    return ReplayResult(summary, events, results, per_job)
+        progress(len(timeline.events), len(timeline.events))
+    return state.result(stopped_at)
