@@ -160,15 +160,24 @@ def read_node_order(path: str | Path, report: TraceReport | None = None) -> list
 # ------------------------------------------------------------------------------------ elastic jobs
 
 
-def _read_bounds(path: Path, report: TraceReport) -> Iterator[JobBounds]:
+def _job_rows(
+    path: Path, columns: tuple[str, ...], report: TraceReport, what: str
+) -> Iterator[tuple[int, str, dict[str, str]]]:
+    """(line, job name, row) of a per-job table; a row of the wrong width, no name or a repeated name is
+    an error: half a job table would silently drop jobs from a replay."""
     seen: set[str] = set()
-    for lineno, row in csv_records(path, BOUNDS_COLUMNS, report, what="Jbnd (job bounds)", lenient=False):
+    for lineno, row in csv_records(path, columns, report, what=what, lenient=False):
         job = row["job"].strip()
         if not job:
             raise InputError(path, "empty job name", lineno)
         if job in seen:
             raise InputError(path, f"job {job} appears twice", lineno)
         seen.add(job)
+        yield lineno, job, row
+
+
+def _read_bounds(path: Path, report: TraceReport) -> Iterator[JobBounds]:
+    for lineno, job, row in _job_rows(path, BOUNDS_COLUMNS, report, "Jbnd (job bounds)"):
         up, down = _num(path, lineno, "Tcup", row["Tcup"]), _num(path, lineno, "Tcdw", row["Tcdw"])
         jmin, jmax = _count(path, lineno, "Jmin", row["Jmin"]), _count(path, lineno, "Jmax", row["Jmax"])
         pmax = _num(path, lineno, "Pmax", row["Pmax"])
@@ -199,14 +208,7 @@ def _json_numbers(path: Path, lineno: int, name: str, text: str) -> list[float]:
 
 
 def _read_curves(path: Path, report: TraceReport) -> Iterator[JobCurve]:
-    seen: set[str] = set()
-    for lineno, row in csv_records(path, CURVE_COLUMNS, report, what="JNPs (scaling curves)", lenient=False):
-        job = row["job"].strip()
-        if not job:
-            raise InputError(path, "empty job name", lineno)
-        if job in seen:
-            raise InputError(path, f"job {job} appears twice", lineno)
-        seen.add(job)
+    for lineno, job, row in _job_rows(path, CURVE_COLUMNS, report, "JNPs (scaling curves)"):
         ns, ps = _json_numbers(path, lineno, "Ns", row["Ns"]), _json_numbers(path, lineno, "Ps", row["Ps"])
         if len(ns) != len(ps):
             raise InputError(path, f"job {job}: {len(ns)} node counts (Ns) but {len(ps)} rates (Ps)", lineno)
