@@ -110,6 +110,26 @@ def test_cli_reports_config_errors_as_file_line(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
+def test_only_selects_cells_by_value_or_file_stem(tmp_path: Path) -> None:
+    from hpcsched.sweep.cell import cell_filter
+
+    cfg = load_config(_write(tmp_path, f"""\
+grid:
+  kind: simulate
+  policy: [srtf, srsf, fifo]
+  trace: [{TRACE3}, {_slice(tmp_path)}]
+  cluster: {CLUSTER}
+  compat: [default, muri]
+"""))
+    pick = cell_filter(["trace=trace3", "policy=srtf", "policy=fifo"])
+    chosen = [c for c in cfg.cells if pick(c)]
+    assert len(chosen) == 4
+    assert {c.params["policy"] for c in chosen} == {"srtf", "fifo"}
+    assert all(c.params["trace"].endswith("/trace3.csv") for c in chosen)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        cell_filter(["trace"])
+
+
 def test_arrival_scale_multiplies_inter_arrival_times() -> None:
     jobs = read_jobs(TRACE3)[:50]
     scaled = scale_arrivals(jobs, 0.5)

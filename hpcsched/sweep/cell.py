@@ -152,3 +152,27 @@ def _stem(path: Any) -> str:
     for suffix in (".gz", ".csv", ".swf", ".yaml"):
         name = name.removesuffix(suffix)
     return name
+
+
+def cell_filter(selectors: list[str]) -> Callable[[Cell], bool]:
+    """``KEY=VALUE`` selectors: values of one key are alternatives, different keys must all match.
+
+    A value matches the parameter's text or, for files, its stem (``trace=trace3`` selects
+    ``trace-data/muri/trace3.csv``).
+    """
+    wanted: dict[str, set[str]] = {}
+    for sel in selectors:
+        key, sep, value = sel.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected KEY=VALUE, got {sel!r}")
+        wanted.setdefault(key.strip(), set()).add(value.strip())
+
+    def match(cell: Cell) -> bool:
+        for key, values in wanted.items():
+            v = cell.params.get(key)
+            texts = {str(v), _stem(v)} | ({f"{v:g}"} if isinstance(v, float) else set())
+            if not texts & values:
+                return False
+        return True
+
+    return match

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hpcsched.sweep.cell import cell_filter
 from hpcsched.sweep.config import load_config
 from hpcsched.sweep.runner import run_sweep
 
@@ -23,6 +24,9 @@ def sweep(
                                    help="Run the cells on a Ray cluster (auto, HOST:PORT, ray://HOST:PORT, "
                                         "or 'local' for a private instance). Needs the 'ray' extra."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every cell instead of resuming."),
+    only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE",
+                                   help="Run only matching unfinished cells now, e.g. --only trace=trace3 "
+                                        "--only compat=muri (repeat a key for alternatives)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cells (id, kind, parameters) and stop."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as one JSON object on stdout."),
 ) -> None:
@@ -35,21 +39,29 @@ def sweep(
     arrival_scale multiplies every inter-arrival time (0.5 = twice the load).
     """
     cfg = load_config(config)
+    try:
+        selected = cell_filter(only) if only else None
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--only") from None
+    if selected is not None and not any(selected(c) for c in cfg.cells):
+        raise typer.BadParameter(f"no cell of {config} matches {' '.join(only)}", param_hint="--only")
     if dry_run:
         if as_json:
-            print(json.dumps([{"id": c.id, "kind": c.kind, **c.params} for c in cfg.cells]))
+            print(json.dumps([{"id": c.id, "kind": c.kind, **c.params} for c in cfg.cells
+                              if selected is None or selected(c)]))
             return
         table = Table(title=f"sweep {cfg.name}: {len(cfg.cells)} cells")
         table.add_column("id")
         table.add_column("kind")
         table.add_column("cell")
         for c in cfg.cells:
-            table.add_row(c.id, c.kind, c.label())
+            if selected is None or selected(c):
+                table.add_row(c.id, c.kind, c.label())
         Console().print(table)
         return
     command = ["hpcsched", "sweep", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "sweep" else None
     outcome = run_sweep(cfg, out, workers=workers or None, ray_address=ray, fresh=fresh,
-                        progress=not as_json or sys.stderr.isatty(), command=command)
+                        progress=not as_json or sys.stderr.isatty(), command=command, only=selected)
     if as_json:
         print(json.dumps(outcome.as_json()))
     else:

@@ -122,8 +122,13 @@ def run_sweep(
     fresh: bool = False,
     progress: bool = True,
     command: Sequence[str] | None = None,
+    only: Callable[[Cell], bool] | None = None,
 ) -> SweepOutcome:
-    """Run every unfinished cell of ``config`` into ``out`` and (re)write the results table."""
+    """Run every unfinished cell of ``config`` into ``out`` and (re)write the results table.
+
+    ``only`` restricts which unfinished cells run now (the table still lists every finished cell),
+    so a large grid can be filled in the order that matters most.
+    """
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +140,8 @@ def run_sweep(
     for cell in config.cells:
         rec = load_record(out, cell)
         if rec is None:
-            todo.append(cell)
+            if only is None or only(cell):
+                todo.append(cell)
         else:
             records[cell.id] = rec
     todo.sort(key=lambda c: -_cost(c, config.root))
@@ -165,7 +171,7 @@ def run_sweep(
     ordered = [records[c.id] for c in config.cells if c.id in records]
     tables = write_table(build_table(ordered), out)
     failed = [r for r in ordered if r["status"] != "ok"]
-    outcome = SweepOutcome(out, len(config.cells), len(todo), len(config.cells) - len(todo), failed,
+    outcome = SweepOutcome(out, len(config.cells), len(todo), len(ordered) - len(todo), failed,
                            time.perf_counter() - t0, tables)
     _write_manifest(config, out, command, status="failed" if failed else "done", outcome=outcome)
     return outcome
