@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.allocator import Group, JobView, Policy, Snapshot
+
+
+def runs_every_job(policy: Policy) -> Policy:
+    """Mark a policy that returns every active job as a solo group (it only orders them): when all
+    of them fit, the simulator may skip asking it, since any order would run them all."""
+    policy.runs_every_job = True  # type: ignore[attr-defined]
+    return policy
 
 
 def solo_groups(snapshot: Snapshot, key: Callable[[JobView], Any]) -> list[Group]:

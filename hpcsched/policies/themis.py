@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import remaining_s
+from hpcsched.policies._order import remaining_s, runs_every_job
 
 
 def _share(v: JobView, snapshot: Snapshot) -> float:
@@ -35,6 +35,7 @@ def finish_time_fairness(v: JobView, snapshot: Snapshot) -> float:
     return (snapshot.now - v.submit + rem) * _share(v, snapshot) / total
 
 
+@runs_every_job
 def themis(snapshot: Snapshot) -> list[Group]:
     ranked = sorted(snapshot.jobs, key=lambda v: -finish_time_fairness(v, snapshot))
     return [Group((v.id,)) for v in ranked]
@@ -58,7 +59,12 @@ def themis_cvxpy(snapshot: Snapshot) -> list[Group]:
         ratios.append((snapshot.now - v.submit + rem * cp.inv_pos(x[i])) / max(isolated, 1e-9))
     objective = cp.Minimize(ratios[0] if len(ratios) == 1 else cp.maximum(*ratios))
     constraints = [x >= 0, x <= 1, cp.sum(cp.multiply(gpus, x)) <= snapshot.cluster.gpus]
-    cp.Problem(objective, constraints).solve()
+    solvers = cp.installed_solvers()
+    solver = next((s for s in ("ECOS", "CLARABEL", "SCS") if s in solvers), None)  # the reference used ECOS
+    try:
+        cp.Problem(objective, constraints).solve(solver=solver)
+    except cp.error.SolverError:
+        return themis(snapshot)  # a solver failure must not stop a simulation: fall back to the greedy
     alloc = [float(a) if a is not None else 0.0 for a in (x.value if x.value is not None else [0.0] * len(views))]
     # the reference: allocation per second received, never-run jobs first
     key = [a * 1e9 if v.executed_s == 0 else a / v.executed_s for a, v in zip(alloc, views, strict=True)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import solo_groups
+from hpcsched.policies._order import runs_every_job, solo_groups
 
 QUEUE_LIMITS_GPU_S: tuple[float, ...] = (3250.0, 7200.0)
 
@@ -25,6 +25,7 @@ def queue_of(v: JobView, limits: tuple[float, ...] = QUEUE_LIMITS_GPU_S) -> int:
     return bisect_right(limits, v.attained_gpu_s)
 
 
+@runs_every_job
 def tiresias(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, lambda v: (queue_of(v), not v.running, v.submit))
 

@@ -33,6 +33,7 @@ How a policy's groups are executed (the contract the interleaving policies rely 
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -67,7 +68,7 @@ class _J:
     __slots__ = (
         "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
         "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
-        "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status",
+        "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since", "wake",
     )  # fmt: skip
 
     def __init__(self, job: Job, idx: int, compat: bool) -> None:
@@ -98,6 +99,12 @@ class _J:
         self.view: JobView | None = None
         self.ever_ran = False
         self.status = "pending"
+        self.since = 0.0  # default mode: progress is settled lazily up to this time
+        self.wake = _INF  # default mode: when attained service crosses the next policy threshold
+
+
+_Planned = tuple[Group, tuple["_J", ...], int, Any]
+"""(group, member states, GPUs it needs, placement or None for count-only)."""
 
 
 def _iterations(job: Job) -> tuple[float, float]:
@@ -197,6 +204,12 @@ def _result(j: _J) -> JobResult:
 
 
 class _Engine:
+    """One run. Compat mode settles every running job at every event (the reference charges each
+    event); default mode settles a job only when it is looked at (lazy), keeps completions and
+    service-threshold crossings in heaps, and skips the policy when every active job already runs or
+    fits beside the running ones (valid for policies marked ``runs_every_job``), so an event costs
+    O(jobs that change) instead of O(running jobs) on a lightly loaded cluster."""
+
     def __init__(
         self,
         jobs: Sequence[Job],
@@ -215,8 +228,15 @@ class _Engine:
         self.gpn = cluster.gpus_per_node
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))
-        self.active: list[_J] = []
-        self.running: list[_J] = []
+        self.fast = not self.compat and bool(getattr(policy, "runs_every_job", False))
+        self.active: dict[int, _J] = {}  # arrival order
+        self.running: dict[int, _J] = {}
+        self.free = [self.gpn] * cluster.nodes  # GPUs not held by running placements
+        self.busy = 0.0
+        self.active_gpus = 0
+        self.ends: list[tuple[float, int]] = []  # default mode: (predicted end, job idx), lazily invalidated
+        self.wakes: list[tuple[float, int]] = []
+        self.now = 0.0
         self.events = 0
         self.timeline: list[float] = []
         self.by_id: dict[str, _J] = {}
@@ -228,84 +248,197 @@ class _Engine:
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
         jobs, n = self.jobs, len(self.jobs)
-        ptr, now = 0, 0.0
-        t_end = _INF
+        ptr = 0
         while True:
             while ptr < n and jobs[ptr].status == "rejected":
                 ptr += 1
             t_arr = jobs[ptr].submit if ptr < n else _INF
-            t_wake = self._next_wake(now) if self.thresholds and self.running else _INF
+            t_end, t_wake = self._next_end(), self._next_wake()
             t = min(t_arr, t_end, t_wake)
             if t == _INF:
                 break
-            self._advance(t - now if self.events else 0.0, t)
-            now = t
+            if self.compat and self.events:
+                self._advance(t - self.now)
+            self.now = t
             self.events += 1
+            changed = False
             if t_end <= t:
-                self._complete(t)
+                changed = self._complete(t)
+            arrived = False
             while ptr < n and jobs[ptr].submit <= t:
                 j = jobs[ptr]
                 ptr += 1
                 if j.status == "rejected":
                     continue
-                self.active.append(j)
+                self.active[j.idx] = j
                 self.by_id[j.id] = j
-            self._reschedule(t)
-            t_end = min((j.predicted for j in self.running), default=_INF)
-            busy = sum(j.share for j in self.running)
-            self.timeline += (t, busy, len(self.running), len(self.active) - len(self.running))
+                self.active_gpus += j.gpus
+                arrived = True
+            if t_wake <= t:
+                changed = True
+                if not self.compat:
+                    self._wake_up(t)
+            if not self.fast or not self._fits_all(t, changed or arrived):
+                self._reschedule(t)
+            self.timeline += (t, self.busy, len(self.running), len(self.active) - len(self.running))
             if self.progress is not None and self.events % 256 == 0:
                 self.progress(self.finished, n)
         if self.progress is not None:
             self.progress(self.finished, n)
 
-    def _next_wake(self, now: float) -> float:
-        best = _INF
-        for j in self.running:
-            for thr in self.thresholds:
-                if j.attained < thr:
-                    if self.compat:  # reference: ceil(limit / gpus) - executed + now
-                        w = math.ceil(thr / j.gpus) - j.executed + now
-                    else:
-                        w = now + (thr - j.attained) / j.gpus
-                    best = min(best, max(w, now))
-                    break
-        return best
+    def _next_end(self) -> float:
+        if self.compat:
+            return min((j.predicted for j in self.running.values()), default=_INF)
+        ends = self.ends
+        while ends:
+            t, idx = ends[0]
+            j = self.jobs[idx]
+            if j.running and j.predicted == t:
+                return t
+            heapq.heappop(ends)
+        return _INF
 
-    def _advance(self, dt: float, t: float) -> None:
+    def _next_wake(self) -> float:
+        if not self.thresholds or not self.running:
+            return _INF
+        if self.compat:  # reference: ceil(limit / gpus) - executed + now, recomputed at every event
+            best, now = _INF, self.now
+            for j in self.running.values():
+                for thr in self.thresholds:
+                    if j.attained < thr:
+                        best = min(best, max(math.ceil(thr / j.gpus) - j.executed + now, now))
+                        break
+            return best
+        wakes = self.wakes
+        while wakes:
+            t, idx = wakes[0]
+            j = self.jobs[idx]
+            if j.running and j.wake == t:
+                return t
+            heapq.heappop(wakes)
+        return _INF
+
+    def _wake_up(self, t: float) -> None:
+        """Default mode: jobs whose attained service reaches a threshold now; arm their next one."""
+        while self.wakes and self.wakes[0][0] <= t:
+            w, idx = heapq.heappop(self.wakes)
+            j = self.jobs[idx]
+            if not (j.running and j.wake == w):
+                continue
+            self._sync(j, t)
+            for thr in self.thresholds:  # settle float round-off exactly onto the threshold crossed
+                if abs(j.attained - thr) <= 1e-9 * thr:
+                    j.attained = thr
+            self._push_wake(j)
+
+    def _push_wake(self, j: _J) -> None:
+        j.wake = _INF
+        for thr in self.thresholds:
+            if j.attained < thr:
+                j.wake = j.since + (thr - j.attained) / j.gpus
+                heapq.heappush(self.wakes, (j.wake, j.idx))
+                return
+
+    def _advance(self, dt: float) -> None:
+        """Compat: settle every running job, charging the restart cost of this interval."""
         if dt <= 0:
             return
-        compat = self.compat
-        for j in self.running:
+        for j in self.running.values():
             j.executed += dt
             j.attained += dt * j.gpus
             j.gpu_s += dt * j.share
-            if compat:
-                j.done += max(dt - j.charge, 0.0) / j.period
-            else:
-                w = min(dt, j.warm)
-                j.warm -= w
-                j.done += (dt - w) / j.period
+            j.done += max(dt - j.charge, 0.0) / j.period
             j.view = None
 
-    def _complete(self, t: float) -> None:
-        tol = 0.0 if self.compat else 1e-9 * max(1.0, abs(t))
-        ended = [j for j in self.running if j.predicted <= t + tol]
-        if not ended:
-            return
+    def _sync(self, j: _J, t: float) -> None:
+        """Default mode: settle one running job's progress up to ``t``."""
+        dt = t - j.since
+        if dt > 0:
+            j.executed += dt
+            j.attained += dt * j.gpus
+            j.gpu_s += dt * j.share
+            w = min(dt, j.warm)
+            j.warm -= w
+            j.done += (dt - w) / j.period
+            j.view = None
+        j.since = t
+
+    def _complete(self, t: float) -> bool:
+        if self.compat:
+            ended = [j for j in self.running.values() if j.predicted <= t]
+        else:
+            tol = 1e-9 * max(1.0, abs(t))
+            ended = []
+            while self.ends and self.ends[0][0] <= t + tol:
+                pt, idx = heapq.heappop(self.ends)
+                j = self.jobs[idx]
+                if j.running and j.predicted == pt:
+                    j.predicted = _INF  # a duplicate entry of the same time must not end it twice
+                    ended.append(j)
         for j in ended:
-            j.end = t
-            j.running = False
-            j.status = "completed"
-            j.place = None
             if not self.compat:
-                j.done = j.total if abs(j.done - j.total) <= 1e-6 * max(1.0, j.total) else j.done
+                self._sync(j, t)
+                if abs(j.done - j.total) <= 1e-6 * max(1.0, j.total):
+                    j.done = j.total
+            self._release(j)
+            j.end = t
+            j.status = "completed"
             del self.by_id[j.id]
+            del self.active[j.idx]
+            self.active_gpus -= j.gpus
         self.finished += len(ended)
-        self.running = [j for j in self.running if j.end is None]
-        self.active = [j for j in self.active if j.end is None]
+        return bool(ended)
+
+    def _release(self, j: _J) -> None:
+        """Stop a job; its GPUs go back unless another member of its group still runs on them."""
+        j.running = False
+        j.status = "pending"
+        j.view = None
+        j.warm = 0.0
+        j.predicted = j.wake = _INF
+        del self.running[j.idx]
+        if j.place is not None:
+            shared = j.group and any(m.place is j.place for m in self.running.values() if m.id in j.group)
+            if not shared:
+                pl.apply(self.free, j.place, +1)
+        j.place = None
+        self.busy -= j.share
 
     # -- decisions ---------------------------------------------------------------------------
+    def _fits_all(self, t: float, changed: bool) -> bool:
+        """Default-mode shortcut for work-conserving solo policies: True if every active job runs now.
+
+        When the active jobs' GPUs fit the cluster and each waiting job finds room beside the running
+        ones (first fit, arrival order), any priority order would run them all on these GPUs, so the
+        policy need not be asked. Otherwise nothing is changed and the caller asks the policy.
+        """
+        if not changed:
+            return True
+        if self.active_gpus > self.cluster.gpus:
+            return False
+        waiting = [j for j in self.active.values() if not j.running] if len(self.active) > len(self.running) else []
+        placed = []
+        for j in waiting:
+            got = pl.place_consolidated(self.free, j.gpus, self.gpn, self.nps)
+            if got is None:
+                for _j, p in placed:
+                    pl.apply(self.free, p, +1)
+                return False
+            pl.apply(self.free, got)
+            placed.append((j, tuple(got)))
+        for j, p in placed:
+            j.warm = j.restart
+            j.period = j.it * SOLO_FACTOR
+            j.share = float(j.gpus)
+            j.group = ()
+            j.since = t
+            self._start(j, t)
+            j.place = p
+            self.running[j.idx] = j
+            self.busy += j.share
+            self._schedule_end(j, t, started=True)
+        return True
+
     def _view(self, j: _J) -> JobView:
         v = j.view
         if v is None:
@@ -335,139 +468,223 @@ class _Engine:
     def _reschedule(self, t: float) -> None:
         if not self.active:
             return
-        held = sum(j.share for j in self.running)
+        if not self.compat:
+            for j in self.running.values():
+                self._sync(j, t)
         snap = Snapshot(
             now=t,
-            jobs=tuple(self._view(j) for j in self.active),
+            jobs=tuple(self._view(j) for j in self.active.values()),
             cluster=self.cluster,
-            free_gpus=int(round(self.cluster.gpus - held)),
+            free_gpus=int(round(self.cluster.gpus - self.busy)),
             compat=self.mode,
         )
         groups = self.policy(snap)
-        plan = self._place(self._resolve(groups))
-        self._apply(plan, t)
+        plan = None if self.compat else self._place_in_place(groups)
+        self._apply(plan if plan is not None else self._place(groups), t)
 
-    def _resolve(self, groups: list[Group]) -> list[tuple[Group, list[_J], int]]:
-        seen: set[str] = set()
-        out = []
+    def _members(self, g: Group) -> tuple[tuple[_J, ...], int]:
+        try:
+            members = tuple(self.by_id[i] for i in g.job_ids)
+        except KeyError as e:
+            raise ValueError(f"policy {self.name!r} returned job {e.args[0]!r}, which is not active") from None
+        if len(members) == 1:
+            return members, members[0].gpus
+        if members and g.period_s is None:
+            raise ValueError(f"policy {self.name!r}: group {g.job_ids} of {len(members)} jobs has no period_s")
+        return members, max((m.gpus for m in members), default=0)
+
+    def _place_in_place(self, groups: list[Group]) -> list[_Planned] | None:
+        """Default mode, the common case: running groups stay where they are and new ones fit beside.
+
+        Walks the groups in priority order; an unchanged running group keeps its GPUs, a new group
+        takes first fit among the GPUs nobody holds. Returns None (re-plan from scratch) as soon as
+        the answer could differ from a fresh plan: a group changed members, or one did not fit while
+        a lower-priority running group could still have yielded its GPUs, or a running job was left out.
+        """
+        avail = list(self.free)
+        left = sum(avail)
+        unclaimed = len(self.running)
+        used: set[str] = set()
+        plan: list[_Planned] = []
         for g in groups:
-            members = []
-            for jid in g.job_ids:
-                j = self.by_id.get(jid)
-                if j is None:
-                    raise ValueError(f"policy {self.name!r} returned job {jid!r}, which is not active")
-                if jid in seen:
-                    raise ValueError(f"policy {self.name!r} put job {jid!r} in two groups")
-                seen.add(jid)
-                members.append(j)
+            if unclaimed == 0 and left == 0:
+                break
+            members, need = self._members(g)
             if not members:
                 continue
-            if len(members) > 1 and g.period_s is None:
-                raise ValueError(f"policy {self.name!r}: group {g.job_ids} of {len(members)} jobs has no period_s")
-            out.append((g, members, max(m.gpus for m in members)))
-        return out
+            for m in members:
+                if m.id in used:
+                    raise ValueError(f"policy {self.name!r} put job {m.id!r} in two groups")
+                used.add(m.id)
+            first = members[0]
+            if first.running:
+                same = len(members) == 1 and not first.group or (
+                    len(members) > 1 and set(first.group) == set(g.job_ids)
+                    and all(m.running and m.place is first.place for m in members)
+                )
+                if not same:
+                    return None
+                plan.append((g, members, need, first.place))
+                unclaimed -= len(members)
+                continue
+            if any(m.running for m in members):
+                return None
+            got = pl.place_consolidated(avail, need, self.gpn, self.nps) if need <= left else None
+            if got is None:
+                if unclaimed:
+                    return None
+                continue
+            pl.apply(avail, got)
+            left -= need
+            plan.append((g, members, need, tuple(got)))
+        return plan if unclaimed == 0 else None
 
-    def _place(self, cands: list[tuple[Group, list[_J], int]]) -> list[tuple[Group, list[_J], Any]]:
-        total = self.cluster.gpus
-        if self.rules.placement == "count":  # compat Tiresias: counting only, no nodes
-            chosen, left = [], total
-            for g, members, need in cands:
-                if need <= left:
-                    left -= need
-                    chosen.append((g, members, None))
-            return chosen
+    def _place(self, groups: list[Group]) -> list[_Planned]:
+        """Take the policy's groups in order while GPUs are left; each is checked as it is considered."""
+        by_id, name = self.by_id, self.name
+        count = self.rules.placement == "count"  # compat Tiresias: counting only, no nodes
         free = [self.gpn] * self.cluster.nodes
-        left = total
-        first: list[tuple[Group, list[_J], Any]] = []
-        for g, members, need in cands:
+        left = self.cluster.gpus
+        used: set[str] = set()
+        first: list[_Planned] = []
+        for g in groups:
             if left == 0:
                 break
+            ids = g.job_ids
+            try:
+                members = tuple(by_id[i] for i in ids)
+            except KeyError as e:
+                raise ValueError(f"policy {name!r} returned job {e.args[0]!r}, which is not active") from None
+            if len(members) == 1:
+                need = members[0].gpus
+            elif not members:
+                continue
+            else:
+                if g.period_s is None:
+                    raise ValueError(f"policy {name!r}: group {ids} of {len(members)} jobs has no period_s")
+                need = max(m.gpus for m in members)
             if need > left:
                 continue
-            p = pl.place_consolidated(free, need, self.gpn, self.nps)
-            if p is not None:
-                pl.apply(free, p)
-                left -= need
-                first.append((g, members, tuple(p)))
+            if count:
+                p = None
+            else:
+                got = pl.place_consolidated(free, need, self.gpn, self.nps)
+                if got is None:
+                    continue
+                pl.apply(free, got)
+                p = tuple(got)
+            for i in ids:
+                if i in used:
+                    raise ValueError(f"policy {name!r} put job {i!r} in two groups")
+                used.add(i)
+            left -= need
+            first.append((g, members, need, p))
+        if count:
+            return first
         if self.compat:
             if not self.rules.two_pass:
                 return first
             free = [self.gpn] * self.cluster.nodes
             out = []
-            for g, members, _ in sorted(first, key=lambda c: -max(m.gpus for m in c[1])):
-                p = pl.place_consolidated(free, max(m.gpus for m in members), self.gpn, self.nps)
-                if p is not None:
-                    pl.apply(free, p)
-                    out.append((g, members, tuple(p)))
+            for g, members, need, _ in sorted(first, key=lambda c: -c[2]):
+                got = pl.place_consolidated(free, need, self.gpn, self.nps)
+                if got is not None:
+                    pl.apply(free, got)
+                    out.append((g, members, need, tuple(got)))
             return out
         return self._sticky(first)
 
-    def _sticky(self, first: list[tuple[Group, list[_J], Any]]) -> list[tuple[Group, list[_J], Any]]:
+    def _sticky(self, first: list[_Planned]) -> list[_Planned]:
         """Keep running groups on their GPUs where possible; fall back to the fresh plan."""
         free = [self.gpn] * self.cluster.nodes
         out: list[Any] = [None] * len(first)
         rest = []
-        for i, (g, members, _fresh) in enumerate(first):
+        for i, (g, members, need, _fresh) in enumerate(first):
             old = next((m.place for m in members if m.running and m.place is not None), None)
-            need = max(m.gpus for m in members)
             if old is not None and sum(k for _, k in old) == need and all(free[n] >= k for n, k in old):
-                pl.apply(free, list(old))
-                out[i] = (g, members, old)
+                pl.apply(free, old)
+                out[i] = (g, members, need, old)
             else:
                 rest.append(i)
         for i in rest:
-            g, members, _ = first[i]
-            p = pl.place_consolidated(free, max(m.gpus for m in members), self.gpn, self.nps)
-            if p is None:
+            g, members, need, _ = first[i]
+            got = pl.place_consolidated(free, need, self.gpn, self.nps)
+            if got is None:
                 return first  # fragmentation: the fresh plan is feasible by construction
-            pl.apply(free, p)
-            out[i] = (g, members, tuple(p))
+            pl.apply(free, got)
+            out[i] = (g, members, need, tuple(got))
         return out
 
-    def _apply(self, plan: list[tuple[Group, list[_J], Any]], t: float) -> None:
+    @staticmethod
+    def _start(m: _J, t: float) -> None:
+        if not m.running:
+            m.running = True
+            m.status = "running"
+            m.ever_ran = True
+            m.view = None
+            if m.first_start is None:
+                m.first_start = t
+
+    def _apply(self, plan: list[_Planned], t: float) -> None:
         compat = self.compat
         now_running: list[_J] = []
-        for g, members, p in plan:
+        for g, members, need, p in plan:
             k = len(members)
-            need = max(m.gpus for m in members)
-            if k == 1 and g.period_s is None:
-                period = None
-            else:
-                period = g.period_s * group_factor(k)
+            if k == 1:
+                m = members[0]
+                if not compat and (not m.running or m.place != p):
+                    m.warm = m.restart
+                m.period = m.it * SOLO_FACTOR if g.period_s is None else g.period_s * SOLO_FACTOR
+                m.share = float(need)
+                m.charge = m.restart
+                m.group = ()
+                self._start(m, t)
+                m.place = p
+                now_running.append(m)
+                continue
+            period = g.period_s * group_factor(k)
             charge = sum(restart_cost(m.model, m.gpus) for m in members) if self.rules.group_restart else None
             ids = tuple(m.id for m in members)
             for m in members:
-                moved = not m.running or m.place != p
-                m.period = period if period is not None else m.it * SOLO_FACTOR
+                if not compat and (not m.running or m.place != p):
+                    m.warm = m.restart
+                m.period = period
                 m.share = need / k
                 m.group = ids
-                if compat:
-                    m.charge = charge if charge is not None and k > 1 else m.restart
-                elif moved:
-                    m.warm = m.restart
-                if not m.running:
-                    m.running = True
-                    m.status = "running"
-                    m.ever_ran = True
-                    if m.first_start is None:
-                        m.first_start = t
+                m.charge = charge if charge is not None else m.restart
+                self._start(m, t)
                 m.place = p
-                m.view = None
                 now_running.append(m)
-        keep = {id(m) for m in now_running}
-        for j in self.running:
-            if id(j) not in keep:  # preempted: progress is kept (checkpoint), GPUs released
-                j.running = False
-                j.status = "pending"
-                j.place = None
-                j.warm = 0.0
-                j.view = None
-        self.running = now_running
+        keep = {m.idx for m in now_running}
+        before = set(self.running)
+        for j in list(self.running.values()):
+            if j.idx not in keep:  # preempted: progress is kept (checkpoint), GPUs released
+                self._release(j)
+        self.running = {m.idx: m for m in now_running}
+        self.busy = sum(m.share for m in now_running)
+        free = [self.gpn] * self.cluster.nodes
+        seen_places: set[int] = set()
+        for m in now_running:
+            if m.place is not None and id(m.place) not in seen_places:
+                seen_places.add(id(m.place))
+                pl.apply(free, m.place)
+        self.free = free
         rules_wall = compat and self.rules.progress == "wall"
         for j in now_running:
+            started = j.idx not in before
             if rules_wall:
                 j.predicted = max(float(int(t + j.dur - j.executed)), t)
             elif compat:
                 j.predicted = t + max(j.total - j.done, 0.0) * j.period
             else:
-                j.predicted = t + j.warm + max(j.total - j.done, 0.0) * j.period
+                j.since = t
+                self._schedule_end(j, t, started)
+
+    def _schedule_end(self, j: _J, t: float, started: bool) -> None:
+        """Default mode: (re)arm a running job's completion and, if it just started, its next wake-up."""
+        pred = t + j.warm + max(j.total - j.done, 0.0) * j.period
+        if pred != j.predicted:
+            j.predicted = pred
+            heapq.heappush(self.ends, (pred, j.idx))
+        if started and self.thresholds:
+            self._push_wake(j)
