@@ -108,7 +108,8 @@ class Controller:
         job = self.store.job(a.job_id)
         if job.state == "stopping":
             if seen is not None and seen.running:
-                reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=job.stop_reason != "failed"))
+                reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=job.stop_reason != "failed",
+                                              grace_s=self.cfg.stop_grace_s))
                 return False
             if seen is None and a.state == "launching":  # never started: nothing to stop
                 self.store.set_alloc_state(a.task_id, "exited", -1)

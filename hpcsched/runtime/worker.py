@@ -36,7 +36,7 @@ from hpcsched.runtime.rpc import pb, pb_grpc
 
 log = logging.getLogger("hpcsched.runtime.worker")
 
-KILL_GRACE_S = 20.0  # SIGTERM (checkpoint and exit) -> SIGKILL of the whole task tree
+DEFAULT_GRACE_S = 30.0  # SIGTERM (checkpoint and exit) -> SIGKILL of the whole task tree, unless told otherwise
 _PROGRESS_FIELDS = {f.name for f in pb.Progress.DESCRIPTOR.fields}
 
 
@@ -49,6 +49,7 @@ class Task:
     offset: int = 0
     exit_code: int | None = None
     term_at: float | None = None
+    grace_s: float = DEFAULT_GRACE_S
     pending: list[pb.Progress] = field(default_factory=list)
 
 
@@ -122,7 +123,7 @@ class Worker:
         for tid in reply.forget:
             self.tasks.pop(tid, None)
         for k in reply.kill:
-            self.kill(k.task_id, k.checkpoint)
+            self.kill(k.task_id, k.checkpoint, k.grace_s or DEFAULT_GRACE_S)
         for launch in reply.launch:
             if launch.task_id not in self.tasks:
                 self.launch(launch)
@@ -155,10 +156,11 @@ class Worker:
         self.tasks[t.task_id] = Task(t, proc, progress, devices)
         log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, "" if argv else ", holding")
 
-    def kill(self, task_id: str, checkpoint: bool) -> None:
+    def kill(self, task_id: str, checkpoint: bool, grace_s: float = DEFAULT_GRACE_S) -> None:
         t = self.tasks.get(task_id)
         if t is None or t.exit_code is not None:
             return
+        t.grace_s = grace_s
         if t.proc is None:
             t.exit_code = 0 if checkpoint else -9
             return
@@ -166,7 +168,7 @@ class Worker:
             t.term_at = time.time()
             with contextlib.suppress(ProcessLookupError):
                 t.proc.send_signal(signal.SIGTERM)  # the launcher forwards it; programs checkpoint and exit
-        elif not checkpoint or time.time() - t.term_at > KILL_GRACE_S:
+        elif not checkpoint or time.time() - t.term_at > t.grace_s:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(t.proc.pid, signal.SIGKILL)
 
@@ -181,8 +183,8 @@ class Worker:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(t.proc.pid, signal.SIGKILL)  # leftovers of the tree
                     log.info("task %s exited with %d", t.launch.task_id, code)
-                elif t.term_at is not None and time.time() - t.term_at > KILL_GRACE_S:
-                    self.kill(t.launch.task_id, checkpoint=True)
+                elif t.term_at is not None and time.time() - t.term_at > t.grace_s:
+                    self.kill(t.launch.task_id, checkpoint=True, grace_s=t.grace_s)
 
     def _read_progress(self, t: Task) -> None:
         try:
