@@ -34,12 +34,13 @@ def compare_runs(sim_dir: Path, real_dir: Path) -> dict[str, Any]:
     sim, sim_meta = read_results(sim_dir)
     real, real_meta = read_results(real_dir)
     s, r = summarize(sim, sim_meta), summarize(real, real_meta)
-    both = real.merge(sim, on="job_id", suffixes=("_real", "_sim"), how="outer", indicator=True)
-    only = both[both["_merge"] != "both"]["job_id"].tolist()
-    if len(only) == len(both):
+    ids_real, ids_sim = set(real["job_id"]), set(sim["job_id"])
+    only = sorted(ids_real ^ ids_sim)
+    if not ids_real & ids_sim:
         raise InputError(sim_dir, f"no job ids in common with {real_dir}: not runs of the same jobs")
+    both = real.merge(sim, on="job_id", suffixes=("_real", "_sim"), how="inner")  # the real run's order
     jobs = []
-    for _, row in both[both["_merge"] == "both"].iterrows():
+    for _, row in both.iterrows():
         rj = row["end_real"] - row["submit_real"] if pd.notna(row["end_real"]) else None
         sj = row["end_sim"] - row["submit_sim"] if pd.notna(row["end_sim"]) else None
         jobs.append({"job_id": row["job_id"], "real_jct": rj, "sim_jct": sj, "error": _err(sj, rj)})

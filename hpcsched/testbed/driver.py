@@ -120,6 +120,17 @@ def _job_doc(j: ScaledJob) -> dict[str, Any]:
     return d
 
 
+def scaled_from_doc(d: dict[str, Any]) -> ScaledJob:
+    """A ``ScaledJob`` back from its ``testbed.json`` entry."""
+    from hpcsched.model import ResourceProfile
+    from hpcsched.testbed.mapping import Workload
+
+    fields = {k: v for k, v in d.items() if k != "runtime"}
+    fields["workload"] = Workload(**d["workload"])
+    fields["trace_profile"] = ResourceProfile(*d["trace_profile"]) if d["trace_profile"] else None
+    return ScaledJob(**fields)
+
+
 def load_run(real_dir: Path) -> dict[str, Any] | None:
     """``testbed.json`` of a real run, or None when the folder holds only a jobs.csv."""
     p = real_dir / RUN_FILE

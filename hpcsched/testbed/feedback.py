@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from hpcsched.allocator import Group, Policy, Snapshot
@@ -80,15 +81,22 @@ def _ms(s: float) -> str:
 
 
 def as_runtime_runs(policy: Policy, name: str) -> Policy:
-    """The policy as the runtime executes it today: its order kept, every group split into solo jobs.
+    """The policy as the runtime executes it today: it sees what the controller knows, and every group
+    it returns is split into solo jobs in the group's priority order.
 
-    The runtime controller (``hpcsched.runtime.scheduler``) does not co-locate a group's members on
-    shared devices yet; it runs each member on its own slots in the group's priority order. Simulating
-    the groups it does not form would compare two different schedules.
+    - The controller learns a job's iteration time and stage profile from the job's own progress
+      reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
+      no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
+      Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration.
+    - The controller does not co-locate a group's members on shared devices yet
+      (``hpcsched.runtime.scheduler``): it runs each member on its own slots.
+    Simulating knowledge or groups the runtime does not have would compare two different schedules.
     """
 
     def flat(snapshot: Snapshot) -> list[Group]:
-        return [Group((i,)) for g in policy(snapshot) for i in g.job_ids]
+        views = tuple(v if v.first_start is not None else
+                      replace(v, iteration_time=None, remaining_s=None, profile=None) for v in snapshot.jobs)
+        return [Group((i,)) for g in policy(replace(snapshot, jobs=views)) for i in g.job_ids]
 
     flat.__name__ = name
     flat.service_thresholds = getattr(policy, "service_thresholds", ())  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from typing import Any
 
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
+from hpcsched.model import ClusterSpec
 from hpcsched.testbed import compare, driver, feedback, measure
 from hpcsched.testbed.mapping import ScaledJob, Scaling, scale_jobs
 
@@ -63,26 +64,46 @@ def run_testbed(opts: RunOptions, pick_scale: Callable[[str, list[float], int, i
     opts.out.mkdir(parents=True, exist_ok=True)
     rep, state = _replay(opts, spec, scaled, scale, progress)
     meta = {"policy": opts.policy, "trace": str(opts.trace), "cluster": spec.name, "capacity_gpus": spec.gpus,
-            "capacity_nodes": spec.nodes, "jobs_replayed": len(scaled), "skip": opts.skip}
+            "capacity_nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "jobs_replayed": len(scaled),
+            "skip": opts.skip, "state": str(state) if state is not None else None}
     driver.write_real(opts.out, scaled, rep, meta)
     if rep.timed_out:
         say(f"testbed: timed out after {opts.timeout_s:.0f} s; unfinished jobs were cancelled")
+    if state is None:
+        say("testbed: no --state given: the second simulation uses nominal profiles (nothing measured)")
+    return analyse(opts.out, spec, opts.policy, scaled, scale, rep.runtime_ids, state, str(opts.trace))
+
+
+def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJob], scale: float,
+            runtime_ids: dict[str, str], state: Path | None, trace: str) -> dict[str, dict[str, Any]]:
+    """Measure, simulate three ways and compare; ``reanalyse`` calls it again on a finished run."""
     measured: dict[str, measure.Measured] = {}
     if state is not None:
-        by_runtime = measure.read_measurements(state, set(rep.runtime_ids.values()))
-        measured = {tid: by_runtime[rid] for tid, rid in rep.runtime_ids.items() if rid in by_runtime}
-        _write_windows(opts.out / compare.ITERATIONS_FILE, measured, rep.runtime_ids, scale)
-        _write_profiles(state, opts.out / "profile")
-    else:
-        say("testbed: no --state given: the second simulation uses nominal profiles (nothing measured)")
+        by_runtime = measure.read_measurements(state, set(runtime_ids.values()))
+        measured = {tid: by_runtime[rid] for tid, rid in runtime_ids.items() if rid in by_runtime}
+        _write_windows(out_dir / compare.ITERATIONS_FILE, measured, runtime_ids, scale)
+        _write_profiles(state, out_dir / "profile")
     with_measured = feedback.measured_jobs(scaled, scale, measured)
     sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True), "sim-measured": (with_measured, True),
             "sim-grouped": (with_measured, False)}
     out = {}
     for name, (jobs, flatten) in sims.items():
-        feedback.run_sim(jobs, spec, opts.policy, opts.out / name, str(opts.trace), flatten=flatten)
-        out[name] = compare.compare_runs(opts.out / name, opts.out)
+        feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten)
+        out[name] = compare.compare_runs(out_dir / name, out_dir)
     return out
+
+
+def reanalyse(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The simulations and comparison of a finished run again, from its ``testbed.json`` and state file."""
+    run = driver.load_run(out_dir)
+    if run is None:
+        raise InputError(out_dir / driver.RUN_FILE, "not a testbed run folder")
+    meta = run["meta"]
+    spec = ClusterSpec(1, int(meta["capacity_nodes"]), int(meta["gpus_per_node"]), name=meta["cluster"])
+    scaled = [driver.scaled_from_doc(j) for j in run["jobs"]]
+    ids = {j["trace_id"]: j["runtime"]["job_id"] for j in run["jobs"] if j["runtime"]}
+    state = Path(meta["state"]) if meta.get("state") else None
+    return analyse(out_dir, spec, meta["policy"], scaled, run["scale"], ids, state, meta["trace"])
 
 
 def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progress):
