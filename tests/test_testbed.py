@@ -160,3 +160,31 @@ def test_flattened_policy_runs_groups_as_solo_jobs(tmp_path: Path) -> None:
     assert flat.timeline["running_jobs"].max() <= SPEC.gpus
     df, meta = read_results(tmp_path / "f")
     assert (df["status"] == "completed").all() and meta["groups"].startswith("flattened")
+
+
+def test_profiles_learned_from_an_earlier_run(tmp_path: Path) -> None:
+    from hpcsched.testbed.driver import Replay, write_real
+    from hpcsched.testbed.profiles import learn, predicted_jobs
+
+    scaled = scale_jobs(_first(3), SPEC, Scaling(scale=100.0, max_procs=1))  # gpt2, vgg16, a2c
+    rep = Replay(real_start=1000.0, trace_start=0.0, scale=100.0, runtime_ids={s.trace_id: f"j{i}" for i, s in
+                                                                               enumerate(scaled)})
+    write_real(tmp_path, scaled, rep, {"policy": "fifo"})
+    # windows in trace seconds (x100): vgg16 alone at 4 and 6 s/step, shared at 9 (ignored); gpt2 shared only
+    (tmp_path / ITERATIONS_FILE).write_text(
+        "job_id,runtime_id,generation,steps,sharing,pace_s,data_s,compute_s,comm_s,startup_s\n"
+        "1,j1,1,10,1,4,1,2,1,500\n1,j1,1,10,1,6,1,4,1,500\n1,j1,1,10,2,9,3,3,3,500\n"
+        "0,j0,1,10,2,8,0,6,2,700\n")
+    learned = learn(tmp_path)
+    by_model = {s.model: s.workload for s in scaled}
+    assert learned.pace_s[by_model["vgg16"]] == pytest.approx(0.05)  # median(4, 6) / 100
+    assert learned.pace_s[by_model["gpt2"]] == pytest.approx(0.08)  # no solo window: all of its windows
+    assert learned.stages_s[by_model["vgg16"]].stages() == pytest.approx((0.01, 0.03, 0.01))
+    assert learned.overhead_s == pytest.approx(6.0)  # median(500, 700) / 100
+    jobs = {j.id: j for j in predicted_jobs(scaled, 100.0, learned)}
+    vgg = next(s for s in scaled if s.model == "vgg16")
+    it = 0.05 / SOLO_FACTOR
+    assert jobs[vgg.trace_id].iteration_time == pytest.approx(it * 100.0)
+    assert jobs[vgg.trace_id].iterations == vgg.steps + round(6.0 / it)
+    a2c = next(s for s in scaled if s.model == "a2c")  # never measured: nominal
+    assert jobs[a2c.trace_id].iteration_time == pytest.approx(a2c.workload.nominal_iteration_s * 100.0)

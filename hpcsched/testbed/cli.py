@@ -55,11 +55,14 @@ def testbed_cmd(
     max_steps: int = typer.Option(400, "--max-steps", help="Most real steps of a job (long jobs are shortened)."),
     max_procs: int = typer.Option(1, "--max-procs", help="Most processes of one job (trace GPUs are capped)."),
     timeout: float = typer.Option(1800, "--timeout", help="Real seconds before unfinished jobs are cancelled."),
+    profiles_from: Path = typer.Option(None, "--profiles-from",
+                                       help="An earlier testbed run: also predict this one from its profiles."),
+    reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
 ) -> None:
     """Replay a trace through the real controller and workers; compare with the simulator."""
-    from hpcsched.testbed.compare import compare_runs, render_markdown, render_tables
+    from hpcsched.testbed.compare import compare_runs, render_tables
 
     console = Console(width=120)
     if compare:
@@ -68,6 +71,11 @@ def testbed_cmd(
             print(json.dumps(res, default=str))
         else:
             render_tables(res, f"{compare[0]} vs {compare[1]}", console)
+        return
+    if reanalyse is not None:
+        from hpcsched.testbed.run import reanalyse as again
+
+        _report(again(reanalyse, profiles_from), reanalyse, as_json, console)
         return
     missing = [n for n, v in (("--trace", trace), ("--cluster", cluster), ("--out", out)) if v is None]
     if missing:
@@ -78,12 +86,19 @@ def testbed_cmd(
 
     opts = RunOptions(trace=trace, cluster=cluster, policy=policy, out=out, jobs=jobs, skip=skip,
                       min_steps=min_steps, max_steps=max_steps, max_procs=max_procs, timeout_s=timeout,
-                      controller=controller, state=state, token_file=token_file, time_scale=time_scale)
+                      controller=controller, state=state, token_file=token_file, time_scale=time_scale,
+                      profiles_from=profiles_from)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("testbed: jobs done", total=jobs)
         results = run_testbed(opts, _scale, lambda d, n: bar.update(task, completed=d, total=n),
                               lambda msg: bar.console.print(msg))
+    _report(results, out, as_json, console)
+
+
+def _report(results: dict, out: Path, as_json: bool, console: Console) -> None:
+    from hpcsched.testbed.compare import render_markdown, render_tables
+
     names = list(results)
     (out / "comparison.md").write_text(render_markdown([results[n] for n in names], names))
     (out / "comparison.json").write_text(json.dumps(results, indent=1, default=str) + "\n")

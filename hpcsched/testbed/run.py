@@ -11,7 +11,7 @@ from typing import Any
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
-from hpcsched.testbed import compare, driver, feedback, measure
+from hpcsched.testbed import compare, driver, feedback, measure, profiles
 from hpcsched.testbed.mapping import ScaledJob, Scaling, scale_jobs
 
 
@@ -31,6 +31,7 @@ class RunOptions:
     state: Path | None = None
     token_file: Path | None = None
     time_scale: str = "auto"
+    profiles_from: Path | None = None  # an earlier run: adds the out-of-sample sim-predicted
 
 
 def _select(opts: RunOptions):
@@ -71,12 +72,15 @@ def run_testbed(opts: RunOptions, pick_scale: Callable[[str, list[float], int, i
         say(f"testbed: timed out after {opts.timeout_s:.0f} s; unfinished jobs were cancelled")
     if state is None:
         say("testbed: no --state given: the second simulation uses nominal profiles (nothing measured)")
-    return analyse(opts.out, spec, opts.policy, scaled, scale, rep.runtime_ids, state, str(opts.trace))
+    return analyse(opts.out, spec, opts.policy, scaled, scale, rep.runtime_ids, state, str(opts.trace),
+                   opts.profiles_from)
 
 
 def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJob], scale: float,
-            runtime_ids: dict[str, str], state: Path | None, trace: str) -> dict[str, dict[str, Any]]:
-    """Measure, simulate three ways and compare; ``reanalyse`` calls it again on a finished run."""
+            runtime_ids: dict[str, str], state: Path | None, trace: str,
+            profiles_from: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Measure, simulate three ways (four with ``profiles_from``) and compare; ``reanalyse`` calls it
+    again on a finished run."""
     measured: dict[str, measure.Measured] = {}
     if state is not None:
         by_runtime = measure.read_measurements(state, set(runtime_ids.values()))
@@ -86,6 +90,8 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
     with_measured = feedback.measured_jobs(scaled, scale, measured)
     sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True), "sim-measured": (with_measured, True),
             "sim-grouped": (with_measured, False)}
+    if profiles_from is not None:
+        sims["sim-predicted"] = (profiles.predicted_jobs(scaled, scale, profiles.learn(profiles_from)), True)
     out = {}
     for name, (jobs, flatten) in sims.items():
         feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten)
@@ -93,7 +99,7 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
     return out
 
 
-def reanalyse(out_dir: Path) -> dict[str, dict[str, Any]]:
+def reanalyse(out_dir: Path, profiles_from: Path | None = None) -> dict[str, dict[str, Any]]:
     """The simulations and comparison of a finished run again, from its ``testbed.json`` and state file."""
     run = driver.load_run(out_dir)
     if run is None:
@@ -103,7 +109,7 @@ def reanalyse(out_dir: Path) -> dict[str, dict[str, Any]]:
     scaled = [driver.scaled_from_doc(j) for j in run["jobs"]]
     ids = {j["trace_id"]: j["runtime"]["job_id"] for j in run["jobs"] if j["runtime"]}
     state = Path(meta["state"]) if meta.get("state") else None
-    return analyse(out_dir, spec, meta["policy"], scaled, run["scale"], ids, state, meta["trace"])
+    return analyse(out_dir, spec, meta["policy"], scaled, run["scale"], ids, state, meta["trace"], profiles_from)
 
 
 def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progress):
