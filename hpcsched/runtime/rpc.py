@@ -7,8 +7,10 @@ that skipped ``make rpc`` would otherwise fail with an obscure ImportError deep 
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -27,11 +29,15 @@ def _generate() -> None:
             "hpcsched runtime: gRPC stubs are missing and grpcio-tools is not installed; "
             "run `make rpc` (or `pip install grpcio-tools` and retry)"
         ) from None
-    cmd = [sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.", "--grpc_python_out=.",
-           "--pyi_out=.", str(proto)]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ImportError(f"hpcsched runtime: generating gRPC stubs failed ({done.stderr.strip()}); run `make rpc`")
+    # Generate aside, then rename: a concurrent importer never reads half a file.
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+               f"--pyi_out={tmp}", str(proto)]
+        done = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ImportError(f"hpcsched runtime: generating gRPC stubs failed ({done.stderr.strip()}); run `make rpc`")
+        for f in (Path(tmp) / proto.parent).iterdir():
+            os.replace(f, _PROTO_DIR / f.name)
 
 
 def _load() -> tuple[ModuleType, ModuleType]:
