@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpcsched.errors import InputError
+from hpcsched.runtime import launchers
 from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState, plan
 from hpcsched.runtime.store import Store
 
@@ -115,3 +117,27 @@ def test_tls_with_token(tmp_path: Path) -> None:
         plain.close()
     finally:
         srv.stop()
+
+
+def _launch(launcher: str, node_rank: int = 0) -> pb.LaunchTask:
+    return pb.LaunchTask(task_id="j1.g2.n0", job_id="j1", generation=2, launcher=launcher, command=["train.py", "-x"],
+                         env={"HPCSCHED_JOB_ID": "j1", "HPCSCHED_CHECKPOINT_DIR": "/ck/j1", "MINE": "1"},
+                         node_rank=node_rank, nnodes=2, nprocs=2, world_size=3, master_addr="10.0.0.1",
+                         master_port=29400, hosts=["10.0.0.1:2", "10.0.0.2:1"], rank_offset=0)
+
+
+def test_launchers_give_each_task_its_environment() -> None:
+    argv, env = launchers.build(_launch("torchrun", node_rank=1), "/py", "0,1")
+    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert {"--nnodes=2", "--node-rank=1", "--nproc-per-node=2", "--master-addr=10.0.0.1",
+            "--master-port=29400"} <= set(argv)
+    assert argv[-2:] == ["train.py", "-x"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["WORLD_SIZE"] == "3" and env["MINE"] == "1"
+    assert env["HPCSCHED_CHECKPOINT_DIR"] == "/ck/j1" and env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+    argv, env = launchers.build(_launch("mpirun"), "/py", "")
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"] and "10.0.0.1:2,10.0.0.2:1" in argv
+    assert ["-x", "MINE"] == argv[argv.index("MINE") - 1: argv.index("MINE") + 1]
+    assert argv[-3:] == ["/py", "train.py", "-x"] and "RANK=$OMPI_COMM_WORLD_RANK" in " ".join(argv)
+    assert launchers.build(_launch("mpirun", node_rank=1), "/py", "")[0] is None  # holds its slots only
+    assert launchers.merged_hosts(["127.0.0.1:1", "127.0.0.1:1", "b:2"]) == "127.0.0.1:2,b:2"

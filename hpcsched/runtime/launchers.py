@@ -64,16 +64,19 @@ def torchrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     return [*cmd, *t.command], _env(t, devices)
 
 
+# Open MPI numbers ranks in OMPI_COMM_WORLD_*; programs written for torchrun read RANK / LOCAL_RANK.
+RANK_SHIM = ["sh", "-c", 'RANK=$OMPI_COMM_WORLD_RANK LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK exec "$@"', "rank-env"]
+
+
 def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     env = _env(t, devices)
     if t.node_rank != 0:
         return None, env
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size),
            "--host", merged_hosts(list(t.hosts)), "--bind-to", "none"]
-    for k in sorted(env):
-        if k.startswith(("HPCSCHED_", "MASTER_", "CUDA_", "OMP_", "PYTHON")):
-            cmd += ["-x", k]
-    return [*cmd, *_program(list(t.command), python)], env
+    for k in sorted(env):  # the job's own variables and ours reach every rank, remote ones included
+        cmd += ["-x", k]
+    return [*cmd, *RANK_SHIM, *_program(list(t.command), python)], env
 
 
 def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
