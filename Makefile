@@ -55,8 +55,13 @@ horovod: $(STAMP)
 	fi; \
 	$(BIN)/pip install -q "$$whl" && $(BIN)/horovodrun --check-build
 
+# Main job: the bundled real trace (Muri trace3, 992 jobs, 64 GPUs) under every policy; a table and a JCT CDF.
+# `make run RUN_COMPAT=muri` gives the reference simulator's accounting (the published table).
+RUN_POLICIES ?= fifo,srtf,srsf,las,tiresias,themis,muri-s,muri-l
+RUN_COMPAT ?=
 run: $(STAMP)
-	$(BIN)/hpcsched trace inspect trace-data/muri/trace3.csv
+	$(BIN)/hpcsched compare --trace trace-data/muri/trace3.csv --cluster cluster_spec/n8g8.csv \
+	  --policies $(RUN_POLICIES) --out $(OUT)/compare $(if $(RUN_COMPAT),--compat $(RUN_COMPAT))
 
 test: $(STAMP) $(EXTRAS_STAMP)
 	$(BIN)/python -m pytest -q
