@@ -147,8 +147,11 @@ class Harvester:
                        detail=" ".join(f"{j}={n}" for j, n in d.counts.items()) + f" ({d.solver} {d.status})")
         for job_id, target in d.nodes.items():
             run = self.runs.get(job_id)
+            others = {n for j, r in self.runs.items() if j != job_id for n in r.nodes}
             if run is None:
-                if target:
+                if target and others & set(target):
+                    self.dirty = True  # a shrinking job still holds some of these: start once it has let go
+                elif target:
                     self._seq += 1
                     run = self.executor.start(self.specs[job_id], tuple(target), self._seq, now)
                     self.runs[job_id] = run
