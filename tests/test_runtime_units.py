@@ -141,3 +141,61 @@ def test_launchers_give_each_task_its_environment() -> None:
     assert argv[-3:] == ["/py", "train.py", "-x"] and "RANK=$OMPI_COMM_WORLD_RANK" in " ".join(argv)
     assert launchers.build(_launch("mpirun", node_rank=1), "/py", "")[0] is None  # holds its slots only
     assert launchers.merged_hosts(["127.0.0.1:1", "127.0.0.1:1", "b:2"]) == "127.0.0.1:2,b:2"
+
+
+def _ctl(tmp_path: Path, **kw: object):
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", **kw))
+    c.started()
+    return c
+
+
+def _beat(c, wid: str, tasks: list[pb.TaskStatus] = ()) -> pb.HeartbeatReply:
+    return c.heartbeat(pb.HeartbeatRequest(worker_id=wid, spare_port=40000, tasks=list(tasks)))
+
+
+def _status(t: pb.LaunchTask, running: bool = True, code: int = 0, **progress: object) -> pb.TaskStatus:
+    ps = [pb.Progress(time=1.0, world_size=t.world_size, **progress)] if progress else []
+    return pb.TaskStatus(task_id=t.task_id, job_id=t.job_id, generation=t.generation, running=running,
+                         exit_code=code, progress=ps)
+
+
+def test_controller_reconciles_after_restart_and_fails_over(tmp_path: Path) -> None:
+    """The state machine without gRPC: launch via heartbeat, a restart that keeps the running task, a lost
+    task that restarts the job at a new generation, and completion when every task exits 0."""
+    c = _ctl(tmp_path)
+    for w in ("w0", "w1"):
+        c.register(pb.RegisterRequest(worker_id=w, host="127.0.0.1", slots=1, launchers=["torchrun"]))
+    jid = c.submit("command: [t.py]\nprocs: 2\nsteps: 10\n", "j.yaml")
+    for w in ("w0", "w1"):
+        _beat(c, w)
+    c.tick()
+    (t0,), (t1,) = _beat(c, "w0").launch, _beat(c, "w1").launch
+    assert (t0.node_rank, t1.node_rank, t0.master_port, t0.world_size) == (0, 1, 40000, 2)
+    _beat(c, "w0", [_status(t0, step=4, loss=2.0, checkpoint="/ck/x")])
+    _beat(c, "w1", [_status(t1)])
+    c.store.close()
+
+    c = _ctl(tmp_path)  # a restarted controller: same database, workers keep their tasks
+    r = _beat(c, "w0", [_status(t0)])
+    assert not r.reregister and not r.launch and not r.kill  # the running task is still wanted
+    (job,) = c.store.jobs()
+    assert (job.state, job.generation, job.ckpt_step, job.first_loss) == ("running", 1, 4, 2.0)
+    r = _beat(c, "w1", [])  # w1 came back without its task (it restarted): the attempt is lost
+    assert c.store.job(jid).state == "stopping"
+    assert [k.checkpoint for k in _beat(c, "w0", [_status(t0)]).kill] == [False]
+    _beat(c, "w0", [_status(t0, running=False, code=-9)])
+    job = c.store.job(jid)
+    assert (job.state, job.restarts) == ("pending", 1)
+    c.tick()
+    (n0,), (n1,) = _beat(c, "w0").launch, _beat(c, "w1").launch
+    assert n0.generation == n1.generation == 2
+    _beat(c, "w0", [_status(n0, running=False, step=10, loss=0.5, done=True, first=False)])
+    assert c.store.job(jid).state == "running"  # node 1 still runs
+    r = _beat(c, "w1", [_status(n1, running=False)])
+    assert list(r.forget) == [n1.task_id]
+    job = c.store.job(jid)
+    assert (job.state, job.steps_done, job.first_loss, job.last_loss) == ("completed", 10, 2.0, 0.5)
+    c.store.close()

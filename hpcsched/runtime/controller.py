@@ -91,6 +91,7 @@ class Controller:
         if current:
             for p in t.progress:
                 self._apply_progress(job, p)
+                job = self.store.job(t.job_id)  # the next report must see what this one changed
         if not t.running:
             reply.forget.append(t.task_id)
             if a is not None and a.state != "exited":
