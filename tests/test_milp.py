@@ -247,3 +247,13 @@ def test_gurobi_free_licence_limit_is_reported_clearly() -> None:
         return
     assert d.status == "optimal"  # an unrestricted licence solves it
     assert d.objective == pytest.approx(allocate(p, "highs").objective, rel=1e-9)
+
+
+def test_vectorised_value_table_equals_the_scalar_definition() -> None:
+    rng = random.Random(5)
+    for _ in range(80):
+        p = _random_problem(rng)
+        for jv in job_values(p):
+            for n in range(jv.cap + 1):
+                assert jv.table[n] == pytest.approx(jv.value(n), rel=1e-12, abs=1e-9) or (
+                    math.isinf(jv.table[n]) and math.isinf(jv.value(n)))

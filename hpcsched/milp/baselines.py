@@ -18,11 +18,6 @@ import numpy as np
 from hpcsched.milp.problem import JobValue
 
 
-def _table(jv: JobValue) -> np.ndarray:
-    """value(n) for n = 0..cap (-inf where infeasible)."""
-    return np.array([jv.value(n) for n in range(jv.cap + 1)] if jv.cap >= 0 else [jv.value(0)])
-
-
 def _best_step(t: np.ndarray, n: int, free: int) -> tuple[float, int]:
     """The best gain per node from count n, jumping up to ``free`` nodes; (0, n) if nothing gains."""
     hi = min(len(t) - 1, n + free)
@@ -34,7 +29,7 @@ def _best_step(t: np.ndarray, n: int, free: int) -> tuple[float, int]:
 
 
 def greedy(values: Sequence[JobValue], pool_size: int, from_current: bool = False) -> list[int]:
-    tables = [_table(v) for v in values]
+    tables = [v.table for v in values]
     counts = [min(v.state.count, v.cap) if from_current else 0 for v in values]
     if from_current:  # a current count outside the feasible set (below Jmin after preemption) resets to 0
         counts = [n if math.isfinite(t[n]) else 0 for n, t in zip(counts, tables, strict=True)]

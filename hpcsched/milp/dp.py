@@ -19,16 +19,14 @@ def solve_dp(values: Sequence[JobValue], pool_size: int) -> list[int]:
     best = np.zeros(size + 1)  # best[p]: the best objective of the jobs so far on at most p nodes
     picks: list[np.ndarray] = []
     for jv in values:
+        t = jv.table
         new = np.full(size + 1, -np.inf)
         arg = np.zeros(size + 1, dtype=np.int64)
-        for n in (0, *jv.domain):
-            if n > size:
-                break
-            cand = np.full(size + 1, -np.inf)
-            cand[n:] = best[: size + 1 - n] + jv.value(n)
-            better = cand > new
-            new[better] = cand[better]
-            arg[better] = n
+        for n in np.flatnonzero(np.isfinite(t[: size + 1])):  # 0 and Jmin..cap, ascending
+            cand = best[: size + 1 - n] + t[n]  # for p = n..size: n nodes here, p - n for earlier jobs
+            better = cand > new[n:]  # strict: the smallest count wins ties
+            new[n:][better] = cand[better]
+            arg[n:][better] = n
         best = new
         picks.append(arg)
     counts = [0] * len(values)

@@ -79,21 +79,22 @@ def pieces_of(j: int, jv: JobValue) -> list[Piece]:
     each next segment equals its own; where the slope changes, the shared point stays with the
     earlier piece and the next piece starts one node later (pieces never overlap).
     """
-    out = [Piece(j, 0, 0, jv.value(0), 0.0)]
+    t = jv.table
+    out = [Piece(j, 0, 0, float(t[0]), 0.0)]
     pts = jv.breakpoints()
     if not pts:
         return out
     lo, prev, slope = pts[0], pts[0], None
     for p in pts[1:]:
-        s = (jv.value(p) - jv.value(prev)) / (p - prev)
+        s = (t[p] - t[prev]) / (p - prev)
         if slope is None or _same(s, slope):
             slope = s if slope is None else slope
         else:
-            out.append(Piece(j, lo, prev, jv.value(lo), slope))
+            out.append(Piece(j, lo, prev, float(t[lo]), slope))
             lo = prev + 1
             slope = None if lo == p else s
         prev = p
-    out.append(Piece(j, lo, prev, jv.value(lo), slope or 0.0))
+    out.append(Piece(j, lo, prev, float(t[lo]), slope or 0.0))
     return out
 
 

@@ -21,6 +21,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
+
+import numpy as np
 
 from hpcsched.errors import InputError
 from hpcsched.model import ElasticJob, ScalingCurve
@@ -114,9 +117,13 @@ def check_job(job: ElasticJob, path: str | None = None, line: int | None = None)
         raise ValueError(msg)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JobValue:
-    """What each feasible count is worth to one job in one decision (samples over the window)."""
+    """What each feasible count is worth to one job in one decision (samples over the window).
+
+    ``value(n)`` is the plain scalar definition (tests brute-force against it); ``table`` is the same
+    function for every n = 0..cap at once, which is what the solvers read.
+    """
 
     state: JobState
     tfwd: float
@@ -146,6 +153,29 @@ class JobValue:
         else:
             stall = job.scale_up_s if n > c else job.scale_down_s if n < c else 0.0
         return max(self.tfwd - stall, 0.0) * rate
+
+    @cached_property
+    def table(self) -> np.ndarray:
+        """``value(n)`` for n = 0..cap in one numpy pass; -inf for 0 < n < Jmin."""
+        s, job = self.state, self.state.job
+        ns = np.arange(self.cap + 1, dtype=float)
+        xs, ys = np.asarray(job.curve.nodes, dtype=float), np.asarray(job.curve.rates, dtype=float)
+        rate = np.interp(ns, xs, ys)  # clamps to the last rate beyond the last breakpoint, like rate()
+        rate[(ns < xs[0]) | (ns < job.jmin)] = 0.0
+        c = s.count
+        up, down = ns > c, ns < c
+        if self.objective is Objective.REFERENCE:
+            r = s.rate
+            out = self.tfwd * rate - np.where(up, job.scale_up_s * r, np.where(down, job.scale_down_s * r, 0.0))
+        else:
+            if s.preempted:
+                stall = np.full(len(ns), float(job.scale_down_s))
+            else:
+                stall = np.where(up, job.scale_up_s, np.where(down, job.scale_down_s, 0.0))
+            out = np.maximum(self.tfwd - stall, 0.0) * rate
+            out[0] = 0.0
+        out[1:job.jmin] = -np.inf
+        return out
 
     def breakpoints(self) -> list[int]:
         """Counts in Jmin..cap where the value may stop being affine: around curve breakpoints and c."""
