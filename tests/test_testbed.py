@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 from hpcsched.results import JobResult, read_results, write_results
 from hpcsched.runtime.config import parse_job_spec
@@ -19,7 +20,16 @@ from hpcsched.sim.runs import load_jobs
 from hpcsched.sim.semantics import SOLO_FACTOR
 from hpcsched.testbed import feedback
 from hpcsched.testbed.compare import ITERATIONS_FILE, compare_runs, render_markdown
-from hpcsched.testbed.mapping import BALANCED, COMPUTE_HEAVY, DATA_HEAVY, Scaling, job_yaml, real_to_trace, scale_jobs
+from hpcsched.testbed.mapping import (
+    BALANCED,
+    COMPUTE_HEAVY,
+    DATA_HEAVY,
+    Scaling,
+    job_yaml,
+    pick_scale,
+    real_to_trace,
+    scale_jobs,
+)
 from hpcsched.testbed.measure import read_measurements
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +61,15 @@ def test_scaling_the_bundled_trace() -> None:
     spec = parse_job_spec(job_yaml(by["2"], ROOT), "job.yaml")
     assert spec.steps == 400 and spec.procs == 2 and spec.launcher == "torchrun"
     assert spec.command[:7] == ("workloads/ddp_train.py", "--model", "cnn", "--batch", "16", "--io-latency-ms", "30")
+
+
+def test_time_scale_auto_and_bad() -> None:
+    jobs = _first(3)  # 5095, 281, 255697 s alone: median 5095
+    assert pick_scale("auto", jobs, 40, 160) == pytest.approx(5095 / (80 * BALANCED.nominal_iteration_s))
+    assert pick_scale("250", jobs, 40, 160) == 250.0
+    for bad in ("fast", "0", "-3", "nan"):
+        with pytest.raises(InputError, match="time-scale"):
+            pick_scale(bad, jobs, 40, 160)
 
 
 def test_time_mapping_round_trip() -> None:

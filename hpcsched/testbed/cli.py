@@ -12,8 +12,6 @@ measured, and run it with the same policy).
 from __future__ import annotations
 
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,21 +20,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hpcsched.errors import InputError
-
-
-def _scale(text: str, durations: list[float], min_steps: int, max_steps: int) -> float:
-    """``auto``: the median job gets the geometric middle of [min_steps, max_steps] nominal steps."""
-    if text != "auto":
-        try:
-            v = float(text)
-        except ValueError:
-            raise InputError(None, f"--time-scale: expected a number or 'auto', got {text!r}") from None
-        if not (v > 0 and math.isfinite(v)):
-            raise InputError(None, f"--time-scale must be > 0, got {text}")
-        return v
-    from hpcsched.testbed.mapping import BALANCED
-
-    return statistics.median(durations) / (math.sqrt(min_steps * max_steps) * BALANCED.nominal_iteration_s)
 
 
 def testbed_cmd(
@@ -91,7 +74,7 @@ def testbed_cmd(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("testbed: jobs done", total=jobs)
-        results = run_testbed(opts, _scale, lambda d, n: bar.update(task, completed=d, total=n),
+        results = run_testbed(opts, lambda d, n: bar.update(task, completed=d, total=n),
                               lambda msg: bar.console.print(msg))
     _report(results, out, as_json, console)
 

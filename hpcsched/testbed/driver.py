@@ -13,10 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.results import JobResult, write_results
 from hpcsched.testbed.mapping import ScaledJob, job_yaml, real_to_trace
+
+if TYPE_CHECKING:
+    from hpcsched.runtime.client import Client
 
 FINAL = ("completed", "failed", "cancelled")
 RUN_FILE = "testbed.json"
@@ -40,7 +43,7 @@ def workloads_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def replay(jobs: list[ScaledJob], client, *, scale: float, workdir: Path, timeout_s: float, poll_s: float = 0.5,
+def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path, timeout_s: float, poll_s: float = 0.5,
            progress: Callable[[int, int], None] | None = None) -> Replay:
     """Submit ``jobs`` (sorted by ``submit_offset``) and wait until all are final or ``timeout_s`` passes."""
     jobs = sorted(jobs, key=lambda j: j.submit_offset)

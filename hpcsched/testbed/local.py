@@ -33,6 +33,7 @@ class LocalCluster:
         self.state = self.root / "state.db"
         self.address = ""
         self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -67,7 +68,8 @@ class LocalCluster:
                  "--gpus", "0", "--work-dir", str(self.root / name)], f"{name}.log"))
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
-        out = open(self.root / log, "ab")  # noqa: SIM115 - the child owns it for its whole life
+        out = open(self.root / log, "ab")  # noqa: SIM115 - open while the child lives, closed by stop()
+        self.logs.append(out)
         env = os.environ | {"HPCSCHED_TOKEN": self.token}
         return subprocess.Popen([sys.executable, "-m", "hpcsched.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=self.root, env=env, start_new_session=True)
@@ -96,3 +98,6 @@ class LocalCluster:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(timeout=10)
         self.procs.clear()
+        for f in self.logs:
+            f.close()
+        self.logs.clear()

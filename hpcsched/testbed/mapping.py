@@ -25,9 +25,11 @@ placement would put it.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 
 
@@ -91,6 +93,21 @@ class ScaledJob:
     @property
     def name(self) -> str:
         return f"t{self.trace_id}-{self.model}"
+
+
+def pick_scale(text: str, jobs: list[Job], min_steps: int, max_steps: int) -> float:
+    """``--time-scale``: a number, or ``auto``: the median job gets the geometric middle of
+    ``[min_steps, max_steps]`` steps of the balanced workload."""
+    if text != "auto":
+        try:
+            v = float(text)
+        except ValueError:
+            raise InputError(None, f"--time-scale: expected a number or 'auto', got {text!r}") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise InputError(None, f"--time-scale must be > 0, got {text}")
+        return v
+    median = statistics.median(_solo_seconds(j) for j in jobs)
+    return median / (math.sqrt(min_steps * max_steps) * BALANCED.nominal_iteration_s)
 
 
 def _solo_seconds(job: Job) -> float:

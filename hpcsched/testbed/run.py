@@ -12,7 +12,7 @@ from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 from hpcsched.testbed import compare, driver, feedback, measure, profiles
-from hpcsched.testbed.mapping import ScaledJob, Scaling, scale_jobs
+from hpcsched.testbed.mapping import ScaledJob, Scaling, pick_scale, scale_jobs
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,7 @@ def _select(opts: RunOptions):
     return jobs
 
 
-def _durations(jobs) -> list[float]:
-    return [j.duration or (j.iterations or 0) * (j.iteration_time or 0) for j in jobs]
-
-
-def run_testbed(opts: RunOptions, pick_scale: Callable[[str, list[float], int, int], float],
-                progress: Callable[[int, int], None] | None = None,
+def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = None,
                 say: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
     """Run everything; return the comparison of the real run with each simulation, by simulation name."""
     from hpcsched.policies import REGISTRY
@@ -58,7 +53,7 @@ def run_testbed(opts: RunOptions, pick_scale: Callable[[str, list[float], int, i
         raise InputError(None, f"unknown policy {opts.policy!r}; known: {', '.join(REGISTRY.names())}")
     spec = read_cluster_spec(opts.cluster)
     chosen = _select(opts)
-    scale = pick_scale(opts.time_scale, _durations(chosen), opts.min_steps, opts.max_steps)
+    scale = pick_scale(opts.time_scale, chosen, opts.min_steps, opts.max_steps)
     scaled = scale_jobs(chosen, spec, Scaling(scale, opts.min_steps, opts.max_steps, opts.max_procs))
     say(f"testbed: {len(scaled)} jobs, time scale {scale:,.1f} trace s per real s, "
         f"{spec.nodes} workers x {spec.gpus_per_node} slots, policy {opts.policy}")
