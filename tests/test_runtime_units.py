@@ -199,3 +199,23 @@ def test_controller_reconciles_after_restart_and_fails_over(tmp_path: Path) -> N
     job = c.store.job(jid)
     assert (job.state, job.steps_done, job.first_loss, job.last_loss) == ("completed", 10, 2.0, 0.5)
     c.store.close()
+
+
+def test_every_registered_policy_drives_the_runtime_step() -> None:
+    """The controller takes its order from the simulator's policies: each one places a fitting job set."""
+    from hpcsched.model import ResourceProfile
+    from hpcsched.policies import REGISTRY
+
+    prof = ResourceProfile(0.01, 0.02, 0.005)
+    jobs = (
+        JobState("a", 0, True, 1, 1, 1, steps_total=100, steps_done=50, iteration_s=0.035, profile=prof,
+                 attained_s=5, executed_s=5, first_start=0),
+        JobState("b", 1, False, 0, 2, 2, steps_total=40, iteration_s=0.05, profile=prof),
+        JobState("c", 2, False, 0, 1, 1, steps_total=10, iteration_s=0.02, profile=prof),
+    )
+    for name in REGISTRY.names():
+        p = plan(ClusterState(10, jobs, _w(2, 2), used={"w0": 1}), name)
+        placed = {j: sum(k for _, k in where) for j, where in p.starts.items()}
+        kept = {j: 1 for j in ("a",) if j not in p.stops}
+        assert sum(placed.values()) + sum(kept.values()) <= 4, name
+        assert placed or kept, f"{name} ran nothing on an idle cluster"
