@@ -51,6 +51,8 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
 
     if opts.policy not in REGISTRY.names():
         raise InputError(None, f"unknown policy {opts.policy!r}; known: {', '.join(REGISTRY.names())}")
+    if opts.jobs < 1 or opts.skip < 0 or not 1 <= opts.min_steps <= opts.max_steps or opts.max_procs < 1:
+        raise InputError(None, "need --jobs >= 1, --skip >= 0, 1 <= --min-steps <= --max-steps, --max-procs >= 1")
     spec = read_cluster_spec(opts.cluster)
     chosen = _select(opts)
     scale = pick_scale(opts.time_scale, chosen, opts.min_steps, opts.max_steps)
