@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -82,21 +83,18 @@ def harvest(
                 else LocalExecutor(out / "logs"))
     h = Harvester(SlurmIdleSource(), executor, hf.specs, Recorder(out), hf.config)
     err = Console(stderr=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # killed politely: checkpoint and stop the runs, like Ctrl-C
     try:
         with err.status("harvesting") as status:
-            deadline = time.monotonic() + timeout
-            while not h.done and time.monotonic() < deadline:
-                t0 = time.monotonic()
-                h.step()
-                runs = ", ".join(f"{j}:{len(r.nodes)}n" for j, r in h.runs.items()) or "none"
-                status.update(f"pool {len(h.source.pool)} nodes | running {runs} | "
-                              f"finished {len(h.finished)}/{len(h.specs)}")
-                time.sleep(max(0.0, hf.config.poll_s - (time.monotonic() - t0)))
+            def show(hv: Harvester) -> None:
+                runs = ", ".join(f"{j}:{len(r.nodes)}n" for j, r in hv.runs.items()) or "none"
+                status.update(f"pool {len(hv.source.pool)} nodes | running {runs} | "
+                              f"finished {len(hv.finished)}/{len(hv.specs)}")
+
+            h.run(timeout, on_step=show)
     except KeyboardInterrupt:
-        err.print("interrupted: checkpointing and stopping runs")
+        err.print("interrupted: runs were checkpointed and stopped")
     finally:
-        if not h.done:
-            h.shutdown()
         d = h.write({"config": str(config)})
     meta = json.loads((d / "meta.json").read_text())
     summary = {k: meta[k] for k in ("harvested_node_hours", "preemptions", "max_lost_steps",
@@ -107,6 +105,10 @@ def harvest(
         Console().print(summary)
     if not h.done:
         raise typer.Exit(1)
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

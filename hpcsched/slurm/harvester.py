@@ -19,6 +19,7 @@ moment in between; starting there would only be preempted again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,13 +165,16 @@ class Harvester:
                 state, _ = self.executor.state(run)
                 (self.executor.kill if state == PENDING else self.executor.stop)(run)
 
-    def run(self, timeout_s: float = 3600.0) -> bool:
-        """Step until every job finished (True) or ``timeout_s`` passed (False; runs are stopped)."""
+    def run(self, timeout_s: float = 3600.0, on_step: Callable[[Harvester], None] | None = None) -> bool:
+        """Step until every job finished (True) or ``timeout_s`` passed (False); unfinished runs are
+        stopped with a checkpoint on the way out, also on Ctrl-C. ``on_step`` sees each step (progress)."""
         deadline = time.monotonic() + timeout_s
         try:
             while not self.done and time.monotonic() < deadline:
                 t0 = time.monotonic()
                 self.step()
+                if on_step is not None:
+                    on_step(self)
                 time.sleep(max(0.0, self.cfg.poll_s - (time.monotonic() - t0)))
         finally:
             if not self.done:
