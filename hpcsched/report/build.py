@@ -102,8 +102,11 @@ def make_report(sweep_dir: str | Path, out_dir: str | Path | None = None, baseli
 
 def _commands(manifest: dict[str, Any], command: Sequence[str] | None) -> list[str]:
     lines = ["Made with:", "", "```sh"]
-    if manifest.get("command"):
-        lines.append(" ".join(manifest["command"]))
+    sweeps = [r["command"] for r in manifest.get("runs", []) if r.get("ran") and r.get("command")]
+    if not sweeps and manifest.get("command"):
+        sweeps = [manifest["command"]]
+    for cmd in dict.fromkeys(" ".join(c) for c in sweeps):  # every run that computed cells, in order
+        lines.append(cmd)
     if command:
         lines.append(" ".join(command))
     lines += ["```", ""]

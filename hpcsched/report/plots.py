@@ -48,6 +48,7 @@ def normalized_bars(norm: pd.DataFrame, baseline: str, title: str, out: Path,
     width = 0.8 / max(len(policies), 1)
     drawn: dict[str, dict[tuple[str, str], float]] = {}
     x = np.arange(len(traces))
+    out.parent.mkdir(parents=True, exist_ok=True)
     for ax, m in zip(axes[0], metrics, strict=True):
         drawn[m] = {}
         table = norm.pivot_table(index="trace_name", columns="policy", values=m, aggfunc="first", dropna=False)
@@ -62,9 +63,12 @@ def normalized_bars(norm: pd.DataFrame, baseline: str, title: str, out: Path,
         ax.set_ylabel(f"{_LABELS.get(m, m)} / {baseline}")
         ax.set_title(_LABELS.get(m, m))
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize="x-small", ncol=2)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(policies), fontsize="small", frameon=False)
     fig.suptitle(title, fontsize="medium")
-    _save(fig, out)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # room for the legend below the panels
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
     return drawn
 
 
