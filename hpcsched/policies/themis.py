@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import remaining_s, runs_every_job
+from hpcsched.policies._order import remaining_s, runs_every_job, solo
 
 
 def _share(v: JobView, snapshot: Snapshot) -> float:
@@ -38,7 +38,7 @@ def finish_time_fairness(v: JobView, snapshot: Snapshot) -> float:
 @runs_every_job
 def themis(snapshot: Snapshot) -> list[Group]:
     ranked = sorted(snapshot.jobs, key=lambda v: -finish_time_fairness(v, snapshot))
-    return [Group((v.id,)) for v in ranked]
+    return [solo(v.id) for v in ranked]
 
 
 def themis_cvxpy(snapshot: Snapshot) -> list[Group]:

@@ -473,7 +473,7 @@ class _Engine:
                 self._sync(j, t)
         snap = Snapshot(
             now=t,
-            jobs=tuple(self._view(j) for j in self.active.values()),
+            jobs=tuple([j.view or self._view(j) for j in self.active.values()]),
             cluster=self.cluster,
             free_gpus=int(round(self.cluster.gpus - self.busy)),
             compat=self.mode,

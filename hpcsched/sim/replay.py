@@ -16,6 +16,9 @@ unseeded; ours is the allocator's, like every later one), and two optional exten
   preempted and then regrown pays twice. Pair it with ``Objective.WINDOW``, which optimises this.
 - ``predict_tfwd``: the look-ahead is the median length of the idle stretches seen so far (causal,
   from the replay's own history) instead of a fixed Tfwd.
+- ``exact_events``: a job completes the moment it reaches Pmax and is admitted the moment it is
+  submitted, each with a re-solve, instead of waiting for the next pool change (where the reference
+  keeps a finished job's nodes busy and counts them as used).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class ReplayConfig:
     time_limit: float = 10.0  # per decision, seconds
     predict_tfwd: bool = False
     history: int = 1000  # idle stretches the predictor remembers
+    exact_events: bool = False  # also decide when a job completes or is submitted, not only on pool changes
 
     def __post_init__(self) -> None:
         if self.accounting not in ACCOUNTING:
@@ -163,7 +167,8 @@ class _Replay:
         return lost, loss
 
     def complete(self, now: float, lost: dict[str, set[str]]) -> None:
-        finished = [r for r in self.active if r.samples >= r.job.total_samples]
+        # a relative tolerance: an exact completion event lands on Pmax up to rounding
+        finished = [r for r in self.active if r.samples >= r.job.total_samples * (1 - 1e-12)]
         for r in finished:
             self.overshoot += r.samples - r.job.total_samples  # work past Pmax before an event saw it
             r.samples = r.job.total_samples
@@ -236,6 +241,10 @@ class _Replay:
                             0.0, resc, loss, sum(r.rate for r in self.active), tfwd, secs, status))
         t_prev = tl.start
         for k, ev in enumerate(tl.events):
+            if self.cfg.exact_events:
+                t_prev, done_at = self.internal_events(t_prev, ev.time)
+                if done_at is not None:
+                    return done_at
             now, dt = ev.time, ev.time - t_prev
             self.progress(dt)
             lost, preempt_loss = self.preempt(now, ev.left)
@@ -256,6 +265,34 @@ class _Replay:
             if progress is not None and k % 200 == 0:
                 progress(k, len(tl.events))
         return None
+
+    def _next_internal(self, after: float, before: float) -> float | None:
+        """The first completion or admissible submit strictly between two pool events, if any."""
+        times = []
+        for r in self.active:
+            if r.rate > 0:
+                times.append(after + (r.job.total_samples - r.samples + r.pending_loss) / r.rate)
+        if len(self.active) < self.cfg.max_jobs and self.admitted < len(self.queue):
+            times.append(self.queue[self.admitted].submit)
+        t = min((x for x in times if after < x < before), default=None)
+        return t
+
+    def internal_events(self, t_prev: float, until: float) -> tuple[float, float | None]:
+        """Completions and submits before the next pool event, each with a re-solve (``exact_events``)."""
+        while (now := self._next_internal(t_prev, until)) is not None:
+            dt = now - t_prev
+            self.progress(dt)
+            self.complete(now, {})
+            self.admit(now)
+            head = (now, dt, len(self.pool), 0, 0)
+            if not self.active and self.admitted == len(self.queue):
+                self.events.append((*head, 0, 0, self.done, 0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, "finished"))
+                return now, now
+            resc, loss, tfwd, status, secs = self.decide(now, {}, False)
+            self.events.append((*head, self._held(), len(self.active), self.done, 0, 0.0, resc, loss,
+                                sum(r.rate for r in self.active), tfwd, secs, status))
+            t_prev = now
+        return t_prev, None
 
     def result(self, stopped_at: float | None) -> ReplayResult:
         tl = self.tl

@@ -80,6 +80,8 @@ def replay_cmd(
                                         "window: charges restart stalls inside Tfwd."),
     accounting: str = typer.Option("reference", "--accounting", help=f"How rescales cost progress: {ACCOUNTING}."),
     predict_tfwd: bool = typer.Option(False, "--predict-tfwd", help="Tfwd = median idle stretch seen so far."),
+    exact_events: bool = typer.Option(False, "--exact-events", help="Also re-solve when a job completes or is "
+                                      "submitted (the reference waits for the next pool change)."),
     max_jobs: int = typer.Option(10, "--max-jobs", help="Jobs admitted at once (the reference's maxJ)."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds per MILP decision."),
     start: float | None = typer.Option(None, "--start", help="Replay start (epoch s); default: first job's submit."),
@@ -116,7 +118,8 @@ def replay_cmd(
             tl = timeline_from_log(log, nodes)
             jobs, shift = _shifted(jobs, tl.start, tl.end)
     config = ReplayConfig(tfwd=tfwd, solver=solver, objective=objective, accounting=accounting,
-                          max_jobs=max_jobs, time_limit=time_limit, predict_tfwd=predict_tfwd)
+                          max_jobs=max_jobs, time_limit=time_limit, predict_tfwd=predict_tfwd,
+                          exact_events=exact_events)
     with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("replay", total=max(len(tl.events), 1))
@@ -131,7 +134,7 @@ def replay_cmd(
         "cluster": f"{len(tl.nodes)} nodes", "capacity_nodes": len(tl.nodes),
         "capacity_node_seconds": float(s["idle_node_hours"]) * 3600.0,  # type: ignore[arg-type]
         "tfwd": tfwd, "objective": str(objective), "accounting": accounting, "predict_tfwd": predict_tfwd,
-        "max_jobs": max_jobs, "submit_shift_s": shift, **tl.notes, "summary": s,
+        "exact_events": exact_events, "max_jobs": max_jobs, "submit_shift_s": shift, **tl.notes, "summary": s,
     }
     _write(out, res, meta)
     if as_json:
