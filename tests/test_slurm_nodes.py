@@ -70,7 +70,7 @@ def test_pool_keeps_our_nodes_and_drops_foreign_and_broken_ones() -> None:
     pool, why = derive_pool(states, jobs, lambda j: j.name.startswith("hpcsched-"))
     # n2: held by our own scavenger job; n5: sinfo says allocated but no job holds it (one just ended)
     assert pool == ["n1", "n2", "n5"]
-    assert why == {"n3": "allocated by job 8 (batch)", "n4": "draining", "n6": "down* (not responding)",
+    assert why == {"n3": "held by job 8 (batch), allocated", "n4": "draining", "n6": "down* (not responding)",
                    "n7": "planned"}
 
 

@@ -6,7 +6,7 @@ reads ``sinfo`` and ``squeue`` once and diffs the pool against the previous poll
 ``hpcsched.sim.replay_events.PoolEvent`` (nodes joined, nodes left): the very event type the idle-node
 replayer produces from a log, so the same allocator decides on both. ``reasons`` keeps, for each
 node of the last event, the state that made it join or leave (``drained``, ``down* (not
-responding)``, ``allocated by job 12 (batch)``...) for the event log.
+responding)``, ``held by job 12 (batch), allocated``...) for the event log.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def derive_pool(states: dict[str, NodeState], jobs: Sequence[SlurmJob], is_ours:
         held = holders.get(node, [])
         foreign = [j for j in held if not is_ours(j)]
         if foreign:
-            why[node] = f"{st.raw} by job {foreign[0].id} ({foreign[0].partition})"
+            why[node] = f"held by job {foreign[0].id} ({foreign[0].partition}), {st.raw}"
         elif st.harvestable or st.busy:
             pool.append(node)
         else:
