@@ -17,7 +17,10 @@ CLUSTER = ROOT / "cluster_spec" / "n8g8.csv"
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as e:  # noqa: BLE001 - Ray's own start-up (raylet/GCS) failing is not our code failing
+        pytest.skip(f"a local Ray instance did not start here: {e}")
     yield
     ray.shutdown()
 
