@@ -19,13 +19,28 @@ TRACE = ROOT / "trace-data/muri/cluster_trace.csv"
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (the runtime's extra)")
 def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
+    from hpcsched.model import ClusterSpec
+    from hpcsched.runtime.client import Client
+    from hpcsched.testbed.local import LocalCluster
+
     spec = tmp_path / "local2x2.yaml"
     spec.write_text("name: local2x2\nswitches: 1\nnodes_per_switch: 2\ngpus_per_node: 2\n")
+    wrong = tmp_path / "local3x2.yaml"
+    wrong.write_text("name: local3x2\nswitches: 1\nnodes_per_switch: 3\ngpus_per_node: 2\n")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "hpcsched.cli", "testbed", "--trace", str(TRACE), "--cluster", str(spec),
-           "--policy", "muri-s", "--local", "--jobs", "12", "--min-steps", "20", "--max-steps", "60",
-           "--time-scale", "2000", "--timeout", "900", "--out", str(out), "--json"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    with LocalCluster(tmp_path / "cluster", ClusterSpec(1, 2, 2), "muri-s") as lc:
+        client = Client(lc.address, lc.token, timeout=30)
+        lc.wait_workers(client)
+        client.close()
+        base = [sys.executable, "-m", "hpcsched.cli", "testbed", "--trace", str(TRACE), "--policy", "muri-s",
+                "--controller", lc.address, "--token-file", str(lc.root / "token"), "--state", str(lc.state)]
+        # a spec that does not describe the running workers is refused before anything is submitted
+        bad = subprocess.run([*base, "--cluster", str(wrong), "--out", str(tmp_path / "bad")], capture_output=True,
+                             text=True, timeout=300, cwd=tmp_path)
+        assert bad.returncode == 2 and "2 live workers" in bad.stderr, bad.stderr[-2000:]
+        cmd = [*base, "--cluster", str(spec), "--jobs", "12", "--min-steps", "20", "--max-steps", "60",
+               "--time-scale", "2000", "--timeout", "900", "--out", str(out), "--json"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(p.stdout)
 
