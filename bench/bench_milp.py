@@ -110,6 +110,8 @@ def extensions(solver: str) -> None:
         ("reference objective + predicted Tfwd, restart accounting", dict(predict_tfwd=True, accounting="restart")),
         ("window objective + predicted Tfwd, restart accounting",
          dict(predict_tfwd=True, accounting="restart", objective=Objective.WINDOW)),
+        ("reference objective, exact completion/submit events", dict(exact_events=True)),
+        ("reference objective + predicted Tfwd, exact events", dict(predict_tfwd=True, exact_events=True)),
     ]
     print(HEAD)
     for tfwd in (10.0, 60.0):

@@ -135,9 +135,18 @@ def test_extensions_run_and_restart_accounting_charges_starts(forty) -> None:
     ref = replay(tl, jobs, ReplayConfig(tfwd=60.0, solver="dp", accounting="restart"))
     win = replay(tl, jobs, ReplayConfig(tfwd=60.0, solver="dp", accounting="restart", objective=Objective.WINDOW))
     pred = replay(tl, jobs, ReplayConfig(tfwd=10.0, solver="dp", predict_tfwd=True))
-    for r in (ref, win, pred):
+    exact = replay(tl, jobs, ReplayConfig(tfwd=60.0, solver="dp", exact_events=True))
+    for r in (ref, win, pred, exact):
         assert r.summary["jobs_done"] == 10
     assert (_events(pred).tfwd > 10.0).any()  # the predictor took over from the fixed window
+    # exact completions: no work past Pmax, and the books still balance with the extra decision rows
+    s, ev = exact.summary, _events(exact)
+    assert abs(s["samples_past_pmax"]) < 1e-6 * s["samples"]
+    produced = (ev.dt * ev.rate.shift(1).fillna(0) - ev.rescale_loss.shift(1).fillna(0) - ev.preempt_loss).sum()
+    assert s["samples"] + s["samples_past_pmax"] == pytest.approx(produced, rel=1e-9)
+    pool_times = {e.time for e in tl.events}
+    assert any(r.end not in pool_times for r in exact.jobs)  # completions between pool changes
+    assert (ev.used <= ev.pool).all()
 
 
 def test_replay_cli_writes_results_that_calc_reads(tmp_path: Path, forty) -> None:

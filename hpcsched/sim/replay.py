@@ -167,8 +167,9 @@ class _Replay:
         return lost, loss
 
     def complete(self, now: float, lost: dict[str, set[str]]) -> None:
-        # a relative tolerance: an exact completion event lands on Pmax up to rounding
-        finished = [r for r in self.active if r.samples >= r.job.total_samples * (1 - 1e-12)]
+        # a relative tolerance: an exact completion event lands on Pmax only up to rounding (epoch-second
+        # times carry ~1e-7 s of error, i.e. a few samples at these rates)
+        finished = [r for r in self.active if r.samples >= r.job.total_samples * (1 - 1e-9)]
         for r in finished:
             self.overshoot += r.samples - r.job.total_samples  # work past Pmax before an event saw it
             r.samples = r.job.total_samples
