@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
@@ -68,7 +68,6 @@ class Problem:
     pool: tuple[str, ...]
     tfwd: float = 10.0
     objective: Objective = Objective.REFERENCE
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not (self.tfwd > 0 and math.isfinite(self.tfwd)):
