@@ -46,7 +46,7 @@ def inspect_trace(
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"reading {path.name}", total=None)
+        task = bar.add_task(f"reading {path.name}", total=path.stat().st_size if path.is_file() else None)
         trace.report.progress = lambda done, total: bar.update(task, completed=done, total=total)
         for rec in trace:
             count += 1
