@@ -506,9 +506,16 @@ class _Engine:
         unclaimed = len(self.running)
         used: set[str] = set()
         plan: list[_Planned] = []
+        min_need = min((j.gpus for j in self.active.values() if not j.running), default=0)
+        by_id = self.by_id
         for g in groups:
-            if unclaimed == 0 and left == 0:
-                break
+            if unclaimed == 0 and left < min_need:
+                break  # nothing waiting can fit any more
+            ids = g.job_ids
+            if len(ids) == 1 and unclaimed == 0:  # deep queues: skip what cannot fit without building it
+                j = by_id.get(ids[0])
+                if j is not None and not j.running and j.gpus > left:
+                    continue
             members, need = self._members(g)
             if not members:
                 continue
@@ -547,10 +554,15 @@ class _Engine:
         left = self.cluster.gpus
         used: set[str] = set()
         first: list[_Planned] = []
+        min_need = min((j.gpus for j in self.active.values()), default=0)
         for g in groups:
-            if left == 0:
-                break
+            if left < min_need:
+                break  # no active job can fit any more
             ids = g.job_ids
+            if len(ids) == 1:
+                j = by_id.get(ids[0])
+                if j is not None and j.gpus > left:
+                    continue
             try:
                 members = tuple(by_id[i] for i in ids)
             except KeyError as e:
