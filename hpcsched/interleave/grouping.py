@@ -6,8 +6,9 @@ Merging only happens while the candidates need more GPUs than the cluster has: e
 GPUs of one node, and the first merge that makes everything fit is the last. That is the Muri
 reference's procedure (``simulator/matching.py``), whose details this module keeps as options:
 
-* ``mixed_gpus=False``: only jobs with the same GPU count are matched (one matching per GPU count,
-  buckets in order of their highest-priority job); ``True`` matches across GPU counts, a group then
+* GPU counts: jobs are matched only with jobs of the same GPU count (one matching per count, buckets
+  in order of their highest-priority job). With ``mixed_gpus=True``, if that leaves the candidates
+  still needing more GPUs than the cluster has, further rounds match across GPU counts: a group then
   holds ``max(member GPUs)`` GPUs and a merge frees the smaller node's GPUs.
 * ``weight="efficiency"``: edge weight = interleaving efficiency of the merged group (the reference);
   ``"gain"``: GPU-equivalents of work gained by the merge, sum(g_j x solo_j / period) - max(g_j), minus
@@ -75,6 +76,7 @@ class Score:
 
 Kind = tuple[int, ...]  # a node: sorted interned job-type ids of its members
 _VECTOR_FROM = 64  # more node kinds than this: weights computed in one vectorised pass, not cached
+_PAIRS_CACHE = 200_000  # ordered node sequences whose pairs are remembered (small buckets recur a lot)
 _CHUNK = 50_000  # groups per vectorised period evaluation (bounds memory: 24 orderings x 16 floats each)
 
 
@@ -94,6 +96,7 @@ class Scorer:
     _weights: dict[tuple[Kind, Kind], float] = field(default_factory=dict)
     _matrices: dict[tuple[Kind, ...], np.ndarray] = field(default_factory=dict)
     _matches: dict[tuple, np.ndarray] = field(default_factory=dict)
+    _pairs: dict[tuple[Kind, ...], list[tuple[int, int, float]]] = field(default_factory=dict)
 
     def intern(self, key: TypeKey) -> int:
         i = self._ids.get(key)
@@ -229,6 +232,18 @@ def _gpus(node: tuple[int, ...], cands: Sequence[Candidate]) -> int:
 
 def _match_exact(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
     """Maximum-weight pairs (positions, weight) among nodes of the given kinds, listed in priority order."""
+    seq = tuple(node_kinds)
+    hit = scorer._pairs.get(seq)
+    if hit is not None:
+        return hit
+    out = _solve_exact(seq, scorer)
+    if len(scorer._pairs) >= _PAIRS_CACHE:
+        scorer._pairs.clear()
+    scorer._pairs[seq] = out
+    return out
+
+
+def _solve_exact(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
     kinds = sorted(set(node_kinds))
     kind_ix = {k: i for i, k in enumerate(kinds)}
     node_type = [kind_ix[k] for k in node_kinds]
@@ -312,13 +327,10 @@ def form_groups(cands: Sequence[Candidate], capacity: int, scorer: Scorer) -> li
     rules = scorer.rules
     kinds_of = [scorer.intern(c.key) for c in cands]
     gpus = [c.gpus for c in cands]
-    if rules.mixed_gpus:
-        buckets = [[(i,) for i in range(len(cands))]]
-    else:
-        by_gpus: dict[int, list[tuple[int, ...]]] = {}
-        for i, c in enumerate(cands):
-            by_gpus.setdefault(c.gpus, []).append((i,))
-        buckets = list(by_gpus.values())
+    by_gpus: dict[int, list[tuple[int, ...]]] = {}
+    for i, c in enumerate(cands):
+        by_gpus.setdefault(c.gpus, []).append((i,))
+    buckets = list(by_gpus.values())
     required = sum(gpus)
     for _ in range(rules.max_group):  # the reference tries as many rounds as a group has members
         if required <= capacity:
@@ -326,6 +338,16 @@ def form_groups(cands: Sequence[Candidate], capacity: int, scorer: Scorer) -> li
         buckets, required, merged = _round(buckets, kinds_of, gpus, scorer, required, capacity)
         if not merged:
             break
+    if rules.mixed_gpus and required > capacity and len(buckets) > 1:
+        # same-GPU groups could not make everything fit: now let GPU counts mix, where a merge pays
+        order = sorted((n for b in buckets for n in b), key=min)
+        buckets = [order]
+        for _ in range(rules.max_group):
+            if required <= capacity:
+                break
+            buckets, required, merged = _round(buckets, kinds_of, gpus, scorer, required, capacity)
+            if not merged:
+                break
     nodes = [n for b in buckets for n in b]
     scores = scorer.scores([tuple(sorted(kinds_of[i] for i in n)) for n in nodes])
     return [

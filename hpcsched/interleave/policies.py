@@ -39,7 +39,7 @@ SLOT_JOBS = 4  # jobs considered for each placeable slot (the reference's packin
 
 COMPAT_RULES = GroupingRules(model=PeriodModel("muri4"))
 REFERENCE_RULES = GroupingRules(model=PeriodModel("pipeline"))
-PLUS_RULES = GroupingRules(model=PeriodModel("pipeline"), mixed_gpus=True, weight="gain", merge_order="gain")
+PLUS_RULES = GroupingRules(model=PeriodModel("pipeline"), mixed_gpus=True, weight="gain")
 
 
 def remaining_gpu_s(v: JobView) -> float:
@@ -88,6 +88,15 @@ def _candidate(v: JobView) -> Candidate:
     return Candidate(v.id, v.gpus, stages, it * SOLO_FACTOR)
 
 
+def _cached_candidate(v: JobView, memo: dict[str, tuple[tuple, Candidate]]) -> Candidate:
+    """A job's Candidate changes only if its profile, size or speed do (re-profiling): memoised per job id."""
+    key = (v.gpus, v.profile, v.iteration_time)
+    hit = memo.get(v.id)
+    if hit is None or hit[0] != key:
+        hit = memo[v.id] = (key, _candidate(v))
+    return hit[1]
+
+
 @dataclass
 class InterleavingPolicy:
     """A Muri-style policy: ``key`` orders jobs, ``rules`` (and ``compat_rules`` under compat) group them.
@@ -100,6 +109,7 @@ class InterleavingPolicy:
     rules: GroupingRules
     compat_rules: GroupingRules = COMPAT_RULES
     _scorers: dict[str, Scorer] = field(default_factory=dict, repr=False)
+    _cands: dict[str, tuple[tuple, Candidate]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.__name__ = self.name
@@ -116,7 +126,11 @@ class InterleavingPolicy:
         cands = candidates(order, snapshot)
         if not cands:
             return []
-        formed = form_groups([_candidate(v) for v in cands], snapshot.cluster.gpus, self.scorer(snapshot.compat))
+        if len(self._cands) > 4 * len(snapshot.jobs) + 10_000:
+            self._cands.clear()  # finished jobs' entries
+        memo = self._cands
+        formed = form_groups([_cached_candidate(v, memo) for v in cands], snapshot.cluster.gpus,
+                             self.scorer(snapshot.compat))  # fmt: skip
         # candidates are in priority order, so a group's rank is its smallest member index
         formed.sort(key=lambda f: min(f.members))
         out = []
