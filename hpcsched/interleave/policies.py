@@ -39,7 +39,8 @@ SLOT_JOBS = 4  # jobs considered for each placeable slot (the reference's packin
 
 COMPAT_RULES = GroupingRules(model=PeriodModel("muri4"))
 REFERENCE_RULES = GroupingRules(model=PeriodModel("pipeline"))
-PLUS_RULES = GroupingRules(model=PeriodModel("pipeline"), mixed_gpus=True, weight="gain")
+PLUS_RULES = GroupingRules(model=PeriodModel("pipeline"), weight="gain")
+MIXED_RULES = GroupingRules(model=PeriodModel("pipeline"), weight="gain", mixed_gpus=True)
 
 
 def remaining_gpu_s(v: JobView) -> float:
