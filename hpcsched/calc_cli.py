@@ -44,13 +44,14 @@ def calc(
         return
     console = Console()
     keys = ["jobs", "unfinished", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "p99_jct_interp",
-            "makespan", "span", "avg_queue", "utilization"]
+            "makespan", "span", "avg_queue", "utilization", "harvested_node_hours", "preemptions", "max_lost_steps"]
     table = Table(title="hpcsched calc")
     table.add_column("metric")
     for s in summaries:
         table.add_column(str(s.get("policy") or s["dir"]), justify="right")
     for k in keys:
-        table.add_row(k, *(_fmt(s.get(k)) for s in summaries))
+        if any(k in s for s in summaries):
+            table.add_row(k, *(_fmt(s.get(k)) for s in summaries))
     console.print(table)
     if plot:
         console.print(f"JCT CDF written to {plot}")

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 SUMMARY_KEYS = ("jobs", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "makespan", "utilization")
+# Facts a run records in meta.json that no jobs table can recompute (harvesting, preemption); shown as they are.
+_META_PASSTHROUGH = ("policy", "trace", "cluster", "tool", "harvested_node_hours", "preemptions", "max_lost_steps")
 
 
 def muri_percentile(sorted_values: np.ndarray, q: float) -> float:
@@ -49,7 +51,7 @@ def summarize(df: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> dict[s
     out["makespan"] = last_end
     out["span"] = last_end - first_submit if last_end is not None and first_submit is not None else None
     out["utilization"] = _utilization(df, meta, out["span"])
-    for k in ("policy", "trace", "cluster", "tool"):
+    for k in _META_PASSTHROUGH:
         if k in meta:
             out[k] = meta[k]
     return out
