@@ -59,6 +59,15 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
+def _orphaned_launcher(pid: int) -> bool:
+    """True when ``pid`` (a launcher we asked to stop) has no child processes left."""
+    try:
+        return not any((Path(f"/proc/{pid}/task") / tid / "children").read_text().strip()
+                       for tid in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return False
+
+
 def spare_port(host: str) -> int:
     """A port free on this node right now (the kernel's choice), for the next job's rendezvous."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -183,8 +192,11 @@ class Worker:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(t.proc.pid, signal.SIGKILL)  # leftovers of the tree
                     log.info("task %s exited with %d", t.launch.task_id, code)
-                elif t.term_at is not None and time.time() - t.term_at > t.grace_s:
-                    self.kill(t.launch.task_id, checkpoint=True, grace_s=t.grace_s)
+                elif t.term_at is not None and (time.time() - t.term_at > t.grace_s or _orphaned_launcher(t.proc.pid)):
+                    # Past the grace, or the launcher's programs have checkpointed and gone while the
+                    # launcher itself is still tearing down (torchrun: 3-5 s): nothing left to wait for.
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(t.proc.pid, signal.SIGKILL)
 
     def _read_progress(self, t: Task) -> None:
         try:
