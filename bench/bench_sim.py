@@ -55,13 +55,13 @@ def main() -> None:
     philly = sorted(read_jobs(PHILLY), key=lambda j: j.submit)
     print(f"philly read: {len(philly)} jobs in {time.perf_counter() - w:.1f} s (reader, not simulator)")
     spec = read_cluster_spec(PHILLY_CLUSTER)
-    prev = None
+    prev: tuple[float, int] | None = None
     for n in (10_000, 20_000, 40_000, len(philly)):
         r, w, c = timed(philly[:n], spec, "srsf")
-        growth = f"  x{c / prev:.2f} time for x{n / prev_n:.2f} jobs" if prev else ""
         line(f"philly srsf first {n} jobs", r, w, c, 60.0 if n == len(philly) else None)
-        print(growth) if growth else None
-        prev, prev_n = c, n
+        if prev:
+            print(f"  x{c / prev[0]:.2f} time for x{n / prev[1]:.2f} jobs")
+        prev = (c, n)
     r, w, c = timed(philly, spec, "fifo")
     line("philly fifo", r, w, c, 60.0)
 
