@@ -7,6 +7,7 @@ HPCSCHED_GENERATION); run by hand without them, the programs still train and pri
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -66,6 +67,21 @@ class StageTimer:
         wall = max(1e-9, time.perf_counter() - self.started)
         return {"data_s": self.data / n, "compute_s": self.compute / n, "comm_s": self.comm / n,
                 "samples_per_s": self.samples / wall}
+
+
+def training_args(doc: str, batch: int, checkpoint_dir: str) -> argparse.ArgumentParser:
+    """The options every workload shares; each adds its own (model, sync) to the parser it returns."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=None, help="total steps (default $HPCSCHED_STEPS, else 200)")
+    ap.add_argument("--batch", type=int, default=batch, help="global batch size")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint-every", type=int, default=20)
+    ap.add_argument("--report-every", type=int, default=5)
+    ap.add_argument("--checkpoint-dir", default=checkpoint_dir)
+    ap.add_argument("--io-latency-ms", type=float, default=0.0,
+                    help="emulated storage latency per batch (counted in the data stage)")
+    return ap
 
 
 def checkpoint_dir(default: str) -> Path:

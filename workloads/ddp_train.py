@@ -11,30 +11,30 @@ whose overlapped all-reduce is then counted in compute.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-from _common import Reporter, StageTimer, StopFlag, atomic_write, checkpoint_dir, superseded, total_steps, write_result
+from _common import (
+    Reporter,
+    StageTimer,
+    StopFlag,
+    atomic_write,
+    checkpoint_dir,
+    superseded,
+    total_steps,
+    training_args,
+    write_result,
+)
 from models import batch, build
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = training_args(__doc__, batch=32, checkpoint_dir="checkpoints/local")
     ap.add_argument("--model", choices=("cnn", "transformer"), default="cnn")
-    ap.add_argument("--steps", type=int, default=None, help="total steps (default $HPCSCHED_STEPS, else 200)")
-    ap.add_argument("--batch", type=int, default=32, help="global batch size")
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint-every", type=int, default=20)
-    ap.add_argument("--report-every", type=int, default=5)
-    ap.add_argument("--checkpoint-dir", default="checkpoints/local")
     ap.add_argument("--sync", choices=("manual", "ddp"), default="manual")
-    ap.add_argument("--io-latency-ms", type=float, default=0.0,
-                    help="emulated storage latency per batch (counted in the data stage)")
     args = ap.parse_args()
     steps = args.steps or total_steps(200)
 

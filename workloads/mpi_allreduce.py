@@ -8,12 +8,21 @@ progress lines with data / compute / communication times), for clusters that run
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import numpy as np
-from _common import Reporter, StageTimer, StopFlag, atomic_write, checkpoint_dir, superseded, total_steps, write_result
+from _common import (
+    Reporter,
+    StageTimer,
+    StopFlag,
+    atomic_write,
+    checkpoint_dir,
+    superseded,
+    total_steps,
+    training_args,
+    write_result,
+)
 from mpi4py import MPI
 
 DIM = 64
@@ -35,16 +44,7 @@ def _save(path, **arrays: object) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=None, help="total steps (default $HPCSCHED_STEPS, else 200)")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint-every", type=int, default=20)
-    ap.add_argument("--report-every", type=int, default=5)
-    ap.add_argument("--checkpoint-dir", default="checkpoints/mpi")
-    ap.add_argument("--io-latency-ms", type=float, default=0.0)
-    args = ap.parse_args()
+    args = training_args(__doc__, batch=256, checkpoint_dir="checkpoints/mpi").parse_args()
     steps = args.steps or total_steps(200)
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()

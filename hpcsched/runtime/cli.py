@@ -16,7 +16,12 @@ from rich.table import Table
 
 from hpcsched.errors import InputError
 
-_CONTROLLER_HELP = "controller HOST:PORT (else $HPCSCHED_CONTROLLER, else --address-file)"
+# The client commands share how they find and authenticate to the controller.
+_CONTROLLER = typer.Option(None, "--controller",
+                           help="controller HOST:PORT (else $HPCSCHED_CONTROLLER, else --address-file)")
+_ADDRESS_FILE = typer.Option(None, "--address-file", help="file holding the controller's HOST:PORT")
+_TOKEN_FILE = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)")
+_TLS_CA = typer.Option(None, "--tls-ca", help="CA certificate: talk TLS to the controller")
 
 
 def _logging(verbose: bool) -> None:
@@ -106,10 +111,10 @@ def _visible_gpus() -> int:
 
 def submit(
     job_file: Path = typer.Argument(..., help="job YAML: name, command, launcher, procs, min/max_procs, steps, env"),
-    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
-    address_file: Path = typer.Option(None, "--address-file", help="file holding the controller's HOST:PORT"),
-    token_file: Path = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)"),
-    tls_ca: Path = typer.Option(None, "--tls-ca"),
+    controller: str = _CONTROLLER,
+    address_file: Path = _ADDRESS_FILE,
+    token_file: Path = _TOKEN_FILE,
+    tls_ca: Path = _TLS_CA,
     as_json: bool = typer.Option(False, "--json", help="print {job_id} as JSON"),
 ) -> None:
     """Submit a training job; relative paths in its command resolve from the job file's folder."""
@@ -133,10 +138,10 @@ def submit(
 
 
 def jobs(
-    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
-    address_file: Path = typer.Option(None, "--address-file"),
-    token_file: Path = typer.Option(None, "--token-file"),
-    tls_ca: Path = typer.Option(None, "--tls-ca"),
+    controller: str = _CONTROLLER,
+    address_file: Path = _ADDRESS_FILE,
+    token_file: Path = _TOKEN_FILE,
+    tls_ca: Path = _TLS_CA,
     as_json: bool = typer.Option(False, "--json", help="one object per job"),
 ) -> None:
     """List jobs with their state, size, progress and loss."""
@@ -162,10 +167,10 @@ def jobs(
 
 def cancel(
     job_id: str = typer.Argument(...),
-    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
-    address_file: Path = typer.Option(None, "--address-file"),
-    token_file: Path = typer.Option(None, "--token-file"),
-    tls_ca: Path = typer.Option(None, "--tls-ca"),
+    controller: str = _CONTROLLER,
+    address_file: Path = _ADDRESS_FILE,
+    token_file: Path = _TOKEN_FILE,
+    tls_ca: Path = _TLS_CA,
 ) -> None:
     """Cancel a job: a running one checkpoints and stops."""
     from hpcsched.runtime.client import ClientError
@@ -180,10 +185,10 @@ def cancel(
 
 
 def workers(
-    controller: str = typer.Option(None, "--controller", help=_CONTROLLER_HELP),
-    address_file: Path = typer.Option(None, "--address-file"),
-    token_file: Path = typer.Option(None, "--token-file"),
-    tls_ca: Path = typer.Option(None, "--tls-ca"),
+    controller: str = _CONTROLLER,
+    address_file: Path = _ADDRESS_FILE,
+    token_file: Path = _TOKEN_FILE,
+    tls_ca: Path = _TLS_CA,
 ) -> None:
     """List the workers the controller knows, their slots and liveness."""
     from hpcsched.runtime.client import ClientError
