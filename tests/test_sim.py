@@ -219,3 +219,13 @@ def test_jobs_larger_than_the_cluster_are_reported_not_dropped(tmp_path: Path) -
     r = simulate(jobs, ONE_NODE, "fifo")
     assert r.rejected == ["huge"]
     assert {x.job_id: x.status for x in r.results} == {"fits": "completed", "huge": "rejected"}
+
+
+def test_duration_only_jobs_get_one_second_iterations() -> None:
+    # Philly gives only GPUs, submit and duration: the run time must still be the recorded duration
+    from hpcsched.model import Job
+
+    jobs = [Job(id="p1", submit=0.0, gpus=2, duration=125.5), Job(id="p2", submit=0.0, gpus=2, duration=7.0)]
+    r = simulate(jobs, ONE_NODE, "srtf")
+    assert r.iterations_total == {"p1": 126.0, "p2": 7.0}
+    assert ends(r) == {"p1": pytest.approx(R + 125.5 * SOLO_FACTOR), "p2": pytest.approx(R + 7.0 * SOLO_FACTOR)}
