@@ -32,6 +32,7 @@ class JobView:
     running: bool  # it holds GPUs right now
     first_start: float | None = None  # when it first ran, None if never
     model: str | None = None  # model name (restart costs and profiles are per model)
+    rank_hint: int | None = None  # compat only: the reference's queue-list position (Tiresias); else None
 
 
 @dataclass(frozen=True, slots=True)

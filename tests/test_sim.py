@@ -154,6 +154,14 @@ def test_compat_muri_reproduces_the_published_srsf_and_srtf(trace3) -> None:
     assert srtf["p99_jct"] == pytest.approx(4538890.61, rel=0.005)
 
 
+def test_compat_muri_reproduces_the_published_tiresias(trace3) -> None:
+    jobs, cluster = trace3
+    s = simulate(jobs, cluster, "tiresias", compat="muri").summary()
+    assert s["avg_jct"] == pytest.approx(347213.25, rel=0.005)
+    assert s["p99_jct"] == pytest.approx(4983397.25, rel=0.005)
+    assert s["makespan"] == pytest.approx(8174226.28, rel=0.005)
+
+
 def test_compat_charges_restart_every_event_so_jobs_finish_with_work_left(trace3) -> None:
     jobs, cluster = trace3
     r = simulate(jobs, cluster, "srsf", compat="muri")

@@ -27,6 +27,9 @@ def queue_of(v: JobView, limits: tuple[float, ...] = QUEUE_LIMITS_GPU_S) -> int:
 
 @runs_every_job
 def tiresias(snapshot: Snapshot) -> list[Group]:
+    if snapshot.compat == "muri" and all(v.rank_hint is not None for v in snapshot.jobs):
+        # the reference's lists: queue-major, running first after each event, else history order
+        return solo_groups(snapshot, lambda v: v.rank_hint)
     return solo_groups(snapshot, lambda v: (queue_of(v), not v.running, v.submit))
 
 

@@ -68,7 +68,8 @@ class _J:
     __slots__ = (
         "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
         "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
-        "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since", "wake",
+        "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since",
+        "wake", "hint",
     )  # fmt: skip
 
     def __init__(self, job: Job, idx: int, compat: bool) -> None:
@@ -101,6 +102,7 @@ class _J:
         self.status = "pending"
         self.since = 0.0  # default mode: progress is settled lazily up to this time
         self.wake = _INF  # default mode: when attained service crosses the next policy threshold
+        self.hint: int | None = None  # compat queue policies: rank in the reference's queue lists
 
 
 _Planned = tuple[Group, tuple["_J", ...], int, Any]
@@ -229,6 +231,11 @@ class _Engine:
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))
         self.fast = not self.compat and bool(getattr(policy, "runs_every_job", False))
+        # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history
+        self.queues: list[list[_J]] | None = (
+            [[] for _ in range(len(self.thresholds) + 1)] if self.compat and self.thresholds else None
+        )
+        self.qid: dict[int, int] = {}
         self.active: dict[int, _J] = {}  # arrival order
         self.running: dict[int, _J] = {}
         self.free = [self.gpn] * cluster.nodes  # GPUs not held by running placements
@@ -271,6 +278,9 @@ class _Engine:
                 if j.status == "rejected":
                     continue
                 self.active[j.idx] = j
+                if self.queues is not None:
+                    self.queues[0].append(j)
+                    self.qid[j.idx] = 0
                 self.by_id[j.id] = j
                 self.active_gpus += j.gpus
                 arrived = True
@@ -385,6 +395,8 @@ class _Engine:
             j.status = "completed"
             del self.by_id[j.id]
             del self.active[j.idx]
+            if self.queues is not None:
+                self.queues[self.qid.pop(j.idx)].remove(j)
             self.active_gpus -= j.gpus
         self.finished += len(ended)
         return bool(ended)
@@ -461,6 +473,7 @@ class _Engine:
                 running=j.running,
                 first_start=j.first_start,
                 model=j.model,
+                rank_hint=j.hint,
             )
             j.view = v
         return v
@@ -471,6 +484,8 @@ class _Engine:
         if not self.compat:
             for j in self.running.values():
                 self._sync(j, t)
+        if self.queues is not None:
+            self._demote_and_rank()
         snap = Snapshot(
             now=t,
             jobs=tuple([j.view or self._view(j) for j in self.active.values()]),
@@ -481,6 +496,32 @@ class _Engine:
         groups = self.policy(snap)
         plan = None if self.compat else self._place_in_place(groups)
         self._apply(plan if plan is not None else self._place(groups), t)
+
+    def _demote_and_rank(self) -> None:
+        """Compat: the reference's queue lists. A running job that reached its queue's limit moves to
+        the END of the next queue (one step per event, in arrival order); every job's rank is its
+        position in the concatenated lists, which the policy may use (``JobView.rank_hint``)."""
+        queues, thr = self.queues, self.thresholds
+        assert queues is not None
+        for j in sorted(self.running.values(), key=lambda j: j.idx):
+            q = self.qid[j.idx]
+            if q < len(thr) and j.attained >= thr[q]:
+                queues[q].remove(j)
+                queues[q + 1].append(j)
+                self.qid[j.idx] = q + 1
+        rank = 0
+        for queue in queues:
+            for j in queue:
+                if j.hint != rank:
+                    j.hint = rank
+                    j.view = None
+                rank += 1
+
+    def _partition_queues(self) -> None:
+        """Compat: after scheduling, each queue list keeps running jobs first, then waiting ones."""
+        assert self.queues is not None
+        for i, queue in enumerate(self.queues):
+            self.queues[i] = [j for j in queue if j.running] + [j for j in queue if not j.running]
 
     def _members(self, g: Group) -> tuple[tuple[_J, ...], int]:
         try:
@@ -673,6 +714,8 @@ class _Engine:
             if j.idx not in keep:  # preempted: progress is kept (checkpoint), GPUs released
                 self._release(j)
         self.running = {m.idx: m for m in now_running}
+        if self.queues is not None:
+            self._partition_queues()
         self.busy = sum(m.share for m in now_running)
         free = [self.gpn] * self.cluster.nodes
         seen_places: set[int] = set()
