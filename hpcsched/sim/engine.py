@@ -26,9 +26,15 @@ How a policy's groups are executed (the contract the interleaving policies rely 
    running member loses the SUM of its group's members' costs from that interval's progress.
 6. Accounting: a member's ``gpu_seconds`` is the group's GPUs x time / k; attained service
    (``JobView.attained_gpu_s``, LAS/Tiresias/Muri-L) is the job's own GPUs x wall time running.
-7. Default mode keeps a running group on its GPUs when the new plan still places it (same GPU
-   count, same members' GPUs free); otherwise the plan is re-placed from scratch, and whoever moved
-   pays the restart cost.
+7. Default mode, placement: first an in-place pass (unchanged running groups keep their GPUs, new
+   groups take first fit among the free GPUs). If that could differ from a fresh plan (a group
+   changed members, a group did not fit while a lower-priority running group could have yielded,
+   or the policy left a running job out), the engine plans afresh: it chooses groups in priority
+   order on an empty cluster, then keeps chosen running groups on their old GPUs where they are
+   free and places the rest first fit (or, if fragmentation forbids, uses the fresh placement).
+   Whoever ends up on other GPUs pays the restart cost. Compat mode always re-places from scratch.
+8. Policies marked ``runs_every_job`` (the baselines) are not asked at all in default mode while
+   every active job fits beside the running ones: any order would run them all.
 """
 
 from __future__ import annotations
