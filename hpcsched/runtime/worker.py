@@ -6,7 +6,11 @@ worker keeps its tasks running and buffers their reports until a heartbeat goes 
 
 Tasks report progress by appending JSON lines to ``$HPCSCHED_PROGRESS_FILE``; the worker forwards the
 complete lines. A task is started in its own session (so a kill reaches its whole tree) with the
-parent-death signal set, so a dead worker does not leave a launcher behind. The node-rank-0 worker
+parent-death signal set, so a dead worker does not leave a launcher behind. Nothing written in Python
+runs between fork and exec: gRPC's threads hold locks and epoll descriptors that a Python ``preexec_fn``
+in the forked child could touch (seen: SIGABRT, "epoll_wait ... Bad file descriptor"), so the session is
+made by ``start_new_session`` (C code in ``_posixsubprocess``) and the death signal by ``setpriv``, an
+exec'd program, where it is installed. The node-rank-0 worker
 writes the attempt's generation into the checkpoint directory before it launches: a program left over
 from an older attempt sees a newer generation there and exits instead of overwriting checkpoints.
 """
@@ -14,10 +18,11 @@ from an older attempt sees a newer generation there and exits instead of overwri
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import grpc
 
@@ -53,10 +59,17 @@ class Task:
     pending: list[pb.Progress] = field(default_factory=list)
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the worker dies (Linux prctl PR_SET_PDEATHSIG)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+def _pdeathsig_prefix() -> list[str]:
+    """argv prefix that makes the task SIGKILLed when the worker dies (PR_SET_PDEATHSIG), set by util-linux
+    ``setpriv`` after fork and before it execs the task: the same process, no Python in the child."""
+    exe = shutil.which("setpriv")
+    return [exe, "--pdeathsig", "KILL", "--"] if exe else []
+
+
+def spawn(argv: list[str], env: dict[str, str], cwd: str | None, out: IO[bytes]) -> subprocess.Popen:
+    """Start a task fork-safely (see the module docstring): own session, parent-death signal, no preexec_fn."""
+    return subprocess.Popen([*_pdeathsig_prefix(), *argv], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _orphaned_launcher(pid: int) -> bool:
@@ -77,7 +90,9 @@ def spare_port(host: str) -> int:
 
 class Worker:
     def __init__(self, cfg: WorkerConfig, python: str = sys.executable) -> None:
-        self.cfg = cfg
+        # Absolute from the start: a task runs in its job's workdir, where a relative progress-file or
+        # log path would name another file (or none).
+        self.cfg = dataclasses.replace(cfg, work_dir=cfg.work_dir.resolve())
         self.python = python
         self.tasks: dict[str, Task] = {}
         self.launchers = launchers.available()
@@ -155,9 +170,7 @@ class Worker:
         if argv is not None:
             with open(run_dir / "output.log", "ab") as out:
                 try:
-                    proc = subprocess.Popen(argv, cwd=t.env.get("HPCSCHED_WORKDIR") or None, env=os.environ | env,
-                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+                    proc = spawn(argv, dict(os.environ) | env, t.env.get("HPCSCHED_WORKDIR") or None, out)
                 except OSError as e:
                     log.error("task %s: cannot start %s: %s", t.task_id, argv[0], e)
                     self.tasks[t.task_id] = Task(t, None, progress, devices, exit_code=127)

@@ -1,0 +1,116 @@
+"""The worker daemon with real processes: fork-safe task start, parent-death kill, relative work dirs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hpcsched.runtime.config import WorkerConfig
+from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.worker import Worker, spawn
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    end = time.time() + within_s
+    while time.time() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_tasks_start_while_grpc_threads_run(tmp_path: Path) -> None:
+    """Many task starts under live gRPC traffic (server and client threads polling epoll): every child
+    execs and exits 0. A Python preexec_fn here could abort the child inside gRPC's fork handlers."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_ControllerServicer_to_server(pb_grpc.ControllerServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    stop = threading.Event()
+
+    def chatter() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb_grpc.ControllerStub(ch)
+            while not stop.is_set():
+                try:
+                    stub.ListJobs(pb.ListJobsRequest(), timeout=1)
+                except grpc.RpcError:
+                    pass  # UNIMPLEMENTED: the traffic is the point
+
+    threads = [threading.Thread(target=chatter) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        with open(tmp_path / "out.log", "ab") as out:
+            procs = [spawn(["sh", "-c", "exit 0"], dict(os.environ), str(tmp_path), out) for _ in range(40)]
+            codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        server.stop(0)
+    assert codes == [0] * 40, (tmp_path / "out.log").read_text()[-2000:]
+
+
+def test_task_dies_with_its_worker(tmp_path: Path) -> None:
+    """The parent-death signal now comes from setpriv (no preexec_fn): kill -9 the worker, its task goes."""
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from hpcsched.runtime.worker import spawn
+        p = spawn(["sleep", "60"], dict(os.environ), None, open(os.devnull, "wb"))
+        print(p.pid, flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not _gone(child, 0.3), "the task should run while its worker lives"
+        os.kill(parent.pid, signal.SIGKILL)
+        assert _gone(child, 5.0), "task outlived its killed worker"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_relative_work_dir_is_resolved_and_progress_reaches_worker(tmp_path: Path, monkeypatch) -> None:
+    """A worker started with ``--work-dir rel`` runs a task whose cwd is elsewhere: the task's progress
+    file must still be the worker's file (an absolute path), so its reports arrive."""
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "job-cwd"
+    elsewhere.mkdir()
+    w = Worker(WorkerConfig(controller="127.0.0.1:9", name="w0", work_dir=Path("rel")))
+    try:
+        assert w.cfg.work_dir == tmp_path / "rel"
+        report = 'echo "{\\"step\\": 7, \\"loss\\": 1.5}" >> "$HPCSCHED_PROGRESS_FILE"'
+        t = pb.LaunchTask(task_id="j1.g1.n0", job_id="j1", generation=1, launcher="torchrun",
+                          command=["sh", "-c", report], env={"HPCSCHED_WORKDIR": str(elsewhere)}, node_rank=0,
+                          nnodes=1, nprocs=1, world_size=1, master_addr="127.0.0.1", master_port=0,
+                          checkpoint_dir=str(tmp_path / "ck"))
+        w.launch(t)
+        task = w.tasks[t.task_id]
+        assert task.progress_path.is_absolute()
+        task.proc.wait(timeout=120)
+        w._poll()
+        assert task.exit_code == 0, (w.cfg.work_dir / t.task_id / "output.log").read_text()[-2000:]
+        assert [(p.step, p.loss) for p in task.pending] == [(7, 1.5)]
+        assert not (elsewhere / "rel").exists()
+    finally:
+        w.shutdown()
