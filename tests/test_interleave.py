@@ -280,3 +280,24 @@ def test_vectorised_weights_equal_looked_up_weights(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(grouping, "_VECTOR_FROM", 64)
         assert fast == pytest.approx(slow, abs=1e-12)
         assert np.all(fast[-1] == 0)  # the profile-less job has no edge
+
+
+def test_many_distinct_jobs_match_within_one_percent_of_exact() -> None:
+    from hpcsched.interleave.grouping import _match
+
+    rng = np.random.default_rng(9)
+    scorer = Scorer(GroupingRules())
+    kinds = []
+    for i in range(300):
+        s = rng.uniform(0.01, 0.3, 3)
+        s[rng.integers(0, 3)] = rng.uniform(0.3, 1.0)
+        kinds.append((scorer.intern(cand(i, 4, tuple(s.tolist())).key),))
+    ours = _match(kinds, scorer)  # 300 distinct profiles: sparse blossom on each node's 12 best edges
+    assert len({p for i, j, _ in ours for p in (i, j)}) == 2 * len(ours)
+    uniq = sorted(set(kinds))
+    tw = scorer._matrix_vectorised(uniq)
+    nt = [uniq.index(k) for k in kinds]
+    x, engine = pair_counts(nt, tw, MatchSettings(dense_limit=10**6))
+    assert engine == "dense"
+    exact = sum(tw[nt[a], nt[b]] for a, b in assign(nt, x, tw))
+    assert sum(w for _, _, w in ours) >= 0.99 * exact

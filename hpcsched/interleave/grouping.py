@@ -272,7 +272,7 @@ def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, f
     settings = scorer.rules.match
     if n <= settings.dense_limit or len(set(node_kinds)) <= settings.type_limit:
         return _match_exact(node_kinds, scorer)
-    chunks = -(-n // settings.dense_limit)
+    chunks = -(-n // settings.chunk)
     out: list[tuple[int, int, float]] = []
     for c in range(chunks):
         pos = list(range(c, n, chunks))

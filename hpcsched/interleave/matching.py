@@ -36,6 +36,8 @@ class MatchSettings:
 
     dense_limit: int = 96  # at most this many nodes -> blossom on the complete graph
     type_limit: int = 48  # at most this many distinct types -> exact integer program
+    chunk: int = 1000  # many distinct nodes: matched in chunks of about this many (grouping._match) ...
+    chunk_edges: int = 12  # ... on each node's 12 heaviest edges (0: complete graph)
 
 
 def _blossom(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int]]:
@@ -62,9 +64,19 @@ def _upper(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.triu_indices(n, 1)
 
 
-def _dense_counts(node_type: np.ndarray, tw: np.ndarray) -> np.ndarray:
+def _dense_counts(node_type: np.ndarray, tw: np.ndarray, keep: int = 0) -> np.ndarray:
+    """Blossom on the complete graph, or with ``keep`` > 0 on each node's ``keep`` heaviest edges (union)."""
     n = len(node_type)
-    i, j = _upper(n)
+    if keep and n > 2 * keep:
+        w_full = tw[node_type][:, node_type]
+        np.fill_diagonal(w_full, -np.inf)
+        top = np.argpartition(-w_full, keep, axis=1)[:, :keep]
+        rows = np.repeat(np.arange(n), keep)
+        a, b = np.minimum(rows, top.ravel()), np.maximum(rows, top.ravel())
+        code = np.unique(a * n + b)
+        i, j = code // n, code % n
+    else:
+        i, j = _upper(n)
     w = tw[node_type[i], node_type[j]]
     return _counts_from_pairs(_blossom(n, i, j, w), node_type, tw.shape[0])
 
@@ -121,6 +133,8 @@ def pair_counts(
         return _dense_counts(nt, tw), "dense"
     if int((counts > 0).sum()) <= settings.type_limit:
         return _type_counts(counts, tw), "types"
+    if settings.chunk_edges:
+        return _dense_counts(nt, tw, settings.chunk_edges), "sparse"
     return _dense_counts(nt, tw), "dense"
 
 

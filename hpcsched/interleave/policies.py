@@ -19,9 +19,14 @@ any partner could only slow them down. They still run alone in their slot, in or
 Muri-S and Muri-L follow the reference (``simulator/run_sim.py``, ``matching.py``, published with
 ``--noautopack``): same-GPU groups, efficiency weights, merges in priority order. Under
 ``Snapshot.compat == "muri"`` they use the reference's four-slot cycle model, in default mode the exact
-pipeline model (``period``). Muri-S+ keeps Muri-S's order and candidates and changes how groups form:
-jobs of different GPU counts may share GPUs, edges weigh the GPU-time a merge gains, a merge must beat
-the members taking turns, and the most valuable merges happen first.
+pipeline model (``period``).
+
+Muri-S+ keeps Muri-S's order and candidates and changes which groups form: an edge weighs the GPU-time a
+merge gains over the members taking turns on the GPUs, and only merges that gain get an edge, so no
+group runs slower than its members would apart (the reference groups any pair, and the efficiency of
+two compute-bound jobs is as high as that of a complementary pair). ``MIXED_RULES`` additionally lets
+GPU counts mix once same-GPU groups cannot make the candidates fit; it measured worse on trace3
+(bench/RESULTS.md), so Muri-S+ does not use it.
 """
 
 from __future__ import annotations
