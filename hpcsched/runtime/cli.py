@@ -73,6 +73,8 @@ def worker(
     token_file: Path = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)"),
     tls_ca: Path = typer.Option(None, "--tls-ca", help="CA certificate: talk TLS to the controller"),
     work_dir: Path = typer.Option(None, "--work-dir", help="task logs and progress files"),
+    stop_grace: float = typer.Option(None, "--stop-grace", help="on SIGTERM: seconds its tasks get to checkpoint "
+                                     "before SIGKILL (default 30)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run a worker daemon for this node: registers, heartbeats, launches and kills tasks."""
@@ -85,7 +87,7 @@ def worker(
     _logging(verbose)
     file = read_worker_config(config) if config else {}
     flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "host": host,
-             "tls_ca": tls_ca, "work_dir": work_dir}
+             "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace}
     kw = file | {k: v for k, v in flags.items() if v is not None}
     token = resolve_token(token_file) if token_file else kw.pop("token", None) or resolve_token(None)
     kw.pop("token", None)

@@ -167,9 +167,11 @@ class WorkerConfig:
     token: str | None = None
     tls_ca: Path | None = None
     work_dir: Path = Path("hpcsched-worker")
+    stop_grace_s: float = 30.0  # on SIGTERM: checkpoint -> SIGKILL of its tasks after this long
 
 
-WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir"}
+WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir",
+               "stop_grace_s"}
 
 
 def read_worker_config(path: str | Path) -> dict[str, Any]:
@@ -185,6 +187,8 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
             out[k] = doc.get(k, int, None)
     if "work_dir" in doc.data:
         out["work_dir"] = doc.path("work_dir", base, None)
+    if "stop_grace_s" in doc.data:
+        out["stop_grace_s"] = doc.positive("stop_grace_s", float, 30.0)
     if "tls_ca" in doc.data:
         out["tls_ca"] = doc.path("tls_ca", base, None)
     token = read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source)

@@ -38,6 +38,7 @@ class Controller:
         scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
         self.last_seen: dict[str, float] = {}
         self.spare_port: dict[str, int] = {}
+        self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
         self._last_tick = time.time()
 
     def started(self) -> None:
@@ -56,6 +57,7 @@ class Controller:
             w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
                           time.time(), True)
             self.store.upsert_worker(w)
+            self.leaving.discard(w.id)
             self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots)
             self.last_seen[w.id] = time.time()
         log.info("worker %s registered (%s, %d slots)", req.worker_id, req.host, req.slots)
@@ -83,6 +85,34 @@ class Controller:
         if changed:
             self.wakeup.set()
         return reply
+
+    def leave(self, req: pb.LeaveRequest) -> pb.LeaveReply:
+        """A worker stopping on purpose. Draining: its jobs stop with a checkpoint (preempt, so no restart is
+        counted) and the next step places them elsewhere. Final: it is gone now; whatever it did not report
+        as exited counts as lost."""
+        wid = req.worker_id
+        stopping = 0
+        with self.lock, self.store.tx():
+            now = time.time()
+            self.leaving.add(wid)
+            for a in self.store.allocations(worker_id=wid):
+                job = self.store.job(a.job_id)
+                if job.state == "running":
+                    self.store.update_job(job.id, state="stopping", stop_reason="preempt", stop_time=now,
+                                          message=f"worker {wid} left")
+                    self.store.event(job.id, "stop", reason="preempt", worker_left=wid)
+                    stopping += 1
+            if req.final:
+                self.last_seen.pop(wid, None)
+                self.spare_port.pop(wid, None)
+                self.store.set_worker_alive(wid, False)
+                for a in self.store.allocations(worker_id=wid):
+                    self.store.set_alloc_state(a.task_id, "exited", -9)
+                    self._task_exited(self.store.job(a.job_id), a, -9)
+            self.store.event(None, "worker_left" if req.final else "worker_draining", worker=wid)
+        log.info("worker %s %s (%d jobs stopping)", wid, "left" if req.final else "is leaving", stopping)
+        self.wakeup.set()
+        return pb.LeaveReply(stopping_jobs=stopping)
 
     def _reconcile_reported(self, t: pb.TaskStatus, reply: pb.HeartbeatReply) -> bool:
         a = self.store.alloc(t.task_id)
@@ -228,7 +258,7 @@ class Controller:
             jobs = self.store.jobs(("pending", "running", "stopping"))
             self.store.accrue_service(now - self._last_tick)
             self._last_tick = now
-            workers = [w for w in self.store.workers() if w.id in self.last_seen]
+            workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
             used: dict[str, int] = {}
             for a in self.store.allocations():
                 used[a.worker_id] = used.get(a.worker_id, 0) + a.nprocs

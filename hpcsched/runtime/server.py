@@ -50,6 +50,9 @@ class _Service(pb_grpc.ControllerServicer):
     def ListWorkers(self, request, context):
         return pb.ListWorkersReply(workers=self.ctl.list_workers())
 
+    def Leave(self, request, context):
+        return self.ctl.leave(request)
+
 
 class ControllerServer:
     """A running controller; ``start`` returns once it listens, ``stop`` ends it."""

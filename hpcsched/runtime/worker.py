@@ -125,7 +125,45 @@ class Worker:
                 registered = False
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.interval * 2)
+        self.leave()
+
+    def leave(self) -> None:
+        """A graceful stop (SIGTERM, as Slurm stops a job step): say so, checkpoint and stop every task,
+        wait for them at most ``stop_grace_s`` (then SIGKILL), report their exits, say goodbye, exit.
+
+        The controller hears of it at once (Leave RPC) rather than after ``worker_timeout_s`` of silence,
+        and the jobs stop as preempted (resumed elsewhere from their checkpoint, no restart counted). With
+        the controller unreachable the tasks still checkpoint; the controller then times the worker out."""
+        grace = self.cfg.stop_grace_s
+        self._say_leave(final=False)
+        for tid in list(self.tasks):
+            self.kill(tid, checkpoint=True, grace_s=grace)
+        deadline = time.time() + grace + 5.0  # past the grace the kill escalates to SIGKILL; then a reap margin
+        while any(t.exit_code is None for t in self.tasks.values()) and time.time() < deadline:
+            time.sleep(0.1)
+            self._poll()
+            for tid in list(self.tasks):
+                self.kill(tid, checkpoint=True, grace_s=grace)  # escalates once the grace is over
+            self._deliver()
+        self._poll()
+        self._deliver()
+        self._say_leave(final=True)
         self.shutdown()
+
+    def _say_leave(self, final: bool) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            reply = self.stub.Leave(pb.LeaveRequest(worker_id=self.cfg.name, final=final), timeout=5, metadata=self.md)
+            log.info("told the controller this worker %s (%d jobs stopping)", "left" if final else "is leaving",
+                     reply.stopping_jobs)
+
+    def _deliver(self) -> None:
+        """One heartbeat that only reports (a leaving worker launches nothing and answers no kill)."""
+        with contextlib.suppress(grpc.RpcError):
+            reply = self.stub.Heartbeat(self._heartbeat(), timeout=5, metadata=self.md)
+            for t in self.tasks.values():
+                t.pending.clear()
+            for tid in reply.forget:
+                self.tasks.pop(tid, None)
 
     def _register(self) -> None:
         req = pb.RegisterRequest(worker_id=self.cfg.name, host=self.cfg.host, slots=self.cfg.slots,
