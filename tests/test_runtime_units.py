@@ -219,3 +219,48 @@ def test_every_registered_policy_drives_the_runtime_step() -> None:
         kept = {j: 1 for j in ("a",) if j not in p.stops}
         assert sum(placed.values()) + sum(kept.values()) <= 4, name
         assert placed or kept, f"{name} ran nothing on an idle cluster"
+
+
+def _groups(*gs: tuple[str, ...]):
+    """A fixed policy: these groups, this order (pure: ignores the snapshot)."""
+    from hpcsched.allocator import Group
+
+    return lambda snap: [Group(g) for g in gs]
+
+
+def test_interleaving_group_shares_slots_and_counts_once() -> None:
+    """4 slots, four 2-proc jobs, policy groups (a, b): a and b share w0's two slots, c gets w1, d waits.
+    Flattened, a and b would take both nodes and c would wait."""
+    jobs = tuple(JobState(i, n, False, 0, 2, 2) for n, i in enumerate("abcd"))
+    p = plan(ClusterState(0, jobs, _w(2, 2)), _groups(("a", "b"), ("c",), ("d",)))
+    assert p.starts == {"a": [("w0", 2)], "b": [("w0", 2)], "c": [("w1", 2)]}
+    assert p.groups == {"a": "a+b", "b": "a+b", "c": "c"}
+    assert "d" in p.waiting and not p.stops
+
+
+def test_pending_member_joins_its_running_anchor_and_colocated_jobs_stay_together() -> None:
+    a = JobState("a", 0, True, 2, 2, 2, group="a", placement=(("w0", 2),))
+    jobs = (a, JobState("b", 1, False, 0, 1, 1), JobState("c", 2, False, 0, 2, 2))
+    p = plan(ClusterState(5, jobs, _w(2, 2), used={"w0": 2}), _groups(("a", "b"), ("c",)))
+    assert p.starts == {"b": [("w0", 1)], "c": [("w1", 2)]} and p.groups["b"] == "a" and not p.stops
+    # a and b now share w0 (used counts the group once); FIFO no longer groups them, yet they stay together
+    # (moving one would need a stop) and both keep running next to c.
+    b = JobState("b", 1, True, 1, 1, 1, group="a", placement=(("w0", 1),))
+    c = JobState("c", 2, True, 2, 2, 2, group="c", placement=(("w1", 2),))
+    p = plan(ClusterState(6, (a, b, c), _w(2, 2), used={"w0": 2, "w1": 2}), "fifo")
+    assert not p.stops and not p.starts
+
+
+def test_worker_gives_group_mates_the_same_devices(tmp_path: Path) -> None:
+    from hpcsched.runtime.config import WorkerConfig
+    from hpcsched.runtime.worker import Task, Worker
+
+    w = Worker(WorkerConfig(controller="127.0.0.1:9", name="w", gpus=4, work_dir=tmp_path))
+    try:
+        w.tasks["a"] = Task(pb.LaunchTask(task_id="a", group="a+b", nprocs=2), None, tmp_path / "p", [1, 2])
+        w.tasks["x"] = Task(pb.LaunchTask(task_id="x", group="x", nprocs=1), None, tmp_path / "p", [0])
+        assert w._devices(pb.LaunchTask(task_id="b", group="a+b", nprocs=2)) == [1, 2]
+        assert w._devices(pb.LaunchTask(task_id="b", group="a+b", nprocs=3)) == [1, 2, 3]
+        assert w._devices(pb.LaunchTask(task_id="y", group="y", nprocs=1)) == [3]
+    finally:
+        w.shutdown()

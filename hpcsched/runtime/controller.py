@@ -259,12 +259,11 @@ class Controller:
             self.store.accrue_service(now - self._last_tick)
             self._last_tick = now
             workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
-            used: dict[str, int] = {}
-            for a in self.store.allocations():
-                used[a.worker_id] = used.get(a.worker_id, 0) + a.nprocs
+            used, groups, where = self._slot_use()
             state = scheduler.ClusterState(
                 now=now,
-                jobs=tuple(_job_state(j) for j in jobs if j.state in ("pending", "running")),
+                jobs=tuple(_job_state(j, groups.get(j.id), tuple(where.get(j.id, ())))
+                           for j in jobs if j.state in ("pending", "running")),
                 workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
                 used=used,
             )
@@ -276,8 +275,24 @@ class Controller:
                 log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
             hosts = {w.id: w.host for w in workers}
             for jid, placement in plan.starts.items():
-                self._start(by_id[jid], placement, hosts)
+                self._start(by_id[jid], placement, hosts, plan.groups.get(jid, jid))
             return plan
+
+    def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
+        """Slots held per worker (a co-located group counts once: its largest member), each job's
+        co-location key and its placement (node-rank order), from the live allocations."""
+        peak: dict[tuple[str, str], int] = {}
+        groups: dict[str, str] = {}
+        where: dict[str, list[tuple[int, str, int]]] = {}
+        for a in self.store.allocations():
+            key = pb.LaunchTask.FromString(a.launch).group or a.job_id
+            groups[a.job_id] = key
+            peak[a.worker_id, key] = max(peak.get((a.worker_id, key), 0), a.nprocs)
+            where.setdefault(a.job_id, []).append((a.node_rank, a.worker_id, a.nprocs))
+        used: dict[str, int] = {}
+        for (wid, _), k in peak.items():
+            used[wid] = used.get(wid, 0) + k
+        return used, groups, {j: [(w, k) for _, w, k in sorted(v)] for j, v in where.items()}
 
     def _reap_dead_workers(self, now: float) -> None:
         for wid, seen in list(self.last_seen.items()):
@@ -292,7 +307,7 @@ class Controller:
                 self.store.set_alloc_state(a.task_id, "exited", -9)
                 self._task_exited(self.store.job(a.job_id), a, -9)
 
-    def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str]) -> None:
+    def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str) -> None:
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
         if not port:  # no fresh free port from that node yet: start at the next heartbeat
@@ -313,14 +328,15 @@ class Controller:
                 task_id=task_id, job_id=job.id, generation=gen, launcher=spec.launcher, command=list(spec.command),
                 env=env | {"HPCSCHED_WORKDIR": spec.workdir}, node_rank=rank, nnodes=len(placement), nprocs=k,
                 world_size=size, master_addr=hosts[master], master_port=port, checkpoint_dir=str(ckpt),
-                hosts=host_list, rank_offset=offset,
+                hosts=host_list, rank_offset=offset, group=group,
             )
             offset += k
             self.store.add_allocation(AllocRow(task_id, job.id, gen, wid, rank, k, "launching", None,
                                                msg.SerializeToString()))
         self.store.update_job(job.id, state="running", procs=size, generation=gen, target_procs=size,
                               start_time=job.start_time or time.time(), done=0)
-        self.store.event(job.id, "start", generation=gen, procs=size, workers=[w for w, _ in placement])
+        self.store.event(job.id, "start", generation=gen, procs=size, workers=[w for w, _ in placement],
+                         group=group)
         log.info("job %s generation %d on %s", job.id, gen, placement)
 
     def run_forever(self, stop: threading.Event) -> None:
@@ -350,15 +366,13 @@ class Controller:
 
     def list_workers(self) -> list[pb.WorkerInfo]:
         with self.lock:
-            used: dict[str, int] = {}
-            for a in self.store.allocations():
-                used[a.worker_id] = used.get(a.worker_id, 0) + a.nprocs
+            used = self._slot_use()[0]
             return [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0),
                                   alive=w.id in self.last_seen, last_seen=self.last_seen.get(w.id, 0))
                     for w in self.store.workers()]
 
 
-def _job_state(j: JobRow) -> scheduler.JobState:
+def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = ()) -> scheduler.JobState:
     profile = None
     if j.data_s is not None:
         profile = ResourceProfile(j.data_s or 0.0, j.compute_s or 0.0, j.comm_s or 0.0)
@@ -366,5 +380,6 @@ def _job_state(j: JobRow) -> scheduler.JobState:
         id=j.id, submit=j.submit_time, running=j.state == "running", procs=j.procs, min_procs=j.spec.min_procs,
         max_procs=j.spec.max_procs, launcher=j.spec.launcher, steps_total=j.spec.steps, steps_done=j.steps_done,
         iteration_s=j.iteration_s, profile=profile, attained_s=j.attained_s, executed_s=j.executed_s,
-        first_start=j.start_time,
+        first_start=j.start_time, group=group if j.state == "running" else None,
+        placement=placement if j.state == "running" else (),
     )

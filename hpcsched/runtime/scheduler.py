@@ -5,8 +5,14 @@ max_procs in priority order) -> placement (the simulator's consolidated placemen
 and stops. No RPC, no database, no clock: the controller builds a ``ClusterState`` under its lock,
 calls ``plan`` and applies the result, so this step is tested on hand-checkable cases alone.
 
-Interleaving groups returned by a policy are flattened to their priority order: the runtime does not
-co-locate a group's jobs on shared devices (yet), it runs each on its own slots.
+Interleaving groups (a policy's ``Group`` of several jobs, muri-s / muri-l) are honoured: the members run
+co-located on the SAME slots (the worker gives them the same devices), and the group counts once in slot
+accounting, with the footprint max(member procs). Members of a group are rigid (their ``min_procs``);
+only jobs that run alone grow elastically. Jobs already running are not moved to form a group: a group
+whose first running member (the anchor) runs somewhere keeps it there, and its pending members join the
+anchor's slots when they need no more procs than the anchor has; running members co-located elsewhere,
+and pending ones too big to join, become units of their own, right after it. Jobs co-located earlier
+stay together whatever the policy says now (they share devices; only a stop separates them).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from hpcsched.allocator import JobView, Snapshot
+from hpcsched.allocator import JobView, Policy, Snapshot
 from hpcsched.model import ClusterSpec, ResourceProfile
 from hpcsched.policies import get_policy
 from hpcsched.sim.placement import place_consolidated
@@ -40,6 +46,8 @@ class JobState:
     attained_s: float = 0.0
     executed_s: float = 0.0
     first_start: float | None = None
+    group: str | None = None  # running: the co-location key of its tasks (jobs sharing slots share it)
+    placement: tuple[tuple[str, int], ...] = ()  # running: (worker, procs) per node, node-rank order
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,7 @@ class Plan:
     stops: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # every admitted job's size this round
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it did not start
+    groups: dict[str, str] = field(default_factory=dict)  # started job -> co-location key of its tasks
 
 
 def _fifo(snapshot: Snapshot) -> list:
@@ -100,8 +109,51 @@ def _views(state: ClusterState) -> tuple[JobView, ...]:
     return tuple(out)
 
 
-def plan(state: ClusterState, policy_name: str = "fifo") -> Plan:
-    """Decide which jobs run, at which size, and where new ones go."""
+def _units(order: list[str], policy_groups: list[tuple[str, ...]], by_id: dict[str, JobState]) -> list[list[str]]:
+    """The policy's groups made runnable from where jobs are now (rules in the module docstring)."""
+    mates: dict[str, list[str]] = {}
+    for j in by_id.values():
+        if j.running and j.group:
+            mates.setdefault(j.group, []).append(j.id)
+    units: list[list[str]] = []
+    taken: set[str] = set()
+
+    def with_mates(jid: str) -> list[str]:
+        j = by_id[jid]
+        return [m for m in order if m in mates.get(j.group or "", ())] if j.running and j.group else [jid]
+
+    def emit(unit: list[str]) -> None:
+        unit = [i for i in unit if i not in taken]
+        if unit:
+            units.append(unit)
+            taken.update(unit)
+
+    for g in policy_groups:
+        members = [i for i in g if i not in taken]
+        running = [i for i in members if by_id[i].running]
+        pending = [i for i in members if not by_id[i].running]
+        if not running:
+            emit(pending)
+            continue
+        anchor = by_id[running[0]]
+        joiners = [i for i in pending if by_id[i].min_procs <= anchor.procs]
+        emit(with_mates(anchor.id) + joiners)
+        for r in running[1:]:
+            emit(with_mates(r))
+        for i in pending:
+            emit([i])
+    return units
+
+
+def _footprint(unit: list[str], by_id: dict[str, JobState]) -> int:
+    """Slots a unit needs at least: a lone job its minimum (it may shrink), a running group its anchor's."""
+    running = [by_id[i].procs for i in unit if by_id[i].running]
+    return max(running) if running and len(unit) > 1 else max(by_id[i].min_procs for i in unit)
+
+
+def plan(state: ClusterState, policy_name: str | Policy = "fifo") -> Plan:
+    """Decide which jobs run, at which size, and where new ones go (``policy_name``: registered name, or the
+    policy itself)."""
     out = Plan()
     if not state.jobs:
         return out
@@ -112,21 +164,33 @@ def plan(state: ClusterState, policy_name: str = "fifo") -> Plan:
     snap = Snapshot(now=state.now, jobs=_views(state), cluster=spec,
                     free_gpus=max(0, total - sum(state.used.values())))
     by_id = {j.id: j for j in state.jobs}
-    order: list[str] = []
-    for g in resolve_policy(policy_name)(snap):
-        order += [i for i in g.job_ids if i in by_id and i not in order]
-    order += [j.id for j in state.jobs if j.id not in order]  # a policy that drops a job must not lose it
+    policy = resolve_policy(policy_name) if isinstance(policy_name, str) else policy_name
+    groups: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for g in policy(snap):
+        ids = tuple(i for i in g.job_ids if i in by_id and i not in seen)
+        seen.update(ids)
+        if ids:
+            groups.append(ids)
+    groups += [(j.id,) for j in state.jobs if j.id not in seen]  # a policy that drops a job must not lose it
+    order = [i for g in groups for i in g]
+    units = _units(order, groups, by_id)
 
     left = total
-    for jid in order:  # admit at minimum size, highest priority first
-        j = by_id[jid]
-        if j.min_procs <= left:
-            out.sizes[jid] = j.min_procs
-            left -= j.min_procs
+    admitted: list[list[str]] = []
+    for unit in units:  # admit at minimum size, highest priority first; a group needs its footprint once
+        need = _footprint(unit, by_id)
+        if need <= left:
+            admitted.append(unit)
+            for i in unit:
+                out.sizes[i] = by_id[i].procs if by_id[i].running and len(unit) > 1 else by_id[i].min_procs
+            left -= need
         else:
-            out.waiting[jid] = f"needs {j.min_procs} slots, {left} left after higher-priority jobs"
-    for jid in order:  # then grow elastic jobs into what is left
-        if jid in out.sizes and left > 0:
+            for i in unit:
+                out.waiting[i] = f"needs {need} slots, {left} left after higher-priority jobs"
+    for unit in admitted:  # then grow elastic jobs that run alone into what is left
+        jid = unit[0]
+        if len(unit) == 1 and left > 0:
             grow = min(by_id[jid].max_procs - out.sizes[jid], left)
             out.sizes[jid] += grow
             left -= grow
@@ -140,16 +204,39 @@ def plan(state: ClusterState, policy_name: str = "fifo") -> Plan:
             out.stops[jid] = "resize"
 
     free = {w.id: w.slots - state.used.get(w.id, 0) for w in workers}
-    for jid in order:
-        j = by_id[jid]
-        if j.running or jid not in out.sizes:
+    for unit in admitted:
+        pending = [i for i in unit if not by_id[i].running]
+        if not pending:
             continue
-        able = [w for w in workers if j.launcher in w.launchers]
-        got = place_consolidated([max(0, free[w.id]) for w in able], out.sizes[jid], gpn)
-        if got is None:
-            out.waiting[jid] = f"{out.sizes[jid]} slots do not fit on free slots {free}"
-            continue
-        out.starts[jid] = [(able[i].id, k) for i, k in got]
-        for i, k in got:
-            free[able[i].id] -= k
+        anchor = next((by_id[i] for i in unit if by_id[i].running and i not in out.stops), None)
+        if anchor is not None:  # join the anchor's slots: no new slots are used
+            where = list(anchor.placement)
+            key = anchor.group or anchor.id
+        else:
+            need = max(out.sizes[i] for i in pending)
+            launchers = {by_id[i].launcher for i in pending}
+            able = [w for w in workers if launchers <= set(w.launchers)]
+            got = place_consolidated([max(0, free[w.id]) for w in able], need, gpn)
+            if got is None:
+                for i in pending:
+                    out.waiting[i] = f"{need} slots do not fit on free slots {free}"
+                continue
+            where = [(able[i].id, k) for i, k in got]
+            for wid, k in where:
+                free[wid] -= k
+            key = "+".join(pending) if len(pending) > 1 else pending[0]
+        for i in pending:
+            out.starts[i] = _prefix(where, out.sizes[i])
+            out.groups[i] = key
+    return out
+
+
+def _prefix(where: list[tuple[str, int]], procs: int) -> list[tuple[str, int]]:
+    """The first ``procs`` slots of a group's placement: a smaller member shares part of its slots."""
+    out = []
+    for wid, k in where:
+        if procs <= 0:
+            break
+        out.append((wid, min(k, procs)))
+        procs -= k
     return out

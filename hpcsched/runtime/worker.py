@@ -194,8 +194,7 @@ class Worker:
     def launch(self, t: pb.LaunchTask) -> None:
         run_dir = self.cfg.work_dir / t.task_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        busy = {d for task in self.tasks.values() if task.exit_code is None for d in task.devices}
-        devices = [d for d in range(self.cfg.gpus) if d not in busy][: t.nprocs] if self.cfg.gpus else []
+        devices = self._devices(t)
         argv, env = launchers.build(t, self.python, ",".join(map(str, devices)))
         progress = run_dir / "progress.jsonl"
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
@@ -215,6 +214,17 @@ class Worker:
                     return
         self.tasks[t.task_id] = Task(t, proc, progress, devices)
         log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, "" if argv else ", holding")
+
+    def _devices(self, t: pb.LaunchTask) -> list[int]:
+        """The task's devices: those of a live task of its co-location group (interleaved jobs share them),
+        topped up with free ones if it needs more; else free ones."""
+        if not self.cfg.gpus:
+            return []
+        live = [task for task in self.tasks.values() if task.exit_code is None]
+        mates = [d for task in live if t.group and task.launch.group == t.group for d in task.devices]
+        shared = list(dict.fromkeys(mates))[: t.nprocs]
+        busy = {d for task in live for d in task.devices}
+        return shared + [d for d in range(self.cfg.gpus) if d not in busy][: t.nprocs - len(shared)]
 
     def kill(self, task_id: str, checkpoint: bool, grace_s: float = DEFAULT_GRACE_S) -> None:
         t = self.tasks.get(task_id)
