@@ -264,3 +264,48 @@ def test_worker_gives_group_mates_the_same_devices(tmp_path: Path) -> None:
         assert w._devices(pb.LaunchTask(task_id="y", group="y", nprocs=1)) == [3]
     finally:
         w.shutdown()
+
+
+def test_min_runtime_protects_a_fresh_attempt_from_preemption() -> None:
+    """LAS on one slot: b has had less service than the running a, so LAS preempts a, unless a's attempt
+    is younger than min_runtime_s."""
+    def jobs(started: float) -> tuple[JobState, ...]:
+        return (JobState("a", 0, True, 1, 1, 1, attained_s=50, executed_s=50, first_start=0, group="a",
+                         placement=(("w0", 1),), attempt_start=started),
+                JobState("b", 1, False, 0, 1, 1, attained_s=10))
+    assert plan(ClusterState(100, jobs(95), _w(1), used={"w0": 1}), "las").stops == {"a": "preempt"}
+    young = plan(ClusterState(100, jobs(95), _w(1), used={"w0": 1}), "las", min_runtime_s=10)
+    assert not young.stops and "b" in young.waiting
+    old = plan(ClusterState(100, jobs(85), _w(1), used={"w0": 1}), "las", min_runtime_s=10)
+    assert old.stops == {"a": "preempt"}
+
+
+def _churn(min_runtime_s: float, policy: str = "las", ticks: int = 120) -> int:
+    """Replays the controller loop on a tiny case (2 equal jobs, 1 slot, a tick per second, stops take effect
+    at once): how many times a job is stopped."""
+    attained = {"a": 0.0, "b": 0.0}
+    running: dict[str, float] = {}  # job -> attempt start
+    stops = 0
+    for now in range(ticks):
+        for j in running:
+            attained[j] += 1.0
+        jobs = tuple(JobState(j, n, j in running, 1 if j in running else 0, 1, 1, steps_total=1000,
+                              steps_done=int(attained[j]), iteration_s=1.0, attained_s=attained[j],
+                              executed_s=attained[j], first_start=0 if attained[j] else None, group=j,
+                              placement=(("w0", 1),) if j in running else (), attempt_start=running.get(j))
+                     for n, j in enumerate(attained))
+        p = plan(ClusterState(now, jobs, _w(1), used={"w0": len(running)}), policy, min_runtime_s)
+        for j in p.stops:
+            running.pop(j)
+            stops += 1
+        if not running:  # the stopped job's slot is free on the next tick
+            for j in p.starts:
+                running[j] = now
+    return stops
+
+
+def test_hysteresis_bounds_churn() -> None:
+    """LAS swaps two equal jobs whenever their service crosses: without the brake every ~tick, with
+    min_runtime_s = 10 at most once per 10 s (120 ticks -> at most 12 stops)."""
+    assert _churn(0) > 40
+    assert _churn(10) <= 12

@@ -61,6 +61,12 @@ class _Doc:
             raise self.fail(key, f"expected {kind.__name__}, got {v!r}")
         return v
 
+    def non_negative(self, key: str, kind: type, default: Any) -> Any:
+        v = self.get(key, kind, default)
+        if v is not None and v < 0:
+            raise self.fail(key, f"must be >= 0, got {v}")
+        return v
+
     def positive(self, key: str, kind: type, default: Any) -> Any:
         v = self.get(key, kind, default)
         if v is not None and v <= 0:
@@ -121,11 +127,13 @@ class ControllerConfig:
     schedule_interval_s: float = 0.5
     max_restarts: int = 5  # failed attempts of one job before it is marked failed
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
+    min_runtime_s: float = 10.0  # a job attempt is not preempted or resized before it has run this long
 
 
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
+    "min_runtime_s",
 }
 
 
@@ -151,6 +159,7 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
         schedule_interval_s=doc.positive("schedule_interval_s", float, 0.5),
         max_restarts=doc.get("max_restarts", int, 5),
         stop_grace_s=doc.positive("stop_grace_s", float, 30.0),
+        min_runtime_s=doc.non_negative("min_runtime_s", float, 10.0),
     )
 
 

@@ -39,6 +39,7 @@ class Controller:
         self.last_seen: dict[str, float] = {}
         self.spare_port: dict[str, int] = {}
         self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
+        self.attempt_start: dict[str, float] = {}  # job -> when its current attempt was placed (hysteresis)
         self._last_tick = time.time()
 
     def started(self) -> None:
@@ -49,6 +50,8 @@ class Controller:
             for w in self.store.workers():
                 if w.alive:
                     self.last_seen.setdefault(w.id, now)
+            for j in self.store.jobs(("running",)):  # not durable: a restart counts as the attempt's start
+                self.attempt_start.setdefault(j.id, now)
             self._last_tick = now
 
     # ---------------------------------------------------------------------------------------- workers
@@ -262,12 +265,12 @@ class Controller:
             used, groups, where = self._slot_use()
             state = scheduler.ClusterState(
                 now=now,
-                jobs=tuple(_job_state(j, groups.get(j.id), tuple(where.get(j.id, ())))
+                jobs=tuple(_job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), self.attempt_start.get(j.id))
                            for j in jobs if j.state in ("pending", "running")),
                 workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
                 used=used,
             )
-            plan = scheduler.plan(state, self.cfg.policy)
+            plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s)
             by_id = {j.id: j for j in jobs}
             for jid, reason in plan.stops.items():
                 self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=now)
@@ -333,6 +336,7 @@ class Controller:
             offset += k
             self.store.add_allocation(AllocRow(task_id, job.id, gen, wid, rank, k, "launching", None,
                                                msg.SerializeToString()))
+        self.attempt_start[job.id] = time.time()
         self.store.update_job(job.id, state="running", procs=size, generation=gen, target_procs=size,
                               start_time=job.start_time or time.time(), done=0)
         self.store.event(job.id, "start", generation=gen, procs=size, workers=[w for w, _ in placement],
@@ -372,7 +376,8 @@ class Controller:
                     for w in self.store.workers()]
 
 
-def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = ()) -> scheduler.JobState:
+def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),
+               attempt_start: float | None = None) -> scheduler.JobState:
     profile = None
     if j.data_s is not None:
         profile = ResourceProfile(j.data_s or 0.0, j.compute_s or 0.0, j.comm_s or 0.0)
@@ -382,4 +387,5 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
         iteration_s=j.iteration_s, profile=profile, attained_s=j.attained_s, executed_s=j.executed_s,
         first_start=j.start_time, group=group if j.state == "running" else None,
         placement=placement if j.state == "running" else (),
+        attempt_start=attempt_start if j.state == "running" else None,
     )

@@ -13,6 +13,13 @@ whose first running member (the anchor) runs somewhere keeps it there, and its p
 anchor's slots when they need no more procs than the anchor has; running members co-located elsewhere,
 and pending ones too big to join, become units of their own, right after it. Jobs co-located earlier
 stay together whatever the policy says now (they share devices; only a stop separates them).
+
+Hysteresis (``min_runtime_s``): the controller re-plans every tick, and LAS / Tiresias priorities cross
+over continuously while muri-l regroups, so without a brake the order flips back and forth and every flip
+is a checkpoint-stop-restore. Rule: a running job whose current attempt started less than
+``min_runtime_s`` ago is protected: it keeps its slots at its size (its unit is admitted before all
+others) and is neither preempted nor resized. So each job is stopped at most once per ``min_runtime_s``
+and every attempt outlives its restore cost; the policy's order still decides everything else.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class JobState:
     first_start: float | None = None
     group: str | None = None  # running: the co-location key of its tasks (jobs sharing slots share it)
     placement: tuple[tuple[str, int], ...] = ()  # running: (worker, procs) per node, node-rank order
+    attempt_start: float | None = None  # running: when its current attempt was placed
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +159,9 @@ def _footprint(unit: list[str], by_id: dict[str, JobState]) -> int:
     return max(running) if running and len(unit) > 1 else max(by_id[i].min_procs for i in unit)
 
 
-def plan(state: ClusterState, policy_name: str | Policy = "fifo") -> Plan:
+def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s: float = 0.0) -> Plan:
     """Decide which jobs run, at which size, and where new ones go (``policy_name``: registered name, or the
-    policy itself)."""
+    policy itself; ``min_runtime_s``: the hysteresis rule in the module docstring)."""
     out = Plan()
     if not state.jobs:
         return out
@@ -176,21 +184,28 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo") -> Plan:
     order = [i for g in groups for i in g]
     units = _units(order, groups, by_id)
 
+    def protected(unit: list[str]) -> bool:
+        return any(by_id[i].running and by_id[i].attempt_start is not None
+                   and state.now - by_id[i].attempt_start < min_runtime_s for i in unit)
+
+    keep = [u for u in units if protected(u)]
+    units = keep + [u for u in units if not protected(u)]
     left = total
     admitted: list[list[str]] = []
     for unit in units:  # admit at minimum size, highest priority first; a group needs its footprint once
-        need = _footprint(unit, by_id)
+        fixed = len(unit) > 1 or unit in keep  # groups and protected jobs keep their running size
+        need = max(by_id[i].procs for i in unit) if unit in keep else _footprint(unit, by_id)
         if need <= left:
             admitted.append(unit)
             for i in unit:
-                out.sizes[i] = by_id[i].procs if by_id[i].running and len(unit) > 1 else by_id[i].min_procs
+                out.sizes[i] = by_id[i].procs if by_id[i].running and fixed else by_id[i].min_procs
             left -= need
         else:
             for i in unit:
                 out.waiting[i] = f"needs {need} slots, {left} left after higher-priority jobs"
     for unit in admitted:  # then grow elastic jobs that run alone into what is left
         jid = unit[0]
-        if len(unit) == 1 and left > 0:
+        if len(unit) == 1 and unit not in keep and left > 0:
             grow = min(by_id[jid].max_procs - out.sizes[jid], left)
             out.sizes[jid] += grow
             left -= grow
