@@ -55,6 +55,7 @@ def main() -> int:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         step, first_loss, history = state["step"], state["first_loss"], state["history"]
+    last_loss = state.get("last_loss", float("nan")) if path.exists() else float("nan")  # resumed at the end: no step
     resumed_from = step if path.exists() else -1
     history = [*history, {"generation": os.environ.get("HPCSCHED_GENERATION"), "resumed_from": resumed_from,
                           "world_size": world}]
@@ -62,13 +63,13 @@ def main() -> int:
     rep = Reporter(rank, world, resumed_from)
     timer = StageTimer()
     loss_fn = torch.nn.CrossEntropyLoss()
-    window_loss, window_n, last_loss = 0.0, 0, float("nan")
+    window_loss, window_n = 0.0, 0
 
     def save() -> str:
         if rank != 0 or superseded(ckpt_dir):
             return ""
         state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "first_loss": first_loss,
-                 "history": history}
+                 "history": history, "last_loss": window_loss / window_n if window_n else last_loss}
         atomic_write(path, lambda p: torch.save(state, p))
         return str(path)
 

@@ -48,6 +48,7 @@ def main() -> int:
         model.load_state_dict(state["model"])
         base.load_state_dict(state["optim"])
         step, first_loss, history = state["step"], state["first_loss"], state["history"]
+    last_loss = state.get("last_loss", float("nan")) if path.exists() else float("nan")  # resumed at the end: no step
     resumed_from = step if path.exists() else -1
     history = [*history, {"generation": os.environ.get("HPCSCHED_GENERATION"), "resumed_from": resumed_from,
                           "world_size": world}]
@@ -56,7 +57,7 @@ def main() -> int:
     rep = Reporter(rank, world, resumed_from)
     timer = StageTimer()
     loss_fn = torch.nn.CrossEntropyLoss()
-    window_loss, window_n, last_loss = 0.0, 0, float("nan")
+    window_loss, window_n = 0.0, 0
     rep.report(step, loss=0.0, samples_per_s=0.0)
     while step < steps:
         t0 = time.perf_counter()
@@ -87,7 +88,7 @@ def main() -> int:
         ckpt = ""
         if rank == 0 and (step % args.checkpoint_every == 0 or step == steps or stopping) and not superseded(ckpt_dir):
             state = {"model": model.state_dict(), "optim": base.state_dict(), "step": step, "first_loss": first_loss,
-                     "history": history}
+                     "history": history, "last_loss": window_loss / window_n if window_n else last_loss}
             atomic_write(path, lambda p, state=state: torch.save(state, p))
             ckpt = str(path)
         if step % args.report_every == 0 or ckpt or step == steps:

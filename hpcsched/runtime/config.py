@@ -128,12 +128,13 @@ class ControllerConfig:
     max_restarts: int = 5  # failed attempts of one job before it is marked failed
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
     min_runtime_s: float = 10.0  # a job attempt is not preempted or resized before it has run this long
+    milp_tfwd_s: float = 60.0  # look-ahead of the MILP that sizes jobs with a scaling curve (BFTrainer's Tfwd)
 
 
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
-    "min_runtime_s",
+    "min_runtime_s", "milp_tfwd_s",
 }
 
 
@@ -160,6 +161,7 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
         max_restarts=doc.get("max_restarts", int, 5),
         stop_grace_s=doc.positive("stop_grace_s", float, 30.0),
         min_runtime_s=doc.non_negative("min_runtime_s", float, 10.0),
+        milp_tfwd_s=doc.positive("milp_tfwd_s", float, 60.0),
     )
 
 
@@ -220,13 +222,37 @@ class JobSpec:
     steps: int | None = None  # total training steps, when the program reports them
     workdir: str = "."
     env: dict[str, str] = field(default_factory=dict)
+    curve_procs: tuple[int, ...] = ()  # declared scaling curve: throughput (samples/s) at these sizes; an
+    curve_rates: tuple[float, ...] = ()  # elastic job with one is sized by the MILP allocator
+    resize_s: float = 10.0  # seconds of progress a resize costs it (the MILP's Tup = Tdw)
 
     @property
     def elastic(self) -> bool:
         return self.min_procs != self.max_procs
 
 
-JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env"}
+JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env", "scaling"}
+SCALING_KEYS = {"procs", "rates", "resize_s"}
+
+
+def _scaling(doc: _Doc) -> dict[str, Any]:
+    """``scaling: {procs: [1, 2, 4], rates: [100, 180, 300], resize_s: 8}`` -> JobSpec fields."""
+    if "scaling" not in doc.data:
+        return {}
+    sc = doc.data["scaling"]
+    if not isinstance(sc, dict) or set(sc) - SCALING_KEYS or not {"procs", "rates"} <= set(sc):
+        raise doc.fail("scaling", "expected {procs: [sizes], rates: [samples/s at each size], resize_s: seconds}")
+    try:
+        from hpcsched.model import ScalingCurve
+
+        procs, rates = tuple(int(p) for p in sc["procs"]), tuple(float(r) for r in sc["rates"])
+        ScalingCurve(procs, rates)  # validates: same lengths, increasing sizes, finite rates >= 0
+        resize = float(sc.get("resize_s", 10.0))
+    except (TypeError, ValueError) as e:
+        raise doc.fail("scaling", str(e)) from None
+    if resize < 0 or not procs or procs[0] < 1:
+        raise doc.fail("scaling", "sizes must be >= 1 and resize_s >= 0")
+    return {"curve_procs": procs, "curve_rates": rates, "resize_s": resize}
 
 
 def parse_job_spec(text: str, source: str) -> JobSpec:
@@ -260,4 +286,5 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
         steps=doc.positive("steps", int, None),
         workdir=doc.get("workdir", str, "."),
         env={k: str(v) for k, v in env.items()},
+        **_scaling(doc),
     )

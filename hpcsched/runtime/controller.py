@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 
-from hpcsched.model import ResourceProfile
+from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import scheduler
 from hpcsched.runtime.config import ControllerConfig, JobSpec, parse_job_spec
 from hpcsched.runtime.rpc import pb
@@ -207,12 +207,15 @@ class Controller:
         codes = [a.exit_code for a in self.store.allocations(job_id=job.id, live_only=False)
                  if a.generation == job.generation]
         now = time.time()
-        if all(c == 0 for c in codes) and (job.state == "running" or job.done):
+        reason = job.stop_reason
+        # Done = every task exited 0 on its own, or the program reported its last step (checkpointed) before a
+        # preempt / resize stop landed: a launcher stopped by SIGTERM exits non-zero even then.
+        if (all(c == 0 for c in codes) and (job.state == "running" or job.done)) or \
+                (job.done and job.state == "stopping" and reason in ("preempt", "resize")):
             self.store.update_job(job.id, state="completed", procs=0, end_time=now, message="done")
             self.store.event(job.id, "completed", steps=job.steps_done)
             log.info("job %s completed at step %d", job.id, job.steps_done)
             return
-        reason = job.stop_reason
         if reason == "cancel":
             self.store.update_job(job.id, state="cancelled", procs=0, end_time=now)
         elif reason == "failed":
@@ -270,7 +273,7 @@ class Controller:
                 workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
                 used=used,
             )
-            plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s)
+            plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
             by_id = {j.id: j for j in jobs}
             for jid, reason in plan.stops.items():
                 self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=now)
@@ -388,4 +391,6 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
         first_start=j.start_time, group=group if j.state == "running" else None,
         placement=placement if j.state == "running" else (),
         attempt_start=attempt_start if j.state == "running" else None,
+        curve=ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None,
+        resize_s=j.spec.resize_s,
     )

@@ -20,6 +20,12 @@ is a checkpoint-stop-restore. Rule: a running job whose current attempt started 
 ``min_runtime_s`` ago is protected: it keeps its slots at its size (its unit is admitted before all
 others) and is neither preempted nor resized. So each job is stopped at most once per ``min_runtime_s``
 and every attempt outlives its restore cost; the policy's order still decides everything else.
+
+Sizes of elastic jobs that declare a scaling curve come from the MILP allocator (``hpcsched.milp``, the
+one the harvesting simulator uses): after admission, the slots left plus those jobs' minimum sizes form
+the pool, each job's value is its throughput over ``tfwd_s`` less its resize cost (BFTrainer's reference
+objective), and the solver picks the counts. Elastic jobs without a curve then grow greedily, in priority
+order, into what is left.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import logging
 from dataclasses import dataclass, field
 
 from hpcsched.allocator import JobView, Policy, Snapshot
-from hpcsched.model import ClusterSpec, ResourceProfile
+from hpcsched.model import ClusterSpec, ElasticJob, ResourceProfile, ScalingCurve
 from hpcsched.policies import get_policy
 from hpcsched.sim.placement import place_consolidated
 
@@ -56,6 +62,8 @@ class JobState:
     group: str | None = None  # running: the co-location key of its tasks (jobs sharing slots share it)
     placement: tuple[tuple[str, int], ...] = ()  # running: (worker, procs) per node, node-rank order
     attempt_start: float | None = None  # running: when its current attempt was placed
+    curve: ScalingCurve | None = None  # declared throughput by size: the MILP sizes the job
+    resize_s: float = 10.0  # progress a resize costs it (MILP Tup = Tdw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +167,40 @@ def _footprint(unit: list[str], by_id: dict[str, JobState]) -> int:
     return max(running) if running and len(unit) > 1 else max(by_id[i].min_procs for i in unit)
 
 
-def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s: float = 0.0) -> Plan:
+def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[str, JobState],
+                tfwd_s: float) -> int:
+    """Resize the curve jobs ``ids`` (admitted at ``sizes``) with the MILP over their slots plus ``left``;
+    returns the slots left. Keeps the admitted sizes if no solver runs or its answer does not fit."""
+    from hpcsched.milp import JobState as MilpJob
+    from hpcsched.milp import Problem, SolverUnavailable, allocate
+
+    pool_n = left + sum(sizes[i] for i in ids)
+    pool = tuple(f"s{k}" for k in range(pool_n))
+    states, k = [], 0
+    for i in ids:
+        j = by_id[i]
+        held = min(j.procs if j.running else 0, pool_n - k)  # its current count: resizes cost it resize_s
+        ej = ElasticJob(i, j.submit, j.min_procs, j.max_procs, j.curve, 1.0, j.resize_s, j.resize_s)
+        states.append(MilpJob(ej, nodes=pool[k:k + held]))
+        k += held
+    problem = Problem(tuple(states), pool, tfwd=tfwd_s)
+    for solver in ("highs", "dp"):  # HiGHS when installed, else the exact dynamic programme
+        try:
+            d = allocate(problem, solver, time_limit=2.0)
+            break
+        except SolverUnavailable:
+            continue
+    else:
+        return left
+    new = {i: max(d.counts[i], sizes[i]) for i in ids}  # admitted jobs run: never below their minimum
+    if sum(new.values()) > pool_n:
+        return left
+    sizes.update(new)
+    return pool_n - sum(new.values())
+
+
+def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s: float = 0.0,
+         tfwd_s: float = 60.0) -> Plan:
     """Decide which jobs run, at which size, and where new ones go (``policy_name``: registered name, or the
     policy itself; ``min_runtime_s``: the hysteresis rule in the module docstring)."""
     out = Plan()
@@ -203,9 +244,12 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
         else:
             for i in unit:
                 out.waiting[i] = f"needs {need} slots, {left} left after higher-priority jobs"
-    for unit in admitted:  # then grow elastic jobs that run alone into what is left
-        jid = unit[0]
-        if len(unit) == 1 and unit not in keep and left > 0:
+    lone = [u[0] for u in admitted if len(u) == 1 and u not in keep]
+    curved = [i for i in lone if by_id[i].curve is not None and by_id[i].max_procs > by_id[i].min_procs]
+    if curved:
+        left = _milp_sizes(curved, out.sizes, left, by_id, tfwd_s)
+    for jid in lone:  # then grow elastic jobs without a curve into what is left
+        if jid not in curved and left > 0:
             grow = min(by_id[jid].max_procs - out.sizes[jid], left)
             out.sizes[jid] += grow
             left -= grow
