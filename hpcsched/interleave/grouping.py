@@ -296,7 +296,7 @@ def _round(
     rules = scorer.rules
     ready: list[tuple[float, int, int, tuple[int, ...], tuple[int, ...] | None]] = []  # (gain, bucket, pos, a, b)
     for bi, nodes in enumerate(buckets):
-        node_kinds = [tuple(sorted(kinds_of[i] for i in node)) for node in nodes]
+        node_kinds = [(kinds_of[n[0]],) if len(n) == 1 else tuple(sorted([kinds_of[i] for i in n])) for n in nodes]
         paired: dict[int, tuple[int, float]] = {}
         for i, j, w in _match(node_kinds, scorer):
             paired[i], paired[j] = (j, w), (i, w)
@@ -315,7 +315,7 @@ def _round(
             out[bi].append(a)
         elif required > capacity:
             out[bi].append(a + b)
-            required -= min(max(gpus[i] for i in a), max(gpus[i] for i in b))
+            required -= min(max([gpus[i] for i in a]), max([gpus[i] for i in b]))
             merged_any = True
         else:
             out[bi].extend((a, b))
