@@ -356,3 +356,25 @@ def test_job_that_finished_as_it_was_preempted_completes(tmp_path: Path) -> None
     _beat(c, "w0", [_status(t, running=False, code=1, step=10, loss=0.5, done=True, checkpoint="/ck/x")])
     assert c.store.job(jid).state == "completed"
     c.store.close()
+
+
+def test_controller_colocates_a_muri_s_pair_on_one_slot(tmp_path: Path) -> None:
+    """muri-s pairs a compute-heavy and an IO-heavy job (stage times as the controller learns them from
+    progress reports): both run on w0's single slot, with one co-location key, and the slot counts once."""
+    c = _ctl(tmp_path, policy="muri-s", min_runtime_s=0)
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=1, launchers=["torchrun"]))
+    a = c.submit("command: [t.py]\nsteps: 100\n", "a.yaml")
+    b = c.submit("command: [t.py]\nsteps: 100\n", "b.yaml")
+    with c.lock, c.store.tx():
+        c.store.update_job(a, data_s=0.01, compute_s=0.08, comm_s=0.01, iteration_s=0.1)
+        c.store.update_job(b, data_s=0.08, compute_s=0.01, comm_s=0.01, iteration_s=0.1)
+    _beat(c, "w0")
+    p = c.tick()
+    assert p.starts == {a: [("w0", 1)], b: [("w0", 1)]} and p.groups[a] == p.groups[b] == f"{a}+{b}"
+    launched = list(_beat(c, "w0").launch)  # one spare port per heartbeat: the second member starts next tick
+    c.tick()
+    launched += _beat(c, "w0", [_status(t) for t in launched]).launch  # the first one now runs
+    assert sorted((t.job_id, t.group) for t in launched) == [(a, f"{a}+{b}"), (b, f"{a}+{b}")]
+    used, groups, _ = c._slot_use()
+    assert used == {"w0": 1} and groups == {a: f"{a}+{b}", b: f"{a}+{b}"}
+    c.store.close()
