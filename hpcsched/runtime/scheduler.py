@@ -271,6 +271,10 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
         if anchor is not None:  # join the anchor's slots: no new slots are used
             where = list(anchor.placement)
             key = anchor.group or anchor.id
+            if not where:  # the snapshot does not say where it runs: nothing to join yet
+                for i in pending:
+                    out.waiting[i] = f"its group's running job {anchor.id} has no known placement"
+                continue
         else:
             need = max(out.sizes[i] for i in pending)
             launchers = {by_id[i].launcher for i in pending}
