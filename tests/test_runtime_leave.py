@@ -55,3 +55,49 @@ def test_sigterm_worker_checkpoints_and_leaves(tmp_path: Path) -> None:
     finally:
         for p in reversed(procs):
             stop(p)
+
+
+def _stage_program(data_s: float, compute_s: float) -> str:
+    """Reports a step with these stage times every 0.2 s; checkpoints and exits 0 on SIGTERM."""
+    fields = {"step": 1, "loss": 2.0, "data_s": data_s, "compute_s": compute_s, "comm_s": 0.01}
+    line = json.dumps(fields).replace('"', '\\"')
+    return ('F="$HPCSCHED_PROGRESS_FILE"; '
+            'trap \'echo "{\\"step\\": 1, \\"checkpoint\\": \\"ck-1\\"}" >> "$F"; exit 0\' TERM; '
+            f'while true; do echo "{line}" >> "$F"; sleep 0.2; done')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (torchrun launches)")
+def test_muri_s_colocates_a_job_displaced_by_a_leaving_worker(tmp_path: Path) -> None:
+    """Live: two 1-slot workers run an IO-heavy and a compute-heavy job side by side; one worker leaves
+    (SIGTERM); muri-s now pairs the displaced job with the other, and it runs co-located on the remaining
+    worker's single slot (one co-location key, the slot counted once)."""
+    from hpcsched.runtime.store import Store
+
+    ctl, address = start_controller(tmp_path, controller_config(tmp_path, policy="muri-s", worker_timeout_s=120))
+    procs = [ctl]
+    try:
+        workers = {n: start_worker(tmp_path, address, n) for n in ("w0", "w1")}
+        procs += workers.values()
+        c = client(address)
+        wait_for("2 workers", lambda: sum(w.alive for w in c.workers()) == 2, 60)
+        ids = [c.submit(f"name: {n}\nprocs: 1\nsteps: 10\ncommand: {json.dumps(['sh', '-c', _stage_program(d, k)])}\n",
+                        f"{n}.yaml") for n, d, k in (("io", 0.08, 0.01), ("compute", 0.01, 0.08))]
+        jobs = wait_for("both jobs reporting", lambda: (js := [j for j in c.jobs() if j.steps_done == 1
+                                                                and j.state == "running"]) and len(js) == 2 and js, 90)
+        where = {j.job_id: j.workers[0] for j in jobs}
+        assert sorted(where.values()) == ["w0", "w1"]
+        leaving = where[ids[1]]
+        stay = next(w for w in ("w0", "w1") if w != leaving)
+        workers[leaving].send_signal(signal.SIGTERM)
+        assert workers[leaving].wait(timeout=60) == 0
+        wait_for("the displaced job co-located", lambda: [j for j in c.jobs() if j.job_id == ids[1]
+                                                          and j.state == "running" and list(j.workers) == [stay]], 60)
+        (w,) = [w for w in c.workers() if w.worker_id == stay]
+        assert w.used == 1  # two jobs on one slot: the group counts once
+        st = Store(tmp_path / "run" / "state.db")
+        starts = [e for e in st.events(ids[1]) if e["kind"] == "start"]
+        st.close()
+        assert starts[-1]["group"] == ids[0] and starts[-1]["workers"] == [stay]  # joined the running job's slot
+    finally:
+        for p in reversed(procs):
+            stop(p)
