@@ -21,6 +21,7 @@ PROGRAM = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (torchrun launches)")
 def test_sigterm_worker_checkpoints_and_leaves(tmp_path: Path) -> None:
     timeout_s = 120  # worker_timeout_s: far longer than the test waits, so only the Leave RPC can explain it
@@ -66,6 +67,7 @@ def _stage_program(data_s: float, compute_s: float) -> str:
             f'while true; do echo "{line}" >> "$F"; sleep 0.2; done')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (torchrun launches)")
 def test_muri_s_colocates_a_job_displaced_by_a_leaving_worker(tmp_path: Path) -> None:
     """Live: two 1-slot workers run an IO-heavy and a compute-heavy job side by side; one worker leaves
