@@ -322,7 +322,13 @@ class _Engine:
             for j in self.running.values():
                 for thr in self.thresholds:
                     if j.attained < thr:
-                        best = min(best, max(math.ceil(thr / j.gpus) - j.executed + now, now))
+                        w = math.ceil(thr / j.gpus) - j.executed + now
+                        if w <= now:  # float round-off left it a hair short: time cannot advance to it
+                            j.executed = float(math.ceil(thr / j.gpus))  # (the reference loops forever here)
+                            j.attained = max(j.attained, j.executed * j.gpus, thr)
+                            j.view = None
+                            continue
+                        best = min(best, w)
                         break
             return best
         wakes = self.wakes
