@@ -124,7 +124,12 @@ def _overview(df: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
         wall = sum(float(r.get("wall_s") or 0.0) for r in runs)
         line += (f"; `hpcsched sweep` ran them in {len(runs)} run(s) taking {wall:,.1f} s wall in all "
                  f"(last finished {runs[-1].get('finished', '?')})")
-    return [line + ".", "", "The full table, one row per cell: [results.csv](results.csv).", ""]
+    md = [line + ".", "", "The full table, one row per cell: [results.csv](results.csv).", ""]
+    missing = [c["label"] for c in manifest.get("cells", []) if c.get("id") not in set(df["cell_id"])]
+    if missing:
+        md += [f"**Not run yet: {len(missing)} of the config's {len(manifest['cells'])} cells** "
+               f"(resume with the sweep command): {', '.join(missing)}.", ""]
+    return md
 
 
 def _jcts(sweep_dir: Path, cell_id: str) -> np.ndarray:

@@ -165,8 +165,11 @@ def run_sweep(
             elif todo:
                 _run_local(todo, config.root, out, workers or os.cpu_count() or 1, done)
         except KeyboardInterrupt:  # keep what finished: a table now, the rest on the next run
-            write_table(build_table([records[c.id] for c in config.cells if c.id in records]), out)
-            _write_manifest(config, out, command, status="interrupted")
+            kept = [records[c.id] for c in config.cells if c.id in records]
+            tables = write_table(build_table(kept), out)
+            ran = sum(1 for c in todo if c.id in records)
+            partial = SweepOutcome(out, len(config.cells), ran, len(kept) - ran, [], time.perf_counter() - t0, tables)
+            _write_manifest(config, out, command, status="interrupted", outcome=partial)
             raise
     ordered = [records[c.id] for c in config.cells if c.id in records]
     tables = write_table(build_table(ordered), out)
@@ -228,7 +231,7 @@ def _write_manifest(config: SweepConfig, out: Path, command: Sequence[str] | Non
     if outcome is not None:
         manifest["outcome"] = outcome.as_json()
         runs.append({"command": manifest["command"], "ran": outcome.ran, "failed": len(outcome.failed),
-                     "wall_s": round(outcome.wall_s, 3),
+                     "wall_s": round(outcome.wall_s, 3), "interrupted": status == "interrupted",
                      "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     manifest["runs"] = runs  # every run that touched this directory: the report sums them
     tmp = out / f".{SWEEP_JSON}.tmp"
