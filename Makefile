@@ -57,7 +57,7 @@ horovod: $(STAMP)
 
 # Main job: the bundled real trace (Muri trace3, 992 jobs, 64 GPUs) under every policy; a table and a JCT CDF.
 # `make run RUN_COMPAT=muri` gives the reference simulator's accounting (the published table).
-RUN_POLICIES ?= fifo,srtf,srsf,las,tiresias,themis,muri-s,muri-l
+RUN_POLICIES ?= fifo,srtf,srsf,las,tiresias,themis,muri-s,muri-l,muri-s+
 RUN_COMPAT ?=
 run: $(STAMP)
 	$(BIN)/hpcsched compare --trace trace-data/muri/trace3.csv --cluster cluster_spec/n8g8.csv \
