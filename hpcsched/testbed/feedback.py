@@ -81,22 +81,20 @@ def _ms(s: float) -> str:
 
 
 def as_runtime_runs(policy: Policy, name: str) -> Policy:
-    """The policy as the runtime executes it today: it sees what the controller knows, and every group
-    it returns is split into solo jobs in the group's priority order.
+    """The policy as the runtime executes it: it sees only what the controller knows.
 
-    - The controller learns a job's iteration time and stage profile from the job's own progress
-      reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
-      no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
-      Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration.
-    - The controller does not co-locate a group's members on shared devices yet
-      (``hpcsched.runtime.scheduler``): it runs each member on its own slots.
-    Simulating knowledge or groups the runtime does not have would compare two different schedules.
+    The controller learns a job's iteration time and stage profile from the job's own progress
+    reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
+    no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
+    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration. Groups are
+    kept: the controller co-locates a group's members on the same slots (``hpcsched.runtime.scheduler``).
+    Simulating knowledge the runtime does not have would compare two different schedules.
     """
 
     def flat(snapshot: Snapshot) -> list[Group]:
         views = tuple(v if v.first_start is not None else
                       replace(v, iteration_time=None, remaining_s=None, profile=None) for v in snapshot.jobs)
-        return [Group((i,)) for g in policy(replace(snapshot, jobs=views)) for i in g.job_ids]
+        return policy(replace(snapshot, jobs=views))
 
     flat.__name__ = name
     flat.service_thresholds = getattr(policy, "service_thresholds", ())  # type: ignore[attr-defined]
@@ -115,6 +113,6 @@ def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace
     loaded, _ = load_jobs(trace)
     fn = resolve_policy(policy)
     result = simulate(loaded, cluster, as_runtime_runs(fn, policy) if flatten else fn, trace=trace_name)
-    result.meta["groups"] = "flattened as the runtime runs them" if flatten else "co-located as the policy asks"
+    result.meta["knowledge"] = "what the controller knows" if flatten else "the whole trace"
     write_run(out, result)
     return result
