@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
-from hpcsched.results import JobResult, read_results, write_results
+from hpcsched.results import JobResult, write_results
 from hpcsched.runtime.config import parse_job_spec
 from hpcsched.runtime.store import Store
 from hpcsched.sim.runs import load_jobs
