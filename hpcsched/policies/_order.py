@@ -20,6 +20,19 @@ def runs_every_job(policy: Policy) -> Policy:
     return policy
 
 
+def orders_by(key: Callable[[JobView], Any]) -> Callable[[Policy], Policy]:
+    """Mark a policy whose answer is exactly ``solo_groups(snapshot, key)`` and whose key of a WAITING
+    job depends only on that job's own view (not on the clock or the other jobs). The simulator may
+    then keep waiting jobs sorted between events instead of calling the policy (same answer, without
+    an O(active jobs) sort at every event on deep queues). Implies ``runs_every_job``."""
+
+    def mark(policy: Policy) -> Policy:
+        policy.order_key = key  # type: ignore[attr-defined]
+        return runs_every_job(policy)
+
+    return mark
+
+
 @lru_cache(maxsize=1 << 16)
 def solo(job_id: str) -> Group:
     """The single-job group of ``job_id``. Memoised: Group is immutable, and building thousands of

@@ -3,10 +3,14 @@ cannot). Running jobs are never preempted by later arrivals because they arrived
 
 from __future__ import annotations
 
-from hpcsched.allocator import Group, Snapshot
-from hpcsched.policies._order import runs_every_job, solo_groups
+from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.policies._order import orders_by, solo_groups
 
 
-@runs_every_job
+def _key(v: JobView) -> float:
+    return v.submit
+
+
+@orders_by(_key)
 def fifo(snapshot: Snapshot) -> list[Group]:
-    return solo_groups(snapshot, lambda v: v.submit)
+    return solo_groups(snapshot, _key)

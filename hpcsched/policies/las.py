@@ -3,10 +3,14 @@ go first, long jobs sink, which approximates SRSF when lengths are unknown."""
 
 from __future__ import annotations
 
-from hpcsched.allocator import Group, Snapshot
-from hpcsched.policies._order import runs_every_job, solo_groups
+from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.policies._order import orders_by, solo_groups
 
 
-@runs_every_job
+def _key(v: JobView) -> float:
+    return v.attained_gpu_s
+
+
+@orders_by(_key)
 def las(snapshot: Snapshot) -> list[Group]:
-    return solo_groups(snapshot, lambda v: v.attained_gpu_s)
+    return solo_groups(snapshot, _key)

@@ -3,10 +3,14 @@ charges wide jobs for the capacity they hold, which is what lowers average JCT o
 
 from __future__ import annotations
 
-from hpcsched.allocator import Group, Snapshot
-from hpcsched.policies._order import remaining_s, runs_every_job, solo_groups
+from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.policies._order import orders_by, remaining_s, solo_groups
 
 
-@runs_every_job
+def _key(v: JobView) -> float:
+    return remaining_s(v) * v.gpus
+
+
+@orders_by(_key)
 def srsf(snapshot: Snapshot) -> list[Group]:
-    return solo_groups(snapshot, lambda v: remaining_s(v) * v.gpus)
+    return solo_groups(snapshot, _key)

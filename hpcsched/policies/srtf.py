@@ -4,9 +4,9 @@ average JCT on one machine, but ignores that a 32-GPU job blocks 32x the capacit
 from __future__ import annotations
 
 from hpcsched.allocator import Group, Snapshot
-from hpcsched.policies._order import remaining_s, runs_every_job, solo_groups
+from hpcsched.policies._order import orders_by, remaining_s, solo_groups
 
 
-@runs_every_job
+@orders_by(remaining_s)
 def srtf(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, remaining_s)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import runs_every_job, solo_groups
+from hpcsched.policies._order import orders_by, solo_groups
 
 QUEUE_LIMITS_GPU_S: tuple[float, ...] = (3250.0, 7200.0)
 
@@ -25,12 +25,16 @@ def queue_of(v: JobView, limits: tuple[float, ...] = QUEUE_LIMITS_GPU_S) -> int:
     return bisect_right(limits, v.attained_gpu_s)
 
 
-@runs_every_job
+def _key(v: JobView) -> tuple[int, bool, float]:
+    return (queue_of(v), not v.running, v.submit)
+
+
+@orders_by(_key)  # the compat branch is never skipped: the simulator uses order_key in default mode only
 def tiresias(snapshot: Snapshot) -> list[Group]:
     if snapshot.compat == "muri" and all(v.rank_hint is not None for v in snapshot.jobs):
         # the reference's lists: queue-major, running first after each event, else history order
         return solo_groups(snapshot, lambda v: v.rank_hint)
-    return solo_groups(snapshot, lambda v: (queue_of(v), not v.running, v.submit))
+    return solo_groups(snapshot, _key)
 
 
 tiresias.service_thresholds = QUEUE_LIMITS_GPU_S  # type: ignore[attr-defined]

@@ -35,6 +35,11 @@ How a policy's groups are executed (the contract the interleaving policies rely 
    Whoever ends up on other GPUs pays the restart cost. Compat mode always re-places from scratch.
 8. Policies marked ``runs_every_job`` (the baselines) are not asked at all in default mode while
    every active job fits beside the running ones: any order would run them all.
+9. Policies that declare ``order_key`` (``hpcsched.policies._order.orders_by``: every active job as a
+   solo group, sorted by that key of its view, ties in arrival order, and a WAITING job's key depends
+   only on its own view) are not called in default mode either: the engine keeps the waiting jobs
+   sorted by (key, arrival) as they start and stop, sorts only the running ones at each event and
+   merges the two lazily, which is exactly the policy's answer without the O(active jobs) sort.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +81,7 @@ class _J:
         "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
         "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
         "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since",
-        "wake", "hint",
+        "wake", "hint", "solo", "wkey",
     )  # fmt: skip
 
     def __init__(self, job: Job, idx: int, compat: bool) -> None:
@@ -109,6 +115,8 @@ class _J:
         self.since = 0.0  # default mode: progress is settled lazily up to this time
         self.wake = _INF  # default mode: when attained service crosses the next policy threshold
         self.hint: int | None = None  # compat queue policies: rank in the reference's queue lists
+        self.solo = Group((job.id,))  # the job as a group of one (built once: order_key policies)
+        self.wkey: tuple[Any, int] | None = None  # (order key, idx) while waiting, order_key policies
 
 
 _Planned = tuple[Group, tuple["_J", ...], int, Any]
@@ -237,6 +245,9 @@ class _Engine:
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))
         self.fast = not self.compat and bool(getattr(policy, "runs_every_job", False))
+        self.okey: Callable[[JobView], Any] | None = getattr(policy, "order_key", None) if self.fast else None
+        self.wsorted: list[tuple[Any, int]] = []  # waiting jobs by (order key, idx), order_key policies
+        self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many
         # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history
         self.queues: list[list[_J]] | None = (
             [[] for _ in range(len(self.thresholds) + 1)] if self.compat and self.thresholds else None
@@ -289,6 +300,7 @@ class _Engine:
                     self.qid[j.idx] = 0
                 self.by_id[j.id] = j
                 self.active_gpus += j.gpus
+                self._wait(j)
                 arrived = True
             if t_wake <= t:
                 changed = True
@@ -402,7 +414,7 @@ class _Engine:
                 self._sync(j, t)
                 if abs(j.done - j.total) <= 1e-6 * max(1.0, j.total):
                     j.done = j.total
-            self._release(j)
+            self._release(j, finished=True)
             j.end = t
             j.status = "completed"
             del self.by_id[j.id]
@@ -413,7 +425,25 @@ class _Engine:
         self.finished += len(ended)
         return bool(ended)
 
-    def _release(self, j: _J) -> None:
+    def _wait(self, j: _J) -> None:
+        """Book-keep a job that starts waiting (arrived or preempted): its GPU demand, and its key."""
+        self.wsizes[j.gpus] = self.wsizes.get(j.gpus, 0) + 1
+        if self.okey is not None:
+            j.wkey = (self.okey(self._view(j)), j.idx)
+            insort(self.wsorted, j.wkey)
+
+    def _unwait(self, j: _J) -> None:
+        """Undo ``_wait`` for a job that starts running."""
+        c = self.wsizes[j.gpus] - 1
+        if c:
+            self.wsizes[j.gpus] = c
+        else:
+            del self.wsizes[j.gpus]
+        if j.wkey is not None:
+            del self.wsorted[bisect_left(self.wsorted, j.wkey)]
+            j.wkey = None
+
+    def _release(self, j: _J, finished: bool = False) -> None:
         """Stop a job; its GPUs go back unless another member of its group still runs on them."""
         j.running = False
         j.status = "pending"
@@ -427,6 +457,8 @@ class _Engine:
                 pl.apply(self.free, j.place, +1)
         j.place = None
         self.busy -= j.share
+        if not finished:
+            self._wait(j)
 
     # -- decisions ---------------------------------------------------------------------------
     def _fits_all(self, t: float, changed: bool) -> bool:
@@ -498,6 +530,10 @@ class _Engine:
                 self._sync(j, t)
         if self.queues is not None:
             self._demote_and_rank()
+        if self.okey is not None:
+            plan = self._place_in_place(self._ordered())
+            self._apply(plan if plan is not None else self._place(self._ordered()), t)
+            return
         snap = Snapshot(
             now=t,
             jobs=tuple([j.view or self._view(j) for j in self.active.values()]),
@@ -508,6 +544,15 @@ class _Engine:
         groups = self.policy(snap)
         plan = None if self.compat else self._place_in_place(groups)
         self._apply(plan if plan is not None else self._place(groups), t)
+
+    def _ordered(self) -> Iterator[Group]:
+        """An ``order_key`` policy's answer, lazily: running jobs re-keyed now, merged with the
+        waiting ones (whose keys cannot have changed since they stopped), ties in arrival order."""
+        key, jobs = self.okey, self.jobs
+        assert key is not None
+        run = sorted([(key(j.view or self._view(j)), j.idx) for j in self.running.values()])
+        for _k, idx in heapq.merge(run, self.wsorted):
+            yield jobs[idx].solo
 
     def _demote_and_rank(self) -> None:
         """Compat: the reference's queue lists. A running job that reached its queue's limit moves to
@@ -546,7 +591,7 @@ class _Engine:
             raise ValueError(f"policy {self.name!r}: group {g.job_ids} of {len(members)} jobs has no period_s")
         return members, max((m.gpus for m in members), default=0)
 
-    def _place_in_place(self, groups: list[Group]) -> list[_Planned] | None:
+    def _place_in_place(self, groups: Iterable[Group]) -> list[_Planned] | None:
         """Default mode, the common case: running groups stay where they are and new ones fit beside.
 
         Walks the groups in priority order; an unchanged running group keeps its GPUs, a new group
@@ -559,7 +604,7 @@ class _Engine:
         unclaimed = len(self.running)
         used: set[str] = set()
         plan: list[_Planned] = []
-        min_need = min((j.gpus for j in self.active.values() if not j.running), default=0)
+        min_need = min(self.wsizes, default=0)
         by_id = self.by_id
         for g in groups:
             if unclaimed == 0 and left < min_need:
@@ -599,7 +644,7 @@ class _Engine:
             plan.append((g, members, need, tuple(got)))
         return plan if unclaimed == 0 else None
 
-    def _place(self, groups: list[Group]) -> list[_Planned]:
+    def _place(self, groups: Iterable[Group]) -> list[_Planned]:
         """Take the policy's groups in order while GPUs are left; each is checked as it is considered."""
         by_id, name = self.by_id, self.name
         count = self.rules.placement == "count"  # compat Tiresias: counting only, no nodes
@@ -607,7 +652,8 @@ class _Engine:
         left = self.cluster.gpus
         used: set[str] = set()
         first: list[_Planned] = []
-        min_need = min((j.gpus for j in self.active.values()), default=0)
+        min_need = min(min((j.gpus for j in self.running.values()), default=_INF), min(self.wsizes, default=_INF))
+        min_need = 0 if min_need == _INF else min_need
         for g in groups:
             if left < min_need:
                 break  # no active job can fit any more
@@ -680,9 +726,9 @@ class _Engine:
             out[i] = (g, members, need, tuple(got))
         return out
 
-    @staticmethod
-    def _start(m: _J, t: float) -> None:
+    def _start(self, m: _J, t: float) -> None:
         if not m.running:
+            self._unwait(m)
             m.running = True
             m.status = "running"
             m.ever_ran = True
