@@ -123,6 +123,27 @@ _Planned = tuple[Group, tuple["_J", ...], int, Any]
 """(group, member states, GPUs it needs, placement or None for count-only)."""
 
 
+def _taken(sizes: dict[int, int], members: tuple[_J, ...], min_need: float) -> float:
+    """Count ``members`` as placed in ``sizes`` (GPU demand -> jobs still to place); the smallest
+    demand left, so a placement loop stops as soon as nothing left can fit (inf: nothing left)."""
+    for m in members:
+        c = sizes.get(m.gpus, 0) - 1
+        if c > 0:
+            sizes[m.gpus] = c
+        else:
+            sizes.pop(m.gpus, None)
+    return min_need if min_need in sizes else min(sizes, default=_INF)
+
+
+def _stuck(sizes: dict[int, int], free: list[int], left: int, gpn: int) -> bool:
+    """True when no demand in ``sizes`` can be placed in ``free``, by conditions every consolidated
+    placement needs (enough GPUs left; one node with that many free, or a wholly idle node for a job
+    wider than a node), so a placement loop may stop: no later group can fit."""
+    big = max(free, default=0)
+    whole = big == gpn
+    return not any(g <= left and (g <= big or (g > gpn and whole)) for g in sizes)
+
+
 def _iterations(job: Job) -> tuple[float, float]:
     """(solo seconds per iteration, total iterations); duration-only jobs get 1-s iterations."""
     if job.iterations is not None and job.iterations > 0:
@@ -246,7 +267,8 @@ class _Engine:
         self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))
         self.fast = not self.compat and bool(getattr(policy, "runs_every_job", False))
         self.okey: Callable[[JobView], Any] | None = getattr(policy, "order_key", None) if self.fast else None
-        self.wsorted: list[tuple[Any, int]] = []  # waiting jobs by (order key, idx), order_key policies
+        self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
+        # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
         self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many
         # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history
         self.queues: list[list[_J]] | None = (
@@ -430,7 +452,7 @@ class _Engine:
         self.wsizes[j.gpus] = self.wsizes.get(j.gpus, 0) + 1
         if self.okey is not None:
             j.wkey = (self.okey(self._view(j)), j.idx)
-            insort(self.wsorted, j.wkey)
+            insort(self.wsorted.setdefault(j.gpus, []), j.wkey)
 
     def _unwait(self, j: _J) -> None:
         """Undo ``_wait`` for a job that starts running."""
@@ -440,7 +462,8 @@ class _Engine:
         else:
             del self.wsizes[j.gpus]
         if j.wkey is not None:
-            del self.wsorted[bisect_left(self.wsorted, j.wkey)]
+            lst = self.wsorted[j.gpus]
+            del lst[bisect_left(lst, j.wkey)]
             j.wkey = None
 
     def _release(self, j: _J, finished: bool = False) -> None:
@@ -531,8 +554,14 @@ class _Engine:
         if self.queues is not None:
             self._demote_and_rank()
         if self.okey is not None:
-            plan = self._place_in_place(self._ordered())
-            self._apply(plan if plan is not None else self._place(self._ordered()), t)
+            key = self.okey
+            run = sorted([(key(j.view or self._view(j)), j.idx) for j in self.running.values()])
+            dead: set[int] = set()
+            plan = self._place_in_place(self._ordered(run, dead), dead)
+            if plan is None:
+                dead = set()
+                plan = self._place(self._ordered(run, dead), dead)
+            self._apply(plan, t)
             return
         snap = Snapshot(
             now=t,
@@ -545,14 +574,25 @@ class _Engine:
         plan = None if self.compat else self._place_in_place(groups)
         self._apply(plan if plan is not None else self._place(groups), t)
 
-    def _ordered(self) -> Iterator[Group]:
-        """An ``order_key`` policy's answer, lazily: running jobs re-keyed now, merged with the
-        waiting ones (whose keys cannot have changed since they stopped), ties in arrival order."""
-        key, jobs = self.okey, self.jobs
-        assert key is not None
-        run = sorted([(key(j.view or self._view(j)), j.idx) for j in self.running.values()])
-        for _k, idx in heapq.merge(run, self.wsorted):
+    def _ordered(self, run: list[tuple[Any, int]], dead: set[int]) -> Iterator[Group]:
+        """An ``order_key`` policy's answer, lazily: the running jobs keyed now (``run``, sorted),
+        merged with the waiting ones (whose keys cannot have changed since they stopped), ties in
+        arrival order. The consumer adds to ``dead`` the GPU demands that can no longer fit (free
+        GPUs only shrink while it places): the rest of the waiting jobs of that demand are left out,
+        which changes nothing since the consumer would skip each of them."""
+        jobs = self.jobs
+        heads: list[tuple[Any, int, int, list[tuple[Any, int]], int]] = [
+            (lst[0][0], lst[0][1], g, lst, 0) for g, lst in ((0, run), *self.wsorted.items()) if lst
+        ]  # (key, idx, demand (0: running), source, position); idx is unique, so nothing else compares
+        heapq.heapify(heads)
+        while heads:
+            _k, idx, g, lst, pos = heads[0]
             yield jobs[idx].solo
+            pos += 1
+            if pos < len(lst) and g not in dead:
+                heapq.heapreplace(heads, (lst[pos][0], lst[pos][1], g, lst, pos))
+            else:
+                heapq.heappop(heads)
 
     def _demote_and_rank(self) -> None:
         """Compat: the reference's queue lists. A running job that reached its queue's limit moves to
@@ -591,7 +631,7 @@ class _Engine:
             raise ValueError(f"policy {self.name!r}: group {g.job_ids} of {len(members)} jobs has no period_s")
         return members, max((m.gpus for m in members), default=0)
 
-    def _place_in_place(self, groups: Iterable[Group]) -> list[_Planned] | None:
+    def _place_in_place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[_Planned] | None:
         """Default mode, the common case: running groups stay where they are and new ones fit beside.
 
         Walks the groups in priority order; an unchanged running group keeps its GPUs, a new group
@@ -604,15 +644,21 @@ class _Engine:
         unclaimed = len(self.running)
         used: set[str] = set()
         plan: list[_Planned] = []
-        min_need = min(self.wsizes, default=0)
-        by_id = self.by_id
+        sizes = dict(self.wsizes)  # GPU demands of the waiting jobs not placed yet
+        stuck: bool | None = None  # nothing waiting can fit in avail any more (None: not checked)
+        by_id, gpn = self.by_id, self.gpn
         for g in groups:
-            if unclaimed == 0 and left < min_need:
-                break  # nothing waiting can fit any more
+            if unclaimed == 0:
+                if stuck is None:
+                    stuck = _stuck(sizes, avail, left, gpn)
+                if stuck:
+                    break
             ids = g.job_ids
             if len(ids) == 1 and unclaimed == 0:  # deep queues: skip what cannot fit without building it
                 j = by_id.get(ids[0])
                 if j is not None and not j.running and j.gpus > left:
+                    if dead is not None:
+                        dead.add(j.gpus)
                     continue
             members, need = self._members(g)
             if not members:
@@ -638,13 +684,17 @@ class _Engine:
             if got is None:
                 if unclaimed:
                     return None
+                if dead is not None and len(members) == 1:
+                    dead.add(need)
                 continue
             pl.apply(avail, got)
             left -= need
             plan.append((g, members, need, tuple(got)))
+            _taken(sizes, members, 0)
+            stuck = None
         return plan if unclaimed == 0 else None
 
-    def _place(self, groups: Iterable[Group]) -> list[_Planned]:
+    def _place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[_Planned]:
         """Take the policy's groups in order while GPUs are left; each is checked as it is considered."""
         by_id, name = self.by_id, self.name
         count = self.rules.placement == "count"  # compat Tiresias: counting only, no nodes
@@ -652,15 +702,25 @@ class _Engine:
         left = self.cluster.gpus
         used: set[str] = set()
         first: list[_Planned] = []
-        min_need = min(min((j.gpus for j in self.running.values()), default=_INF), min(self.wsizes, default=_INF))
-        min_need = 0 if min_need == _INF else min_need
+        sizes = dict(self.wsizes)  # GPU demands of the active jobs not chosen yet
+        for j in self.running.values():
+            sizes[j.gpus] = sizes.get(j.gpus, 0) + 1
+        min_need = min(sizes, default=_INF)
+        stuck: bool | None = None
         for g in groups:
             if left < min_need:
                 break  # no active job can fit any more
+            if not count:
+                if stuck is None:
+                    stuck = _stuck(sizes, free, left, self.gpn)
+                if stuck:
+                    break
             ids = g.job_ids
             if len(ids) == 1:
                 j = by_id.get(ids[0])
                 if j is not None and j.gpus > left:
+                    if dead is not None:
+                        dead.add(j.gpus)
                     continue
             try:
                 members = tuple(by_id[i] for i in ids)
@@ -681,6 +741,8 @@ class _Engine:
             else:
                 got = pl.place_consolidated(free, need, self.gpn, self.nps)
                 if got is None:
+                    if dead is not None and len(members) == 1:
+                        dead.add(need)
                     continue
                 pl.apply(free, got)
                 p = tuple(got)
@@ -690,6 +752,8 @@ class _Engine:
                 used.add(i)
             left -= need
             first.append((g, members, need, p))
+            min_need = _taken(sizes, members, min_need)
+            stuck = None
         if count:
             return first
         if self.compat:
