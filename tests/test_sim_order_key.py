@@ -47,3 +47,20 @@ def test_order_key_shortcut_is_exact(setup, name: str) -> None:
     key = [(r.job_id, r.start, r.end, r.gpu_seconds, r.status) for r in fast.results]
     assert key == [(r.job_id, r.start, r.end, r.gpu_seconds, r.status) for r in slow.results]
     assert all(r.status == "completed" for r in fast.results)
+
+
+def test_themis_matches_its_definition(setup) -> None:
+    """themis inlines finish_time_fairness for speed; ranking by the published rho must agree."""
+    from hpcsched.policies._order import solo
+    from hpcsched.policies.themis import finish_time_fairness, themis
+
+    jobs, cluster = setup
+
+    @runs_every_job
+    def by_definition(snapshot: Snapshot) -> list[Group]:
+        ranked = sorted(snapshot.jobs, key=lambda v: -finish_time_fairness(v, snapshot))
+        return [solo(v.id) for v in ranked]
+
+    fast, slow = simulate(jobs, cluster, themis), simulate(jobs, cluster, by_definition)
+    key = [(r.job_id, r.start, r.end, r.gpu_seconds) for r in fast.results]
+    assert key == [(r.job_id, r.start, r.end, r.gpu_seconds) for r in slow.results]
