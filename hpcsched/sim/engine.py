@@ -645,7 +645,7 @@ class _Engine:
         used: set[str] = set()
         plan: list[_Planned] = []
         sizes = dict(self.wsizes)  # GPU demands of the waiting jobs not placed yet
-        stuck: bool | None = None  # nothing waiting can fit in avail any more (None: not checked)
+        stuck: bool | None = None  # nothing waiting can fit in avail any more (None: check after a miss)
         by_id, gpn = self.by_id, self.gpn
         for g in groups:
             if unclaimed == 0:
@@ -659,6 +659,7 @@ class _Engine:
                 if j is not None and not j.running and j.gpus > left:
                     if dead is not None:
                         dead.add(j.gpus)
+                    stuck = None
                     continue
             members, need = self._members(g)
             if not members:
@@ -686,12 +687,12 @@ class _Engine:
                     return None
                 if dead is not None and len(members) == 1:
                     dead.add(need)
+                stuck = None
                 continue
             pl.apply(avail, got)
             left -= need
             plan.append((g, members, need, tuple(got)))
             _taken(sizes, members, 0)
-            stuck = None
         return plan if unclaimed == 0 else None
 
     def _place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[_Planned]:
@@ -706,7 +707,7 @@ class _Engine:
         for j in self.running.values():
             sizes[j.gpus] = sizes.get(j.gpus, 0) + 1
         min_need = min(sizes, default=_INF)
-        stuck: bool | None = None
+        stuck: bool | None = False  # None: a group just missed, check whether anything can still fit
         for g in groups:
             if left < min_need:
                 break  # no active job can fit any more
@@ -721,6 +722,7 @@ class _Engine:
                 if j is not None and j.gpus > left:
                     if dead is not None:
                         dead.add(j.gpus)
+                    stuck = None
                     continue
             try:
                 members = tuple(by_id[i] for i in ids)
@@ -743,6 +745,7 @@ class _Engine:
                 if got is None:
                     if dead is not None and len(members) == 1:
                         dead.add(need)
+                    stuck = None
                     continue
                 pl.apply(free, got)
                 p = tuple(got)
@@ -753,7 +756,6 @@ class _Engine:
             left -= need
             first.append((g, members, need, p))
             min_need = _taken(sizes, members, min_need)
-            stuck = None
         if count:
             return first
         if self.compat:
