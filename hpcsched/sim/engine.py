@@ -339,14 +339,7 @@ class _Engine:
     def _next_end(self) -> float:
         if self.compat:
             return min((j.predicted for j in self.running.values()), default=_INF)
-        ends = self.ends
-        while ends:
-            t, idx = ends[0]
-            j = self.jobs[idx]
-            if j.running and j.predicted == t:
-                return t
-            heapq.heappop(ends)
-        return _INF
+        return self._peek_live(self.ends, "predicted")
 
     def _next_wake(self) -> float:
         if not self.thresholds or not self.running:
@@ -365,13 +358,18 @@ class _Engine:
                         best = min(best, w)
                         break
             return best
-        wakes = self.wakes
-        while wakes:
-            t, idx = wakes[0]
-            j = self.jobs[idx]
-            if j.running and j.wake == t:
+        return self._peek_live(self.wakes, "wake")
+
+    def _peek_live(self, heap: list[tuple[float, int]], field: str) -> float:
+        """Earliest entry still current: entries go stale (lazy deletion) when a job stops or is re-armed,
+        i.e. when it is no longer running or its ``field`` no longer equals the entry's time."""
+        jobs = self.jobs
+        while heap:
+            t, idx = heap[0]
+            j = jobs[idx]
+            if j.running and getattr(j, field) == t:
                 return t
-            heapq.heappop(wakes)
+            heapq.heappop(heap)
         return _INF
 
     def _wake_up(self, t: float) -> None:
