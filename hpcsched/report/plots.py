@@ -34,6 +34,17 @@ def _save(fig: plt.Figure, out: Path) -> Path:
     return out
 
 
+def _finish_panels(fig: plt.Figure, axes: np.ndarray, used: int, ylabel: str, title: str, out: Path) -> Path:
+    """The common end of a one-panel-per-trace figure: blank the spare cells of the grid, label and
+    legend the first panel only (all panels share policies and units), title and save."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend(fontsize="x-small")
+    fig.suptitle(title, fontsize="medium")
+    return _save(fig, out)
+
+
 def normalized_bars(norm: pd.DataFrame, baseline: str, title: str, out: Path,
                     metrics: Sequence[str] = ("avg_jct", "p99_jct", "makespan"),
                     policies: Sequence[str] | None = None) -> dict[str, dict[tuple[str, str], float]]:
@@ -87,12 +98,7 @@ def jct_cdfs(runs: Mapping[str, Sequence[tuple[str, np.ndarray]]], title: str, o
         ax.set_xlabel("JCT (s)", fontsize="small")
         ax.set_ylim(0, 1.01)
         ax.grid(True, which="major", alpha=0.3)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.axis("off")
-    axes[0][0].set_ylabel("fraction of jobs")
-    axes[0][0].legend(fontsize="x-small")
-    fig.suptitle(title, fontsize="medium")
-    _save(fig, out)
+    _finish_panels(fig, axes, len(runs), "fraction of jobs", title, out)
     return lines
 
 
@@ -113,12 +119,7 @@ def utilisation_over_time(runs: Mapping[str, Sequence[tuple[str, pd.DataFrame]]]
         ax.set_xlabel("time (h)", fontsize="small")
         ax.set_ylim(0, 1.05)
         ax.grid(True, alpha=0.3)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.axis("off")
-    axes[0][0].set_ylabel("busy fraction")
-    axes[0][0].legend(fontsize="x-small")
-    fig.suptitle(title, fontsize="medium")
-    _save(fig, out)
+    _finish_panels(fig, axes, len(runs), "busy fraction", title, out)
     return lines
 
 
