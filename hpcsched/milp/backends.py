@@ -8,8 +8,9 @@ limit with an incumbent returns that incumbent with ``optimal=False``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,20 @@ class Solution:
     objective: float
     optimal: bool
     seconds: float
+
+
+def _constraints(model: Model, xs: list[Any], xsum: Callable[[Iterable[Any]], Any]) -> Iterator[Any]:
+    """Model rows (lo <= a.x <= hi) as the ==, >= and <= expressions that python-mip and gurobipy take;
+    HiGHS takes ranges directly. An infinite side adds no constraint."""
+    for idx, coef, lo, hi in model.rows:
+        expr = xsum(a * xs[i] for i, a in zip(idx, coef, strict=True))
+        if lo == hi:
+            yield expr == lo
+            continue
+        if lo != -np.inf:
+            yield expr >= lo
+        if hi != np.inf:
+            yield expr <= hi
 
 
 def solve_highs(model: Model, time_limit: float, start: np.ndarray | None = None) -> Solution | None:
@@ -78,15 +93,8 @@ def solve_cbc(model: Model, time_limit: float, start: np.ndarray | None = None) 
     m.threads = 1
     xs = [m.add_var(lb=float(lo), ub=float(ub), var_type=mip.INTEGER, obj=float(c))
           for lo, ub, c in zip(model.lb, model.ub, model.c, strict=True)]
-    for idx, coef, lo, hi in model.rows:
-        expr = mip.xsum(a * xs[i] for i, a in zip(idx, coef, strict=True))
-        if lo == hi:
-            m.add_constr(expr == lo)
-        else:
-            if lo != -np.inf:
-                m.add_constr(expr >= lo)
-            if hi != np.inf:
-                m.add_constr(expr <= hi)
+    for c in _constraints(model, xs, mip.xsum):
+        m.add_constr(c)
     status = m.optimize(max_seconds=time_limit)
     if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE) or m.num_solutions == 0:
         return None
@@ -109,15 +117,8 @@ def solve_gurobi(model: Model, time_limit: float, start: np.ndarray | None = Non
         x = [m.addVar(lb=float(lo), ub=float(ub), vtype=gp.GRB.INTEGER, obj=float(c))
              for lo, ub, c in zip(model.lb, model.ub, model.c, strict=True)]
         m.ModelSense = gp.GRB.MAXIMIZE
-        for idx, coef, lo, hi in model.rows:
-            expr = gp.quicksum(a * x[i] for i, a in zip(idx, coef, strict=True))
-            if lo == hi:
-                m.addConstr(expr == lo)
-            else:
-                if lo != -np.inf:
-                    m.addConstr(expr >= lo)
-                if hi != np.inf:
-                    m.addConstr(expr <= hi)
+        for c in _constraints(model, x, gp.quicksum):
+            m.addConstr(c)
         m.optimize()
     except gp.GurobiError as e:
         if "size-limited" in str(e).lower() or "model too large" in str(e).lower():
