@@ -113,3 +113,49 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 def write_result(ckpt_dir: Path, result: dict) -> None:
     atomic_write(ckpt_dir / "result.json", lambda p: p.write_text(json.dumps(result, indent=1)))
+
+
+# --- testbed fast-forward (issue 9, owned by hpcsched/testbed): begin ---
+class FastForward:
+    """Steps a testbed driver grants this job (``hpcsched testbed --fast-forward``), applied at a step boundary.
+
+    The driver writes the job's cumulative credit (one integer) to ``fastforward`` in the checkpoint dir; rank 0
+    adds what it has not applied yet to the step counter (the caller shares it with the other ranks). ``applied``
+    travels in the checkpoint, so a restarted attempt applies exactly the credit its checkpoint has not seen.
+    Around a jump the job reports twice: the real window so far, then the jump itself with no stage times and no
+    samples, so whoever measures pace from reports can tell skipped steps from trained ones.
+    """
+
+    FILE = "fastforward"
+
+    def __init__(self, ckpt_dir: Path, applied: int = 0) -> None:
+        self.path, self.applied, self._seen = ckpt_dir / self.FILE, applied, None
+
+    def take(self) -> int:
+        """Credit not yet applied (0 when the file is absent or unchanged since the last look)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return 0
+        if (st.st_ino, st.st_mtime_ns) == self._seen:
+            return 0
+        self._seen = (st.st_ino, st.st_mtime_ns)
+        try:
+            credit = int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+        add = max(0, credit - self.applied)
+        self.applied = max(self.applied, credit)
+        return add
+
+    @staticmethod
+    def jump(skip: int, step: int, steps: int, rep: Reporter, timer: StageTimer, loss: float) -> int:
+        """The step after skipping ``skip`` steps (never past ``steps``), reporting around the jump."""
+        if skip <= 0 or step >= steps:
+            return step
+        rep.report(step, loss=loss, **timer.summary())
+        timer.reset()
+        new = min(steps, step + skip)
+        rep.report(new, loss=loss, samples_per_s=0.0)
+        return new
+# --- testbed fast-forward: end ---
