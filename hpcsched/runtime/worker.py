@@ -35,7 +35,7 @@ from typing import IO
 
 import grpc
 
-from hpcsched.runtime import launchers
+from hpcsched.runtime import horovod_elastic, launchers
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.rpc import pb, pb_grpc
@@ -196,6 +196,8 @@ class Worker:
         run_dir.mkdir(parents=True, exist_ok=True)
         devices = self._devices(t)
         argv, env = launchers.build(t, self.python, ",".join(map(str, devices)))
+        if argv is not None and horovod_elastic.size_range(t):  # elastic Horovod: resized in place (issue 6b)
+            argv = horovod_elastic.elastic_command(argv, t, run_dir)
         progress = run_dir / "progress.jsonl"
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
@@ -214,6 +216,18 @@ class Worker:
                     return
         self.tasks[t.task_id] = Task(t, proc, progress, devices)
         log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, "" if argv else ", holding")
+
+    # --- elastic Horovod in-place resize (issue 6b, logic in horovod_elastic.py): begin ---
+    def resize_in_place(self, task_id: str, hosts: list[str]) -> bool:
+        """Grow or shrink a running elastic Horovod task without stopping it (new ``host:slots`` list);
+        False when the task is not one (the caller then stops and relaunches it)."""
+        t = self.tasks.get(task_id)
+        if t is None or t.exit_code is not None or t.proc is None or not horovod_elastic.size_range(t.launch):
+            return False
+        horovod_elastic.resize(self.cfg.work_dir / task_id, hosts)
+        log.info("task %s resized in place to %s", task_id, ",".join(hosts))
+        return True
+    # --- elastic Horovod in-place resize: end ---
 
     def _devices(self, t: pb.LaunchTask) -> list[int]:
         """The task's devices: those of a live task of its co-location group (interleaved jobs share them),

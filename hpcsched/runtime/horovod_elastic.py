@@ -1,0 +1,122 @@
+"""Elastic Horovod jobs resize in place: the worker rewrites a host list, ``horovodrun`` adapts, nothing restarts.
+
+A ``horovodrun`` task whose job may change size (``HPCSCHED_MIN_PROCS`` < ``HPCSCHED_MAX_PROCS`` in its
+environment) is launched in Horovod's elastic mode: ``--min-np/--max-np`` and a host-discovery script
+in the task's directory instead of a fixed ``-H`` list. The script only prints a small file beside it
+(``host:slots`` per line). Horovod's driver runs it every second; when the answer changes it tells the
+ranks, which re-form the world at their next commit (``workloads/horovod_train.py``): survivors keep
+their process and in-memory state, removed ranks exit, new ranks are started and receive the state by
+broadcast. Resizing the job is then one atomic rewrite of that file (``resize``), against a checkpoint,
+a stop, a relaunch of every rank and a restore for the other launchers.
+
+Each rewrite is logged (``resizes.jsonl``) so the time from the request to the program's first report at
+the new size can be measured from the task's own files (``resize_times``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcsched.runtime.rpc import pb
+
+MIN_ENV, MAX_ENV = "HPCSCHED_MIN_PROCS", "HPCSCHED_MAX_PROCS"  # the job's size range, in the task environment
+SCRIPT, HOSTS, LOG = "discover_hosts.sh", "horovod_hosts", "resizes.jsonl"
+
+
+def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
+    """The task's [min, max] processes when it is an elastic horovodrun task, else None."""
+    if t.launcher != "horovodrun" or MIN_ENV not in t.env or MAX_ENV not in t.env:
+        return None
+    try:
+        lo, hi = int(t.env[MIN_ENV]), int(t.env[MAX_ENV])
+    except ValueError:
+        return None
+    return (lo, hi) if 1 <= lo < hi else None
+
+
+def host_lines(hosts: list[str]) -> str:
+    """``a:1,a:1,b:2`` -> ``a:2`` / ``b:2`` lines: Horovod counts slots per host name, so two hpcsched nodes
+    on one address (loopback) must be one line."""
+    slots: dict[str, int] = {}
+    for h in hosts:
+        name, _, n = h.rpartition(":")
+        if not name or not n.isdigit():
+            raise ValueError(f"bad host {h!r}: expected host:slots")
+        slots[name] = slots.get(name, 0) + int(n)
+    return "".join(f"{h}:{n}\n" for h, n in slots.items() if n > 0)
+
+
+def _write_hosts(task_dir: Path, hosts: list[str]) -> None:
+    text = host_lines(hosts)
+    tmp = task_dir / f".{HOSTS}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, task_dir / HOSTS)  # the script never prints half a list
+
+
+def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[str]:
+    """The rigid ``horovodrun`` command line with its fixed ``-H`` list swapped for the discovery script and
+    the job's size range; writes the script and the first host list (the launch placement)."""
+    rng = size_range(t)
+    if rng is None or "-H" not in argv:
+        return argv
+    task_dir.mkdir(parents=True, exist_ok=True)
+    _write_hosts(task_dir, list(t.hosts))
+    script = task_dir / SCRIPT
+    script.write_text(f"#!/bin/sh\nexec cat '{task_dir / HOSTS}'\n")
+    script.chmod(0o755)
+    i = argv.index("-H")
+    lo, hi = rng
+    return [*argv[:i], "--min-np", str(lo), "--max-np", str(hi), "--host-discovery-script", str(script),
+            *argv[i + 2:]]
+
+
+def resize(task_dir: Path, hosts: list[str]) -> int:
+    """Ask a running elastic task for a new placement (``host:slots`` per node); returns its new size.
+
+    Horovod's driver sees the change within about a second and the ranks re-form at their next commit.
+    """
+    if not (task_dir / SCRIPT).exists():
+        raise ValueError(f"{task_dir} holds no elastic Horovod task")
+    size = sum(int(h.rpartition(":")[2]) for h in hosts)
+    _write_hosts(task_dir, hosts)
+    with open(task_dir / LOG, "a") as f:
+        f.write(json.dumps({"time": time.time(), "hosts": list(hosts), "world_size": size}) + "\n")
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class InPlaceResize:
+    requested: float  # unix time of the host-list rewrite
+    from_size: int
+    to_size: int
+    seconds: float | None  # request -> first progress report at the new size; None: none seen (yet)
+    step: int | None  # the step of that report (training went on from where it was)
+
+
+def resize_times(task_dir: Path, progress_file: Path | None = None) -> list[InPlaceResize]:
+    """Pair every logged host-list rewrite with the program's first progress report at the new size after it."""
+    try:
+        asks = [json.loads(line) for line in (task_dir / LOG).read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+    reports = []
+    try:
+        for line in (progress_file or task_dir / "progress.jsonl").read_text().splitlines():
+            try:
+                reports.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written
+    except FileNotFoundError:
+        pass
+    out = []
+    for ask in asks:
+        before = [r for r in reports if r.get("time", 0) <= ask["time"]]
+        after = next((r for r in reports
+                      if r.get("time", 0) > ask["time"] and r.get("world_size") == ask["world_size"]), None)
+        out.append(InPlaceResize(ask["time"], before[-1]["world_size"] if before else 0, ask["world_size"],
+                                 after["time"] - ask["time"] if after else None, after["step"] if after else None))
+    return out
