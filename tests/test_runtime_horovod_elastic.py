@@ -1,0 +1,121 @@
+"""Elastic Horovod resizes in place: a real ``horovodrun`` (gloo, loopback) launched by the worker grows and
+shrinks when the worker rewrites its host list, without restarting the surviving rank or reloading a checkpoint."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched.runtime import horovod_elastic, launchers
+from hpcsched.runtime.config import WorkerConfig
+from hpcsched.runtime.rpc import pb
+from hpcsched.runtime.worker import Worker, spare_port
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 200
+
+horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
+    or "horovodrun" not in launchers.available()
+
+
+def _task(tmp: Path, lo: int = 1, hi: int = 2, world: int = 2) -> pb.LaunchTask:
+    ckpt = tmp / "ckpt"
+    env = {"HPCSCHED_WORKDIR": str(REPO), "HPCSCHED_STEPS": str(STEPS), "HPCSCHED_GENERATION": "1",
+           "HPCSCHED_CHECKPOINT_DIR": str(ckpt), horovod_elastic.MIN_ENV: str(lo), horovod_elastic.MAX_ENV: str(hi)}
+    # 50 ms of emulated I/O per step paces the run (~10 steps/s at 2 ranks) so the resizes land mid-training.
+    return pb.LaunchTask(task_id="hvd.g1.n0", job_id="hvd", generation=1, launcher="horovodrun",
+                         command=["workloads/horovod_train.py", "--io-latency-ms", "50", "--checkpoint-every", "50",
+                                  "--commit-every", "5"],
+                         env=env, node_rank=0, nnodes=1, nprocs=world, world_size=world, master_addr="127.0.0.1",
+                         master_port=spare_port("127.0.0.1"), checkpoint_dir=str(ckpt), hosts=[f"127.0.0.1:{world}"])
+
+
+def _reports(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # being written
+    return out
+
+
+def _wait(what: str, cond, timeout_s: float):  # noqa: ANN001, ANN202
+    end = time.time() + timeout_s
+    while time.time() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_elastic_command_and_host_list(tmp_path: Path) -> None:
+    """The rigid command's ``-H`` list becomes the discovery script; the script prints the merged host list,
+    and a rewrite changes what it prints. Rigid jobs (or other launchers) keep their command."""
+    t = _task(tmp_path)
+    argv, _ = launchers.build(t, "python", "")
+    cmd = horovod_elastic.elastic_command(argv, t, tmp_path / "task")
+    assert "-H" not in cmd and cmd[cmd.index("--min-np") + 1] == "1" and cmd[cmd.index("--max-np") + 1] == "2"
+    script = Path(cmd[cmd.index("--host-discovery-script") + 1])
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:2\n"
+    assert horovod_elastic.resize(tmp_path / "task", ["127.0.0.1:1", "10.0.0.2:2", "127.0.0.1:1"]) == 4
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:2\n10.0.0.2:2\n"
+    rigid = _task(tmp_path, lo=2, hi=2)
+    assert horovod_elastic.size_range(rigid) is None
+    assert horovod_elastic.elastic_command(argv, rigid, tmp_path / "rigid") == argv
+    with pytest.raises(ValueError, match="no elastic Horovod task"):
+        horovod_elastic.resize(tmp_path / "rigid", ["127.0.0.1:1"])
+    with pytest.raises(ValueError, match="host:slots"):
+        horovod_elastic.host_lines(["127.0.0.1"])
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
+def test_horovod_job_shrinks_and_grows_in_place(tmp_path: Path) -> None:
+    """2 -> 1 -> 2 ranks through the worker's host list: rank 0 is the same process throughout, the step count
+    never goes back (no checkpoint is reloaded, no process restarts training), and the job ends at exactly
+    STEPS with both in-place resizes recorded and the loss down."""
+    w = Worker(WorkerConfig(controller=f"127.0.0.1:{spare_port('127.0.0.1')}", name="h1", slots=2,
+                            work_dir=tmp_path / "w"))  # never dials its controller: the test gives the orders
+    t = _task(tmp_path)
+    task_dir = tmp_path / "w" / t.task_id
+    progress = task_dir / "progress.jsonl"
+    try:
+        w.launch(t)
+        proc = w.tasks[t.task_id].proc
+        _wait("training at 2 ranks", lambda: any(r["step"] >= 10 and r["world_size"] == 2 for r in _reports(progress)),
+              120)
+        assert w.resize_in_place(t.task_id, ["127.0.0.1:1"])
+        _wait("training at 1 rank", lambda: any(r["world_size"] == 1 for r in _reports(progress)), 60)
+        assert w.resize_in_place(t.task_id, ["127.0.0.1:2"])
+        _wait("the job ended", lambda: proc.poll() is not None, 150)
+        assert proc.returncode == 0, (task_dir / "output.log").read_text()[-3000:]
+    finally:
+        w.shutdown()
+    reports = _reports(progress)
+    sizes = [r["world_size"] for r in reports]
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
+    assert len({r["pid"] for r in reports}) == 1, "rank 0 was restarted"
+    assert sum(r["first"] for r in reports) == 1 and all(r["resumed_from"] == -1 for r in reports)
+    steps = [r["step"] for r in reports]
+    assert steps == sorted(steps) and steps[-1] == STEPS and reports[-1]["done"]
+    in_place = [r for r in reports if r.get("resized_in_place")]
+    assert [(r["from_world_size"], r["world_size"]) for r in in_place] == [(2, 1), (1, 2)]
+    result = json.loads((tmp_path / "ckpt" / "result.json").read_text())
+    assert result["steps"] == STEPS and result["world_size"] == 2
+    assert [h["world_size"] for h in result["history"] if "in_place_at" in h] == [1, 2]
+    assert result["final_loss"] < result["first_loss"]
+    times = horovod_elastic.resize_times(task_dir)
+    assert [(r.from_size, r.to_size) for r in times] == [(2, 1), (1, 2)]
+    assert all(r.seconds is not None and r.seconds > 0 for r in times)
+    print("in-place resize 2->1 / 1->2:", " / ".join(f"{r.seconds:.2f} s" for r in times))
