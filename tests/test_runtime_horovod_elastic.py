@@ -17,25 +17,27 @@ from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.worker import Worker, spare_port
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 200
+STEPS = 140  # enough that the grow lands before the end; few enough to finish soon after it
 
 horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
     or "horovodrun" not in launchers.available()
 
 
-def _task(tmp: Path, lo: int = 1, hi: int = 2, world: int = 2) -> pb.LaunchTask:
+def elastic_task(tmp: Path, lo: int = 1, hi: int = 2, world: int = 2, generation: int = 1,
+                 steps: int = STEPS) -> pb.LaunchTask:
+    """The LaunchTask a controller would send for a Horovod job of [lo, hi] processes placed at ``world`` here."""
     ckpt = tmp / "ckpt"
-    env = {"HPCSCHED_WORKDIR": str(REPO), "HPCSCHED_STEPS": str(STEPS), "HPCSCHED_GENERATION": "1",
+    env = {"HPCSCHED_WORKDIR": str(REPO), "HPCSCHED_STEPS": str(steps), "HPCSCHED_GENERATION": str(generation),
            "HPCSCHED_CHECKPOINT_DIR": str(ckpt), horovod_elastic.MIN_ENV: str(lo), horovod_elastic.MAX_ENV: str(hi)}
     # 50 ms of emulated I/O per step paces the run (~10 steps/s at 2 ranks) so the resizes land mid-training.
-    return pb.LaunchTask(task_id="hvd.g1.n0", job_id="hvd", generation=1, launcher="horovodrun",
+    return pb.LaunchTask(task_id=f"hvd.g{generation}.n0", job_id="hvd", generation=generation, launcher="horovodrun",
                          command=["workloads/horovod_train.py", "--io-latency-ms", "50", "--checkpoint-every", "50",
                                   "--commit-every", "5"],
                          env=env, node_rank=0, nnodes=1, nprocs=world, world_size=world, master_addr="127.0.0.1",
                          master_port=spare_port("127.0.0.1"), checkpoint_dir=str(ckpt), hosts=[f"127.0.0.1:{world}"])
 
 
-def _reports(path: Path) -> list[dict]:
+def reports(path: Path) -> list[dict]:
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
@@ -49,7 +51,7 @@ def _reports(path: Path) -> list[dict]:
     return out
 
 
-def _wait(what: str, cond, timeout_s: float):  # noqa: ANN001, ANN202
+def wait_until(what: str, cond, timeout_s: float):  # noqa: ANN001, ANN202
     end = time.time() + timeout_s
     while time.time() < end:
         got = cond()
@@ -62,7 +64,7 @@ def _wait(what: str, cond, timeout_s: float):  # noqa: ANN001, ANN202
 def test_elastic_command_and_host_list(tmp_path: Path) -> None:
     """The rigid command's ``-H`` list becomes the discovery script; the script prints the merged host list,
     and a rewrite changes what it prints. Rigid jobs (or other launchers) keep their command."""
-    t = _task(tmp_path)
+    t = elastic_task(tmp_path)
     argv, _ = launchers.build(t, "python", "")
     cmd = horovod_elastic.elastic_command(argv, t, tmp_path / "task")
     assert "-H" not in cmd and cmd[cmd.index("--min-np") + 1] == "1" and cmd[cmd.index("--max-np") + 1] == "2"
@@ -70,7 +72,7 @@ def test_elastic_command_and_host_list(tmp_path: Path) -> None:
     assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:2\n"
     assert horovod_elastic.resize(tmp_path / "task", ["127.0.0.1:1", "10.0.0.2:2", "127.0.0.1:1"]) == 4
     assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:2\n10.0.0.2:2\n"
-    rigid = _task(tmp_path, lo=2, hi=2)
+    rigid = elastic_task(tmp_path, lo=2, hi=2)
     assert horovod_elastic.size_range(rigid) is None
     assert horovod_elastic.elastic_command(argv, rigid, tmp_path / "rigid") == argv
     with pytest.raises(ValueError, match="no elastic Horovod task"):
@@ -87,29 +89,29 @@ def test_horovod_job_shrinks_and_grows_in_place(tmp_path: Path) -> None:
     STEPS with both in-place resizes recorded and the loss down."""
     w = Worker(WorkerConfig(controller=f"127.0.0.1:{spare_port('127.0.0.1')}", name="h1", slots=2,
                             work_dir=tmp_path / "w"))  # never dials its controller: the test gives the orders
-    t = _task(tmp_path)
+    t = elastic_task(tmp_path)
     task_dir = tmp_path / "w" / t.task_id
     progress = task_dir / "progress.jsonl"
     try:
         w.launch(t)
         proc = w.tasks[t.task_id].proc
-        _wait("training at 2 ranks", lambda: any(r["step"] >= 10 and r["world_size"] == 2 for r in _reports(progress)),
-              120)
+        wait_until("training at 2 ranks",
+                   lambda: any(r["step"] >= 5 and r["world_size"] == 2 for r in reports(progress)), 120)
         assert w.resize_in_place(t.task_id, ["127.0.0.1:1"])
-        _wait("training at 1 rank", lambda: any(r["world_size"] == 1 for r in _reports(progress)), 60)
+        wait_until("training at 1 rank", lambda: any(r["world_size"] == 1 for r in reports(progress)), 60)
         assert w.resize_in_place(t.task_id, ["127.0.0.1:2"])
-        _wait("the job ended", lambda: proc.poll() is not None, 150)
+        wait_until("the job ended", lambda: proc.poll() is not None, 150)
         assert proc.returncode == 0, (task_dir / "output.log").read_text()[-3000:]
     finally:
         w.shutdown()
-    reports = _reports(progress)
-    sizes = [r["world_size"] for r in reports]
+    seen = reports(progress)
+    sizes = [r["world_size"] for r in seen]
     assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
-    assert len({r["pid"] for r in reports}) == 1, "rank 0 was restarted"
-    assert sum(r["first"] for r in reports) == 1 and all(r["resumed_from"] == -1 for r in reports)
-    steps = [r["step"] for r in reports]
-    assert steps == sorted(steps) and steps[-1] == STEPS and reports[-1]["done"]
-    in_place = [r for r in reports if r.get("resized_in_place")]
+    assert len({r["pid"] for r in seen}) == 1, "rank 0 was restarted"
+    assert sum(r["first"] for r in seen) == 1 and all(r["resumed_from"] == -1 for r in seen)
+    steps = [r["step"] for r in seen]
+    assert steps == sorted(steps) and steps[-1] == STEPS and seen[-1]["done"]
+    in_place = [r for r in seen if r.get("resized_in_place")]
     assert [(r["from_world_size"], r["world_size"]) for r in in_place] == [(2, 1), (1, 2)]
     result = json.loads((tmp_path / "ckpt" / "result.json").read_text())
     assert result["steps"] == STEPS and result["world_size"] == 2
