@@ -378,3 +378,82 @@ def test_controller_colocates_a_muri_s_pair_on_one_slot(tmp_path: Path) -> None:
     used, groups, _ = c._slot_use()
     assert used == {"w0": 1} and groups == {a: f"{a}+{b}", b: f"{a}+{b}"}
     c.store.close()
+
+
+def test_step_planned_outside_the_lock_drops_a_plan_the_world_changed_under(tmp_path: Path) -> None:
+    """tick() plans without the lock. A job cancelled while its start was being planned is not started (the
+    plan is dropped and the step re-runs); when changes keep landing mid-plan, the step falls back to
+    planning under the lock, so scheduling is never starved."""
+    from hpcsched.runtime import controller as ctl_mod
+
+    c = _ctl(tmp_path)
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=2, launchers=["torchrun"]))
+    a = c.submit("command: [t.py]\nsteps: 10\n", "a.yaml")
+    _beat(c, "w0")
+    real_plan = c._plan
+    interrupted = []
+
+    def plan_with_a_concurrent_change(state):  # what an RPC thread can do while the scheduler plans
+        p = real_plan(state)
+        if len(interrupted) < ctl_mod._MAX_STALE:  # cancel the job being started, submit another
+            for jid in p.starts:
+                assert c.cancel(jid)[0]  # takes the lock: it must not be held while planning
+            interrupted.append(c.submit("command: [t.py]\nsteps: 10\n", "b.yaml"))
+        return p
+
+    c._plan = plan_with_a_concurrent_change
+    c.wakeup.clear()
+    p = c.tick()
+    assert not p.starts and c.wakeup.is_set()  # a's start was planned, a was cancelled meanwhile: dropped
+    assert c.store.job(a).state == "cancelled" and not c.store.allocations()
+    for _ in range(ctl_mod._MAX_STALE - 1):
+        assert not c.tick().starts  # each plan is invalidated by the cancel of the job it starts
+    assert c._stale == ctl_mod._MAX_STALE
+    p = c.tick()  # under the lock now: nothing can change mid-plan, and the remaining job starts
+    assert list(p.starts) == [interrupted[-1]] and c._stale == 0
+    assert [t.job_id for t in _beat(c, "w0").launch] == [interrupted[-1]]
+    c.store.close()
+
+
+def test_rpc_timings_quantiles() -> None:
+    from hpcsched.runtime.server import RpcTimings
+
+    t = RpcTimings()
+    for _ in range(98):
+        t.add("Heartbeat", 0.001)
+    t.add("Heartbeat", 0.030)
+    t.add("Heartbeat", 0.200)
+    t.add("Register", 0.002)
+    s = t.summary()
+    hb = s["Heartbeat"]
+    assert hb["calls"] == 100 and s["Register"]["calls"] == 1
+    assert 1.0 <= hb["p50_ms"] <= 1.05 and 30.0 <= hb["p99_ms"] <= 31.5 and hb["max_ms"] == pytest.approx(200.0)
+
+
+def test_wal_is_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
+    """Commits no longer run SQLite's automatic checkpoint; the background thread moves the log into the
+    database file (read here with ``immutable=1``, which ignores the WAL) while the store keeps writing."""
+    import sqlite3
+    import time
+
+    s = Store(tmp_path / "s.db")
+    s.start_checkpointer(interval_s=0.05)
+    assert s.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    spec = parse_job_spec("command: [t.py]\n", "j.yaml")
+    ids = [s.add_job(spec, float(k)) for k in range(50)]
+
+    def in_db_file() -> int:
+        db = sqlite3.connect(f"file:{tmp_path / 's.db'}?immutable=1", uri=True)
+        try:
+            return db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+        except sqlite3.DatabaseError:  # the file may have no tables yet
+            return 0
+        finally:
+            db.close()
+
+    deadline = time.time() + 10
+    while in_db_file() < 50 and time.time() < deadline:
+        time.sleep(0.05)
+    assert in_db_file() == 50
+    s.close()
+    assert [j.id for j in Store(tmp_path / "s.db").jobs()] == ids

@@ -129,12 +129,13 @@ class ControllerConfig:
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
     min_runtime_s: float = 10.0  # a job attempt is not preempted or resized before it has run this long
     milp_tfwd_s: float = 60.0  # look-ahead of the MILP that sizes jobs with a scaling curve (BFTrainer's Tfwd)
+    rpc_stats_file: Path | None = None  # per-RPC handler time quantiles (JSON), written when the controller stops
 
 
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
-    "min_runtime_s", "milp_tfwd_s",
+    "min_runtime_s", "milp_tfwd_s", "rpc_stats_file",
 }
 
 
@@ -162,6 +163,7 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
         stop_grace_s=doc.positive("stop_grace_s", float, 30.0),
         min_runtime_s=doc.non_negative("min_runtime_s", float, 10.0),
         milp_tfwd_s=doc.positive("milp_tfwd_s", float, 60.0),
+        rpc_stats_file=doc.path("rpc_stats_file", base, None),
     )
 
 

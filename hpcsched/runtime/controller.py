@@ -26,6 +26,8 @@ from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
 
 log = logging.getLogger("hpcsched.runtime.controller")
 
+_MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
+
 
 class Controller:
     """All decisions and state; the gRPC layer (``server.py``) only translates messages."""
@@ -41,6 +43,8 @@ class Controller:
         self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
         self.attempt_start: dict[str, float] = {}  # job -> when its current attempt was placed (hysteresis)
         self._last_tick = time.time()
+        self._stale = 0  # consecutive plans dropped by tick()'s check
+        self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
 
     def started(self) -> None:
         """Called once the server listens. Liveness is in memory only: after a restart every worker
@@ -257,32 +261,87 @@ class Controller:
 
     # ----------------------------------------------------------------------------------- scheduling
     def tick(self) -> scheduler.Plan:
-        """Detect dead workers, account service, run one scheduling step and apply it."""
-        with self.lock, self.store.tx():
-            now = time.time()
-            self._reap_dead_workers(now)
-            jobs = self.store.jobs(("pending", "running", "stopping"))
-            self.store.accrue_service(now - self._last_tick)
-            self._last_tick = now
-            workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
-            used, groups, where = self._slot_use()
-            state = scheduler.ClusterState(
-                now=now,
-                jobs=tuple(_job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), self.attempt_start.get(j.id))
-                           for j in jobs if j.state in ("pending", "running")),
-                workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
-                used=used,
-            )
-            plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
-            by_id = {j.id: j for j in jobs}
-            for jid, reason in plan.stops.items():
-                self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=now)
-                self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
-                log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
-            hosts = {w.id: w.host for w in workers}
-            for jid, placement in plan.starts.items():
-                self._start(by_id[jid], placement, hosts, plan.groups.get(jid, jid))
+        """Detect dead workers, account service, run one scheduling step and apply it.
+
+        The step is planned OUTSIDE the lock: heartbeats (which take the lock) must not queue behind a
+        policy run of tens of ms, and behind the OS descheduling the planner on a loaded node. The plan is
+        applied only if what it decided on is unchanged when the lock is taken again: every job it starts
+        still pending, every job it stops still running the same attempt, every worker it places on still
+        alive and not leaving. Only this thread starts jobs, so slots free in the snapshot are still free.
+        A plan that fails the check is dropped and the step re-runs; after ``_MAX_STALE`` drops in a row the
+        step runs entirely under the lock, so a storm of changes cannot starve scheduling."""
+        if self._stale >= _MAX_STALE:
+            with self.lock, self.store.tx():
+                state, jobs, workers = self._cluster_state(*self._read())
+                plan = self._plan(state)
+                self._apply(plan, state, workers)
+            self._stale = 0
             return plan
+        with self.lock, self.store.tx():
+            seen = self._read()
+        state, jobs, workers = self._cluster_state(*seen)
+        plan = self._plan(state)
+        with self.lock, self.store.tx():
+            if not self._still_valid(plan, state, jobs):
+                self._stale += 1
+                self.wakeup.set()  # re-plan at once from the new state
+                return scheduler.Plan()
+            self._apply(plan, state, workers)
+        self._stale = 0
+        return plan
+
+    def _read(self) -> tuple:
+        """Read what a step needs (under the lock); building the scheduler's view of it is left to
+        ``_cluster_state``, which needs no lock."""
+        now = time.time()
+        self._reap_dead_workers(now)
+        jobs = self.store.jobs(("pending", "running", "stopping"))
+        self.store.accrue_service(now - self._last_tick)
+        self._last_tick = now
+        workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
+        return (now, jobs, workers, *self._slot_use(), dict(self.attempt_start))
+
+    @staticmethod
+    def _cluster_state(now: float, jobs: list[JobRow], workers: list[WorkerRow], used: dict[str, int],
+                       groups: dict[str, str], where: dict[str, list[tuple[str, int]]],
+                       attempt_start: dict[str, float]
+                       ) -> tuple[scheduler.ClusterState, dict[str, JobRow], list[WorkerRow]]:
+        state = scheduler.ClusterState(
+            now=now,
+            jobs=tuple(_job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), attempt_start.get(j.id))
+                       for j in jobs if j.state in ("pending", "running")),
+            workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
+            used=used,
+        )
+        return state, {j.id: j for j in jobs}, workers
+
+    def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
+        return scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
+
+    def _still_valid(self, plan: scheduler.Plan, state: scheduler.ClusterState, jobs: dict[str, JobRow]) -> bool:
+        """True when nothing the plan acts on changed since ``state`` was taken (rules in ``tick``)."""
+        if not plan.starts and not plan.stops:
+            return True
+        now = {j.id: j for j in self.store.jobs(("pending", "running"))}
+        for jid in plan.stops:
+            j = now.get(jid)
+            if j is None or j.state != "running" or j.generation != jobs[jid].generation:
+                return False
+        for jid in plan.starts:
+            j = now.get(jid)
+            if j is None or j.state != "pending":
+                return False
+        placed = {wid for where in plan.starts.values() for wid, _ in where}
+        return all(wid in self.last_seen and wid not in self.leaving for wid in placed)
+
+    def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow]) -> None:
+        for jid, reason in plan.stops.items():
+            self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
+            self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
+            log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
+        hosts = {w.id: w.host for w in workers}
+        for jid, placement in plan.starts.items():
+            self._start(self.store.job(jid), placement, hosts, plan.groups.get(jid, jid))  # its row now
 
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's
@@ -290,8 +349,12 @@ class Controller:
         peak: dict[tuple[str, str], int] = {}
         groups: dict[str, str] = {}
         where: dict[str, list[tuple[int, str, int]]] = {}
+        known, self._groups = self._groups, {}  # only live tasks stay cached
         for a in self.store.allocations():
-            key = pb.LaunchTask.FromString(a.launch).group or a.job_id
+            key = known.get(a.task_id)
+            if key is None:  # a task's LaunchTask never changes: parse it once, not on every tick
+                key = pb.LaunchTask.FromString(a.launch).group or a.job_id
+            self._groups[a.task_id] = key
             groups[a.job_id] = key
             peak[a.worker_id, key] = max(peak.get((a.worker_id, key), 0), a.nprocs)
             where.setdefault(a.job_id, []).append((a.node_rank, a.worker_id, a.nprocs))

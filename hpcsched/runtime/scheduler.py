@@ -127,16 +127,19 @@ def _views(state: ClusterState) -> tuple[JobView, ...]:
 
 def _units(order: list[str], policy_groups: list[tuple[str, ...]], by_id: dict[str, JobState]) -> list[list[str]]:
     """The policy's groups made runnable from where jobs are now (rules in the module docstring)."""
+    pos = {jid: k for k, jid in enumerate(order)}
     mates: dict[str, list[str]] = {}
     for j in by_id.values():
-        if j.running and j.group:
+        if j.running and j.group and j.id in pos:
             mates.setdefault(j.group, []).append(j.id)
+    for m in mates.values():
+        m.sort(key=pos.__getitem__)  # policy order; one sort per group, not a scan of ``order`` per job
     units: list[list[str]] = []
     taken: set[str] = set()
 
     def with_mates(jid: str) -> list[str]:
         j = by_id[jid]
-        return [m for m in order if m in mates.get(j.group or "", ())] if j.running and j.group else [jid]
+        return list(mates.get(j.group or "", ())) if j.running and j.group else [jid]
 
     def emit(unit: list[str]) -> None:
         unit = [i for i in unit if i not in taken]
@@ -229,13 +232,15 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
         return any(by_id[i].running and by_id[i].attempt_start is not None
                    and state.now - by_id[i].attempt_start < min_runtime_s for i in unit)
 
-    keep = [u for u in units if protected(u)]
-    units = keep + [u for u in units if not protected(u)]
+    kept = [protected(u) for u in units]
+    keep_ids = {u[0] for u, k in zip(units, kept, strict=True) if k}  # units are disjoint: the first id names one
+    units = [u for u, k in zip(units, kept, strict=True) if k] + [u for u, k in zip(units, kept, strict=True) if not k]
     left = total
     admitted: list[list[str]] = []
     for unit in units:  # admit at minimum size, highest priority first; a group needs its footprint once
-        fixed = len(unit) > 1 or unit in keep  # groups and protected jobs keep their running size
-        need = max(by_id[i].procs for i in unit) if unit in keep else _footprint(unit, by_id)
+        is_kept = unit[0] in keep_ids
+        fixed = len(unit) > 1 or is_kept  # groups and protected jobs keep their running size
+        need = max(by_id[i].procs for i in unit) if is_kept else _footprint(unit, by_id)
         if need <= left:
             admitted.append(unit)
             for i in unit:
@@ -244,7 +249,7 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
         else:
             for i in unit:
                 out.waiting[i] = f"needs {need} slots, {left} left after higher-priority jobs"
-    lone = [u[0] for u in admitted if len(u) == 1 and u not in keep]
+    lone = [u[0] for u in admitted if len(u) == 1 and u[0] not in keep_ids]
     curved = [i for i in lone if by_id[i].curve is not None and by_id[i].max_procs > by_id[i].min_procs]
     if curved:
         left = _milp_sizes(curved, out.sizes, left, by_id, tfwd_s)
