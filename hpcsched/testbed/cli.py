@@ -40,6 +40,15 @@ def testbed_cmd(
     timeout: float = typer.Option(1800, "--timeout", help="Real seconds before unfinished jobs are cancelled."),
     profiles_from: Path = typer.Option(None, "--profiles-from",
                                        help="An earlier testbed run: also predict this one from its profiles."),
+    fast_forward: int = typer.Option(
+        0, "--fast-forward", metavar="N",
+        help="Train N real steps per job, then skip ahead by the measured pace (0: off). Skips happen only "
+             "while every running job is in steady training; submissions, start-ups, preemptions and finishes "
+             "stay real. Use it for long jobs (raise --min-steps/--max-steps) to fit a long trace in minutes."),
+    max_jump: float = typer.Option(30.0, "--max-jump",
+                                   help="Fast-forward: most real-equivalent seconds one skip covers."),
+    checkpoint_root: Path = typer.Option(None, "--checkpoint-root",
+                                         help="Fast-forward with --controller: the controller's checkpoint root."),
     reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
@@ -70,7 +79,8 @@ def testbed_cmd(
     opts = RunOptions(trace=trace, cluster=cluster, policy=policy, out=out, jobs=jobs, skip=skip,
                       min_steps=min_steps, max_steps=max_steps, max_procs=max_procs, timeout_s=timeout,
                       controller=controller, state=state, token_file=token_file, time_scale=time_scale,
-                      profiles_from=profiles_from)
+                      profiles_from=profiles_from, fast_forward=fast_forward, max_jump_s=max_jump,
+                      checkpoint_root=checkpoint_root)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("testbed: jobs done", total=jobs)

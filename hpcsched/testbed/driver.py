@@ -20,6 +20,7 @@ from hpcsched.testbed.mapping import ScaledJob, job_yaml, real_to_trace
 
 if TYPE_CHECKING:
     from hpcsched.runtime.client import Client
+    from hpcsched.testbed.fastforward import FastForwarder
 
 FINAL = ("completed", "failed", "cancelled")
 RUN_FILE = "testbed.json"
@@ -36,6 +37,11 @@ class Replay:
     final: dict[str, dict[str, Any]] = field(default_factory=dict)  # trace id -> JobInfo fields
     timed_out: bool = False
     wall_s: float = 0.0
+    jumps: list[tuple[float, float]] = field(default_factory=list)  # fast-forward: (real time, seconds skipped)
+
+    def virtual(self, t: float) -> float:
+        """Real time ``t`` on the run's clock: real time plus the seconds fast-forward skipped by then."""
+        return t + sum(s for at, s in self.jumps if at <= t)
 
 
 def workloads_root() -> Path:
@@ -44,20 +50,29 @@ def workloads_root() -> Path:
 
 
 def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path, timeout_s: float, poll_s: float = 0.5,
-           progress: Callable[[int, int], None] | None = None) -> Replay:
-    """Submit ``jobs`` (sorted by ``submit_offset``) and wait until all are final or ``timeout_s`` passes."""
+           progress: Callable[[int, int], None] | None = None, ff: FastForwarder | None = None) -> Replay:
+    """Submit ``jobs`` (sorted by ``submit_offset``) and wait until all are final or ``timeout_s`` passes.
+
+    With ``ff`` the run's clock also jumps (``hpcsched.testbed.fastforward``): submissions follow that clock.
+    """
     jobs = sorted(jobs, key=lambda j: j.submit_offset)
     rep = Replay(real_start=time.time(), trace_start=jobs[0].trace_submit if jobs else 0.0,
                  scale=scale, runtime_ids={})
     pending = list(jobs)
     deadline = rep.real_start + timeout_s
     done = 0
+    report_every = ff.real_steps if ff is not None else None
     while True:
         now = time.time()
-        while pending and now - rep.real_start >= pending[0].submit_offset:
+        clock = now - rep.real_start + (ff.skipped(now) if ff is not None else 0.0)
+        while pending and clock >= pending[0].submit_offset:
             j = pending.pop(0)
-            rep.runtime_ids[j.trace_id] = client.submit(job_yaml(j, workdir, seed=_seed(j.trace_id)), j.name)
+            spec = job_yaml(j, workdir, seed=_seed(j.trace_id), report_every=report_every)
+            rep.runtime_ids[j.trace_id] = client.submit(spec, j.name)
         infos = {i.job_id: i for i in client.jobs()}
+        if ff is not None:
+            ff.step(now, infos, set(rep.runtime_ids.values()),
+                    pending[0].submit_offset - clock if pending else None)
         done = sum(1 for rid in rep.runtime_ids.values() if rid in infos and infos[rid].state in FINAL)
         if progress is not None:
             progress(done, len(jobs))
@@ -69,7 +84,7 @@ def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path
                 if rid in infos and infos[rid].state not in FINAL:
                     client.cancel(rid)
             break
-        nxt = pending[0].submit_offset + rep.real_start - now if pending else poll_s
+        nxt = pending[0].submit_offset - clock if pending else poll_s
         time.sleep(max(0.02, min(poll_s, nxt)))
     infos = {i.job_id: i for i in client.jobs()}
     for tid, rid in rep.runtime_ids.items():
@@ -80,6 +95,7 @@ def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path
                               "steps_total": i.steps_total, "restarts": i.restarts, "first_loss": i.first_loss,
                               "last_loss": i.last_loss, "procs": i.procs}
     rep.wall_s = time.time() - rep.real_start
+    rep.jumps = [(j.real_t, j.seconds) for j in ff.jumps] if ff is not None else []
     return rep
 
 
@@ -95,7 +111,8 @@ def real_results(jobs: list[ScaledJob], rep: Replay) -> list[JobResult]:
         ok = f.get("state") == "completed"
 
         def m(key: str, f: dict = f) -> float | None:
-            return real_to_trace(f.get(key), rep.real_start, rep.trace_start, rep.scale)
+            t = f.get(key)
+            return real_to_trace(rep.virtual(t) if t else t, rep.real_start, rep.trace_start, rep.scale)
 
         submit = m("submit_time")
         start, end = m("start_time"), m("end_time") if ok else None
@@ -110,7 +127,8 @@ def write_real(out: Path, jobs: list[ScaledJob], rep: Replay, meta: dict[str, An
     write_results(out, real_results(jobs, rep), meta | {"tool": "testbed", "scale": rep.scale,
                                                         "wall_s": round(rep.wall_s, 2)})
     doc = {"scale": rep.scale, "real_start": rep.real_start, "trace_start": rep.trace_start,
-           "timed_out": rep.timed_out, "wall_s": rep.wall_s, "meta": meta,
+           "timed_out": rep.timed_out, "wall_s": rep.wall_s, "meta": meta, "jumps": rep.jumps,
+           "skipped_s": sum(s for _, s in rep.jumps),
            "jobs": [_job_doc(j) | {"runtime": rep.final.get(j.trace_id, {})} for j in jobs]}
     (out / RUN_FILE).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return out

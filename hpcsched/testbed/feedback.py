@@ -86,19 +86,44 @@ def as_runtime_runs(policy: Policy, name: str) -> Policy:
     The controller learns a job's iteration time and stage profile from the job's own progress
     reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
     no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
-    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration. Groups are
-    kept: the controller co-locates a group's members on the same slots (``hpcsched.runtime.scheduler``).
-    Simulating knowledge the runtime does not have would compare two different schedules.
+    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration.
+
+    Groups are kept as the controller can run them (``hpcsched.runtime.scheduler``): it co-locates a
+    group's members on the same slots but never moves a running job to form a group, so a group keeps
+    its first running member (the anchor) and the queued members that need no more GPUs than it; other
+    running members, and queued ones too big to join, run as units of their own right after it. The
+    simulator would otherwise move running jobs together (paying a restart each). Simulating knowledge
+    or moves the runtime does not have would compare two different schedules.
     """
 
     def flat(snapshot: Snapshot) -> list[Group]:
         views = tuple(v if v.first_start is not None else
                       replace(v, iteration_time=None, remaining_s=None, profile=None) for v in snapshot.jobs)
-        return policy(replace(snapshot, jobs=views))
+        by_id = {v.id: v for v in views}
+        out: list[Group] = []
+        for g in policy(replace(snapshot, jobs=views)):
+            out += runtime_units(g, by_id)
+        return out
 
     flat.__name__ = name
     flat.service_thresholds = getattr(policy, "service_thresholds", ())  # type: ignore[attr-defined]
     return flat
+
+
+def runtime_units(g: Group, by_id: dict) -> list[Group]:
+    """One policy group as the controller runs it: its anchor with the members that can join it, then the rest
+    alone (see ``as_runtime_runs``)."""
+    if len(g.job_ids) < 2:
+        return [g]
+    running = [j for j in g.job_ids if by_id[j].running]
+    if not running:
+        return [g]
+    anchor = by_id[running[0]]
+    if all(j == anchor.id or (not by_id[j].running and by_id[j].gpus <= anchor.gpus) for j in g.job_ids):
+        return [g]
+    # The group's period holds only for all of its members: a partial group runs as singles (rare: it takes a
+    # preempted member that has run before, beside a running member elsewhere).
+    return [Group((anchor.id,)), *(Group((j,)) for j in g.job_ids if j != anchor.id)]
 
 
 def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace_name: str, *,

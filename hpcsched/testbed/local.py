@@ -31,6 +31,7 @@ class LocalCluster:
         self.start_timeout_s = start_timeout_s
         self.token = secrets.token_hex(16)
         self.state = self.root / "state.db"
+        self.ckpt_root = self.root / "ckpt"
         self.address = ""
         self.procs: list[subprocess.Popen] = []
         self.logs: list = []
@@ -48,7 +49,7 @@ class LocalCluster:
         addr_file = self.root / "controller.addr"
         addr_file.unlink(missing_ok=True)
         cfg = {"listen": "127.0.0.1:0", "address_file": str(addr_file), "state": str(self.state),
-               "checkpoint_root": str(self.root / "ckpt"), "token_file": str(self.root / "token"),
+               "checkpoint_root": str(self.ckpt_root), "token_file": str(self.root / "token"),
                "policy": self.policy, "heartbeat_interval_s": self.heartbeat_s, "worker_timeout_s": 30,
                "schedule_interval_s": self.schedule_s, "stop_grace_s": 30}
         conf = self.root / "controller.yaml"

@@ -139,10 +139,11 @@ def scale_jobs(jobs: list[Job], cluster: ClusterSpec, scaling: Scaling) -> list[
     return out
 
 
-def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0) -> str:
-    """The job file the testbed submits (``hpcsched submit`` format)."""
+def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0, report_every: int | None = None) -> str:
+    """The job file the testbed submits (``hpcsched submit`` format); fast-forward asks for a report every
+    ``report_every`` steps (its N), so the pace between jumps is measured without waiting."""
     w = job.workload
-    report = max(1, job.steps // 10)
+    report = report_every or max(1, job.steps // 10)
     ckpt = max(report, job.steps // 4)
     cmd = ["workloads/ddp_train.py", "--model", w.model, "--batch", str(w.batch), "--io-latency-ms",
            f"{w.io_latency_ms:g}", "--report-every", str(report), "--checkpoint-every", str(ckpt),

@@ -109,7 +109,7 @@ def read_measurements(state: Path, job_ids: set[str]) -> dict[str, Measured]:
             m.startup_s.append(max(0.0, rs[0][2] - launched[0]))
             spans += [(jid, w, launched[0], rs[-1][2]) for w in launched[1]]
         for a, b in zip(rs, rs[1:], strict=False):
-            if b[3] > a[3] and b[2] > a[2]:
+            if b[3] > a[3] and b[2] > a[2] and (b[4] or b[5] or b[6]):  # a fast-forward jump has no stage times
                 m.windows.append(Window(jid, gen, a[2], b[2], b[3] - a[3], b[4] or 0.0, b[5] or 0.0, b[6] or 0.0))
         if jid in completed and gen == max(g for (j, g) in by_attempt if j == jid):
             m.teardown_s = max(0.0, completed[jid] - rs[-1][2])

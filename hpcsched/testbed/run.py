@@ -32,6 +32,9 @@ class RunOptions:
     token_file: Path | None = None
     time_scale: str = "auto"
     profiles_from: Path | None = None  # an earlier run: adds the out-of-sample sim-predicted
+    fast_forward: int = 0  # N real steps per job between jumps; 0: real time throughout
+    max_jump_s: float = 30.0  # real-equivalent seconds one jump may skip
+    checkpoint_root: Path | None = None  # the controller's (for --controller with fast-forward)
 
 
 def _select(opts: RunOptions):
@@ -53,18 +56,29 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
         raise InputError(None, f"unknown policy {opts.policy!r}; known: {', '.join(REGISTRY.names())}")
     if opts.jobs < 1 or opts.skip < 0 or not 1 <= opts.min_steps <= opts.max_steps or opts.max_procs < 1:
         raise InputError(None, "need --jobs >= 1, --skip >= 0, 1 <= --min-steps <= --max-steps, --max-procs >= 1")
+    if opts.fast_forward < 0 or opts.max_jump_s <= 0:
+        raise InputError(None, "need --fast-forward >= 0 (0: off) and --max-jump > 0")
+    if opts.fast_forward and opts.controller and (opts.state is None or opts.checkpoint_root is None):
+        raise InputError(None, "--fast-forward with --controller needs --state and --checkpoint-root "
+                               "(the controller's state file and checkpoint root, readable and writable here)")
     spec = read_cluster_spec(opts.cluster)
     chosen = _select(opts)
     scale = pick_scale(opts.time_scale, chosen, opts.min_steps, opts.max_steps)
     scaled = scale_jobs(chosen, spec, Scaling(scale, opts.min_steps, opts.max_steps, opts.max_procs))
     say(f"testbed: {len(scaled)} jobs, time scale {scale:,.1f} trace s per real s, "
-        f"{spec.nodes} workers x {spec.gpus_per_node} slots, policy {opts.policy}")
+        f"{spec.nodes} workers x {spec.gpus_per_node} slots, policy {opts.policy}"
+        + (f", fast-forward {opts.fast_forward} real steps per jump" if opts.fast_forward else ""))
     opts.out.mkdir(parents=True, exist_ok=True)
     rep, state = _replay(opts, spec, scaled, scale, progress)
     meta = {"policy": opts.policy, "trace": str(opts.trace), "cluster": spec.name, "capacity_gpus": spec.gpus,
             "capacity_nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "jobs_replayed": len(scaled),
-            "skip": opts.skip, "state": str(state) if state is not None else None}
+            "skip": opts.skip, "state": str(state) if state is not None else None,
+            "fast_forward": opts.fast_forward, "skipped_s": round(sum(s for _, s in rep.jumps), 3),
+            "jumps": len(rep.jumps)}
     driver.write_real(opts.out, scaled, rep, meta)
+    if opts.fast_forward:
+        say(f"testbed: {len(rep.jumps)} jumps skipped {sum(s for _, s in rep.jumps):,.0f} real-equivalent s "
+            f"in {rep.wall_s:,.0f} s of wall time")
     if rep.timed_out:
         say(f"testbed: timed out after {opts.timeout_s:.0f} s; unfinished jobs were cancelled")
     if state is None:
@@ -119,8 +133,9 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
         client = Client(opts.controller, resolve_token(opts.token_file))
         _check_workers(client, spec, opts.cluster)
         try:
+            ff = _forwarder(opts, opts.state, opts.checkpoint_root)
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
-                                 progress=progress), opts.state
+                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), opts.state
         finally:
             client.close()
     from hpcsched.testbed.local import LocalCluster
@@ -129,10 +144,19 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
         client = Client(lc.address, lc.token, timeout=30)
         try:
             lc.wait_workers(client)
+            ff = _forwarder(opts, lc.state, lc.ckpt_root)
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
-                                 progress=progress), lc.state
+                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), lc.state
         finally:
             client.close()
+
+
+def _forwarder(opts: RunOptions, state: Path | None, ckpt_root: Path | None):
+    if not opts.fast_forward or state is None or ckpt_root is None:
+        return None
+    from hpcsched.testbed.fastforward import FastForwarder
+
+    return FastForwarder(opts.fast_forward, state, ckpt_root.resolve(), max_jump_s=opts.max_jump_s)
 
 
 def _check_workers(client, spec, path: Path) -> None:
