@@ -62,9 +62,9 @@ def test_log_replay_turns_a_small_swf_into_idle_events(tmp_path: Path) -> None:
                                                                 (100, ("n00000",), ())]
     assert tl.notes["skipped_no_room"] == 1
     # elastic jobs from another era are moved to the log's start, then harvest its idle node
-    from hpcsched.sim.replay_cli import _shifted
+    from hpcsched.sim.replay_run import shift_into_log
 
-    jobs, shift = _shifted(read_elastic_jobs(*JOBS10), tl.start, tl.end)
+    jobs, shift = shift_into_log(read_elastic_jobs(*JOBS10), tl.start, tl.end)
     assert jobs[0].submit == tl.start and shift < 0
     res = replay(tl, jobs, ReplayConfig(tfwd=300.0, solver="dp"))
     assert res.summary["idle_node_hours"] == pytest.approx((10 + 40) / 3600)  # n00001 idle 0-10 and 60-100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,22 @@ def test_replay_sweep_and_its_report(tmp_path: Path) -> None:
     assert ((table["utilization"] > 0) & (table["utilization"] <= 1)).all()
     assert table["utilization"].to_numpy() == pytest.approx(
         (table["used_node_hours"] / table["idle_node_hours"]).to_numpy(), rel=1e-6)
+    # One code path: `hpcsched replay` with the first cell's parameters writes the same files and summary.
+    from typer.testing import CliRunner
+
+    from hpcsched.cli import app
+
+    cli_out = tmp_path / "cli"
+    r = CliRunner().invoke(app, ["replay", "--idle", str(bft / "idle-intervals.csv.gz"), "--nodes", "8", "--jobs",
+                                 str(tmp_path / "b.csv"), "--curves", str(tmp_path / "c.csv"), "--tfwd", "10",
+                                 "--solver", "greedy", "--out", str(cli_out), "--json"])
+    assert r.exit_code == 0, r.output
+    cell_out = out / "cells" / table["cell_id"].iloc[0]
+    for name in ("jobs.csv", "job_progress.csv"):
+        assert (cli_out / name).read_text() == (cell_out / name).read_text()
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("events", "jobs_done", "idle_node_hours", "used_node_hours", "utilization", "rescales"):
+        assert summary[key] == pytest.approx(table[key].iloc[0], rel=1e-9)
     readme = make_report(out, tmp_path / "report")
     files = {p.name for p in readme.parent.iterdir()}
     assert {"harvest_vs_tfwd.png", "util_replay.png", "README.md"} <= files

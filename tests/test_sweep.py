@@ -205,3 +205,65 @@ def test_cli_sweep_json_and_dry_run(tmp_path: Path) -> None:
     assert (out / "results.csv").is_file()
     again = json.loads(runner.invoke(app, ["sweep", str(cfg), "--out", str(out), "--json"]).stdout)
     assert (again["ran"], again["skipped"]) == (0, 1)
+
+
+def test_a_cell_over_the_time_limit_is_stopped_recorded_and_the_grid_goes_on(tmp_path: Path) -> None:
+    # Muri-S on the whole trace2 (5,755 jobs) needs tens of CPU seconds; the 30-job slice well under one.
+    trace2 = ROOT / "trace-data" / "muri" / "trace2.csv"
+    slice_ = _slice(tmp_path)
+    cfg = load_config(_write(tmp_path, f"""\
+grids:
+  - kind: simulate
+    policy: muri-s
+    trace: {trace2}
+    cluster: {CLUSTER}
+  - kind: simulate
+    policy: srtf
+    trace: {slice_.name}
+    cluster: {CLUSTER}
+"""))
+    out = tmp_path / "out"
+    outcome = run_sweep(cfg, out, workers=2, progress=False, timeout_s=4.0)
+    assert outcome.ran == 2 and len(outcome.failed) == 1
+    assert "timed out" in outcome.failed[0]["error"] and outcome.failed[0]["id"] == cfg.cells[0].id
+    table = read_table(out).set_index("policy")
+    assert table.loc["muri-s", "status"] == "failed" and table.loc["srtf", "status"] == "ok"
+    assert table.loc["srtf", "jobs"] == 30 and 4.0 <= table.loc["muri-s", "wall_s"] < 30
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["status"] == "failed" and manifest["outcome"]["failed"] == 1
+    # resume retries only the stopped cell
+    again = run_sweep(cfg, out, workers=1, progress=False, timeout_s=1.0,
+                      only=lambda c: c.params["policy"] == "muri-s")
+    assert (again.ran, again.skipped) == (1, 1) and len(again.failed) == 1
+
+
+def test_a_cell_whose_process_dies_is_recorded_with_how_it_died(tmp_path: Path) -> None:
+    import multiprocessing
+    import os
+    import signal
+
+    from hpcsched.sweep.local import _finished
+    from hpcsched.sweep.store import read_record
+
+    cell = load_config(_tiny_config(tmp_path, "[srtf]")).cells[0]
+    out = tmp_path / "out"
+    ctx = multiprocessing.get_context("spawn")
+    quiet = ctx.Process(target=_sleep, args=(0,))  # a real child that exits cleanly but leaves no record
+    quiet.start()
+    quiet.join()
+    rec = _finished(quiet, cell, out, 1.0)
+    assert rec["status"] == "failed" and "exit code 0" in rec["error"]  # never a silent 'ok'
+    killed = ctx.Process(target=_sleep, args=(60,))
+    killed.start()
+    os.kill(killed.pid, signal.SIGKILL)  # what the kernel's out-of-memory killer does
+    killed.join()
+    rec = _finished(killed, cell, out, 1.0)
+    assert "SIGKILL" in rec["error"] and "out of memory" in rec["error"]
+    stored = read_record(out, cell)
+    assert stored is not None and stored["error"] == rec["error"] and stored["status"] == "failed"
+
+
+def _sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)

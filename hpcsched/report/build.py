@@ -26,7 +26,8 @@ from hpcsched.report.frames import (
     with_context,
 )
 from hpcsched.sweep.execute import TIMELINE_FILE
-from hpcsched.sweep.runner import CELLS_DIR, SWEEP_JSON
+from hpcsched.sweep.runner import SWEEP_JSON
+from hpcsched.sweep.store import CELLS_DIR
 from hpcsched.sweep.table import CSV_FILE, read_table
 
 REPORT_FILE = "README.md"

@@ -24,6 +24,9 @@ def sweep(
                                    help="Run the cells on a Ray cluster (auto, HOST:PORT, ray://HOST:PORT, "
                                         "or 'local' for a private instance). Needs the 'ray' extra."),
     fresh: bool = typer.Option(False, "--fresh", help="Redo every cell instead of resuming."),
+    cell_timeout: float | None = typer.Option(None, "--cell-timeout", metavar="SECONDS", min=1,
+                                              help="Stop a local cell after this many wall seconds and record it "
+                                                   "as failed (it runs again on resume). Default: no limit."),
     only: list[str] = typer.Option([], "--only", metavar="KEY=VALUE",
                                    help="Run only matching unfinished cells now, e.g. --only trace=trace3 "
                                         "--only compat=muri (repeat a key for alternatives)."),
@@ -61,7 +64,8 @@ def sweep(
         return
     command = ["hpcsched", "sweep", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "sweep" else None
     outcome = run_sweep(cfg, out, workers=workers or None, ray_address=ray, fresh=fresh,
-                        progress=not as_json or sys.stderr.isatty(), command=command, only=selected)
+                        progress=not as_json or sys.stderr.isatty(), command=command, only=selected,
+                        timeout_s=cell_timeout)
     if as_json:
         print(json.dumps(outcome.as_json()))
     else:

@@ -80,44 +80,28 @@ def _run_simulate(params: dict[str, Any], root: Path, workdir: Path) -> dict[str
 
 
 def _run_replay(params: dict[str, Any], root: Path, workdir: Path) -> dict[str, Any]:
-    """The same pipeline as ``hpcsched replay`` (whose helpers it reuses), with the cell's parameters."""
+    """``hpcsched replay``'s own code path (``run_replay``) with the cell's parameters and arrival scaling."""
     from hpcsched.metrics import summarize
     from hpcsched.milp import Objective
     from hpcsched.results import read_results
-    from hpcsched.sim.replay import ReplayConfig, replay
-    from hpcsched.sim.replay_cli import _idle_timeline, _shifted, _write
-    from hpcsched.sim.replay_events import timeline_from_log
-    from hpcsched.traces.bftrainer import read_elastic_jobs
+    from hpcsched.sim.replay import ReplayConfig
+    from hpcsched.sim.replay_run import ReplayRequest, run_replay
 
-    bounds = _path(root, params["bounds"])
-    jobs = scale_arrivals(read_elastic_jobs(bounds, _path(root, params["curves"])), params["arrival_scale"])
-    if not jobs:
-        raise InputError(bounds, "no jobs")
-    shift = 0.0
-    if params["idle"] is not None:
-        idle = _path(root, params["idle"])
-        tl = _idle_timeline(idle, params["nodes"], None, min(j.submit for j in jobs))
-    else:
-        tl = timeline_from_log(_path(root, params["log"]), params["nodes"])
-        jobs, shift = _shifted(jobs, tl.start, tl.end)
     try:
         config = ReplayConfig(tfwd=params["tfwd"], solver=params["solver"], objective=Objective(params["objective"]),
                               accounting=params["accounting"], max_jobs=params["max_jobs"],
                               time_limit=params["time_limit"])
     except ValueError as e:
         raise InputError(None, str(e)) from None
-    res = replay(tl, jobs, config)
-    s = dict(res.summary)
-    meta: dict[str, Any] = {
-        "tool": "replay", "policy": f"bftrainer-{params['solver']}", "trace": str(params["idle"] or params["log"]),
-        "jobs_file": str(params["bounds"]), "cluster": f"{len(tl.nodes)} nodes", "capacity_nodes": len(tl.nodes),
-        "capacity_node_seconds": float(s["idle_node_hours"]) * 3600.0, "submit_shift_s": shift,
-        "arrival_scale": params["arrival_scale"], "seed": params["seed"], **tl.notes, "summary": s,
-    }
-    _write(workdir, res, meta)
+    request = ReplayRequest(_path(root, params["bounds"]), _path(root, params["curves"]),  # type: ignore[arg-type]
+                            idle=_path(root, params["idle"]), log=_path(root, params["log"]), nodes=params["nodes"],
+                            config=config)
+    run = run_replay(request, workdir, prepare_jobs=lambda jobs: scale_arrivals(jobs, params["arrival_scale"]),
+                     meta_extra={"arrival_scale": params["arrival_scale"], "seed": params["seed"]})
+    s = dict(run.summary)
     df, meta_read = read_results(workdir)
     jct = {k: v for k, v in summarize(df, meta_read).items() if k not in s}
-    return s | {"pool_nodes": len(tl.nodes)} | {k: v for k, v in jct.items() if k != "jobs"}
+    return s | {"pool_nodes": len(run.timeline.nodes)} | {k: v for k, v in jct.items() if k != "jobs"}
 
 
 _RUNNERS = {"simulate": _run_simulate, "replay": _run_replay}

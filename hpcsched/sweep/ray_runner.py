@@ -22,7 +22,7 @@ from typing import Any
 from hpcsched.errors import InputError
 from hpcsched.sweep.cell import PATH_PARAMS, Cell
 from hpcsched.sweep.execute import execute
-from hpcsched.sweep.runner import cell_dir, save_record
+from hpcsched.sweep.store import cell_dir, save_record
 
 
 def _staged_name(value: str) -> str:

@@ -14,13 +14,10 @@ so a sweep killed mid-cell redoes only that cell. Failed cells are retried on th
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +27,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hpcsched.sweep.cell import PATH_PARAMS, Cell
 from hpcsched.sweep.config import SweepConfig
-from hpcsched.sweep.execute import RECORD_FILE, execute
+from hpcsched.sweep.local import run_local
+from hpcsched.sweep.store import CELLS_DIR, cell_dir, load_record
 from hpcsched.sweep.table import build_table, write_table
 
-CELLS_DIR = "cells"
 SWEEP_JSON = "sweep.json"
 SWEEP_YAML = "sweep.yaml"
 
@@ -63,43 +60,6 @@ class SweepOutcome:
         }
 
 
-def cell_dir(out: Path, cell: Cell) -> Path:
-    return out / CELLS_DIR / cell.id
-
-
-def load_record(out: Path, cell: Cell) -> dict[str, Any] | None:
-    """The finished record of ``cell`` in ``out``, or None if it must (re)run."""
-    p = cell_dir(out, cell) / RECORD_FILE
-    if not p.is_file():
-        return None
-    try:
-        rec = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if rec.get("status") != "ok" or rec.get("params") != dict(cell.params):
-        return None
-    return rec
-
-
-def save_record(out: Path, record: dict[str, Any]) -> None:
-    """Write ``cell.json`` atomically: it is the cell's 'finished' marker."""
-    d = out / CELLS_DIR / record["id"]
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{RECORD_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    os.replace(tmp, d / RECORD_FILE)
-
-
-def _local_cell(cell: Cell, root: Path, out: Path) -> dict[str, Any]:
-    """Pool worker: run one cell into its own folder and mark it."""
-    d = cell_dir(out, cell)
-    if d.exists():
-        shutil.rmtree(d)  # leftovers of an interrupted or failed attempt
-    record = execute(cell, root, d)
-    save_record(out, record)
-    return record
-
-
 def _cost(cell: Cell, root: Path) -> float:
     """Rough cost for ordering: bigger inputs first, so the longest cells do not start last."""
     total = 0.0
@@ -123,11 +83,13 @@ def run_sweep(
     progress: bool = True,
     command: Sequence[str] | None = None,
     only: Callable[[Cell], bool] | None = None,
+    timeout_s: float | None = None,
 ) -> SweepOutcome:
     """Run every unfinished cell of ``config`` into ``out`` and (re)write the results table.
 
     ``only`` restricts which unfinished cells run now (the table still lists every finished cell),
-    so a large grid can be filled in the order that matters most.
+    so a large grid can be filled in the order that matters most. ``timeout_s`` stops a local cell
+    that runs longer (wall seconds) and records it as failed, so one runaway cell cannot hold up a grid.
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -163,7 +125,7 @@ def run_sweep(
 
                 run_on_ray(todo, config.root, out, ray_address, done)
             elif todo:
-                _run_local(todo, config.root, out, workers or os.cpu_count() or 1, done)
+                run_local(todo, config.root, out, workers or os.cpu_count() or 1, done, timeout_s)
         except KeyboardInterrupt:  # keep what finished: a table now, the rest on the next run
             kept = [records[c.id] for c in config.cells if c.id in records]
             tables = write_table(build_table(kept), out)
@@ -178,35 +140,6 @@ def run_sweep(
                            time.perf_counter() - t0, tables)
     _write_manifest(config, out, command, status="failed" if failed else "done", outcome=outcome)
     return outcome
-
-
-def _run_local(todo: list[Cell], root: Path, out: Path, workers: int, done: Callable[[dict[str, Any]], None]) -> None:
-    for cell in todo:
-        cell_dir(out, cell).parent.mkdir(parents=True, exist_ok=True)
-    if workers <= 1 or len(todo) == 1:
-        for cell in todo:
-            done(_local_cell(cell, root, out) | {"label": cell.label()})
-        return
-    # forkserver: workers do not inherit the progress bar's thread (fork after threads can deadlock).
-    ctx = multiprocessing.get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx)
-    try:
-        futures: dict[Future[dict[str, Any]], Cell] = {pool.submit(_local_cell, c, root, out): c for c in todo}
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                cell = futures[f]
-                try:
-                    rec = f.result()
-                except Exception as e:  # noqa: BLE001 - a worker killed (out of memory...): record, retry later
-                    rec = {"id": cell.id, "kind": cell.kind, "params": dict(cell.params), "status": "failed",
-                           "metrics": {}, "error": f"worker: {type(e).__name__}: {e}", "wall_s": None}
-                done(rec | {"label": cell.label()})
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)  # on Ctrl-C do not wait for queued cells
-        raise
-    pool.shutdown()
 
 
 def _write_manifest(config: SweepConfig, out: Path, command: Sequence[str] | None, status: str,
