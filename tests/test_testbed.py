@@ -231,3 +231,20 @@ def test_runtime_units_never_move_a_running_job() -> None:
     assert feedback.runtime_units(Group(("b", "d"), 2.0), by) == [Group(("b", "d"), 2.0)]  # none running yet
     assert [u.job_ids for u in feedback.runtime_units(Group(("a", "c"), 2.0), by)] == [("a",), ("c",)]
     assert [u.job_ids for u in feedback.runtime_units(Group(("a", "d"), 2.0), by)] == [("a",), ("d",)]
+
+
+def test_overheads_per_launch_and_scaled_by_the_probe(tmp_path: Path) -> None:
+    from hpcsched.runtime.profile import write_overheads
+    from hpcsched.testbed.profiles import LearnedProfiles
+
+    store = Store(tmp_path / "state.db")
+    _fake_run(store)
+    write_overheads(store, tmp_path / "overheads.csv")
+    store.close()
+    # a: launched 100, first report 103, last 105, completed 107; b: 104.5, 106, 108, 110
+    assert (tmp_path / "overheads.csv").read_text().splitlines() == [
+        "job_id,attempts,startup_s,teardown_s", "j0001,1,3.0,2.0", "j0002,1,1.5,2.0"]
+    learned = LearnedProfiles({}, {}, 9.0, "run", startup_s=3.0, teardown_s=2.0, probe_s=2.0)
+    assert learned.overhead_at(None) == 5.0  # no probe now: as measured then
+    assert learned.overhead_at(3.0) == pytest.approx(7.5)  # the machine starts processes 1.5x slower now
+    assert LearnedProfiles({}, {}, 9.0, "old run").overhead_at(3.0) == 9.0  # no overheads.csv, no probe

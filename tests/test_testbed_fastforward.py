@@ -123,3 +123,29 @@ def test_virtual_clock_maps_to_trace_time() -> None:
     r = real_results([job], rep)[0]
     # trace = 5000 + (virtual - real_start) x 10: start 2 s in, end 12 s in plus 50 s skipped
     assert (r.submit, r.start, r.end) == (5000.0, 5020.0, 5000.0 + 62.0 * 10)
+
+
+def test_a_starting_job_is_owed_the_skipped_seconds(run) -> None:
+    """c is still starting (only its opening report) when a and b jump 18 s: the jump goes ahead, and once c
+    has trained 5 steps it is granted those 18 s on top of the next jump, at its own pace."""
+    tmp, a, b = run
+    store = Store(tmp / "state.db")
+    c = _job(store, "c", 10_000)
+    store.add_progress(c, 1, {"time": 100.5, "step": 0, "world_size": 1})  # the opening report: no stage times
+    store.close()
+    ff = FastForwarder(5, tmp / "state.db", tmp / "ckpt", max_jump_s=30.0, settle_s=0.0)
+    infos = {a: _info(a, "running", 1000), b: _info(b, "running", 100), c: _info(c, "running", 10_000)}
+    ff.step(201.0, infos, {a, b, c}, None)
+    j = ff.step(201.0, infos, {a, b, c}, None)
+    assert j.seconds == pytest.approx(18.0) and c not in j.grants and ff.owed == {c: pytest.approx(18.0)}
+    store = Store(tmp / "state.db")  # after the jump: a trains on at 0.1 s/step, c starts at 0.5 s/step
+    _report(store, a, 202.0, 190)
+    _report(store, a, 202.5, 195)
+    _report(store, c, 203.0, 5)
+    _report(store, c, 205.5, 10)
+    store.close()
+    del infos[b]  # b finished in the jump
+    ff.step(206.0, infos, {a, c}, None)
+    j = ff.step(206.0, infos, {a, c}, None)
+    assert j.seconds == pytest.approx(30.0)
+    assert j.grants == {a: 300, c: round((30.0 + 18.0) / 0.5)} and ff.owed == {}

@@ -6,6 +6,10 @@
   world size it ran at, with the point (0, 0) first as in the published files; and its ``Jbnd`` twin:
   the job's [min_procs, max_procs], the samples it processed (throughput integrated over its reports)
   and its measured resize costs (the longest recorded resize, 0 when it was never resized).
+- Per-launch overheads (``overheads.csv``, seconds): per job its attempts, median start-up (launch decision ->
+  first report of that attempt: process start, imports, rendezvous) and tear-down (last report -> recorded
+  completion). Kept apart from the iteration times: they are paid per launch, not per step, and they
+  follow the machine's load (the testbed scales them by a start-up probe to predict another run).
 Medians, not means: the first report after a (re)start includes warm-up and would skew a mean.
 """
 
@@ -68,4 +72,27 @@ def write_profiles(store: Store, out_dir: Path) -> dict[str, object]:
             wb.writerow((j.id, round(resize[j.id], 3), round(resize[j.id], 3), j.spec.min_procs, j.spec.max_procs,
                          round(max(samples, 1.0)), int(j.submit_time)))
             rows += 1
-    return {"jobs": rows, "profiles": str(muri), "scaling": str(jnps), "bounds": str(jbnd)}
+    overheads = write_overheads(store, out_dir / "overheads.csv")
+    return {"jobs": rows, "profiles": str(muri), "scaling": str(jnps), "bounds": str(jbnd), "overheads": overheads}
+
+
+def write_overheads(store: Store, path: Path) -> str:
+    """``overheads.csv``: job, attempts, startup_s (median over attempts), teardown_s (empty if never completed)."""
+    first: dict[tuple[str, int], float] = {}
+    last: dict[str, float] = {}
+    for p in store.progress():  # ordered by job, time
+        first.setdefault((p["job_id"], p["generation"]), p["time"])
+        last[p["job_id"]] = p["time"]
+    startup: dict[str, list[float]] = defaultdict(list)
+    for e in store.events(kind="start"):
+        t = first.get((e["job_id"], int(e.get("generation", 0))))
+        if t is not None:
+            startup[e["job_id"]].append(max(0.0, t - e["time"]))
+    done = {e["job_id"]: e["time"] for e in store.events(kind="completed")}
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("job_id", "attempts", "startup_s", "teardown_s"))
+        for jid, xs in startup.items():
+            tear = round(max(0.0, done[jid] - last[jid]), 3) if jid in done and jid in last else ""
+            w.writerow((jid, len(xs), round(_median(xs), 3), tear))
+    return str(path)

@@ -5,8 +5,12 @@ models well (a job at its measured pace). Fast-forward keeps everything else rea
 
 - Real time runs as usual: submissions, the controller's decisions, start-up, preemption, tear-down.
 - A **jump** happens only when the run is steady: no job state has changed for ``settle_s``, no job is
-  starting, stopping or tearing down, and every running job has trained at least N real steps since the
-  last jump (its measured pace, wall seconds per step, comes from those reports).
+  stopping or tearing down, and every running job that has trained in its current attempt has trained at
+  least N real steps since the last jump (its measured pace, wall seconds per step, comes from those).
+- A job still **starting** (launched, no trained step yet) does not hold the run back: its start-up stays
+  real, and the seconds skipped while it started are owed to it and granted as steps (at its pace) at the
+  first jump after it has trained N steps, as if it had trained through them. Its virtual start-up is
+  thus its real one. (A short job owed more than it has left ends late by the excess: keep jobs long.)
 - The jump skips ``J`` real-equivalent seconds: at most ``max_jump_s``, never past the next submission
   and never past the earliest finish of a running job (its remaining steps x its pace), so every event
   the policy reacts to still happens in real time. Each running job is granted ``round(J / pace)`` steps
@@ -45,9 +49,10 @@ class Jump:
 class Pace:
     """What a running job's reports since the last jump say."""
 
-    real_steps: int  # trained steps (jump reports excluded)
-    pace_s: float | None  # wall seconds per trained step
+    real_steps: int  # trained steps since the last jump (jump reports excluded)
+    pace_s: float | None  # wall seconds per trained step, over those
     step: int  # latest reported step
+    trained: bool  # this attempt has trained at all (else it is still starting)
 
 
 @dataclass
@@ -61,6 +66,7 @@ class FastForwarder:
     settle_s: float = 1.0  # job states unchanged this long before a jump (the controller acts first)
     jumps: list[Jump] = field(default_factory=list)
     credit: dict[str, int] = field(default_factory=dict)
+    owed: dict[str, float] = field(default_factory=dict)  # skipped seconds a starting job has not been granted
     _signature: tuple = ()
     _changed_at: float = 0.0
 
@@ -86,21 +92,29 @@ class FastForwarder:
             return self._grant(now, until_submit, {})
         since = self.jumps[-1].real_t if self.jumps else 0.0
         paces = read_paces(self.state, {rid: i.generation for rid, i in running.items()}, since)
-        finish = []
+        steady, starting, finish = {}, [], []
         for rid, i in running.items():
             p = paces.get(rid)
-            if p is None or p.pace_s is None or p.real_steps < self.real_steps or p.step >= i.steps_total:
-                return None  # starting, not yet N steps since the last jump, or tearing down
-            finish.append((i.steps_total - p.step) * p.pace_s)
-        jump = min([self.max_jump_s, *finish] + ([until_submit] if until_submit is not None else []))
-        grants = {}
-        for rid, i in running.items():
-            p = paces[rid]
-            rem = i.steps_total - p.step
-            grants[rid] = rem if rem * p.pace_s <= jump else min(rem, round(jump / p.pace_s))
-        grants = {rid: g for rid, g in grants.items() if g > 0}
-        if jump <= 0 or not grants:
+            if p is None or not p.trained:
+                starting.append(rid)
+                continue
+            if p.pace_s is None or p.real_steps < self.real_steps or p.step >= i.steps_total:
+                return None  # not yet N steps since the last jump, or tearing down
+            steady[rid] = p
+            finish.append((i.steps_total - p.step) * p.pace_s - self.owed.get(rid, 0.0))
+        if not steady:
             return None
+        jump = max(0.0, min([self.max_jump_s, *finish] + ([until_submit] if until_submit is not None else [])))
+        grants = {}
+        for rid, p in steady.items():
+            rem = running[rid].steps_total - p.step
+            due = jump + self.owed.pop(rid, 0.0)
+            grants[rid] = rem if rem * p.pace_s <= due else min(rem, round(due / p.pace_s))
+        grants = {rid: g for rid, g in grants.items() if g > 0}
+        if not grants:
+            return None
+        for rid in starting:
+            self.owed[rid] = self.owed.get(rid, 0.0) + jump
         return self._grant(now, jump, grants)
 
     def _grant(self, now: float, seconds: float, grants: dict[str, int]) -> Jump:
@@ -124,7 +138,8 @@ def read_paces(state: Path, generation: dict[str, int], since: float) -> dict[st
     """Trained steps and pace of each job's current attempt from its reports at or after ``since``.
 
     A window counts when its closing report carries stage times: a jump report has none (and the report
-    that opens an attempt closes no window), so skipped steps never pass for fast training.
+    that opens an attempt closes no window), so skipped steps never pass for fast training. ``trained``
+    looks at the whole attempt.
     """
     if not generation:
         return {}
@@ -132,8 +147,7 @@ def read_paces(state: Path, generation: dict[str, int], since: float) -> dict[st
     try:
         marks = ",".join("?" * len(generation))
         rows = db.execute(f"SELECT job_id, generation, time, step, data_s + compute_s + comm_s FROM progress "
-                          f"WHERE job_id IN ({marks}) AND time >= ? ORDER BY job_id, time",
-                          (*generation, since)).fetchall()
+                          f"WHERE job_id IN ({marks}) ORDER BY job_id, time", tuple(generation)).fetchall()
     finally:
         db.close()
     by: dict[str, list[tuple]] = {}
@@ -142,9 +156,11 @@ def read_paces(state: Path, generation: dict[str, int], since: float) -> dict[st
             by.setdefault(r[0], []).append(r)
     out = {}
     for rid, rs in by.items():
-        steps, secs = 0, 0.0
+        steps, secs, trained = 0, 0.0, False
         for a, b in zip(rs, rs[1:], strict=False):
             if b[4] and b[3] > a[3] and b[2] > a[2]:
-                steps, secs = steps + b[3] - a[3], secs + b[2] - a[2]
-        out[rid] = Pace(steps, secs / steps if steps else None, rs[-1][3])
+                trained = True
+                if a[2] >= since:
+                    steps, secs = steps + b[3] - a[3], secs + b[2] - a[2]
+        out[rid] = Pace(steps, secs / steps if steps else None, rs[-1][3], trained)
     return out

@@ -3,8 +3,11 @@
 The measured simulation of a run uses that run's own measurements: it shows the simulator can
 reproduce what happened, not that it can predict. Here the profiles come from another run instead:
 per workload (the mapping's model / batch / storage latency), the median real pace and stage split of
-its jobs' report windows while alone on their worker, and that run's median start-up + tear-down.
-Jobs whose workload the earlier run never measured keep their nominal profile.
+its jobs' report windows while alone on their worker, and that run's median start-up and tear-down per
+launch (``profile/overheads.csv``, apart from the iteration times). Start-up and tear-down follow the
+machine's load, so when both runs carry a start-up probe (``probe``) they are scaled by the ratio of the
+new run's probe, taken before its first job, to the old one's. Jobs whose workload the earlier run never
+measured keep their nominal profile.
 """
 
 from __future__ import annotations
@@ -26,8 +29,18 @@ from hpcsched.testbed.mapping import ScaledJob, Workload, sim_job
 class LearnedProfiles:
     pace_s: dict[Workload, float]  # real seconds per step, alone on a worker
     stages_s: dict[Workload, ResourceProfile]  # real seconds
-    overhead_s: float  # one attempt's start-up + tear-down, real seconds
+    overhead_s: float  # one attempt's start-up + tear-down, real seconds (as measured then)
     source: str
+    startup_s: float | None = None  # median per launch, real seconds (None: an old run without overheads.csv)
+    teardown_s: float | None = None
+    probe_s: float | None = None  # the start-up probe of that run
+
+    def overhead_at(self, probe_s: float | None) -> float:
+        """Start-up + tear-down of one attempt on a machine whose probe now reads ``probe_s``."""
+        base = (self.startup_s or 0.0) + (self.teardown_s or 0.0) if self.startup_s is not None else self.overhead_s
+        if probe_s is None or not self.probe_s:
+            return base
+        return base * probe_s / self.probe_s
 
 
 def learn(run_dir: Path) -> LearnedProfiles:
@@ -49,11 +62,21 @@ def learn(run_dir: Path) -> LearnedProfiles:
         pace[w] = float(g["pace_s"].median()) / scale
         stages[w] = ResourceProfile(*(float(g[c].median()) / scale for c in ("data_s", "compute_s", "comm_s")))
     overhead = float(win.groupby("job_id")["startup_s"].first().median()) / scale
-    return LearnedProfiles(pace, stages, overhead, str(run_dir))
+    startup = teardown = None
+    ov_file = run_dir / "profile" / "overheads.csv"
+    if ov_file.is_file():
+        ov = pd.read_csv(ov_file)
+        startup = float(ov["startup_s"].median()) if len(ov) else None
+        teardown = float(ov["teardown_s"].dropna().median()) if ov["teardown_s"].notna().any() else 0.0
+    return LearnedProfiles(pace, stages, overhead, str(run_dir), startup, teardown,
+                           run["meta"].get("startup_probe_s"))
 
 
-def predicted_jobs(jobs: list[ScaledJob], scale: float, learned: LearnedProfiles) -> list[Job]:
-    """The replayed jobs with another run's per-workload profiles and overhead (trace seconds)."""
+def predicted_jobs(jobs: list[ScaledJob], scale: float, learned: LearnedProfiles,
+                   probe_s: float | None = None) -> list[Job]:
+    """The replayed jobs with another run's per-workload profiles and overhead (trace seconds); ``probe_s``,
+    this run's start-up probe, scales the overhead (see ``LearnedProfiles.overhead_at``)."""
+    overhead = learned.overhead_at(probe_s)
     out = []
     for j in jobs:
         pace = learned.pace_s.get(j.workload)
@@ -62,5 +85,5 @@ def predicted_jobs(jobs: list[ScaledJob], scale: float, learned: LearnedProfiles
             continue
         it = pace / SOLO_FACTOR
         out.append(sim_job(j, scale, iteration_s=it, profile=learned.stages_s[j.workload],
-                           extra_iterations=round(learned.overhead_s / it)))
+                           extra_iterations=round(overhead / it)))
     return out

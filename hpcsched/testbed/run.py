@@ -13,6 +13,7 @@ from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 from hpcsched.testbed import compare, driver, feedback, measure, profiles
 from hpcsched.testbed.mapping import ScaledJob, Scaling, pick_scale, scale_jobs
+from hpcsched.testbed.probe import startup_probe
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,12 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
         f"{spec.nodes} workers x {spec.gpus_per_node} slots, policy {opts.policy}"
         + (f", fast-forward {opts.fast_forward} real steps per jump" if opts.fast_forward else ""))
     opts.out.mkdir(parents=True, exist_ok=True)
-    rep, state = _replay(opts, spec, scaled, scale, progress)
+    rep, state, probe = _replay(opts, spec, scaled, scale, progress)
     meta = {"policy": opts.policy, "trace": str(opts.trace), "cluster": spec.name, "capacity_gpus": spec.gpus,
             "capacity_nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "jobs_replayed": len(scaled),
             "skip": opts.skip, "state": str(state) if state is not None else None,
             "fast_forward": opts.fast_forward, "skipped_s": round(sum(s for _, s in rep.jumps), 3),
-            "jumps": len(rep.jumps)}
+            "jumps": len(rep.jumps), "startup_probe_s": round(probe, 3)}
     driver.write_real(opts.out, scaled, rep, meta)
     if opts.fast_forward:
         say(f"testbed: {len(rep.jumps)} jumps skipped {sum(s for _, s in rep.jumps):,.0f} real-equivalent s "
@@ -84,12 +85,12 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
     if state is None:
         say("testbed: no --state given: the second simulation uses nominal profiles (nothing measured)")
     return analyse(opts.out, spec, opts.policy, scaled, scale, rep.runtime_ids, state, str(opts.trace),
-                   opts.profiles_from)
+                   opts.profiles_from, probe)
 
 
 def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJob], scale: float,
             runtime_ids: dict[str, str], state: Path | None, trace: str,
-            profiles_from: Path | None = None) -> dict[str, dict[str, Any]]:
+            profiles_from: Path | None = None, probe_s: float | None = None) -> dict[str, dict[str, Any]]:
     """Measure, simulate three ways (four with ``profiles_from``) and compare; ``reanalyse`` calls it
     again on a finished run."""
     measured: dict[str, measure.Measured] = {}
@@ -102,7 +103,10 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
     sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True), "sim-measured": (with_measured, True),
             "sim-grouped": (with_measured, False)}
     if profiles_from is not None:
-        sims["sim-predicted"] = (profiles.predicted_jobs(scaled, scale, profiles.learn(profiles_from)), True)
+        learned = profiles.learn(profiles_from)
+        sims["sim-predicted"] = (profiles.predicted_jobs(scaled, scale, learned, probe_s), True)
+        if probe_s is not None and learned.probe_s is not None:  # the same without the start-up probe's scaling
+            sims["sim-predicted-unscaled"] = (profiles.predicted_jobs(scaled, scale, learned), True)
     out = {}
     for name, (jobs, flatten) in sims.items():
         feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten)
@@ -120,7 +124,8 @@ def reanalyse(out_dir: Path, profiles_from: Path | None = None) -> dict[str, dic
     scaled = [driver.scaled_from_doc(j) for j in run["jobs"]]
     ids = {j["trace_id"]: j["runtime"]["job_id"] for j in run["jobs"] if j["runtime"]}
     state = Path(meta["state"]) if meta.get("state") else None
-    return analyse(out_dir, spec, meta["policy"], scaled, run["scale"], ids, state, meta["trace"], profiles_from)
+    return analyse(out_dir, spec, meta["policy"], scaled, run["scale"], ids, state, meta["trace"], profiles_from,
+                   meta.get("startup_probe_s"))
 
 
 def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progress):
@@ -134,8 +139,9 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
         _check_workers(client, spec, opts.cluster)
         try:
             ff = _forwarder(opts, opts.state, opts.checkpoint_root)
+            probe = startup_probe()
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
-                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), opts.state
+                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), opts.state, probe
         finally:
             client.close()
     from hpcsched.testbed.local import LocalCluster
@@ -145,8 +151,9 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
         try:
             lc.wait_workers(client)
             ff = _forwarder(opts, lc.state, lc.ckpt_root)
+            probe = startup_probe()  # the workers are up: how slow a start is here, before the first job
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
-                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), lc.state
+                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), lc.state, probe
         finally:
             client.close()
 
