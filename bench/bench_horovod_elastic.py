@@ -7,9 +7,10 @@ on loopback, 2 -> 1 -> 2 processes. No controller: the times exclude heartbeat a
 
 - in place: the worker rewrites the task's host list; time from the rewrite to the program's first report
   at the new size (the survivor's next commit, Horovod's re-rendezvous, a newcomer's start-up on a grow).
-- stop/relaunch: SIGTERM (checkpoint at the next step, exit), launch the next generation at the new size,
-  restore; time from the SIGTERM to the new process's first report. Also checks that it resumed from the
-  checkpoint it wrote.
+- stop/relaunch (the path of every other launcher, and of a Horovod job the controller moves): SIGTERM
+  (checkpoint at the next step, exit), launch the next generation at the new size, restore; time from the
+  SIGTERM to the new process's first report. The same elastic launch is used, which also checks that its
+  disk checkpoint carries a full stop and restart (it must resume from the step it wrote).
 
     .venv/bin/python bench/bench_horovod_elastic.py [--json]
 """
@@ -72,7 +73,7 @@ def _relaunch(w: Worker, d: Path, old: str, gen: int, world: int) -> dict:
         w.kill(old, checkpoint=True)  # escalates to SIGKILL past the grace
         time.sleep(0.05)
     t1 = time.time()
-    t = elastic_task(d, lo=world, hi=world, world=world, generation=gen, steps=STEPS)
+    t = elastic_task(d, world=world, generation=gen, steps=STEPS)
     w.launch(t)
     progress = d / "w" / t.task_id / "progress.jsonl"
     first = wait_until(f"generation {gen} reporting", lambda: next(iter(reports(progress)), None), 180)
@@ -84,7 +85,7 @@ def _relaunch(w: Worker, d: Path, old: str, gen: int, world: int) -> dict:
 
 def stop_relaunch(d: Path) -> dict:
     w = _worker(d)
-    t = elastic_task(d, lo=2, hi=2, steps=STEPS)  # rigid: today's path for every launcher
+    t = elastic_task(d, steps=STEPS)  # elastic too: its disk checkpoint must carry a full stop and restart
     out = {}
     try:
         w.launch(t)
