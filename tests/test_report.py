@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpcsched.report import make_report
+from hpcsched.report import make_report, published
 from hpcsched.report.frames import normalized
 from hpcsched.report.plots import normalized_bars
 from hpcsched.sweep import load_config, run_sweep
@@ -61,7 +61,9 @@ def test_report_of_a_real_sweep_writes_markdown_and_plots(tmp_path: Path) -> Non
     trace = tmp_path / "trace3_head.csv"
     trace.write_text("\n".join(TRACE3.read_text().splitlines()[:31]) + "\n")
     cfg = tmp_path / "s.yaml"
-    cfg.write_text(f"name: rep\nreport:\n  baseline: srtf\ngrid:\n  kind: simulate\n  policy: [srtf, fifo]\n"
+    cfg.write_text(f"name: rep\nreport:\n  baseline: srtf\n  published:\n    source: a paper\n    trace: trace3_head\n"
+                   "    compat: muri\n    avg_jct: {srtf: 1000, fifo: 3000}\n"
+                   f"grid:\n  kind: simulate\n  policy: [srtf, fifo]\n"
                    f"  trace: {trace.name}\n  cluster: {CLUSTER}\n  compat: [default, muri]\n")
     out = tmp_path / "sweep"
     assert run_sweep(load_config(cfg), out, workers=1, progress=False).failed == []
@@ -77,6 +79,24 @@ def test_report_of_a_real_sweep_writes_markdown_and_plots(tmp_path: Path) -> Non
     fifo = table[(table["policy"] == "fifo") & (table["compat"] == "muri")]["avg_jct"].item()
     srtf = table[(table["policy"] == "srtf") & (table["compat"] == "muri")]["avg_jct"].item()
     assert f"| trace3_head | 1 | {fifo / srtf:.3f} |" in text  # the avg-JCT ratio table under the bars
+    # the published figures beside ours, with the difference in %, raw and normalised to the baseline
+    assert "## Published vs ours: trace3_head, compat=muri" in text and "Published: a paper." in text
+    assert f"| srtf | 1000 | {srtf:,.2f} | {100 * (srtf - 1000) / 1000:+.2f} |" in text
+    assert f"| fifo | 3 | {fifo / srtf:.3f} |" in text
+
+
+def test_published_figures_are_matched_to_trace_mode_and_seed_means() -> None:
+    block = {"source": "s", "trace": "trace1", "compat": "muri", "avg_jct": {"muri-s": 40.0, "srtf": 80.0},
+             "p99_jct": {"muri-s": 600.0}}
+    (ctx, ours), = published.ours_for(_hand_table(), block).items()
+    assert ctx == "compat=muri" and ours.at["muri-s", "avg_jct"] == pytest.approx(50.0)  # seeds averaged
+    table = published.comparison(ours, block).set_index("policy")
+    assert table.at["muri-s", "avg JCT diff %"] == pytest.approx(25.0)  # (50 - 40) / 40
+    assert table.at["srtf", "avg JCT diff %"] == pytest.approx(25.0)  # (100 - 80) / 80
+    assert table.at["muri-s", "p99 JCT diff %"] == pytest.approx(0.0) and np.isnan(table.at["srtf", "p99 JCT diff %"])
+    norm = published.normalised_comparison(ours, block, "muri-s").set_index("policy")
+    assert norm.at["srtf", "avg JCT published"] == pytest.approx(2.0) and norm.at["srtf", "avg JCT ours"] == 2.0
+    assert published.ours_for(_hand_table(), block | {"compat": "default"}) == {}  # no trace1 cell there
 
 
 def test_replay_sweep_and_its_report(tmp_path: Path) -> None:

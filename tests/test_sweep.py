@@ -88,6 +88,8 @@ grids:
         ("grid:\n  kind: simulate\n  policy: srtf\n  trace: T\n  cluster: C\n  seed: 1.5\n", 6, "integer"),
         ("grid:\n  kind: replay\n  bounds: T\n  curves: T\n", 2, "exactly one of 'idle'"),
         ("grid:\n  kind: simulate\n  policy: []\n  trace: T\n  cluster: C\n", 3, "empty list"),
+        ("report:\n  published:\n    source: x\n    trace: t\n    avg_jct: {srtf: -3}\n", 5, "number > 0"),
+        ("report:\n  published:\n    trace: t\n", 3, "needs 'source'"),
     ],
 )
 def test_bad_configs_name_file_and_line(tmp_path: Path, body: str, line: int, message: str) -> None:

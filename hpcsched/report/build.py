@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from hpcsched.errors import InputError
-from hpcsched.report import plots
+from hpcsched.report import plots, published
 from hpcsched.report.frames import (
     BAR_METRICS,
     REPLAY_CONTEXT,
@@ -88,6 +88,7 @@ def make_report(sweep_dir: str | Path, out_dir: str | Path | None = None, baseli
     sim = ok_rows(df, "simulate")
     if len(sim):
         baseline = baseline or (manifest.get("report") or {}).get("baseline") or str(sim["policy"].iloc[0])
+        md += _published_section(sim, (manifest.get("report") or {}).get("published") or [], baseline)
         md += _simulate_section(sim, baseline, sweep_dir, out)
     rep = ok_rows(df, "replay")
     if len(rep):
@@ -171,6 +172,34 @@ def _binned_pool_use(ev: pd.DataFrame, bins: int = 150) -> pd.DataFrame:
     idle = np.bincount(b, weights=ev["pool"].to_numpy(dtype=float) * dur)
     keep = idle > 0
     return pd.DataFrame({"time": np.nonzero(keep)[0] * width, "utilization": used[keep] / idle[keep]})
+
+
+def _published_section(sim: pd.DataFrame, blocks: list[dict[str, Any]], baseline: str) -> list[str]:
+    """The config's published figures beside ours, raw and normalised to the baseline."""
+    md: list[str] = []
+    for block in blocks:
+        matches = published.ours_for(sim, block)
+        head = f"## Published vs ours: {block['trace']}, compat={block['compat']}"
+        if not matches:
+            md += [head, "", f"No finished cell of this sweep matches ({block['source']}).", ""]
+            continue
+        for context, ours in matches.items():
+            md += [head + (f" ({context})" if len(matches) > 1 else ""), "",
+                   f"Published: {block['source']}. diff % = (ours - published) / published; seconds.", "",
+                   md_table(_signed_percent(published.comparison(ours, block))), ""]
+            norm = published.normalised_comparison(ours, block, baseline)
+            if len(norm.columns) > 1:
+                md += [f"Normalised to {baseline} (the heights of the paper's bars):", "", md_table(norm), ""]
+    return md
+
+
+def _signed_percent(df: pd.DataFrame) -> pd.DataFrame:
+    """'diff %' columns as +1.23 / -0.45 text: a sign reads faster than a ratio, and 0.00 is exact enough."""
+    out = df.copy()
+    for c in out.columns:
+        if c.endswith("diff %"):
+            out[c] = [f"{round(v, 2) + 0.0:+.2f}" if np.isfinite(v) else "-" for v in out[c].astype(float)]
+    return out
 
 
 def _simulate_section(sim: pd.DataFrame, baseline: str, sweep_dir: Path, out: Path) -> list[str]:

@@ -34,7 +34,8 @@ from hpcsched.errors import InputError
 from hpcsched.sweep.cell import KINDS, Cell, ParamSpec
 
 _TOP_KEYS = {"name", "description", "root", "report", "grid", "grids"}
-_REPORT_KEYS = {"baseline", "title"}
+_REPORT_KEYS = {"baseline", "title", "published"}
+_PUBLISHED_KEYS = {"source", "trace", "compat", "avg_jct", "p99_jct", "makespan"}
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,44 @@ def _report(p: Path, node: yaml.Node) -> dict[str, Any]:
         if key not in _REPORT_KEYS:
             raise InputError(p, f"unknown report key {key!r}; allowed: {', '.join(sorted(_REPORT_KEYS))}",
                              _line(knode))
-        out[key] = _scalar_str(p, vnode)
+        out[key] = _published(p, vnode) if key == "published" else _scalar_str(p, vnode)
     return out
+
+
+def _published(p: Path, node: yaml.Node) -> list[dict[str, Any]]:
+    """Figures a paper published, for the report to set beside ours: one block or a list of blocks.
+
+    A block names its ``source``, the ``trace`` (file stem) and ``compat`` mode it belongs to, and per
+    metric (avg_jct, p99_jct, makespan) a mapping of policy -> seconds.
+    """
+    blocks = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    out: list[dict[str, Any]] = []
+    for bnode in blocks:
+        m = _mapping(p, bnode, "a 'published' block")
+        for key, (knode, _) in m.items():
+            if key not in _PUBLISHED_KEYS:
+                raise InputError(p, f"unknown published key {key!r}; allowed: {', '.join(sorted(_PUBLISHED_KEYS))}",
+                                 _line(knode))
+        for key in ("source", "trace"):
+            if key not in m:
+                raise InputError(p, f"a 'published' block needs {key!r}", _line(bnode))
+        block: dict[str, Any] = {k: _scalar_str(p, m[k][1]) for k in ("source", "trace")}
+        block["compat"] = _scalar_str(p, m["compat"][1]) if "compat" in m else "default"
+        for metric in ("avg_jct", "p99_jct", "makespan"):
+            if metric in m:
+                block[metric] = {pol: _number(p, v) for pol, (_, v) in _mapping(p, m[metric][1], metric).items()}
+        out.append(block)
+    return out
+
+
+def _number(p: Path, node: yaml.Node) -> float:
+    try:
+        x = float(_scalar_str(p, node))
+    except ValueError:
+        x = float("nan")
+    if not x > 0 or x == float("inf"):
+        raise InputError(p, f"expected a number > 0, got {node.value!r}", _line(node))
+    return x
 
 
 def _mapping(p: Path, node: yaml.Node, what: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
