@@ -17,7 +17,7 @@ from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.worker import Worker, spare_port
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = 140  # enough that the grow lands before the end; few enough to finish soon after it
+STEPS = 160  # enough that the grow lands before the end; few enough to finish soon after it
 
 horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
     or "horovodrun" not in launchers.available()

@@ -82,6 +82,7 @@ class Trainer:
         old = self.world
         self.rank, self.world = hvd.rank(), hvd.size()
         self.rep.rank, self.rep.world = self.rank, self.world
+        self.rep.first = False  # the same attempt goes on, whichever process now reports as rank 0
         self.in_place.append({"generation": os.environ.get("HPCSCHED_GENERATION"), "in_place_at": self.step,
                               "world_size": self.world, "pid": os.getpid()})
         self.report_now = {"resized_in_place": True, "from_world_size": old}

@@ -16,12 +16,15 @@ the new size can be measured from the task's own files (``resize_times``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcsched.runtime.rpc import pb
+
+log = logging.getLogger("hpcsched.runtime.horovod_elastic")
 
 MIN_ENV, MAX_ENV = "HPCSCHED_MIN_PROCS", "HPCSCHED_MAX_PROCS"  # the job's size range, in the task environment
 SCRIPT, HOSTS, LOG = "discover_hosts.sh", "horovod_hosts", "resizes.jsonl"
@@ -61,7 +64,10 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
     """The rigid ``horovodrun`` command line with its fixed ``-H`` list swapped for the discovery script and
     the job's size range; writes the script and the first host list (the launch placement)."""
     rng = size_range(t)
-    if rng is None or "-H" not in argv:
+    if rng is None:
+        return argv
+    if "-H" not in argv:
+        log.warning("task %s: no -H list in %s; launching it rigid (it will resize by stop/relaunch)", t.task_id, argv)
         return argv
     task_dir.mkdir(parents=True, exist_ok=True)
     _write_hosts(task_dir, list(t.hosts))
