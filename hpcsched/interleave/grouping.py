@@ -30,6 +30,8 @@ import numpy as np
 
 from hpcsched.interleave.matching import MatchSettings, assign, pair_counts
 from hpcsched.interleave.period import MAX_GROUP, STAGES, PeriodModel
+from hpcsched.interleave.refblossom import reference_matching
+from hpcsched.interleave.screening import sparse_pairs
 from hpcsched.sim.semantics import group_factor
 
 TypeKey = tuple  # (gpus, data_s, compute_s, network_s, solo_s) or (gpus, None, solo_s) without a profile
@@ -259,24 +261,49 @@ def _solve_exact(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, 
     return [(i, j, float(tw[node_type[i], node_type[j]])) for i, j in assign(node_type, x, tw)]
 
 
-def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
-    """Pairs for one bucket: exact, or per chunk when there are too many distinct nodes for it.
+def _match_reference(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
+    """The reference's blossom on the complete graph of the bucket (compat), memoised like ``_match_exact``."""
+    seq = tuple(node_kinds)
+    hit = scorer._pairs.get(seq)
+    if hit is not None:
+        return hit
+    kinds = sorted(set(seq))
+    kind_ix = {k: i for i, k in enumerate(kinds)}
+    nt = np.array([kind_ix[k] for k in seq], dtype=np.intp)
+    w = scorer.matrix(kinds)[np.ix_(nt, nt)].tolist()
+    out = [(i, j, w[i][j]) for i, j in reference_matching(w)]
+    if len(scorer._pairs) >= _PAIRS_CACHE:
+        scorer._pairs.clear()
+    scorer._pairs[seq] = out
+    return out
 
-    Blossom is O(n^3): 2,000 distinct jobs take seconds even on a sparse graph. Many *distinct* nodes
-    (few kinds go to the exact integer program instead) are dealt into chunks of ``CHUNK`` by stride
-    in priority order, so each chunk is a cross-section of the whole bucket with partners of every kind;
-    each chunk is matched exactly, then the nodes left unmatched are matched among themselves once more.
-    bench/bench_interleave.py measures the weight this loses against exact matching on the whole graph.
+
+def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
+    """Pairs for one bucket: exact where that is cheap, else screened-sparse, in chunks beyond ``chunk``.
+
+    Small buckets and buckets of few kinds are matched exactly (``matching``). Many *distinct* nodes go
+    to ``screening.sparse_pairs`` (each node's few heaviest partners, then exact blossom on that graph;
+    pipeline model only, the others use each node's ``chunk_edges`` heaviest edges of the complete
+    graph). Beyond ``chunk`` nodes, blossom's O(n^3) is bounded by dealing the nodes into chunks by
+    stride in priority order (each chunk a cross-section of the bucket), matching each, then matching the
+    nodes left unmatched among themselves once more. bench/bench_interleave.py measures the weight all
+    this loses against exact matching on the complete graph.
     """
     n = len(node_kinds)
     settings = scorer.rules.match
+    if settings.reference_ties:
+        return _match_reference(node_kinds, scorer)
     if n <= settings.dense_limit or len(set(node_kinds)) <= settings.type_limit:
+        return _match_exact(node_kinds, scorer)
+    if n <= settings.chunk:
+        if scorer.rules.model.kind == "pipeline":
+            return sparse_pairs(node_kinds, scorer, settings.keep, settings.screen, settings.lock_from)
         return _match_exact(node_kinds, scorer)
     chunks = -(-n // settings.chunk)
     out: list[tuple[int, int, float]] = []
     for c in range(chunks):
         pos = list(range(c, n, chunks))
-        out += [(pos[i], pos[j], w) for i, j, w in _match_exact([node_kinds[p] for p in pos], scorer)]
+        out += [(pos[i], pos[j], w) for i, j, w in _match([node_kinds[p] for p in pos], scorer)]
     matched = {p for i, j, _ in out for p in (i, j)}
     rest = [p for p in range(n) if p not in matched]
     if 2 <= len(rest) < n:  # something matched, so this recursion shrinks
