@@ -206,9 +206,11 @@ def bench_resize(launcher: str) -> dict:
                                 "relaunch_to_first_report_s": round(nxt["resized"]["time"] - nxt["start"]["time"], 2)})
     # Children's CPU: controller, worker and (reaped below the worker) every launcher and training process.
     cpu = (cpu1.children_user + cpu1.children_system) - (cpu0.children_user + cpu0.children_system)
-    return {"launcher": launcher, "resizes": resizes, "max_s": max((r["total_s"] for r in resizes), default=None),
-            "target_s": 10.0, "steps": steps, "run_wall_s": round(time.perf_counter() - wall0, 1),
-            "run_cpu_s_all_processes": round(cpu, 1)}
+    t_first = ev[0]["time"] if ev else 0.0
+    timeline = [f"{e['time'] - t_first:.2f} {e['kind']} {e.get('reason') or e.get('procs') or ''}".strip() for e in ev]
+    return {"launcher": launcher, "events": timeline, "resizes": resizes,
+            "max_s": max((r["total_s"] for r in resizes), default=None), "target_s": 10.0, "steps": steps,
+            "run_wall_s": round(time.perf_counter() - wall0, 1), "run_cpu_s_all_processes": round(cpu, 1)}
 
 
 def main() -> None:

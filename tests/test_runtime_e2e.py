@@ -197,6 +197,40 @@ def test_e2e_worker_killed_and_controller_restarted(tmp_path: Path) -> None:
         stop(ctl)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(torch_missing, reason="torch is not installed (pip install -e '.[torch]')")
+def test_direct_launcher_resizes_an_elastic_job_2_1_2(tmp_path: Path) -> None:
+    """The ``direct`` launcher (the worker starts the ranks itself, no torchrun agent): an elastic job shrinks
+    2 -> 1 for a newcomer and grows back 1 -> 2 when it ends; each resize checkpoints, relaunches at the new
+    size and restores from that checkpoint, and the job ends at its exact step count with a falling loss."""
+    from hpcsched.runtime.store import Store
+
+    ctl, addr = start_controller(tmp_path, controller_config(tmp_path, min_runtime_s=2))
+    w = start_worker(tmp_path, addr, "w1", slots=2)
+    c = client(addr)
+    try:
+        wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
+        e = _submit(c, _job(tmp_path, "elastic", 2, 240, launcher="direct", min_procs=1, extra=", --report-every, '2'"))
+        wait_for("elastic at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
+        s = _submit(c, _job(tmp_path, "small", 1, 20, launcher="direct"))
+        jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
+            j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 300, poll=0.5)
+        assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
+        result = json.loads((tmp_path / "run" / "ckpt" / e / "result.json").read_text())
+        assert result["steps"] == 240 and result["final_loss"] < result["first_loss"], result
+        assert [h["world_size"] for h in result["history"]] == [2, 1, 2], result["history"]
+        store = Store(tmp_path / "run" / "state.db")
+        resized = [x["procs"] for x in store.events(e, "resized")]
+        resumes = store.events(e, "resume")
+        store.close()
+        assert resized == [1, 2] and jobs[e].last_resize_s > 0
+        assert len(resumes) == 2 and all(r["resumed_from"] == r["last_checkpoint"] > 0 for r in resumes), resumes
+    finally:
+        c.close()
+        stop(w)
+        stop(ctl)
+
+
 def _check_profile(d: Path, sizes: dict[str, int]) -> None:
     """``hpcsched profile`` on the run's state: the simulator's own readers load what it wrote."""
     from hpcsched.traces import read_jobs

@@ -141,6 +141,14 @@ def test_launchers_give_each_task_its_environment() -> None:
     assert ["-x", "MINE"] == argv[argv.index("MINE") - 1: argv.index("MINE") + 1]
     assert argv[-3:] == ["/py", "train.py", "-x"] and "RANK=$OMPI_COMM_WORLD_RANK" in " ".join(argv)
     assert launchers.build(_launch("mpirun", node_rank=1), "/py", "")[0] is None  # holds its slots only
+
+    argv, env = launchers.build(_launch("direct", node_rank=1), "/py", "1")
+    assert argv[:2] == ["/py", launchers.RANKS_SCRIPT] and argv[-4:] == ["--", "/py", "train.py", "-x"]
+    assert {"--nprocs=2", "--rank-offset=0"} <= set(argv) and Path(launchers.RANKS_SCRIPT).is_file()
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
+        ("10.0.0.1", "29400", "3", "2")
+    assert env["HPCSCHED_NODE_RANK"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "1" and env["MINE"] == "1"
+    assert "direct" in launchers.available()
     assert launchers.merged_hosts(["127.0.0.1:1", "127.0.0.1:1", "b:2"]) == "127.0.0.1:2,b:2"
 
 

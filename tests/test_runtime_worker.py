@@ -114,3 +114,64 @@ def test_relative_work_dir_is_resolved_and_progress_reaches_worker(tmp_path: Pat
         assert not (elsewhere / "rel").exists()
     finally:
         w.shutdown()
+
+
+_RANK_PROGRAM = textwrap.dedent("""
+    import os, signal, sys, time
+    out = sys.argv[1]
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    with open(f"{out}.{os.environ['RANK']}", "w") as f:
+        f.write(" ".join(f"{k}={os.environ.get(k)}" for k in keys))
+    fail = os.environ.get("FAIL_RANK") == os.environ["RANK"]
+    end = time.time() + 30
+    while not stop and time.time() < end:
+        if fail and os.path.exists(f"{out}.0"):  # rank 0 is up, its SIGTERM handler installed
+            sys.exit(3)
+        time.sleep(0.02)
+    with open(f"{out}.{os.environ['RANK']}.stopped", "w") as f:
+        f.write("checkpointed")
+""")
+
+
+def _ranks(tmp_path: Path, nprocs: int, offset: int, **env: str) -> subprocess.Popen:
+    """A node's ``direct`` task exactly as the worker starts it (launchers.build, then spawn)."""
+    from hpcsched.runtime import launchers
+
+    prog = tmp_path / "rank.py"
+    prog.write_text(_RANK_PROGRAM)
+    t = pb.LaunchTask(task_id="j1.g1.n1", job_id="j1", generation=1, launcher="direct",
+                      command=[str(prog), str(tmp_path / "out")], node_rank=1, nnodes=2, nprocs=nprocs,
+                      world_size=offset + nprocs, master_addr="127.0.0.1", master_port=29411, rank_offset=offset)
+    argv, extra = launchers.build(t, sys.executable, "")
+    with open(tmp_path / "log", "ab") as log:
+        return spawn(argv, dict(os.environ) | extra | env, None, log)
+
+
+def test_direct_launcher_gives_each_rank_its_environment_and_forwards_sigterm(tmp_path: Path) -> None:
+    """Node 1 of a 3-rank job runs ranks 1 and 2 itself (no torchrun agent): each sees the variables
+    torch.distributed's env:// rendezvous reads; SIGTERM to the task reaches every rank, which
+    checkpoints and exits 0, and so does the task."""
+    p = _ranks(tmp_path, nprocs=2, offset=1)
+    out = tmp_path / "out"
+    deadline = time.time() + 20
+    while not all(Path(f"{out}.{r}").exists() for r in (1, 2)) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    envs = {r: dict(kv.split("=") for kv in Path(f"{out}.{r}").read_text().split()) for r in (1, 2)}
+    assert envs[1] | {"RANK": "", "LOCAL_RANK": ""} == envs[2] | {"RANK": "", "LOCAL_RANK": ""}
+    assert (envs[1]["RANK"], envs[1]["LOCAL_RANK"], envs[2]["RANK"], envs[2]["LOCAL_RANK"]) == ("1", "0", "2", "1")
+    assert envs[1]["WORLD_SIZE"] == "3" and envs[1]["LOCAL_WORLD_SIZE"] == "2" and envs[1]["GROUP_RANK"] == "1"
+    assert (envs[1]["MASTER_ADDR"], envs[1]["MASTER_PORT"]) == ("127.0.0.1", "29411")
+    p.send_signal(signal.SIGTERM)  # what Worker.kill(checkpoint=True) sends
+    assert p.wait(timeout=20) == 0
+    assert all(Path(f"{out}.{r}.stopped").read_text() == "checkpointed" for r in (1, 2))
+
+
+def test_direct_launcher_stops_the_other_ranks_when_one_fails(tmp_path: Path) -> None:
+    """As torchrun's agent does: a failed rank's peers are stopped (they could only hang in a collective)
+    and the node's task exits with the failed rank's code."""
+    p = _ranks(tmp_path, nprocs=2, offset=0, FAIL_RANK="1")
+    assert p.wait(timeout=30) == 3
+    assert Path(f"{tmp_path / 'out'}.0.stopped").exists()  # rank 0 got SIGTERM and left cleanly

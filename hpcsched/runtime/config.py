@@ -16,7 +16,7 @@ import yaml
 
 from hpcsched.errors import InputError
 
-LAUNCHERS = ("torchrun", "mpirun", "horovodrun")
+LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
 
 
 class _Doc:
