@@ -134,7 +134,16 @@ def test_a_starting_job_is_owed_the_skipped_seconds(run) -> None:
     store.add_progress(c, 1, {"time": 100.5, "step": 0, "world_size": 1})  # the opening report: no stage times
     store.close()
     ff = FastForwarder(5, tmp / "state.db", tmp / "ckpt", max_jump_s=30.0, settle_s=0.0)
+    ff.nominal[c] = ("cnn", 0.5)
     infos = {a: _info(a, "running", 1000), b: _info(b, "running", 100), c: _info(c, "running", 10_000)}
+    # a short job starting bounds the jump: 30 steps at 0.4 s nominal = 12 s; unknown pace: no jump at all
+    short = FastForwarder(5, tmp / "state.db", tmp / "ckpt-s", settle_s=0.0, nominal={c: ("cnn", 0.4)})
+    few = infos | {c: _info(c, "running", 30)}
+    short.step(201.0, few, {a, b, c}, None)
+    assert short.step(201.0, few, {a, b, c}, None).seconds == pytest.approx(12.0)
+    unknown = FastForwarder(5, tmp / "state.db", tmp / "ckpt-u", settle_s=0.0)
+    unknown.step(201.0, infos, {a, b, c}, None)
+    assert unknown.step(201.0, infos, {a, b, c}, None) is None
     ff.step(201.0, infos, {a, b, c}, None)
     j = ff.step(201.0, infos, {a, b, c}, None)
     assert j.seconds == pytest.approx(18.0) and c not in j.grants and ff.owed == {c: pytest.approx(18.0)}

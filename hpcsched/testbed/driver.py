@@ -69,6 +69,8 @@ def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path
             j = pending.pop(0)
             spec = job_yaml(j, workdir, seed=_seed(j.trace_id), report_every=report_every)
             rep.runtime_ids[j.trace_id] = client.submit(spec, j.name)
+            if ff is not None:
+                ff.nominal[rep.runtime_ids[j.trace_id]] = (j.workload, j.workload.nominal_iteration_s)
         infos = {i.job_id: i for i in client.jobs()}
         if ff is not None:
             ff.step(now, infos, set(rep.runtime_ids.values()),

@@ -10,7 +10,9 @@ models well (a job at its measured pace). Fast-forward keeps everything else rea
 - A job still **starting** (launched, no trained step yet) does not hold the run back: its start-up stays
   real, and the seconds skipped while it started are owed to it and granted as steps (at its pace) at the
   first jump after it has trained N steps, as if it had trained through them. Its virtual start-up is
-  thus its real one. (A short job owed more than it has left ends late by the excess: keep jobs long.)
+  thus its real one. What it is owed never passes its remaining steps at the fastest pace expected of
+  it (its workload's nominal pace, or the fastest its workload has shown in this run): jumps stop there
+  until it trains, so it never finishes later than it would have.
 - The jump skips ``J`` real-equivalent seconds: at most ``max_jump_s``, never past the next submission
   and never past the earliest finish of a running job (its remaining steps x its pace), so every event
   the policy reacts to still happens in real time. Each running job is granted ``round(J / pace)`` steps
@@ -67,6 +69,8 @@ class FastForwarder:
     jumps: list[Jump] = field(default_factory=list)
     credit: dict[str, int] = field(default_factory=dict)
     owed: dict[str, float] = field(default_factory=dict)  # skipped seconds a starting job has not been granted
+    nominal: dict[str, tuple[object, float]] = field(default_factory=dict)  # runtime id -> (workload, s/step)
+    fastest: dict[object, float] = field(default_factory=dict)  # workload -> fastest pace measured in this run
     _signature: tuple = ()
     _changed_at: float = 0.0
 
@@ -97,10 +101,14 @@ class FastForwarder:
             p = paces.get(rid)
             if p is None or not p.trained:
                 starting.append(rid)
+                left = i.steps_total - (p.step if p is not None else i.steps_done)
+                finish.append(left * self._expected(rid) - self.owed.get(rid, 0.0))
                 continue
             if p.pace_s is None or p.real_steps < self.real_steps or p.step >= i.steps_total:
                 return None  # not yet N steps since the last jump, or tearing down
             steady[rid] = p
+            kind = self.nominal.get(rid, (rid, 0.0))[0]
+            self.fastest[kind] = min(self.fastest.get(kind, p.pace_s), p.pace_s)
             finish.append((i.steps_total - p.step) * p.pace_s - self.owed.get(rid, 0.0))
         if not steady:
             return None
@@ -116,6 +124,11 @@ class FastForwarder:
         for rid in starting:
             self.owed[rid] = self.owed.get(rid, 0.0) + jump
         return self._grant(now, jump, grants)
+
+    def _expected(self, rid: str) -> float:
+        """The fastest pace a job that has not trained yet may show (0 when nothing is known: no jumps)."""
+        kind, nominal = self.nominal.get(rid, (None, 0.0))
+        return min(nominal, self.fastest.get(kind, nominal))
 
     def _grant(self, now: float, seconds: float, grants: dict[str, int]) -> Jump:
         for rid, g in grants.items():
