@@ -465,3 +465,36 @@ def test_wal_is_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
     assert in_db_file() == 50
     s.close()
     assert [j.id for j in Store(tmp_path / "s.db").jobs()] == ids
+
+
+def test_many_starts_are_applied_in_batches_each_checked(tmp_path: Path) -> None:
+    """40 starts in one step go in lock holds of ``_START_BATCH``; a job cancelled between two batches is
+    not started, the batches before it stand, and the step re-runs for the rest."""
+    from hpcsched.runtime import controller as ctl_mod
+
+    c = _ctl(tmp_path)
+    for i in range(40):
+        c.register(pb.RegisterRequest(worker_id=f"w{i:02d}", host="127.0.0.1", slots=1, launchers=["torchrun"]))
+        _beat(c, f"w{i:02d}")
+    ids = [c.submit("command: [t.py]\nsteps: 10\n", "j.yaml") for _ in range(40)]
+    real_apply, batches = c._apply, []
+
+    def apply_then_cancel_a_later_job(plan, state, workers, stops, starts):
+        real_apply(plan, state, workers, stops, starts)
+        batches.append(list(starts))
+        if len(batches) == 1:  # as if an RPC thread cancelled it between two batches (we hold the lock here)
+            c.store.update_job(ids[-1], state="cancelled")
+
+    c._apply = apply_then_cancel_a_later_job
+    c.wakeup.clear()
+    p = c.tick()
+    n = ctl_mod._START_BATCH
+    assert [len(b) for b in batches] == [n, n]  # the third batch holds the cancelled job: dropped
+    assert sorted(p.starts) == ids[:2 * n] and c.wakeup.is_set()
+    assert {j.id for j in c.store.jobs(("running",))} == set(ids[:2 * n])
+    c._apply = real_apply
+    for i in range(40):
+        _beat(c, f"w{i:02d}")  # fresh spare ports
+    assert sorted(c.tick().starts) == ids[2 * n:-1]  # the rest, in the next step
+    assert c.store.job(ids[-1]).state == "cancelled"
+    c.store.close()

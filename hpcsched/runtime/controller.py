@@ -14,6 +14,7 @@ at the new size is recorded as ``last_resize_s``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
 log = logging.getLogger("hpcsched.runtime.controller")
 
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
+_START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
 
 
 class Controller:
@@ -274,19 +276,25 @@ class Controller:
             with self.lock, self.store.tx():
                 state, jobs, workers = self._cluster_state(*self._read())
                 plan = self._plan(state)
-                self._apply(plan, state, workers)
+                self._apply(plan, state, workers, plan.stops, list(plan.starts))
             self._stale = 0
             return plan
         with self.lock, self.store.tx():
             seen = self._read()
         state, jobs, workers = self._cluster_state(*seen)
         plan = self._plan(state)
-        with self.lock, self.store.tx():
-            if not self._still_valid(plan, state, jobs):
-                self._stale += 1
-                self.wakeup.set()  # re-plan at once from the new state
-                return scheduler.Plan()
-            self._apply(plan, state, workers)
+        starts = list(plan.starts)
+        for k in range(0, max(1, len(starts)), _START_BATCH):  # bounded lock holds, even for 128 starts at once
+            batch = starts[k:k + _START_BATCH]
+            stops = plan.stops if k == 0 else {}
+            with self.lock, self.store.tx():
+                if not self._still_valid(stops, {j: plan.starts[j] for j in batch}, jobs):
+                    self._stale += 1
+                    self.wakeup.set()  # re-plan at once from the new state
+                    if k == 0:
+                        return scheduler.Plan()
+                    return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
+                self._apply(plan, state, workers, stops, batch)
         self._stale = 0
         return plan
 
@@ -318,30 +326,33 @@ class Controller:
     def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
         return scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
 
-    def _still_valid(self, plan: scheduler.Plan, state: scheduler.ClusterState, jobs: dict[str, JobRow]) -> bool:
-        """True when nothing the plan acts on changed since ``state`` was taken (rules in ``tick``)."""
-        if not plan.starts and not plan.stops:
+    def _still_valid(self, stops: dict[str, str], starts: dict[str, list[tuple[str, int]]],
+                     jobs: dict[str, JobRow]) -> bool:
+        """True when nothing these stops and starts act on changed since ``jobs`` was read (rules in ``tick``)."""
+        if not starts and not stops:
             return True
-        now = {j.id: j for j in self.store.jobs(("pending", "running"))}
-        for jid in plan.stops:
+        ids = list(stops) + list(starts)
+        now = {j.id: j for j in self.store.jobs(("pending", "running"), ids=ids)}
+        for jid in stops:
             j = now.get(jid)
             if j is None or j.state != "running" or j.generation != jobs[jid].generation:
                 return False
-        for jid in plan.starts:
+        for jid in starts:
             j = now.get(jid)
             if j is None or j.state != "pending":
                 return False
-        placed = {wid for where in plan.starts.values() for wid, _ in where}
+        placed = {wid for where in starts.values() for wid, _ in where}
         return all(wid in self.last_seen and wid not in self.leaving for wid in placed)
 
-    def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow]) -> None:
-        for jid, reason in plan.stops.items():
+    def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow],
+               stops: dict[str, str], starts: list[str]) -> None:
+        for jid, reason in stops.items():
             self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
         hosts = {w.id: w.host for w in workers}
-        for jid, placement in plan.starts.items():
-            self._start(self.store.job(jid), placement, hosts, plan.groups.get(jid, jid))  # its row now
+        for jid in starts:
+            self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid))  # its row now
 
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's

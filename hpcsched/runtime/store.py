@@ -204,10 +204,13 @@ class Store:
             self._event(now, job_id, "submit", {"procs": spec.procs})
         return job_id
 
-    def jobs(self, states: tuple[str, ...] | None = None) -> list[JobRow]:
-        if states:
-            return self._jobs(f" WHERE state IN ({','.join('?' * len(states))})", states)
-        return self._jobs("", ())
+    def jobs(self, states: tuple[str, ...] | None = None, ids: list[str] | None = None) -> list[JobRow]:
+        where, args = [], []
+        for col, values in (("state", states), ("id", ids)):
+            if values:
+                where.append(f"{col} IN ({','.join('?' * len(values))})")
+                args += values
+        return self._jobs(" WHERE " + " AND ".join(where) if where else "", tuple(args))
 
     def job(self, job_id: str) -> JobRow | None:
         rows = self._jobs(" WHERE id = ?", (job_id,))
