@@ -297,7 +297,9 @@ def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, f
         return _match_exact(node_kinds, scorer)
     if n <= settings.chunk:
         if scorer.rules.model.kind == "pipeline":
-            return sparse_pairs(node_kinds, scorer, settings.keep, settings.screen, settings.lock_from)
+            return sparse_pairs(
+                node_kinds, scorer, settings.keep, settings.screen, settings.lock_from, settings.keep_merged
+            )
         return _match_exact(node_kinds, scorer)
     chunks = -(-n // settings.chunk)
     out: list[tuple[int, int, float]] = []

@@ -36,9 +36,10 @@ class MatchSettings:
 
     dense_limit: int = 96  # at most this many nodes -> blossom on the complete graph
     type_limit: int = 48  # at most this many distinct types -> exact integer program
-    keep: int = 4  # many distinct nodes: each keeps its 4 heaviest edges (grouping -> screening) ...
-    screen: int = 24  # ... chosen among its 24 best by the period bound (nodes of 2+ jobs)
-    lock_from: int = 1000  # from this many nodes on, mutual best partners are paired before blossom
+    keep: int = 4  # many distinct nodes (grouping -> screening): a single job keeps its 4 heaviest edges,
+    keep_merged: int = 12  # a group its 12 heaviest ...
+    screen: int = 24  # ... of its 24 best by the period bound
+    lock_from: int = 1000  # from this many single jobs on, mutual best partners are paired before blossom
     chunk: int = 4000  # beyond this many nodes: matched in chunks of about this many (grouping._match)
     chunk_edges: int = 12  # models without the bound: each node's 12 heaviest edges of the complete graph
     reference_ties: bool = False  # compat: the reference's own blossom, so equal-weight ties go its way
