@@ -498,3 +498,29 @@ def test_many_starts_are_applied_in_batches_each_checked(tmp_path: Path) -> None
     assert sorted(c.tick().starts) == ids[2 * n:-1]  # the rest, in the next step
     assert c.store.job(ids[-1]).state == "cancelled"
     c.store.close()
+
+
+def test_resize_time_counts_from_the_new_attempt_not_a_late_first_report(tmp_path: Path) -> None:
+    """Seen on a fast node with torchrun: an attempt stopped for a resize before its first report (its start-up
+    outlived min_runtime_s) reported 'first' while stopping; that was booked as the resize's end (0.6 s) and
+    cleared the stop reason. Only the next attempt's first report ends the resize."""
+    c = _ctl(tmp_path)
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=1, launchers=["torchrun"]))
+    jid = c.submit("command: [t.py]\nsteps: 10\n", "j.yaml")
+    _beat(c, "w0")
+    c.tick()
+    (t,) = _beat(c, "w0").launch
+    with c.lock, c.store.tx():  # what tick() does when the plan resizes it
+        c.store.update_job(jid, state="stopping", stop_reason="resize", stop_time=1.0)
+    _beat(c, "w0", [_status(t, step=0, first=True)])  # the stopped attempt's late first report
+    assert c.store.events(jid, "resized") == [] and c.store.job(jid).stop_reason == "resize"
+    _beat(c, "w0", [_status(t, running=False, code=0, step=3, checkpoint="/ck/x")])
+    assert (c.store.job(jid).state, c.store.job(jid).stop_reason) == ("pending", "resize")
+    _beat(c, "w0", [])
+    c.tick()
+    (n,) = _beat(c, "w0").launch
+    _beat(c, "w0", [_status(n, step=3, first=True, resumed_from=3)])
+    (ev,) = c.store.events(jid, "resized")
+    job = c.store.job(jid)
+    assert ev["seconds"] > 0 and job.last_resize_s == ev["seconds"] and job.stop_reason is None
+    c.store.close()

@@ -186,7 +186,10 @@ class Controller:
             if p.resumed_from >= 0:
                 self.store.event(job.id, "resume", generation=job.generation, resumed_from=p.resumed_from,
                                  last_checkpoint=job.ckpt_step)
-            if job.stop_reason == "resize" and job.stop_time is not None:
+            # A resize ends at the first report of the attempt placed after the stop (the job is running
+            # again). The first report of the attempt being stopped (slow to start: stopped before it ever
+            # reported) arrives while the job is still stopping and is no resize.
+            if job.stop_reason == "resize" and job.stop_time is not None and job.state == "running":
                 f["last_resize_s"] = time.time() - job.stop_time
                 f["stop_reason"], f["stop_time"] = None, None
                 self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs)
