@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_interleave.py             # everything but the slow exact references
     .venv/bin/python bench/bench_interleave.py --full      # also exact matching on 2,000 nodes (minutes)
-    .venv/bin/python bench/bench_interleave.py --only sims  # one section: matching | event | sims | gain
+    .venv/bin/python bench/bench_interleave.py --only sims  # one section: matching | event | sims | gain | ablation
 
 Figures printed as ``name: value (target ..., ratio ...)`` lines; the peers' figures come from
 ANCHORS.md (reference simulator: 54-80 s for Muri-S on trace3, trace1 unfinished after 15 minutes).
@@ -23,6 +23,14 @@ sys.path.insert(0, str(ROOT))
 from hpcsched.cluster_spec import read_cluster_spec  # noqa: E402
 from hpcsched.interleave.grouping import Candidate, GroupingRules, Scorer, _match, form_groups  # noqa: E402
 from hpcsched.interleave.matching import MatchSettings, assign, matching_weight, pair_counts  # noqa: E402
+from hpcsched.interleave.period import PeriodModel  # noqa: E402
+from hpcsched.interleave.policies import (  # noqa: E402
+    COMPAT_RULES,
+    REFERENCE_RULES,
+    InterleavingPolicy,
+    attained_gpu_s,
+    remaining_gpu_s,
+)
 from hpcsched.sim import simulate  # noqa: E402
 from hpcsched.sim.semantics import SOLO_FACTOR  # noqa: E402
 from hpcsched.traces import read_jobs  # noqa: E402
@@ -62,15 +70,19 @@ def timed(fn, *args):
 
 
 def bench_matching(full: bool) -> None:
-    print("== matching 1 round: ours (grouping._match) vs exact blossom on the complete graph, efficiency weights")
+    print("== matching 1 round: ours (grouping._match) vs exact blossom on the complete graph")
     sizes = (500, 1000, 2000) if full else (500, 1000)
-    for label, make in (("random", random_candidates), ("trace2", trace_candidates)):
+    for label, make, weight in (
+        ("random", random_candidates, "efficiency"),
+        ("random", random_candidates, "gain"),
+        ("trace2", trace_candidates, "efficiency"),
+    ):
         for n in (*sizes, *(() if full else (2000,))):
-            scorer = Scorer(GroupingRules())
+            scorer = Scorer(GroupingRules(weight=weight))
             kinds = [(scorer.intern(c.key),) for c in make(n, seed=n)]
             pairs, wall, cpu = timed(_match, kinds, scorer)
             ours = sum(w for _, _, w in pairs)
-            line = f"{label} n={n} types={len(set(kinds))}: ours {wall:.3f} s wall / {cpu:.3f} s CPU"
+            line = f"{label} {weight} n={n} types={len(set(kinds))}: ours {wall:.3f} s wall / {cpu:.3f} s CPU"
             if n in sizes:
                 uniq = sorted(set(kinds))
                 ix = {k: i for i, k in enumerate(uniq)}
@@ -140,13 +152,43 @@ def bench_gain() -> None:
         )
 
 
+def bench_ablation() -> None:
+    """Where compat and default differ on trace3 Muri-S (one change at a time), and the reference's blossom."""
+    print("== ablation, trace3 n8g8: Muri-S with each engine mode x each period model; avg / p99 JCT, s")
+    jobs = read_jobs(MURI / "trace3.csv")
+    cluster = read_cluster_spec(N8G8)
+    for engine in ("muri", None):
+        for rules in (COMPAT_RULES, REFERENCE_RULES):
+            policy = InterleavingPolicy("muri-s", remaining_gpu_s, rules, compat_rules=rules)
+            s = simulate(jobs, cluster, policy, engine).summary()
+            print(
+                f"engine {'compat' if engine else 'default'}, period model {rules.model.kind}: "
+                f"avg {s['avg_jct']:.2f}, p99 {s['p99_jct']:.2f}",
+                flush=True,
+            )
+    print("== compat with the reference's own blossom (tie-breaking as its matching.py); published in brackets")
+    ref = GroupingRules(model=PeriodModel("muri4"), match=MatchSettings(reference_ties=True))
+    published = {"muri-s": (85502.55, 992405.06), "muri-l": (88686.97, 927167.05)}
+    for name, key in (("muri-s", remaining_gpu_s), ("muri-l", attained_gpu_s)):
+        for label, rules in (("ours", COMPAT_RULES), ("reference blossom", ref)):
+            policy = InterleavingPolicy(name, key, rules, compat_rules=rules)
+            (res, _, cpu) = timed(simulate, jobs, cluster, policy, "muri")
+            s = res.summary()
+            avg, p99 = published[name]
+            print(
+                f"{name} {label}: avg {s['avg_jct']:.2f} ({s['avg_jct'] / avg - 1:+.2%} vs {avg}), "
+                f"p99 {s['p99_jct']:.2f} ({s['p99_jct'] / p99 - 1:+.2%} vs {p99}); {cpu:.1f} s CPU",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--full", action="store_true", help="exact matching on 2,000 nodes too (slow)")
-    ap.add_argument("--only", choices=("matching", "event", "sims", "gain"))
+    ap.add_argument("--only", choices=("matching", "event", "sims", "gain", "ablation"))
     args = ap.parse_args()
     sections = {"matching": lambda: bench_matching(args.full), "event": bench_event, "sims": bench_sims,
-                "gain": bench_gain}  # fmt: skip
+                "gain": bench_gain, "ablation": bench_ablation}  # fmt: skip
     for name, fn in sections.items():
         if args.only in (None, name):
             fn()

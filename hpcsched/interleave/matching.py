@@ -7,8 +7,8 @@ by size, both returning how many pairs to form between each two types:
 
 * ``dense`` (n <= ``dense_limit``, or too many types for the next): Edmonds blossom (rustworkx, Rust)
   on the complete graph. rustworkx rather than networkx: same answer, ~80x faster (0.02 s vs 1.6 s at
-  200 nodes); still O(n^3), so ``grouping`` never hands it thousands of distinct nodes but matches
-  them in chunks (see ``grouping._match``).
+  200 nodes); still O(n^3), so ``grouping`` never hands it thousands of distinct nodes: those go to
+  ``screening`` (a sparse graph of each node's few best partners), see ``grouping._match``.
 * ``types`` (few types, many nodes): an integer program over pair counts x[a, b]
   (sum_b x[a, b] + 2 x[a, a] <= n_a), solved by HiGHS. Its size depends on the number of types, not of
   jobs: 2,000 jobs of 48 types is 1,176 integer variables, solved in milliseconds.
@@ -39,7 +39,7 @@ class MatchSettings:
     keep: int = 4  # many distinct nodes (grouping -> screening): a single job keeps its 4 heaviest edges,
     keep_merged: int = 12  # a group its 12 heaviest ...
     screen: int = 24  # ... of its 24 best by the period bound
-    lock_from: int = 1000  # from this many single jobs on, mutual best partners are paired before blossom
+    lock_from: int = 1500  # from this many single jobs on, mutual best partners are paired before blossom
     chunk: int = 4000  # beyond this many nodes: matched in chunks of about this many (grouping._match)
     chunk_edges: int = 12  # models without the bound: each node's 12 heaviest edges of the complete graph
     reference_ties: bool = False  # compat: the reference's own blossom, so equal-weight ties go its way
