@@ -42,6 +42,8 @@ from hpcsched.runtime.rpc import pb, pb_grpc
 
 log = logging.getLogger("hpcsched.runtime.worker")
 
+_POLL_S = 0.1  # how often tasks are checked between heartbeats (exits, first reports)
+_FOLLOW_UP_S = 0.1  # a heartbeat after one that carried news: fetches the controller's reaction
 DEFAULT_GRACE_S = 30.0  # SIGTERM (checkpoint and exit) -> SIGKILL of the whole task tree, unless told otherwise
 _PROGRESS_FIELDS = {f.name for f in pb.Progress.DESCRIPTOR.fields}
 
@@ -103,10 +105,18 @@ class Worker:
 
     # ------------------------------------------------------------------------------------- main loop
     def run(self, stop: threading.Event) -> None:
+        """Heartbeat every ``interval``, and at once when a task exits or a program's first report arrives:
+        those are the steps of a resize (stopped -> replaced -> training again) and each one otherwise
+        waited for the next beat. A beat that carried such news is followed up after ``_FOLLOW_UP_S`` to
+        fetch what the controller decided on it (a relaunch) without another full interval."""
         registered = False
         backoff = 0.2
+        due = 0.0
         while not stop.is_set():
-            self._poll()
+            news = self._poll()
+            if not news and time.monotonic() < due:
+                stop.wait(min(_POLL_S, self.interval))
+                continue
             try:
                 if not registered:
                     self._register()
@@ -117,7 +127,8 @@ class Worker:
                 registered = not reply.reregister
                 self._apply(reply)
                 backoff = 0.2
-                stop.wait(self.interval)
+                due = time.monotonic() + (_FOLLOW_UP_S if news else self.interval)
+                stop.wait(min(_POLL_S, self.interval))
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:
                     log.error("controller refused this worker's token: %s", e.details())
@@ -256,14 +267,18 @@ class Worker:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(t.proc.pid, signal.SIGKILL)
 
-    def _poll(self) -> None:
+    def _poll(self) -> bool:
+        """Read progress and reap exits; True when the controller should hear now (an exit, a first report)."""
+        news = False
         for t in self.tasks.values():
             self._read_progress(t)
+            news |= any(p.first for p in t.pending)
             if t.exit_code is None and t.proc is not None:
                 code = t.proc.poll()
                 if code is not None:
                     self._read_progress(t)
                     t.exit_code = code
+                    news = True
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(t.proc.pid, signal.SIGKILL)  # leftovers of the tree
                     log.info("task %s exited with %d", t.launch.task_id, code)
@@ -272,6 +287,7 @@ class Worker:
                     # launcher itself is still tearing down (torchrun: 3-5 s): nothing left to wait for.
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(t.proc.pid, signal.SIGKILL)
+        return news
 
     def _read_progress(self, t: Task) -> None:
         try:
