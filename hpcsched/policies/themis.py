@@ -1,24 +1,46 @@
-"""Themis: finish-time fairness (Mahajan et al., NSDI'20), without a solver by default.
+"""Themis: finish-time fairness (Mahajan et al., NSDI'20), without a solver.
 
 A job's finish-time fairness is rho = (time it will have spent in the shared cluster) / (time it
-would take in its fair 1/N share of the cluster). Themis aims to minimise the largest rho. The
-default here is the greedy form of that min-max: at each decision the jobs are served worst rho
-first, where, for a job of g GPUs among N active jobs on C GPUs,
+would take in its fair 1/N share of the cluster). Themis aims to minimise the largest rho. For a job
+of g GPUs among N active jobs on C GPUs its isolated share is ``min(1, ceil(C / N) / g)`` (as the
+reference computes it).
 
-    share   = min(1, ceil(C / N) / g)          (its isolated fraction of the cluster, as the reference)
-    rho     = (now - submit + remaining) / (total solo time / share)
+Default mode: the greedy form of that min-max. At each decision the jobs are served worst rho first,
 
-so a job that has waited long relative to its length and its fair share rises to the front. The
-reference solves the fractional allocation with cvxpy (ECOS) and then orders by allocation per
-second received; ``themis_cvxpy`` below does the same when the optional ``cvxpy`` extra is installed.
+    rho = (now - submit + remaining) / (total solo time / share)
+
+so a job that has waited long relative to its length and its fair share rises to the front.
+
+``compat="muri"``: the reference's own rule (Rivendile/Muri ``run_sim.py``, ``themis_sim_jobs``). It
+solves  min_x max_i rho_i(x)  with  rho_i = (now - submit_i + R_i / x_i) / I_i,  0 <= x_i <= 1 and
+sum g_i x_i <= C,  where R_i is the remaining solo seconds and I_i the job's isolated time, which
+the reference adds up in ITERATIONS per unit of share (not seconds: its "isolated throughput" is the
+share alone). It then serves jobs by allocation per second already run (never-run jobs first, by
+allocation). The reference hands this program to cvxpy/ECOS at every event; it has a closed form:
+at the optimum every job sits exactly at the common rho t, so x_i = R_i / (t I_i - a_i), and t is the
+larger of the rho of the worst job given a whole share and the root of sum_i g_i x_i(t) = C (convex
+and decreasing in t: a few Newton steps). Where capacity is slack the optimum is not unique; this
+gives each job the least allocation that reaches t. (ECOS, an interior-point solver, lands nearer the
+centre of that box; modelling that moved the result further from the published table, see
+docs/simulator.md.)
+
+Both forms are one array function (``rho_order``) over the active jobs' columns, so the simulator
+can call it on arrays it keeps up to date (``vector_order``: engine contract item 10) and the policy
+itself, called on a snapshot, gives exactly the same order.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.model import ClusterSpec
 from hpcsched.policies._order import remaining_s, runs_every_job, solo
+
+COLUMNS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
+"""The per-job numbers ``rho_order`` reads (one array each, active jobs in arrival order)."""
 
 
 def _share(v: JobView, snapshot: Snapshot) -> float:
@@ -35,25 +57,78 @@ def finish_time_fairness(v: JobView, snapshot: Snapshot) -> float:
     return (snapshot.now - v.submit + rem) * _share(v, snapshot) / total
 
 
+def columns(views: tuple[JobView, ...]) -> dict[str, np.ndarray]:
+    """A snapshot's jobs as the arrays ``rho_order`` reads (unknown lengths: infinite remaining time)."""
+    inf = math.inf
+    return {
+        "submit": np.array([v.submit for v in views], dtype=float),
+        "gpus": np.array([v.gpus for v in views], dtype=float),
+        "iterations_total": np.array([v.iterations_total or 0 for v in views], dtype=float),
+        "iteration_time": np.array([v.iteration_time or 0.0 for v in views], dtype=float),
+        "remaining_s": np.array([inf if v.remaining_s is None else v.remaining_s for v in views], dtype=float),
+        "iterations_done": np.array([v.iterations_done for v in views], dtype=float),
+        "executed_s": np.array([v.executed_s for v in views], dtype=float),
+    }
+
+
+def rho_order(now: float, cluster: ClusterSpec, cols: dict[str, np.ndarray], compat: str | None = None) -> np.ndarray:
+    """Positions (into ``cols``) in the order Themis serves the jobs: worst finish-time fairness first."""
+    n = len(cols["gpus"])
+    if n == 0:
+        return np.zeros(0, dtype=np.intp)
+    share = np.minimum(1.0, math.ceil(cluster.gpus / n) / cols["gpus"])
+    if compat == "muri":
+        return _reference_order(now, cluster.gpus, cols, share)
+    rem = cols["remaining_s"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = cols["iterations_done"] * cols["iteration_time"] + rem
+        key = -((now - cols["submit"] + rem) * share / total)
+    key = np.where(np.isfinite(total) & (total > 0), key, -0.0)
+    return np.argsort(key, kind="stable")
+
+
+def min_max_allocation(a: np.ndarray, r: np.ndarray, iso: np.ndarray, g: np.ndarray, capacity: float) -> np.ndarray:
+    """x minimising max_i (a_i + r_i / x_i) / iso_i  s.t.  0 <= x <= 1, sum g x <= capacity (r, iso > 0).
+
+    Every job ends at the common optimum t with the least x reaching it: t is the worst rho at a whole
+    share if that fits, else the root of sum g_i r_i / (t iso_i - a_i) = capacity, found by Newton
+    from the left (the sum is convex and decreasing in t, so the steps never overshoot)."""
+    t = float(np.max((a + r) / iso))
+    gr = g * r
+    for _ in range(100):
+        d = t * iso - a
+        f = float(np.sum(gr / d)) - capacity
+        if f <= 1e-12 * capacity:
+            break
+        step = f / float(np.sum(gr * iso / (d * d)))
+        t += step
+        if step <= 1e-15 * t:
+            break
+    return np.minimum(r / (t * iso - a), 1.0)
+
+
+def _reference_order(now: float, capacity: float, cols: dict[str, np.ndarray], share: np.ndarray) -> np.ndarray:
+    r = np.nan_to_num(cols["remaining_s"], posinf=1e12)
+    done = cols["iterations_done"]
+    iso = (done + np.maximum(cols["iterations_total"] - done, 0.0)) / share  # the reference's units
+    live = (r > 0) & (iso > 0)
+    x = np.zeros(len(r))
+    if live.any():
+        x[live] = min_max_allocation(now - cols["submit"][live], r[live], iso[live], cols["gpus"][live], capacity)
+    ex = cols["executed_s"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_s = np.where(ex > 0, x / ex, x * 1e9)  # allocation per second received; never-run jobs first
+    return np.lexsort((-x, -per_s))  # both descending, ties in arrival order (as a stable reverse sort)
+
+
 @runs_every_job
 def themis(snapshot: Snapshot) -> list[Group]:
-    # finish_time_fairness inlined, with the per-snapshot constants hoisted: same floats, but this
-    # runs for every active job at every event (thousands on deep queues)
-    jobs, now, inf = snapshot.jobs, snapshot.now, math.inf
-    fair = math.ceil(snapshot.cluster.gpus / max(len(jobs), 1))
-    shares: dict[int, float] = {}
-    keys = []
-    for v in jobs:
-        rem = v.remaining_s if v.remaining_s is not None else inf
-        total = (v.iterations_done * v.iteration_time if v.iteration_time else 0.0) + rem
-        if not math.isfinite(total) or total <= 0:
-            keys.append(-0.0)
-            continue
-        share = shares.get(v.gpus)
-        if share is None:
-            share = shares[v.gpus] = min(1.0, fair / v.gpus)
-        keys.append(-((now - v.submit + rem) * share / total))
-    return [solo(jobs[i].id) for i in sorted(range(len(jobs)), key=keys.__getitem__)]
+    jobs = snapshot.jobs
+    order = rho_order(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat)
+    return [solo(jobs[i].id) for i in order.tolist()]
+
+
+themis.vector_order = rho_order  # type: ignore[attr-defined]
 
 
 def themis_cvxpy(snapshot: Snapshot) -> list[Group]:

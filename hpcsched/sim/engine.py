@@ -81,7 +81,7 @@ class _J:
         "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
         "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
         "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since",
-        "wake", "hint", "solo", "wkey",
+        "wake", "hint", "solo", "wkey", "q", "seq",
     )  # fmt: skip
 
     def __init__(self, job: Job, idx: int, compat: bool) -> None:
@@ -117,6 +117,8 @@ class _J:
         self.hint: int | None = None  # compat queue policies: rank in the reference's queue lists
         self.solo = Group((job.id,))  # the job as a group of one (built once: order_key policies)
         self.wkey: tuple[Any, int] | None = None  # (order key, idx) while waiting, order_key policies
+        self.q = 0  # compat queue policies: the reference's queue list this job is in
+        self.seq = 0  # ... and its position there (lists are ordered by seq; see _Engine._reseq)
 
 
 _Planned = tuple[Group, tuple["_J", ...], int, Any]
@@ -142,6 +144,11 @@ def _stuck(sizes: dict[int, int], free: list[int], left: int, gpn: int) -> bool:
     big = max(free, default=0)
     whole = big == gpn
     return not any(g <= left and (g <= big or (g > gpn and whole)) for g in sizes)
+
+
+def _list_pos(j: _J) -> tuple[int, int]:
+    """Compat queue policies: a job's place in the reference's lists (queue, then position in it)."""
+    return j.q, j.seq
 
 
 def _iterations(job: Job) -> tuple[float, float]:
@@ -266,15 +273,21 @@ class _Engine:
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))
         self.fast = not self.compat and bool(getattr(policy, "runs_every_job", False))
-        self.okey: Callable[[JobView], Any] | None = getattr(policy, "order_key", None) if self.fast else None
+        # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history.
+        # A list is kept as (j.q, j.seq): arrivals and demotions take the next seq at the back, and after
+        # each event the running jobs take seqs ahead of every waiting one (``_reseq``)
+        self.queued = self.compat and bool(self.thresholds)
+        self.front = self.back = 0  # next seq at the lists' front (counts down) / back (counts up)
+        okey = getattr(policy, "order_key", None)
+        self.jkey: Callable[[_J], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
+        if okey is not None and (not self.compat or not getattr(policy, "compat_rank_order", False)):
+            self.jkey = lambda j: okey(j.view or self._view(j))
+        elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
+            self.jkey = _list_pos
+        self.vorder: Callable[..., Any] | None = getattr(policy, "vector_order", None)  # contract item 10
         self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
         # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
         self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many
-        # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history
-        self.queues: list[list[_J]] | None = (
-            [[] for _ in range(len(self.thresholds) + 1)] if self.compat and self.thresholds else None
-        )
-        self.qid: dict[int, int] = {}
         self.active: dict[int, _J] = {}  # arrival order
         self.running: dict[int, _J] = {}
         self.free = [self.gpn] * cluster.nodes  # GPUs not held by running placements
@@ -287,6 +300,19 @@ class _Engine:
         self.timeline: list[float] = []
         self.by_id: dict[str, _J] = {}
         self.finished = 0
+        self.vmask = np.zeros(len(self.jobs), dtype=bool)  # vector_order policies: active jobs
+        self.cols: dict[str, np.ndarray] = {}
+        if self.vorder is not None:
+            js = self.jobs
+            self.cols = {
+                "submit": np.array([j.submit for j in js], dtype=float),
+                "gpus": np.array([j.gpus for j in js], dtype=float),
+                "iterations_total": np.array([round(j.total) for j in js], dtype=float),
+                "iteration_time": np.array([j.it for j in js], dtype=float),
+                "remaining_s": np.zeros(len(js)),
+                "iterations_done": np.zeros(len(js)),
+                "executed_s": np.zeros(len(js)),
+            }
         for j in self.jobs:
             if j.gpus <= 0 or j.gpus > cluster.gpus:
                 j.status = "rejected"  # cannot ever run here; reported, not dropped
@@ -317,11 +343,14 @@ class _Engine:
                 if j.status == "rejected":
                     continue
                 self.active[j.idx] = j
-                if self.queues is not None:
-                    self.queues[0].append(j)
-                    self.qid[j.idx] = 0
+                if self.queued:
+                    j.q, j.seq = 0, self.back
+                    self.back += 1
                 self.by_id[j.id] = j
                 self.active_gpus += j.gpus
+                if self.vorder is not None:
+                    self.vmask[j.idx] = True
+                    self._fill(j)
                 self._wait(j)
                 arrived = True
             if t_wake <= t:
@@ -439,8 +468,7 @@ class _Engine:
             j.status = "completed"
             del self.by_id[j.id]
             del self.active[j.idx]
-            if self.queues is not None:
-                self.queues[self.qid.pop(j.idx)].remove(j)
+            self.vmask[j.idx] = False
             self.active_gpus -= j.gpus
         self.finished += len(ended)
         return bool(ended)
@@ -448,8 +476,8 @@ class _Engine:
     def _wait(self, j: _J) -> None:
         """Book-keep a job that starts waiting (arrived or preempted): its GPU demand, and its key."""
         self.wsizes[j.gpus] = self.wsizes.get(j.gpus, 0) + 1
-        if self.okey is not None:
-            j.wkey = (self.okey(self._view(j)), j.idx)
+        if self.jkey is not None:
+            j.wkey = (self.jkey(j), j.idx)
             insort(self.wsorted.setdefault(j.gpus, []), j.wkey)
 
     def _unwait(self, j: _J) -> None:
@@ -549,17 +577,25 @@ class _Engine:
         if not self.compat:
             for j in self.running.values():
                 self._sync(j, t)
-        if self.queues is not None:
-            self._demote_and_rank()
-        if self.okey is not None:
-            key = self.okey
-            run = sorted([(key(j.view or self._view(j)), j.idx) for j in self.running.values()])
+        if self.queued:
+            self._demote()
+        if self.jkey is not None:
+            key = self.jkey
+            run = sorted([(key(j), j.idx) for j in self.running.values()])
             dead: set[int] = set()
-            plan = self._place_in_place(self._ordered(run, dead), dead)
+            plan = None if self.compat else self._place_in_place(self._ordered(run, dead), dead)
             if plan is None:
                 dead = set()
                 plan = self._place(self._ordered(run, dead), dead)
             self._apply(plan, t)
+            return
+        if self.queued:
+            self._rank()
+        if self.vorder is not None:
+            order = self._vector_order(t)
+            jobs = self.jobs
+            plan = None if self.compat else self._place_in_place(jobs[i].solo for i in order)
+            self._apply(plan if plan is not None else self._place(jobs[i].solo for i in order), t)
             return
         snap = Snapshot(
             now=t,
@@ -592,31 +628,52 @@ class _Engine:
             else:
                 heapq.heappop(heads)
 
-    def _demote_and_rank(self) -> None:
+    def _demote(self) -> None:
         """Compat: the reference's queue lists. A running job that reached its queue's limit moves to
-        the END of the next queue (one step per event, in arrival order); every job's rank is its
-        position in the concatenated lists, which the policy may use (``JobView.rank_hint``)."""
-        queues, thr = self.queues, self.thresholds
-        assert queues is not None
+        the END of the next queue (one step per event, in arrival order)."""
+        thr = self.thresholds
         for j in sorted(self.running.values(), key=lambda j: j.idx):
-            q = self.qid[j.idx]
-            if q < len(thr) and j.attained >= thr[q]:
-                queues[q].remove(j)
-                queues[q + 1].append(j)
-                self.qid[j.idx] = q + 1
-        rank = 0
-        for queue in queues:
-            for j in queue:
-                if j.hint != rank:
-                    j.hint = rank
-                    j.view = None
-                rank += 1
+            if j.q < len(thr) and j.attained >= thr[j.q]:
+                j.q += 1
+                j.seq = self.back
+                self.back += 1
+                j.view = None
 
-    def _partition_queues(self) -> None:
-        """Compat: after scheduling, each queue list keeps running jobs first, then waiting ones."""
-        assert self.queues is not None
-        for i, queue in enumerate(self.queues):
-            self.queues[i] = [j for j in queue if j.running] + [j for j in queue if not j.running]
+    def _rank(self) -> None:
+        """Compat, policy called: every job's rank is its position in the concatenated lists, which
+        the policy may use (``JobView.rank_hint``)."""
+        for rank, j in enumerate(sorted(self.active.values(), key=_list_pos)):
+            if j.hint != rank:
+                j.hint = rank
+                j.view = None
+
+    def _reseq(self) -> None:
+        """Compat: after scheduling, each queue list keeps its running jobs first (in list order), then
+        the waiting ones (in list order): the running jobs take fresh seqs ahead of every other, so a
+        job preempted now is at the front of its list's waiting part and waiting jobs' keys never change."""
+        run = sorted(self.running.values(), key=_list_pos)
+        base = self.front - len(run)
+        for i, j in enumerate(run):
+            j.seq = base + i
+        self.front = base
+
+    def _vector_order(self, t: float) -> list[int]:
+        """``vector_order`` policies: the active jobs' columns (arrival order), ordered by the policy's
+        own array function; job indices in priority order. The columns of every running job are
+        refreshed here (a waiting job's cannot change), so an event costs O(running) in Python."""
+        cols = self.cols
+        for j in self.running.values():
+            self._fill(j)
+        act = np.flatnonzero(self.vmask)
+        order = self.vorder(t, self.cluster, {k: c[act] for k, c in cols.items()}, self.mode)
+        return act[order].tolist()
+
+    def _fill(self, j: _J) -> None:
+        v = j.view or self._view(j)
+        i, cols = j.idx, self.cols
+        cols["remaining_s"][i] = v.remaining_s
+        cols["iterations_done"][i] = v.iterations_done
+        cols["executed_s"][i] = v.executed_s
 
     def _members(self, g: Group) -> tuple[tuple[_J, ...], int]:
         try:
@@ -836,8 +893,8 @@ class _Engine:
             if j.idx not in keep:  # preempted: progress is kept (checkpoint), GPUs released
                 self._release(j)
         self.running = {m.idx: m for m in now_running}
-        if self.queues is not None:
-            self._partition_queues()
+        if self.queued:
+            self._reseq()
         self.busy = sum(m.share for m in now_running)
         free = [self.gpn] * self.cluster.nodes
         seen_places: set[int] = set()
