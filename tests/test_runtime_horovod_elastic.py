@@ -93,13 +93,15 @@ def test_elastic_command_and_host_list(tmp_path: Path) -> None:
     assert "-H" not in cmd and cmd[cmd.index("--min-np") + 1] == "1" and cmd[cmd.index("--max-np") + 1] == "2"
     script = Path(cmd[cmd.index("--host-discovery-script") + 1])
     assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:2\n"
-    assert horovod_elastic.resize(tmp_path / "task", ["127.0.0.1:1", "10.0.0.2:2", "127.0.0.1:1"]) == 4
-    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:2\n10.0.0.2:2\n"
+    assert horovod_elastic.resize(tmp_path / "task", ["127.0.0.1:1", "10.0.0.2:1"]) == 2
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "127.0.0.1:1\n10.0.0.2:1\n"
     rigid = elastic_task(tmp_path, lo=2, hi=2)
     assert horovod_elastic.size_range(rigid) is None
     assert horovod_elastic.elastic_command(argv, rigid, tmp_path / "rigid") == argv
     with pytest.raises(ValueError, match="no elastic Horovod task"):
         horovod_elastic.resize(tmp_path / "rigid", ["127.0.0.1:1"])
+    with pytest.raises(ValueError, match="outside the job's range 1..2"):
+        horovod_elastic.resize(tmp_path / "task", ["127.0.0.1:3"])
     with pytest.raises(ValueError, match="host:slots"):
         horovod_elastic.host_lines(["127.0.0.1"])
 

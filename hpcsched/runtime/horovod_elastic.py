@@ -27,7 +27,7 @@ from hpcsched.runtime.rpc import pb
 log = logging.getLogger("hpcsched.runtime.horovod_elastic")
 
 MIN_ENV, MAX_ENV = "HPCSCHED_MIN_PROCS", "HPCSCHED_MAX_PROCS"  # the job's size range, in the task environment
-SCRIPT, HOSTS, LOG = "discover_hosts.sh", "horovod_hosts", "resizes.jsonl"
+SCRIPT, HOSTS, RANGE, LOG = "discover_hosts.sh", "horovod_hosts", "horovod_range", "resizes.jsonl"
 
 
 def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
@@ -71,6 +71,7 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
         return argv
     task_dir.mkdir(parents=True, exist_ok=True)
     _write_hosts(task_dir, list(t.hosts))
+    (task_dir / RANGE).write_text(f"{rng[0]} {rng[1]}\n")  # what resize() may ask for
     script = task_dir / SCRIPT
     script.write_text(f"#!/bin/sh\nexec cat '{task_dir / HOSTS}'\n")
     script.chmod(0o755)
@@ -83,11 +84,17 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
 def resize(task_dir: Path, hosts: list[str]) -> int:
     """Ask a running elastic task for a new placement (``host:slots`` per node); returns its new size.
 
-    Horovod's driver sees the change within about a second and the ranks re-form at their next commit.
+    Horovod's driver sees the change within about a second and the ranks re-form at their next commit. A size
+    outside the job's range is refused here: below ``--min-np`` Horovod would wait (10 minutes) for slots,
+    above ``--max-np`` it would leave the extra slots idle.
     """
     if not (task_dir / SCRIPT).exists():
         raise ValueError(f"{task_dir} holds no elastic Horovod task")
-    size = sum(int(h.rpartition(":")[2]) for h in hosts)
+    lines = host_lines(hosts)  # validates every entry
+    size = sum(int(line.rpartition(":")[2]) for line in lines.splitlines())
+    lo, hi = (int(x) for x in (task_dir / RANGE).read_text().split())
+    if not lo <= size <= hi:
+        raise ValueError(f"{size} processes is outside the job's range {lo}..{hi}")
     _write_hosts(task_dir, hosts)
     with open(task_dir / LOG, "a") as f:
         f.write(json.dumps({"time": time.time(), "hosts": list(hosts), "world_size": size}) + "\n")
