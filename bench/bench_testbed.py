@@ -51,6 +51,9 @@ def main() -> None:
     load0, wall0, cpu0 = os.getloadavg()[0], time.perf_counter(), _cpu()
     results = run_testbed(opts, say=lambda m: print(m, flush=True))
     wall, cpu, load1 = time.perf_counter() - wall0, _cpu() - cpu0, os.getloadavg()[0]
+    from hpcsched.testbed.compare import render_markdown
+
+    (out / "comparison.md").write_text(render_markdown(list(results.values()), list(results)))
     run = json.loads((out / "testbed.json").read_text())
     covered = run["wall_s"] + run["skipped_s"]
     print(f"run folder: {out}")

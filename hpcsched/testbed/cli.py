@@ -6,7 +6,8 @@
 
 ``--local`` starts a controller and one worker per node of the cluster spec on this machine (slots = GPUs
 per node); ``--controller HOST:PORT`` uses a running one instead (give ``--state`` to read what it
-measured, and run it with the same policy).
+measured, and run it with the same policy). ``--fast-forward N`` trains N real steps per job between skips
+of steady training (``hpcsched.testbed.fastforward``), so long jobs fit in minutes.
 """
 
 from __future__ import annotations
@@ -42,13 +43,17 @@ def testbed_cmd(
                                        help="An earlier testbed run: also predict this one from its profiles."),
     fast_forward: int = typer.Option(
         0, "--fast-forward", metavar="N",
-        help="Train N real steps per job, then skip ahead by the measured pace (0: off). Skips happen only "
-             "while every running job is in steady training; submissions, start-ups, preemptions and finishes "
-             "stay real. Use it for long jobs (raise --min-steps/--max-steps) to fit a long trace in minutes."),
+        help="Train N real steps per job, then skip ahead at each job's measured pace (0: off). A skip waits "
+             "until every training job has done its N steps and none is stopping or finishing; submissions, "
+             "start-ups, preemptions and finishes stay real (a job starting during a skip is credited the "
+             "time later). Use it for long jobs (raise --min-steps/--max-steps) to fit a long trace in minutes."),
     max_jump: float = typer.Option(30.0, "--max-jump",
                                    help="Fast-forward: most real-equivalent seconds one skip covers."),
     checkpoint_root: Path = typer.Option(None, "--checkpoint-root",
                                          help="Fast-forward with --controller: the controller's checkpoint root."),
+    launcher: str = typer.Option("torchrun", "--launcher",
+                                 help="How workers start each job: torchrun, or direct (no torchrun agent: "
+                                      "one process importing torch fewer per job, a shorter start-up)."),
     reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
@@ -80,7 +85,7 @@ def testbed_cmd(
                       min_steps=min_steps, max_steps=max_steps, max_procs=max_procs, timeout_s=timeout,
                       controller=controller, state=state, token_file=token_file, time_scale=time_scale,
                       profiles_from=profiles_from, fast_forward=fast_forward, max_jump_s=max_jump,
-                      checkpoint_root=checkpoint_root)
+                      checkpoint_root=checkpoint_root, launcher=launcher)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("testbed: jobs done", total=jobs)

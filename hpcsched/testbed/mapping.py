@@ -139,7 +139,8 @@ def scale_jobs(jobs: list[Job], cluster: ClusterSpec, scaling: Scaling) -> list[
     return out
 
 
-def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0, report_every: int | None = None) -> str:
+def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0, report_every: int | None = None,
+             launcher: str = "torchrun") -> str:
     """The job file the testbed submits (``hpcsched submit`` format); fast-forward asks for a report every
     ``report_every`` steps (its N), so the pace between jumps is measured without waiting."""
     w = job.workload
@@ -149,7 +150,7 @@ def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0, report_every: int | N
            f"{w.io_latency_ms:g}", "--report-every", str(report), "--checkpoint-every", str(ckpt),
            "--seed", str(seed)]
     quoted = ", ".join(f"'{c}'" for c in cmd)
-    return (f"name: {job.name}\nlauncher: torchrun\nprocs: {job.procs}\nsteps: {job.steps}\n"
+    return (f"name: {job.name}\nlauncher: {launcher}\nprocs: {job.procs}\nsteps: {job.steps}\n"
             f"workdir: {workdir}\ncommand: [{quoted}]\n")
 
 

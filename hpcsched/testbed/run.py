@@ -36,6 +36,7 @@ class RunOptions:
     fast_forward: int = 0  # N real steps per job between jumps; 0: real time throughout
     max_jump_s: float = 30.0  # real-equivalent seconds one jump may skip
     checkpoint_root: Path | None = None  # the controller's (for --controller with fast-forward)
+    launcher: str = "torchrun"  # how the workers start each job's processes (torchrun | direct)
 
 
 def _select(opts: RunOptions):
@@ -57,6 +58,8 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
         raise InputError(None, f"unknown policy {opts.policy!r}; known: {', '.join(REGISTRY.names())}")
     if opts.jobs < 1 or opts.skip < 0 or not 1 <= opts.min_steps <= opts.max_steps or opts.max_procs < 1:
         raise InputError(None, "need --jobs >= 1, --skip >= 0, 1 <= --min-steps <= --max-steps, --max-procs >= 1")
+    if opts.launcher not in ("torchrun", "direct"):
+        raise InputError(None, f"--launcher must be torchrun or direct, got {opts.launcher!r}")
     if opts.fast_forward < 0 or opts.max_jump_s <= 0:
         raise InputError(None, "need --fast-forward >= 0 (0: off) and --max-jump > 0")
     if opts.fast_forward and opts.controller and (opts.state is None or opts.checkpoint_root is None):
@@ -75,7 +78,7 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
             "capacity_nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "jobs_replayed": len(scaled),
             "skip": opts.skip, "state": str(state) if state is not None else None,
             "fast_forward": opts.fast_forward, "skipped_s": round(sum(s for _, s in rep.jumps), 3),
-            "jumps": len(rep.jumps), "startup_probe_s": round(probe, 3)}
+            "jumps": len(rep.jumps), "startup_probe_s": round(probe, 3), "launcher": opts.launcher}
     driver.write_real(opts.out, scaled, rep, meta)
     if opts.fast_forward:
         say(f"testbed: {len(rep.jumps)} jumps skipped {sum(s for _, s in rep.jumps):,.0f} real-equivalent s "
@@ -141,7 +144,8 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
             ff = _forwarder(opts, opts.state, opts.checkpoint_root)
             probe = startup_probe()
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
-                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), opts.state, probe
+                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5,
+                                 launcher=opts.launcher), opts.state, probe
         finally:
             client.close()
     from hpcsched.testbed.local import LocalCluster
@@ -153,7 +157,8 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
             ff = _forwarder(opts, lc.state, lc.ckpt_root)
             probe = startup_probe()  # the workers are up: how slow a start is here, before the first job
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
-                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5), lc.state, probe
+                                 progress=progress, ff=ff, poll_s=0.2 if ff else 0.5,
+                                 launcher=opts.launcher), lc.state, probe
         finally:
             client.close()
 
