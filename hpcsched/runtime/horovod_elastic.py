@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,7 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
     _write_hosts(task_dir, list(t.hosts))
     (task_dir / RANGE).write_text(f"{rng[0]} {rng[1]}\n")  # what resize() may ask for
     script = task_dir / SCRIPT
-    script.write_text(f"#!/bin/sh\nexec cat '{task_dir / HOSTS}'\n")
+    script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(task_dir / HOSTS))}\n")
     script.chmod(0o755)
     i = argv.index("-H")
     lo, hi = rng
