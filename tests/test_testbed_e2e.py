@@ -36,14 +36,19 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
         client.close()
         base = [sys.executable, "-m", "hpcsched.cli", "testbed", "--trace", str(TRACE), "--policy", "muri-s",
                 "--controller", lc.address, "--token-file", str(lc.root / "token"), "--state", str(lc.state)]
-        # a spec that does not describe the running workers is refused before anything is submitted
-        bad = subprocess.run([*base, "--cluster", str(wrong), "--out", str(tmp_path / "bad")], capture_output=True,
-                             text=True, timeout=300, cwd=tmp_path)
-        assert bad.returncode == 2 and "2 live workers" in bad.stderr, bad.stderr[-2000:]
+        # a spec that does not describe the running workers is refused before anything is submitted (run beside
+        # the real replay to save its start-up; the replay's every job must still be its own, checked below)
+        bad = subprocess.Popen([*base, "--cluster", str(wrong), "--out", str(tmp_path / "bad")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         cmd = [*base, "--cluster", str(spec), "--jobs", "12", "--min-steps", "100", "--max-steps", "1500",
                "--time-scale", "2000", "--fast-forward", "5", "--checkpoint-root", str(lc.ckpt_root),
-               "--timeout", "900", "--out", str(out), "--json"]
+               "--launcher", "direct", "--timeout", "900", "--out", str(out), "--json"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+        _, bad_err = bad.communicate(timeout=300)
+        submitted = Client(lc.address, lc.token, timeout=30)
+        assert len(submitted.jobs()) == 12  # the refused run submitted nothing
+        submitted.close()
+    assert bad.returncode == 2 and "2 live workers" in bad_err, bad_err[-2000:]
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(p.stdout)
 
