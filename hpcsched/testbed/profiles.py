@@ -65,7 +65,8 @@ def learn(run_dir: Path) -> LearnedProfiles:
     startup = teardown = None
     ov_file = run_dir / "profile" / "overheads.csv"
     if ov_file.is_file():
-        ov = pd.read_csv(ov_file)
+        ov = pd.read_csv(ov_file, dtype={"job_id": str})
+        ov = ov[ov["job_id"].isin({j["runtime"].get("job_id") for j in run["jobs"] if j.get("runtime")})]
         startup = float(ov["startup_s"].median()) if len(ov) else None
         teardown = float(ov["teardown_s"].dropna().median()) if ov["teardown_s"].notna().any() else 0.0
     return LearnedProfiles(pace, stages, overhead, str(run_dir), startup, teardown,
