@@ -158,3 +158,34 @@ def test_a_starting_job_is_owed_the_skipped_seconds(run) -> None:
     j = ff.step(206.0, infos, {a, c}, None)
     assert j.seconds == pytest.approx(30.0)
     assert j.grants == {a: 300, c: round((30.0 + 18.0) / 0.5)} and ff.owed == {}
+
+
+def test_the_workloads_side_applies_each_credit_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workloads/_common.py`` (no torch needed): the credit file is cumulative; a job applies what it has not
+    applied yet, once, and reports the jump apart from its trained window."""
+    import json
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "workloads"))
+    sys.modules.pop("_common", None)
+    from _common import FastForward, Reporter, StageTimer
+
+    from hpcsched.testbed.fastforward import write_credit
+
+    ff = FastForward(tmp_path)
+    assert ff.take() == 0  # no file yet
+    write_credit(tmp_path, 100)
+    assert ff.take() == 100 and ff.take() == 0  # unchanged file: nothing more
+    write_credit(tmp_path, 150)
+    assert ff.take() == 50 and ff.applied == 150
+    assert FastForward(tmp_path, applied=150).take() == 0  # a restart whose checkpoint saw all of it
+    assert FastForward(tmp_path, applied=120).take() == 30  # ... or only part of it
+    progress = tmp_path / "progress.jsonl"
+    monkeypatch.setenv("HPCSCHED_PROGRESS_FILE", str(progress))
+    rep, timer = Reporter(0, 1, -1), StageTimer()
+    timer.data, timer.steps = 0.3, 3
+    assert FastForward.jump(50, 7, 40, rep, timer, loss=1.0) == 40  # never past the last step
+    assert FastForward.jump(0, 7, 40, rep, timer, loss=1.0) == 7
+    lines = [json.loads(x) for x in progress.read_text().splitlines()]
+    assert [x["step"] for x in lines] == [7, 40]
+    assert lines[0]["data_s"] == pytest.approx(0.1) and "data_s" not in lines[1] and lines[1]["samples_per_s"] == 0
