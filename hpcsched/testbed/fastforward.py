@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CREDIT_FILE = "fastforward"  # the name workloads/_common.py FastForward reads
-ACTIVE = ("running", "stopping")
 
 
 @dataclass(frozen=True)
@@ -116,11 +115,13 @@ class FastForwarder:
         grants = {}
         for rid, p in steady.items():
             rem = running[rid].steps_total - p.step
-            due = jump + self.owed.pop(rid, 0.0)
+            due = jump + self.owed.get(rid, 0.0)
             grants[rid] = rem if rem * p.pace_s <= due else min(rem, round(due / p.pace_s))
         grants = {rid: g for rid, g in grants.items() if g > 0}
         if not grants:
             return None
+        for rid in steady:
+            self.owed.pop(rid, None)
         for rid in starting:
             self.owed[rid] = self.owed.get(rid, 0.0) + jump
         return self._grant(now, jump, grants)
