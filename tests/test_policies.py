@@ -100,3 +100,31 @@ def test_policies_are_pure() -> None:
 @pytest.mark.parametrize("name", ["fifo", "srtf", "srsf", "las", "tiresias", "themis"])
 def test_empty_snapshot_gives_no_groups(name: str) -> None:
     assert get_policy(name)(Snapshot(now=0.0, jobs=(), cluster=CLUSTER, free_gpus=8)) == []
+
+
+def test_themis_min_max_allocation_equalises_rho_at_capacity() -> None:
+    """Two 1-GPU jobs on 1 GPU, both just arrived (a = 0), r = 10 and 30 s, isolated 10 and 30:
+    rho_i = r_i / (x_i iso_i) = 1 / x_i, so the min-max splits the GPU evenly (t = 2, x = 1/2 each)."""
+    import numpy as np
+
+    from hpcsched.policies.themis import min_max_allocation
+
+    x = min_max_allocation(np.zeros(2), np.array([10.0, 30.0]), np.array([10.0, 30.0]), np.ones(2), 1.0)
+    assert x == pytest.approx([0.5, 0.5])
+    # a job that has already waited 20 s gets more of the GPU: 2 + 1/x0 = 1/x1 with x0 + x1 = 1,
+    # i.e. x0 = 1/sqrt(2), and both end at the same rho
+    a = np.array([20.0, 0.0])
+    x = min_max_allocation(a, np.array([10.0, 30.0]), np.array([10.0, 30.0]), np.ones(2), 1.0)
+    assert x == pytest.approx([0.5**0.5, 1 - 0.5**0.5])
+    rho = (a + np.array([10.0, 30.0]) / x) / np.array([10.0, 30.0])
+    assert rho[0] == pytest.approx(rho[1])
+    # capacity slack: a lone job gets its whole share, rho = (a + r) / iso
+    assert min_max_allocation(np.zeros(1), np.array([5.0]), np.array([5.0]), np.ones(1), 8.0) == pytest.approx([1.0])
+
+
+def test_themis_compat_serves_never_run_jobs_first_then_by_allocation_per_second() -> None:
+    """The reference's order: allocation / seconds already run, never-run jobs (x 1e9) ahead."""
+    ran = view("ran", 0, remaining=100, attained=50, running=True)  # executed_s = 50
+    new = view("new", 500, remaining=100)
+    snap = Snapshot(now=1000.0, jobs=(ran, new), cluster=CLUSTER, free_gpus=7, compat="muri")
+    assert [g.job_ids[0] for g in get_policy("themis")(snap)] == ["new", "ran"]

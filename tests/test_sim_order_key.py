@@ -29,8 +29,11 @@ def setup():
     return read_jobs(TRACE), read_cluster_spec(ROOT / "cluster_spec/n8g8.csv")
 
 
+@pytest.mark.parametrize("compat", [None, "muri"])
 @pytest.mark.parametrize("name", ["fifo", "srtf", "srsf", "las", "tiresias"])
-def test_order_key_shortcut_is_exact(setup, name: str) -> None:
+def test_order_key_shortcut_is_exact(setup, name: str, compat: str | None) -> None:
+    """In compat mode Tiresias' shortcut keeps the reference's queue lists as (queue, seq) keys; called,
+    the policy orders by ``rank_hint`` from the engine's list positions: both must agree to the bit."""
     jobs, cluster = setup
     policy = get_policy(name)
     assert getattr(policy, "order_key", None) is not None
@@ -41,16 +44,34 @@ def test_order_key_shortcut_is_exact(setup, name: str) -> None:
 
     if hasattr(policy, "service_thresholds"):  # Tiresias: same wake-ups, only the shortcut differs
         called.service_thresholds = policy.service_thresholds  # type: ignore[attr-defined]
-    fast = simulate(jobs, cluster, policy)
-    slow = simulate(jobs, cluster, called)
+    fast = simulate(jobs, cluster, policy, compat)
+    slow = simulate(jobs, cluster, called, compat)
     assert fast.events == slow.events
     key = [(r.job_id, r.start, r.end, r.gpu_seconds, r.status) for r in fast.results]
     assert key == [(r.job_id, r.start, r.end, r.gpu_seconds, r.status) for r in slow.results]
     assert all(r.status == "completed" for r in fast.results)
 
 
+@pytest.mark.parametrize("compat", [None, "muri"])
+def test_themis_vector_order_is_the_policy(setup, compat: str | None) -> None:
+    """The engine feeds ``vector_order`` columns it keeps up to date (contract item 10); calling the
+    policy on full snapshots at every event must give the same run."""
+    from hpcsched.policies.themis import themis
+
+    jobs, cluster = setup
+
+    @runs_every_job
+    def called(snapshot: Snapshot) -> list[Group]:
+        return themis(snapshot)
+
+    fast, slow = simulate(jobs, cluster, themis, compat), simulate(jobs, cluster, called, compat)
+    assert fast.events == slow.events
+    key = [(r.job_id, r.start, r.end, r.gpu_seconds) for r in fast.results]
+    assert key == [(r.job_id, r.start, r.end, r.gpu_seconds) for r in slow.results]
+
+
 def test_themis_matches_its_definition(setup) -> None:
-    """themis inlines finish_time_fairness for speed; ranking by the published rho must agree."""
+    """themis computes rho as arrays for speed; ranking by the definition, job by job, must agree."""
     from hpcsched.policies._order import solo
     from hpcsched.policies.themis import finish_time_fairness, themis
 

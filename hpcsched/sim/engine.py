@@ -552,21 +552,9 @@ class _Engine:
                 remaining = j.dur
             else:
                 remaining = rem_iters * j.it * SOLO_FACTOR
-            v = JobView(
-                id=j.id,
-                submit=j.submit,
-                gpus=j.gpus,
-                iterations_total=int(round(j.total)),
-                iterations_done=j.done,
-                iteration_time=j.it,
-                attained_gpu_s=j.attained,
-                executed_s=j.executed,
-                remaining_s=remaining,
-                profile=j.job.profile,
-                running=j.running,
-                first_start=j.first_start,
-                model=j.model,
-                rank_hint=j.hint,
+            v = JobView(  # positional (JobView's field order): this runs for every running job at every event
+                j.id, j.submit, j.gpus, int(round(j.total)), j.done, j.it, j.attained, j.executed, remaining,
+                j.job.profile, j.running, j.first_start, j.model, j.hint,
             )
             j.view = v
         return v
@@ -693,9 +681,12 @@ class _Engine:
         takes first fit among the GPUs nobody holds. Returns None (re-plan from scratch) as soon as
         the answer could differ from a fresh plan: a group changed members, or one did not fit while
         a lower-priority running group could still have yielded its GPUs, or a running job was left out.
+        A new group wider than the GPUs the groups before it leave is skipped, not re-planned: even if
+        every lower-priority group yielded it could not fit (a fresh plan skips it by count alone).
         """
         avail = list(self.free)
         left = sum(avail)
+        room = self.cluster.gpus  # GPUs not claimed by the groups planned so far (running or new)
         unclaimed = len(self.running)
         used: set[str] = set()
         plan: list[_Planned] = []
@@ -709,9 +700,9 @@ class _Engine:
                 if stuck:
                     break
             ids = g.job_ids
-            if len(ids) == 1 and unclaimed == 0:  # deep queues: skip what cannot fit without building it
+            if len(ids) == 1:  # deep queues: skip what cannot fit without building it
                 j = by_id.get(ids[0])
-                if j is not None and not j.running and j.gpus > left:
+                if j is not None and not j.running and (j.gpus > room or (unclaimed == 0 and j.gpus > left)):
                     if dead is not None:
                         dead.add(j.gpus)
                     stuck = None
@@ -733,9 +724,12 @@ class _Engine:
                     return None
                 plan.append((g, members, need, first.place))
                 unclaimed -= len(members)
+                room -= need
                 continue
             if any(m.running for m in members):
                 return None
+            if need > room:
+                continue
             got = pl.place_consolidated(avail, need, self.gpn, self.nps) if need <= left else None
             if got is None:
                 if unclaimed:
@@ -746,6 +740,7 @@ class _Engine:
                 continue
             pl.apply(avail, got)
             left -= need
+            room -= need
             plan.append((g, members, need, tuple(got)))
             _taken(sizes, members, 0)
         return plan if unclaimed == 0 else None
@@ -772,23 +767,23 @@ class _Engine:
                 if stuck:
                     break
             ids = g.job_ids
-            if len(ids) == 1:
-                j = by_id.get(ids[0])
-                if j is not None and j.gpus > left:
+            j = by_id.get(ids[0]) if len(ids) == 1 else None
+            if j is not None:  # the common case (every baseline): one job, no tuple building
+                need = j.gpus
+                if need > left:
                     if dead is not None:
-                        dead.add(j.gpus)
+                        dead.add(need)
                     stuck = None
                     continue
-            try:
-                members = tuple(by_id[i] for i in ids)
-            except KeyError as e:
-                raise ValueError(f"policy {name!r} returned job {e.args[0]!r}, which is not active") from None
-            if len(members) == 1:
-                need = members[0].gpus
-            elif not members:
-                continue
+                members: tuple[_J, ...] = (j,)
             else:
-                if g.period_s is None:
+                try:
+                    members = tuple(by_id[i] for i in ids)
+                except KeyError as e:
+                    raise ValueError(f"policy {name!r} returned job {e.args[0]!r}, which is not active") from None
+                if not members:
+                    continue
+                if len(members) > 1 and g.period_s is None:
                     raise ValueError(f"policy {name!r}: group {ids} of {len(members)} jobs has no period_s")
                 need = max(m.gpus for m in members)
             if need > left:
@@ -832,8 +827,19 @@ class _Engine:
         out: list[Any] = [None] * len(first)
         rest = []
         for i, (g, members, need, _fresh) in enumerate(first):
-            old = next((m.place for m in members if m.running and m.place is not None), None)
-            if old is not None and sum(k for _, k in old) == need and all(free[n] >= k for n, k in old):
+            if len(members) == 1:
+                m = members[0]
+                old = m.place if m.running else None
+            else:
+                old = next((m.place for m in members if m.running and m.place is not None), None)
+            if old is not None and len(old) == 1:  # one node: the usual case, checked without generators
+                n, k = old[0]
+                if k == need and free[n] >= k:
+                    free[n] -= k
+                    out[i] = (g, members, need, old)
+                else:
+                    rest.append(i)
+            elif old is not None and sum(k for _, k in old) == need and all(free[n] >= k for n, k in old):
                 pl.apply(free, old)
                 out[i] = (g, members, need, old)
             else:
