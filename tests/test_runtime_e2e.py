@@ -210,14 +210,17 @@ def test_direct_launcher_resizes_an_elastic_job_2_1_2(tmp_path: Path) -> None:
     c = client(addr)
     try:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        e = _submit(c, _job(tmp_path, "elastic", 2, 240, launcher="direct", min_procs=1, extra=", --report-every, '2'"))
+        # 50 ms of emulated IO per step: at 1 proc the job is still running when the newcomer ends, however
+        # fast its relaunch and however slow the newcomer's cold start.
+        e = _submit(c, _job(tmp_path, "elastic", 2, 400, launcher="direct", min_procs=1,
+                            extra=", --report-every, '2', --io-latency-ms, '50'"))
         wait_for("elastic at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
         s = _submit(c, _job(tmp_path, "small", 1, 20, launcher="direct"))
         jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
             j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 300, poll=0.5)
         assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
         result = json.loads((tmp_path / "run" / "ckpt" / e / "result.json").read_text())
-        assert result["steps"] == 240 and result["final_loss"] < result["first_loss"], result
+        assert result["steps"] == 400 and result["final_loss"] < result["first_loss"], result
         assert [h["world_size"] for h in result["history"]] == [2, 1, 2], result["history"]
         store = Store(tmp_path / "run" / "state.db")
         resized = [x["procs"] for x in store.events(e, "resized")]
@@ -225,6 +228,9 @@ def test_direct_launcher_resizes_an_elastic_job_2_1_2(tmp_path: Path) -> None:
         store.close()
         assert resized == [1, 2] and jobs[e].last_resize_s > 0
         assert len(resumes) == 2 and all(r["resumed_from"] == r["last_checkpoint"] > 0 for r in resumes), resumes
+        # After the first (cold) launch the worker kept a torch-preloaded supervisor ready: the shrink's
+        # relaunch forked its rank from it.
+        assert f"launched {e}.g2.n0 (direct, 1 procs, warm start)" in (tmp_path / "w1.log").read_text()
     finally:
         c.close()
         stop(w)

@@ -143,7 +143,7 @@ def test_launchers_give_each_task_its_environment() -> None:
     assert launchers.build(_launch("mpirun", node_rank=1), "/py", "")[0] is None  # holds its slots only
 
     argv, env = launchers.build(_launch("direct", node_rank=1), "/py", "1")
-    assert argv[:2] == ["/py", launchers.RANKS_SCRIPT] and argv[-4:] == ["--", "/py", "train.py", "-x"]
+    assert argv[:3] == ["/py", "-P", launchers.RANKS_SCRIPT] and argv[-4:] == ["--", "/py", "train.py", "-x"]
     assert {"--nprocs=2", "--rank-offset=0"} <= set(argv) and Path(launchers.RANKS_SCRIPT).is_file()
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
         ("10.0.0.1", "29400", "3", "2")

@@ -122,8 +122,9 @@ _RANK_PROGRAM = textwrap.dedent("""
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    forked = b"--warm" in open("/proc/self/cmdline", "rb").read()  # no exec: still the supervisor's command line
     with open(f"{out}.{os.environ['RANK']}", "w") as f:
-        f.write(" ".join(f"{k}={os.environ.get(k)}" for k in keys))
+        f.write(" ".join(f"{k}={os.environ.get(k)}" for k in keys) + f" FORKED={forked} ARGV1={sys.argv[1]}")
     fail = os.environ.get("FAIL_RANK") == os.environ["RANK"]
     end = time.time() + 30
     while not stop and time.time() < end:
@@ -135,9 +136,11 @@ _RANK_PROGRAM = textwrap.dedent("""
 """)
 
 
-def _ranks(tmp_path: Path, nprocs: int, offset: int, **env: str) -> subprocess.Popen:
-    """A node's ``direct`` task exactly as the worker starts it (launchers.build, then spawn)."""
+def _ranks(tmp_path: Path, nprocs: int, offset: int, warm: bool = False, **env: str) -> subprocess.Popen:
+    """A node's ``direct`` task exactly as the worker starts it (launchers.build, then spawn, or handed to a
+    warm supervisor, preloading ``json`` here instead of torch)."""
     from hpcsched.runtime import launchers
+    from hpcsched.runtime.worker import WarmRanks
 
     prog = tmp_path / "rank.py"
     prog.write_text(_RANK_PROGRAM)
@@ -145,15 +148,25 @@ def _ranks(tmp_path: Path, nprocs: int, offset: int, **env: str) -> subprocess.P
                       command=[str(prog), str(tmp_path / "out")], node_rank=1, nnodes=2, nprocs=nprocs,
                       world_size=offset + nprocs, master_addr="127.0.0.1", master_port=29411, rank_offset=offset)
     argv, extra = launchers.build(t, sys.executable, "")
+    if warm:
+        w = WarmRanks(sys.executable, tmp_path / "warm.log", delay_s=0, preload="json")
+        w.ensure()
+        assert w.proc is None  # not before the node's first direct launch
+        w.wanted = True
+        w.ensure()
+        p = w.take(argv, dict(os.environ) | extra | env, str(tmp_path), tmp_path / "log")
+        assert p is not None
+        return p
     with open(tmp_path / "log", "ab") as log:
         return spawn(argv, dict(os.environ) | extra | env, None, log)
 
 
-def test_direct_launcher_gives_each_rank_its_environment_and_forwards_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["exec", "warm-fork"])
+def test_direct_launcher_gives_each_rank_its_environment_and_forwards_sigterm(tmp_path: Path, warm: bool) -> None:
     """Node 1 of a 3-rank job runs ranks 1 and 2 itself (no torchrun agent): each sees the variables
     torch.distributed's env:// rendezvous reads; SIGTERM to the task reaches every rank, which
-    checkpoints and exits 0, and so does the task."""
-    p = _ranks(tmp_path, nprocs=2, offset=1)
+    checkpoints and exits 0, and so does the task. From a warm supervisor the ranks are forked, not exec'd."""
+    p = _ranks(tmp_path, nprocs=2, offset=1, warm=warm)
     out = tmp_path / "out"
     deadline = time.time() + 20
     while not all(Path(f"{out}.{r}").exists() for r in (1, 2)) and time.time() < deadline:
@@ -164,14 +177,16 @@ def test_direct_launcher_gives_each_rank_its_environment_and_forwards_sigterm(tm
     assert (envs[1]["RANK"], envs[1]["LOCAL_RANK"], envs[2]["RANK"], envs[2]["LOCAL_RANK"]) == ("1", "0", "2", "1")
     assert envs[1]["WORLD_SIZE"] == "3" and envs[1]["LOCAL_WORLD_SIZE"] == "2" and envs[1]["GROUP_RANK"] == "1"
     assert (envs[1]["MASTER_ADDR"], envs[1]["MASTER_PORT"]) == ("127.0.0.1", "29411")
+    assert envs[1]["FORKED"] == envs[2]["FORKED"] == str(warm) and envs[1]["ARGV1"] == str(tmp_path / "out")
     p.send_signal(signal.SIGTERM)  # what Worker.kill(checkpoint=True) sends
     assert p.wait(timeout=20) == 0
     assert all(Path(f"{out}.{r}.stopped").read_text() == "checkpointed" for r in (1, 2))
 
 
-def test_direct_launcher_stops_the_other_ranks_when_one_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["exec", "warm-fork"])
+def test_direct_launcher_stops_the_other_ranks_when_one_fails(tmp_path: Path, warm: bool) -> None:
     """As torchrun's agent does: a failed rank's peers are stopped (they could only hang in a collective)
-    and the node's task exits with the failed rank's code."""
-    p = _ranks(tmp_path, nprocs=2, offset=0, FAIL_RANK="1")
+    and the node's task exits with the failed rank's code (sys.exit(3) in a forked rank too)."""
+    p = _ranks(tmp_path, nprocs=2, offset=0, warm=warm, FAIL_RANK="1")
     assert p.wait(timeout=30) == 3
     assert Path(f"{tmp_path / 'out'}.0.stopped").exists()  # rank 0 got SIGTERM and left cleanly

@@ -181,10 +181,11 @@ class WorkerConfig:
     tls_ca: Path | None = None
     work_dir: Path = Path("hpcsched-worker")
     stop_grace_s: float = 30.0  # on SIGTERM: checkpoint -> SIGKILL of its tasks after this long
+    warm_ranks: bool = True  # keep a torch-preloaded ``direct`` supervisor ready (fast relaunch on resize)
 
 
 WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir",
-               "stop_grace_s"}
+               "stop_grace_s", "warm_ranks"}
 
 
 def read_worker_config(path: str | Path) -> dict[str, Any]:
@@ -204,6 +205,8 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
         out["stop_grace_s"] = doc.positive("stop_grace_s", float, 30.0)
     if "tls_ca" in doc.data:
         out["tls_ca"] = doc.path("tls_ca", base, None)
+    if "warm_ranks" in doc.data:
+        out["warm_ranks"] = doc.get("warm_ranks", bool, True)
     token = read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source)
     if token:
         out["token"] = token

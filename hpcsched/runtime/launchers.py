@@ -71,12 +71,15 @@ def torchrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
 
 
 RANKS_SCRIPT = str(Path(__file__).with_name("ranks.py"))  # run as a file: no hpcsched import before the ranks
+# -P: the script's directory (this package) is not put on sys.path, where our profile.py would shadow the
+# standard library's (torch._dynamo imports cProfile, which imports profile).
+RANKS = ["-P", RANKS_SCRIPT]
 
 
 def direct(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     env = _env(t, devices)
     env["LOCAL_WORLD_SIZE"] = str(t.nprocs)
-    return [python, RANKS_SCRIPT, f"--nprocs={t.nprocs}", f"--rank-offset={t.rank_offset}", "--",
+    return [python, *RANKS, f"--nprocs={t.nprocs}", f"--rank-offset={t.rank_offset}", "--",
             *_program(list(t.command), python)], env
 
 

@@ -16,17 +16,33 @@ restarts a failed attempt from its checkpoint anyway) and elastic membership cha
 stop and a relaunch at the new size).
 
     python ranks.py --nprocs 2 --rank-offset 0 [--grace 10] -- PROGRAM ARGS...
+
+Warm start (``--warm --preload torch,torch.distributed,torch._dynamo``): the worker keeps one supervisor
+started ahead of need, with the listed modules imported, blocked on a line of JSON on stdin (the launch:
+these arguments, the environment, the working directory, the log). A Python program is then FORKED from
+it and run with ``runpy``: the ranks of a relaunch skip the imports (4.6 s of CPU each here: torch, then
+torch._dynamo, which the first optimizer pulls in), nearly all of a resize. Fork is safe only in a
+single-threaded process: those imports (no CUDA call) start no thread, and this is checked before every
+fork; any other program, or a process that has grown a thread, gets the exec'd start above.
+Run it with ``python -P``: its own directory on sys.path would shadow the standard library's ``profile``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import importlib
+import json
 import os
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 
 
 def rank_env(base: dict[str, str], local_rank: int, nprocs: int, rank_offset: int) -> dict[str, str]:
@@ -41,9 +57,67 @@ def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
 
 
-def supervise(argv: list[str], nprocs: int, rank_offset: int, grace_s: float) -> int:
+class Forked:
+    """A rank forked from this process, with the calls ``supervise`` makes on a Popen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def single_threaded() -> bool:
+    return len(os.listdir("/proc/self/task")) == 1
+
+
+def fork_rank(program: str, args: list[str], env: dict[str, str]) -> Forked:
+    """Run a Python file as ``__main__`` in a forked child, as ``python program args`` would."""
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        with contextlib.suppress(OSError, AttributeError):  # die with the supervisor, like the exec'd ranks
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)  # the program installs its own
+        os.environ.clear()
+        os.environ.update(env)
+        path = os.path.abspath(program)
+        sys.argv = [path, *args]
+        sys.path.insert(0, os.path.dirname(path))  # as the interpreter does for a script
+        runpy.run_path(path, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def supervise(argv: list[str], nprocs: int, rank_offset: int, grace_s: float,
+              forkable: Callable[[], bool] | None = None) -> int:
+    """Start ``nprocs`` ranks of ``argv`` and supervise them (module docstring). ``forkable``: the ranks of a
+    Python program are forked from this process while it returns True (warm start)."""
     prefix = [exe, "--pdeathsig", "KILL", "--"] if (exe := shutil.which("setpriv")) else []
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | Forked] = []
     stopping = False
 
     def forward(signum: int, _frame: object) -> None:
@@ -55,8 +129,14 @@ def supervise(argv: list[str], nprocs: int, rank_offset: int, grace_s: float) ->
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    python_file = len(argv) >= 2 and argv[1].endswith(".py") and \
+        os.path.realpath(shutil.which(argv[0]) or argv[0]) == os.path.realpath(sys.executable)
     for local in range(nprocs):
-        procs.append(subprocess.Popen([*prefix, *argv], env=rank_env(dict(os.environ), local, nprocs, rank_offset)))
+        env = rank_env(dict(os.environ), local, nprocs, rank_offset)
+        if python_file and forkable is not None and forkable():
+            procs.append(fork_rank(argv[1], argv[2:], env))
+        else:
+            procs.append(subprocess.Popen([*prefix, *argv], env=env))
     failed = 0
     kill_at: float | None = None
     while any(p.poll() is None for p in procs):
@@ -76,18 +156,58 @@ def supervise(argv: list[str], nprocs: int, rank_offset: int, grace_s: float) ->
     return failed
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nprocs", type=int, required=True, help="ranks on this node")
+    ap.add_argument("--nprocs", type=int, help="ranks on this node")
     ap.add_argument("--rank-offset", type=int, default=0, help="global rank of this node's first rank")
     ap.add_argument("--grace", type=float, default=10.0, help="seconds a failed rank's peers get before SIGKILL")
+    ap.add_argument("--warm", action="store_true", help="preload, then wait for the launch as JSON on stdin")
+    ap.add_argument("--preload", default="", help="modules a warm supervisor imports ahead (comma-separated)")
     ap.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
-    args = ap.parse_args()
+    return ap
+
+
+def _run(ap: argparse.ArgumentParser, argv: list[str], forkable: Callable[[], bool] | None = None) -> int:
+    args = ap.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not program or args.nprocs < 1:
+    if not program or not args.nprocs or args.nprocs < 1:
         ap.error("need --nprocs >= 1 and a program after --")
-    return supervise(program, args.nprocs, args.rank_offset, args.grace)
+    return supervise(program, args.nprocs, args.rank_offset, args.grace, forkable)
+
+
+def warm(ap: argparse.ArgumentParser, preload: list[str]) -> int:
+    """Import ``preload``, then run the launch the worker writes to stdin: {"args": [ranks.py arguments],
+    "env": {...}, "cwd": str | null, "log": path}."""
+    for name in preload:
+        importlib.import_module(name)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the worker stopped without using this supervisor
+    launch = json.loads(line)
+    fd = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # no rank inherits the worker's pipe
+    os.close(null)
+    if launch.get("cwd"):
+        os.chdir(launch["cwd"])
+    os.environ.clear()
+    os.environ.update(launch["env"])
+    return _run(ap, launch["args"], forkable=single_threaded)
+
+
+def main() -> int:
+    ap = _parser()
+    args, _ = ap.parse_known_args()
+    if args.warm:
+        return warm(ap, [m for m in args.preload.split(",") if m])
+    return _run(ap, sys.argv[1:])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a warm supervisor has torch loaded: the interpreter's teardown of it takes seconds

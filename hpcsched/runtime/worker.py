@@ -68,10 +68,69 @@ def _pdeathsig_prefix() -> list[str]:
     return [exe, "--pdeathsig", "KILL", "--"] if exe else []
 
 
-def spawn(argv: list[str], env: dict[str, str], cwd: str | None, out: IO[bytes]) -> subprocess.Popen:
+def spawn(argv: list[str], env: dict[str, str], cwd: str | None, out: IO[bytes], stdin: int = subprocess.DEVNULL
+          ) -> subprocess.Popen:
     """Start a task fork-safely (see the module docstring): own session, parent-death signal, no preexec_fn."""
     return subprocess.Popen([*_pdeathsig_prefix(), *argv], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=stdin, start_new_session=True)
+
+
+class WarmRanks:
+    """One ``ranks.py --warm`` supervisor started ahead of need, torch imported, waiting for a launch on stdin.
+
+    Kept from a node's first ``direct`` launch on (that one starts cold): what it speeds up is a relaunch,
+    and workers that never run a ``direct`` job do not pay its import. A ``direct`` launch takes it (the
+    ranks are forked from it: no torch import in a resize's relaunch) and becomes an ordinary task process
+    (same session, signals, exit code). The next one starts ``delay_s`` after a take: the forked ranks get
+    the CPU first, and the replacement (3.6 s of CPU to import torch and torch._dynamo here) must be ready
+    for the next resize, which hysteresis (``min_runtime_s``, 10 s) keeps that close. The OMP thread count
+    is read when torch loads, so only launches that want what it was started with (OMP_NUM_THREADS=1, the
+    launchers' default) take it."""
+
+    # torch._dynamo too: the first optimizer a program builds imports it (torch.optim's dynamo guard), 3 s of
+    # CPU here, twice torch's own import; neither starts a thread, so the fork stays safe.
+    PRELOAD = "torch,torch.distributed,torch._dynamo"
+    OMP = "1"
+
+    def __init__(self, python: str, log: Path, delay_s: float = 1.0, preload: str = PRELOAD) -> None:
+        self.python, self.log, self.delay_s, self.preload = python, log, delay_s, preload
+        self.proc: subprocess.Popen | None = None
+        self.not_before = 0.0
+        self.wanted = False  # set by the node's first ``direct`` launch: a node that never runs one pays nothing
+
+    def ensure(self) -> None:
+        """Start one if none is ready or starting (called from the worker loop)."""
+        if not self.wanted:
+            return
+        if self.proc is not None and self.proc.poll() is not None:  # died untaken (see its log): not in a loop
+            log.warning("warm ranks supervisor exited with %s (log %s)", self.proc.returncode, self.log)
+            self.proc, self.not_before = None, time.monotonic() + 3 * self.delay_s
+        if self.proc is None and time.monotonic() >= self.not_before:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log, "ab") as out:
+                self.proc = spawn([self.python, *launchers.RANKS, "--warm", f"--preload={self.preload}"],
+                                  dict(os.environ) | {"OMP_NUM_THREADS": self.OMP}, None, out, stdin=subprocess.PIPE)
+
+    def take(self, argv: list[str], env: dict[str, str], cwd: str | None, log: Path) -> subprocess.Popen | None:
+        """Hand a ``direct`` launch (``argv`` as ``launchers.direct`` built it) to the ready supervisor."""
+        self.wanted = True
+        p = self.proc
+        if p is None or p.poll() is not None or p.stdin is None or env.get("OMP_NUM_THREADS") != self.OMP \
+                or argv[:3] != [self.python, *launchers.RANKS]:
+            return None
+        self.proc, self.not_before = None, time.monotonic() + self.delay_s
+        try:
+            p.stdin.write((json.dumps({"args": argv[3:], "env": env, "cwd": cwd, "log": str(log)}) + "\n").encode())
+            p.stdin.close()
+        except OSError:  # it died meanwhile: start cold
+            return None
+        return p
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self.proc = None
 
 
 def _orphaned_launcher(pid: int) -> bool:
@@ -100,6 +159,8 @@ class Worker:
         self.launchers = launchers.available()
         self.interval = 1.0
         self.channel = open_channel(cfg.controller, cfg.tls_ca)
+        use_warm = cfg.warm_ranks and "direct" in self.launchers and "torchrun" in self.launchers  # torch here
+        self.warm = WarmRanks(python, self.cfg.work_dir / "warm-ranks.log") if use_warm else None
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(cfg.token)
 
@@ -114,6 +175,8 @@ class Worker:
         due = 0.0
         while not stop.is_set():
             news = self._poll()
+            if self.warm is not None:
+                self.warm.ensure()
             if not news and time.monotonic() < due:
                 stop.wait(min(_POLL_S, self.interval))
                 continue
@@ -213,11 +276,16 @@ class Worker:
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
         proc = None
+        how = ""
         if t.node_rank == 0:
             ckpt = Path(t.checkpoint_dir)
             ckpt.mkdir(parents=True, exist_ok=True)
             (ckpt / "generation").write_text(f"{t.generation}\n")
-        if argv is not None:
+        if argv is not None and t.launcher == "direct" and self.warm is not None:
+            proc = self.warm.take(argv, dict(os.environ) | env, t.env.get("HPCSCHED_WORKDIR") or None,
+                                  run_dir / "output.log")
+            how = ", warm start" if proc is not None else ""
+        if argv is not None and proc is None:
             with open(run_dir / "output.log", "ab") as out:
                 try:
                     proc = spawn(argv, dict(os.environ) | env, t.env.get("HPCSCHED_WORKDIR") or None, out)
@@ -226,7 +294,7 @@ class Worker:
                     self.tasks[t.task_id] = Task(t, None, progress, devices, exit_code=127)
                     return
         self.tasks[t.task_id] = Task(t, proc, progress, devices)
-        log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, "" if argv else ", holding")
+        log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding")
 
     # --- elastic Horovod in-place resize (issue 6b, logic in horovod_elastic.py): begin ---
     def resize_in_place(self, task_id: str, hosts: list[str]) -> bool:
@@ -308,4 +376,6 @@ class Worker:
     def shutdown(self) -> None:
         for tid in list(self.tasks):
             self.kill(tid, checkpoint=False)
+        if self.warm is not None:
+            self.warm.close()
         self.channel.close()
