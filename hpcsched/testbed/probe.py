@@ -17,7 +17,7 @@ import time
 PROBE = "import torch, torch.distributed"
 
 
-def startup_probe(repeat: int = 1) -> float:
+def startup_probe(repeat: int = 3) -> float:
     """Median wall seconds of ``python -c 'import torch, torch.distributed'`` over ``repeat`` runs."""
     times = []
     for _ in range(max(1, repeat)):

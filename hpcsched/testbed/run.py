@@ -37,6 +37,7 @@ class RunOptions:
     max_jump_s: float = 30.0  # real-equivalent seconds one jump may skip
     checkpoint_root: Path | None = None  # the controller's (for --controller with fast-forward)
     launcher: str = "torchrun"  # how the workers start each job's processes (torchrun | direct)
+    probes: int = 3  # start-up probe samples before the first job (0: none)
 
 
 def _select(opts: RunOptions):
@@ -58,6 +59,8 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
         raise InputError(None, f"unknown policy {opts.policy!r}; known: {', '.join(REGISTRY.names())}")
     if opts.jobs < 1 or opts.skip < 0 or not 1 <= opts.min_steps <= opts.max_steps or opts.max_procs < 1:
         raise InputError(None, "need --jobs >= 1, --skip >= 0, 1 <= --min-steps <= --max-steps, --max-procs >= 1")
+    if opts.probes < 0:
+        raise InputError(None, f"--probes must be >= 0, got {opts.probes}")
     if opts.launcher not in ("torchrun", "direct"):
         raise InputError(None, f"--launcher must be torchrun or direct, got {opts.launcher!r}")
     if opts.fast_forward < 0 or opts.max_jump_s <= 0:
@@ -78,7 +81,8 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
             "capacity_nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "jobs_replayed": len(scaled),
             "skip": opts.skip, "state": str(state) if state is not None else None,
             "fast_forward": opts.fast_forward, "skipped_s": round(sum(s for _, s in rep.jumps), 3),
-            "jumps": len(rep.jumps), "startup_probe_s": round(probe, 3), "launcher": opts.launcher}
+            "jumps": len(rep.jumps), "startup_probe_s": round(probe, 3) if probe else None,
+            "launcher": opts.launcher}
     driver.write_real(opts.out, scaled, rep, meta)
     if opts.fast_forward:
         say(f"testbed: {len(rep.jumps)} jumps skipped {sum(s for _, s in rep.jumps):,.0f} real-equivalent s "
@@ -142,7 +146,7 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
         _check_workers(client, spec, opts.cluster)
         try:
             ff = _forwarder(opts, opts.state, opts.checkpoint_root)
-            probe = startup_probe()
+            probe = startup_probe(opts.probes) if opts.probes else None
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
                                  progress=progress, ff=ff, poll_s=0.2 if ff else 0.5,
                                  launcher=opts.launcher), opts.state, probe
@@ -155,7 +159,8 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
         try:
             lc.wait_workers(client)
             ff = _forwarder(opts, lc.state, lc.ckpt_root)
-            probe = startup_probe()  # the workers are up: how slow a start is here, before the first job
+            # the workers are up: how slow a start is here, before the first job
+            probe = startup_probe(opts.probes) if opts.probes else None
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
                                  progress=progress, ff=ff, poll_s=0.2 if ff else 0.5,
                                  launcher=opts.launcher), lc.state, probe
