@@ -91,16 +91,18 @@ def min_max_allocation(a: np.ndarray, r: np.ndarray, iso: np.ndarray, g: np.ndar
     """x minimising max_i (a_i + r_i / x_i) / iso_i  s.t.  0 <= x <= 1, sum g x <= capacity (r, iso > 0).
 
     Every job ends at the common optimum t with the least x reaching it: t is the worst rho at a whole
-    share if that fits, else the root of sum g_i r_i / (t iso_i - a_i) = capacity, found by Newton
-    from the left (the sum is convex and decreasing in t, so the steps never overshoot)."""
+    share if that fits, else the root of f(t) = sum g_i r_i / (t iso_i - a_i) = capacity. Newton runs
+    on 1/f, which is concave and increasing (a harmonic sum of linear terms) and exactly linear when
+    one job dominates: from the left its steps never overshoot and take a handful of iterations."""
     t = float(np.max((a + r) / iso))
     gr = g * r
     for _ in range(100):
         d = t * iso - a
-        f = float(np.sum(gr / d)) - capacity
-        if f <= 1e-12 * capacity:
+        q = gr / d
+        f = float(q.sum())
+        if f <= capacity * (1.0 + 1e-12):
             break
-        step = f / float(np.sum(gr * iso / (d * d)))
+        step = (1.0 / capacity - 1.0 / f) * f * f / float((q * iso / d).sum())
         t += step
         if step <= 1e-15 * t:
             break
@@ -108,16 +110,22 @@ def min_max_allocation(a: np.ndarray, r: np.ndarray, iso: np.ndarray, g: np.ndar
 
 
 def _reference_order(now: float, capacity: float, cols: dict[str, np.ndarray], share: np.ndarray) -> np.ndarray:
-    r = np.nan_to_num(cols["remaining_s"], posinf=1e12)
+    r = cols["remaining_s"]
+    if not np.isfinite(r).all():
+        r = np.nan_to_num(r, posinf=1e12)
     done = cols["iterations_done"]
     iso = (done + np.maximum(cols["iterations_total"] - done, 0.0)) / share  # the reference's units
     live = (r > 0) & (iso > 0)
-    x = np.zeros(len(r))
-    if live.any():
-        x[live] = min_max_allocation(now - cols["submit"][live], r[live], iso[live], cols["gpus"][live], capacity)
+    if live.all():
+        x = min_max_allocation(now - cols["submit"], r, iso, cols["gpus"], capacity)
+    else:
+        x = np.zeros(len(r))
+        if live.any():
+            x[live] = min_max_allocation(now - cols["submit"][live], r[live], iso[live], cols["gpus"][live], capacity)
     ex = cols["executed_s"]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_s = np.where(ex > 0, x / ex, x * 1e9)  # allocation per second received; never-run jobs first
+    never = ex <= 0
+    per_s = x / np.where(never, 1.0, ex)  # allocation per second received; never-run jobs first
+    per_s[never] = x[never] * 1e9
     return np.lexsort((-x, -per_s))  # both descending, ties in arrival order (as a stable reverse sort)
 
 

@@ -40,6 +40,14 @@ How a policy's groups are executed (the contract the interleaving policies rely 
    only on its own view) are not called in default mode either: the engine keeps the waiting jobs
    sorted by (key, arrival) as they start and stop, sorts only the running ones at each event and
    merges the two lazily, which is exactly the policy's answer without the O(active jobs) sort.
+   In compat mode the same holds, except for a policy marked ``compat_rank_order`` (Tiresias): its
+   compat answer is the order of the reference's queue lists, which the engine keeps as (queue, seq)
+   keys that never change while a job waits.
+10. Policies that declare ``vector_order(now, cluster, columns, compat) -> positions`` (Themis) are
+   one numpy function over per-job columns (``hpcsched.policies.themis.COLUMNS``, active jobs in
+   arrival order). The engine keeps those columns in arrays, refreshes only the running jobs' rows at
+   each event and calls that function instead of building a snapshot of every active job; the policy
+   called on a snapshot builds the same columns from the views and calls the same function.
 """
 
 from __future__ import annotations
@@ -547,17 +555,19 @@ class _Engine:
     def _view(self, j: _J) -> JobView:
         v = j.view
         if v is None:
-            rem_iters = max(j.total - j.done, 0.0)
-            if self.compat and not j.ever_ran and self.rules.new_remaining == "duration":
-                remaining = j.dur
-            else:
-                remaining = rem_iters * j.it * SOLO_FACTOR
+            remaining = self._remaining(j)
             v = JobView(  # positional (JobView's field order): this runs for every running job at every event
                 j.id, j.submit, j.gpus, int(round(j.total)), j.done, j.it, j.attained, j.executed, remaining,
                 j.job.profile, j.running, j.first_start, j.model, j.hint,
             )
             j.view = v
         return v
+
+    def _remaining(self, j: _J) -> float:
+        """Solo seconds left as a policy sees them (``JobView.remaining_s``)."""
+        if self.compat and not j.ever_ran and self.rules.new_remaining == "duration":
+            return j.dur
+        return max(j.total - j.done, 0.0) * j.it * SOLO_FACTOR
 
     def _reschedule(self, t: float) -> None:
         if not self.active:
@@ -657,11 +667,11 @@ class _Engine:
         return act[order].tolist()
 
     def _fill(self, j: _J) -> None:
-        v = j.view or self._view(j)
+        """Write one job's changing columns (the numbers its JobView would show), without the view."""
         i, cols = j.idx, self.cols
-        cols["remaining_s"][i] = v.remaining_s
-        cols["iterations_done"][i] = v.iterations_done
-        cols["executed_s"][i] = v.executed_s
+        cols["remaining_s"][i] = self._remaining(j)
+        cols["iterations_done"][i] = j.done
+        cols["executed_s"][i] = j.executed
 
     def _members(self, g: Group) -> tuple[tuple[_J, ...], int]:
         try:

@@ -32,6 +32,11 @@ def place_consolidated(
     """
     if gpus <= 0:
         raise ValueError(f"a placement needs >= 1 GPU, got {gpus}")
+    if gpus <= gpus_per_node:  # one node, which lies in one switch: the first node with room, whatever
+        for i, f in enumerate(free):  # the switches (the simulator's hottest call: kept to one loop)
+            if f >= gpus:
+                return [(i, gpus)]
+        return None
     n = len(free)
     per_switch = nodes_per_switch or n
     for lo in range(0, n, per_switch):
