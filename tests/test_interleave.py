@@ -292,7 +292,7 @@ def test_many_distinct_jobs_match_within_one_percent_of_exact() -> None:
         s = rng.uniform(0.01, 0.3, 3)
         s[rng.integers(0, 3)] = rng.uniform(0.3, 1.0)
         kinds.append((scorer.intern(cand(i, 4, tuple(s.tolist())).key),))
-    ours = _match(kinds, scorer)  # 300 distinct profiles: sparse blossom on each node's 12 best edges
+    ours = _match(kinds, scorer)  # 300 distinct profiles: screened sparse blossom (screening.py)
     assert len({p for i, j, _ in ours for p in (i, j)}) == 2 * len(ours)
     uniq = sorted(set(kinds))
     tw = scorer._matrix_vectorised(uniq)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import rustworkx as rx
@@ -11,6 +13,9 @@ from hpcsched.interleave.grouping import GroupingRules, Scorer, _match
 from hpcsched.interleave.matching import MatchSettings
 from hpcsched.interleave.refblossom import reference_matching
 from hpcsched.interleave.screening import _bound, _node_arrays, _pair_weights, sparse_pairs
+from hpcsched.traces import read_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def random_kinds(scorer: Scorer, n: int, seed: int) -> list[tuple[int, ...]]:
@@ -91,7 +96,7 @@ def test_sparse_matching_on_merged_nodes_respects_the_group_size(weight: str) ->
     quads = [tuple(sorted(sum(singles[4 * i : 4 * i + 4], ()))) for i in range(20)]
     pairs = [tuple(sorted(singles[2 * i] + singles[2 * i + 1])) for i in range(40, 100)]
     kinds = quads + pairs + singles[200:]
-    out = sparse_pairs(kinds, scorer, keep=4, screen=24, lock_from=50, keep_merged=12)
+    out = sparse_pairs(kinds, scorer, MatchSettings(lock_from=50))
     assert out, "pairs of pairs interleave: something must match"
     assert all(len(kinds[i]) + len(kinds[j]) <= 4 for i, j, _ in out)  # a full group takes no partner
     w = scorer._matrix_vectorised(kinds)
@@ -126,3 +131,26 @@ def test_reference_blossom_breaks_ties_in_scan_order() -> None:
     w = [[0, 0.5, 0.5, 0.5], [0.5, 0, 0.9, 0.5], [0.5, 0.9, 0, 0.5], [0.5, 0.5, 0.5, 0]]
     assert reference_matching(w) == [(1, 2), (0, 3)]
     assert reference_matching([[0, 0], [0, 0]]) == []
+
+
+def reprofiled_trace_kinds(scorer: Scorer, n: int, seed: int) -> list[tuple[int, ...]]:
+    """Jobs of the bundled trace2 with their stage profile re-measured (+-5% noise): all distinct, and
+    mostly data-bound, so the few compute-bound ones are everybody's best partner (hubs)."""
+    jobs = [j for j in read_jobs(ROOT / "trace-data/muri/trace2.csv") if j.profile is not None]
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, idx in enumerate(rng.choice(len(jobs), size=n)):
+        s = np.array(jobs[idx].profile.stages()) * rng.uniform(0.95, 1.05, 3)
+        out.append((scorer.intern(cand(k, 4, tuple(s.tolist())).key),))
+    return out
+
+
+@pytest.mark.parametrize(("weight", "chunk"), [("efficiency", 800), ("gain", 800), ("efficiency", 100)])
+def test_sparse_matching_survives_hubs_and_parts(weight: str, chunk: int) -> None:
+    scorer = Scorer(GroupingRules(weight=weight, match=MatchSettings(chunk=chunk)))
+    kinds = reprofiled_trace_kinds(scorer, 300, seed=11)
+    pairs = _match(kinds, scorer)
+    ends = [p for i, j, _ in pairs for p in (i, j)]
+    assert len(ends) == len(set(ends))
+    ours, best = sum(wt for *_, wt in pairs), exact_weight(scorer._matrix_vectorised(kinds))
+    assert (0.99 if chunk >= 300 else 0.98) * best <= ours <= best + 1e-9

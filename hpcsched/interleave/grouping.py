@@ -279,15 +279,14 @@ def _match_reference(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[i
 
 
 def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
-    """Pairs for one bucket: exact where that is cheap, else screened-sparse, in chunks beyond ``chunk``.
+    """Pairs for one bucket: exact where that is cheap, else screened-sparse.
 
     Small buckets and buckets of few kinds are matched exactly (``matching``). Many *distinct* nodes go
-    to ``screening.sparse_pairs`` (each node's few heaviest partners, then exact blossom on that graph;
-    pipeline model only, the others use each node's ``chunk_edges`` heaviest edges of the complete
-    graph). Beyond ``chunk`` nodes, blossom's O(n^3) is bounded by dealing the nodes into chunks by
-    stride in priority order (each chunk a cross-section of the bucket), matching each, then matching the
-    nodes left unmatched among themselves once more. bench/bench_interleave.py measures the weight all
-    this loses against exact matching on the complete graph.
+    to ``screening.sparse_pairs`` (each node's few best and a few random partners, blossom on that graph,
+    in parts of at most ``chunk`` nodes); that needs the pipeline model's period bound, so other models
+    use each node's ``chunk_edges`` heaviest edges of the complete graph, in stride-dealt chunks of
+    ``chunk`` nodes plus the leftovers. bench/bench_interleave.py measures the weight this loses
+    against exact matching on the complete graph.
     """
     n = len(node_kinds)
     settings = scorer.rules.match
@@ -295,11 +294,9 @@ def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, f
         return _match_reference(node_kinds, scorer)
     if n <= settings.dense_limit or len(set(node_kinds)) <= settings.type_limit:
         return _match_exact(node_kinds, scorer)
+    if scorer.rules.model.kind == "pipeline":
+        return sparse_pairs(node_kinds, scorer, settings)
     if n <= settings.chunk:
-        if scorer.rules.model.kind == "pipeline":
-            return sparse_pairs(
-                node_kinds, scorer, settings.keep, settings.screen, settings.lock_from, settings.keep_merged
-            )
         return _match_exact(node_kinds, scorer)
     chunks = -(-n // settings.chunk)
     out: list[tuple[int, int, float]] = []

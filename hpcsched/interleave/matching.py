@@ -38,9 +38,10 @@ class MatchSettings:
     type_limit: int = 48  # at most this many distinct types -> exact integer program
     keep: int = 4  # many distinct nodes (grouping -> screening): a single job keeps its 4 heaviest edges,
     keep_merged: int = 12  # a group its 12 heaviest ...
-    screen: int = 24  # ... of its 24 best by the period bound
+    screen: int = 24  # ... of its 24 best by the period bound,
+    spread: int = 12  # ... and every node 12 random partners (hubs)
     lock_from: int = 1500  # from this many single jobs on, mutual best partners are paired before blossom
-    chunk: int = 4000  # beyond this many nodes: matched in chunks of about this many (grouping._match)
+    chunk: int = 800  # at most this many nodes per blossom; more are dealt into parts (grouping, screening)
     chunk_edges: int = 12  # models without the bound: each node's 12 heaviest edges of the complete graph
     reference_ties: bool = False  # compat: the reference's own blossom, so equal-weight ties go its way
 

@@ -8,17 +8,16 @@ only a handful of partners worth considering: most pairs interleave poorly. So:
 1. **Bound.** In the pipeline model no two jobs hold one resource at once, and each job runs its
    stages one after another, so a merged group's period is at least
    ``max(max_s sum_j t[j][s], max_j sum_s t[j][s])``. That lower bound on the period gives an upper
-   bound on either edge weight (efficiency, or GPU-time gain), for all n^2 pairs in a few vectorised
-   array operations.
-2. **Screen.** Each node keeps its ``screen`` partners of highest bound; only those pairs get their
-   exact period (and weight).
-3. **Keep.** Each node keeps its ``keep`` heaviest exact edges; the union of these is the graph.
-4. **Match** it exactly (Edmonds' blossom, rustworkx).
+   bound on either edge weight (efficiency, or GPU-time gain) for all pairs in a few array operations.
+   Single jobs need no bound: the two-job period has a closed form, exact for all n^2 pairs.
+2. **Screen.** Each node keeps its few partners of highest weight (or bound, then weighed exactly),
+   plus a few at random among those not ruled out: when everybody's favourite is the same handful of
+   nodes (hubs), the favourites alone cannot pair the rest.
+3. **Match** that sparse graph exactly (Edmonds' blossom, rustworkx), in parts of bounded size.
 
-bench/bench_interleave.py measures the result against exact blossom on the complete graph: on 2,000
-random profiles, ``keep`` = 4 already reaches 0.9993 of the optimum (12: 0.99997), because an optimal
-partner of a node is almost always among its few heaviest edges. Only the pipeline model has the bound;
-other models (compat's ``muri4``) stay on the complete graph.
+bench/bench_interleave.py measures the result against exact blossom on the complete graph (0.996-0.9998
+of the optimum on random and re-profiled trace jobs). Only the pipeline model has the bound; other
+models (compat's ``muri4``) stay on the complete graph.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import rustworkx as rx
 
+from hpcsched.interleave.matching import MatchSettings
 from hpcsched.interleave.period import STAGES
 from hpcsched.sim.semantics import group_factor
 
@@ -160,41 +160,42 @@ def _ranked(i: np.ndarray, j: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _candidates(
-    a: dict[str, np.ndarray], nodes: np.ndarray, width: int, singles: bool, scorer, block: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Edges (i, j, exact weight > 0), i < j, among ``nodes``: each node's ``width`` best partners by exact
-    weight (singles, closed form) or by the bound (then weighed exactly)."""
-    width = min(width, len(nodes) - 1)
+    a: dict[str, np.ndarray], nodes: np.ndarray, width: int, spread: int, singles: bool, scorer, block: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Edges (i, j, exact weight > 0, random?), i < j, among ``nodes``: each node's ``width`` best partners
+    by exact weight (singles, closed form) or by the bound (then weighed exactly), and ``spread`` partners
+    drawn at random among those the weight or bound does not rule out (seeded by the graph's size)."""
+    m = len(nodes)
+    width, spread = min(width, m - 1), min(spread, m - 1)
     if width < 1:
-        return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0)
-    ci, cj, cw = [], [], []
-    for lo in range(0, len(nodes), block):  # row blocks bound the memory of the weights or bounds
+        return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp), np.zeros(0), np.zeros(0, dtype=bool)
+    rng = np.random.default_rng(m)
+    ci, cj, cw, cr = [], [], [], []
+    for lo in range(0, m, block):  # row blocks bound the memory of the weights or bounds
         rows = nodes[lo : lo + block]
         sc = _pair_weights(a, rows, nodes, scorer) if singles else _bound(a, rows, nodes, scorer)
-        top = sc.argmax(axis=1)[:, None] if width == 1 else np.argpartition(-sc, width - 1, axis=1)[:, :width]
-        val = np.take_along_axis(sc, top, axis=1).ravel()
-        good = val > 0
-        ci.append(np.repeat(rows, width)[good])
-        cj.append(nodes[top.ravel()[good]])
-        cw.append(val[good])
-    i_, j_, w_ = np.concatenate(ci), np.concatenate(cj), np.concatenate(cw)
+        picks = [(sc.argmax(axis=1)[:, None] if width == 1 else np.argpartition(-sc, width - 1, axis=1)[:, :width],
+                  False)]  # fmt: skip
+        if spread > 0:
+            key = rng.random(sc.shape)
+            key[sc <= 0] = -1.0
+            picks.append((np.argpartition(-key, spread - 1, axis=1)[:, :spread], True))
+        for top, rand in picks:
+            val = np.take_along_axis(sc, top, axis=1).ravel()
+            good = val > 0
+            ci.append(np.repeat(rows, top.shape[1])[good])
+            cj.append(nodes[top.ravel()[good]])
+            cw.append(val[good])
+            cr.append(np.full(int(good.sum()), rand))
+    i_, j_, w_, r_ = np.concatenate(ci), np.concatenate(cj), np.concatenate(cw), np.concatenate(cr)
     n = len(a["size"])
-    code, first = np.unique(np.minimum(i_, j_) * n + np.maximum(i_, j_), return_index=True)
+    order = np.argsort(r_, kind="stable")  # best-partner copies first, so a duplicate keeps that label
+    code, first = np.unique((np.minimum(i_, j_) * n + np.maximum(i_, j_))[order], return_index=True)
+    first = order[first]
     i, j = code // n, code % n
     w = w_[first] if singles else _exact(a, i, j, scorer)
     pos = w > 0
-    return i[pos], j[pos], w[pos]
-
-
-def _ranked(i: np.ndarray, j: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Both ends of every edge, sorted by end then heaviest first: (end, edge id, rank at that end)."""
-    ends = np.concatenate([i, j])
-    ww = np.concatenate([w, w])
-    edge_id = np.concatenate([np.arange(len(w)), np.arange(len(w))])
-    order = np.lexsort((-ww, ends))
-    sorted_ends = ends[order]
-    rank = np.arange(len(order)) - np.searchsorted(sorted_ends, sorted_ends, side="left")
-    return sorted_ends, edge_id[order], rank
+    return i[pos], j[pos], w[pos], r_[first][pos]
 
 
 def _mutual_best(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float]]:
@@ -213,49 +214,67 @@ def _mutual_best(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tu
 
 
 def sparse_pairs(
-    node_kinds: Sequence[tuple[int, ...]],
-    scorer,
-    keep: int,
-    screen: int,
-    lock_from: int,
-    keep_merged: int,
-    block: int = 512,
+    node_kinds: Sequence[tuple[int, ...]], scorer, settings: MatchSettings, block: int = 512
 ) -> list[tuple[int, int, float]]:
     """Maximum-weight pairs (i, j, weight), i < j, on the screened sparse graph (module docstring).
 
-    Single jobs keep their ``keep`` heaviest edges; nodes that are already groups keep ``keep_merged``
-    (more: their best partners crowd onto the same few nodes, so a short list leaves many nodes with
-    no free partner; 4 lost 13% of the weight on a test graph, 12 lost 0.5%). From ``lock_from``
-    single jobs on, pairs of mutual best partners are matched first and only the rest go to blossom,
-    whose time grows ~cubically, and about half the jobs are such pairs. (Not exact: a mutual best
-    pair can block two heavier pairs; ~0.1% of the weight on 2,000 random jobs.)
+    Per ``settings``: single jobs keep their ``keep`` heaviest edges, nodes that are already groups
+    ``keep_merged`` (their best partners crowd onto the same few nodes: 4 lost 13% of the weight on a
+    test graph, 12 lost 0.5%), and every node ``spread`` random ones (when everybody's heaviest edges go
+    to the same few nodes, e.g. the few compute-bound jobs among data-bound ones, those alone cannot
+    pair most nodes: 0.52 of the optimum on 1,000 re-profiled trace jobs without, 0.997 with 12). From
+    ``lock_from`` single jobs on, mutual best partners are paired first (~half the jobs of a random
+    graph; not exact: such a pair can block two heavier ones, ~0.1% of the weight). Blossom's time
+    grows ~cubically, so what is left is dealt by stride into parts of at most ``chunk`` nodes (each a
+    cross-section of priorities and profiles), each matched alone, and the leftovers once more.
     """
     n = len(node_kinds)
     a = _node_arrays(scorer, node_kinds)
     singles = bool((a["size"] == 1).all())
-    width = keep if singles else screen
-    if not singles:
-        keep = keep_merged
     nodes = np.arange(n)
     out: list[tuple[int, int, float]] = []
-    if singles and n >= lock_from:
-        out = _mutual_best(n, *_candidates(a, nodes, 1 if singles else screen, singles, scorer, block))
+    if singles and n >= settings.lock_from:
+        out = _mutual_best(n, *_candidates(a, nodes, 1, 0, singles, scorer, block)[:3])
         taken = np.zeros(n, dtype=bool)
         for x, y, _ in out:
             taken[x] = taken[y] = True
         nodes = np.nonzero(~taken)[0]
-    i, j, w = _candidates(a, nodes, width, singles, scorer, block)
-    if len(w):
-        # each node keeps its `keep` heaviest exact edges (an edge stays if either end keeps it)
-        _, eid, rank = _ranked(i, j, w)
-        kept = np.unique(eid[rank < keep])
-        i, j, w = i[kept], j[kept], w[kept]
-        g = rx.PyGraph()
-        g.add_nodes_from(range(n))
-        weights = np.rint(w * _SCALE).astype(np.int64).tolist()
-        g.add_edges_from(list(zip(i.tolist(), j.tolist(), weights, strict=True)))
-        wmap = {(x, y): z for x, y, z in zip(i.tolist(), j.tolist(), w.tolist(), strict=True)}
-        for x, y in rx.max_weight_matching(g, weight_fn=int):
-            lo, hi = min(x, y), max(x, y)
-            out.append((lo, hi, wmap[(lo, hi)]))
+    parts = -(-len(nodes) // settings.chunk)
+    for c in range(parts):
+        out += _sparse_blossom(a, nodes[c::parts], singles, scorer, settings, block)
+    if parts > 1:
+        taken = np.zeros(n, dtype=bool)
+        for x, y, _ in out:
+            taken[x] = taken[y] = True
+        rest = nodes[~taken[nodes]]
+        if len(rest) >= 2:
+            out += _sparse_blossom(a, rest, singles, scorer, settings, block)
     return sorted(out)
+
+
+def _sparse_blossom(
+    a: dict[str, np.ndarray], nodes: np.ndarray, singles: bool, scorer, settings: MatchSettings, block: int
+) -> list[tuple[int, int, float]]:
+    """Blossom on ``nodes`` with each node's best and random partners among them."""
+    keep = settings.keep if singles else settings.keep_merged
+    width = settings.keep if singles else settings.screen
+    i, j, w, rand = _candidates(a, nodes, width, settings.spread, singles, scorer, block)
+    if len(w) == 0:
+        return []
+    _, eid, rank = _ranked(i[~rand], j[~rand], w[~rand])
+    best = np.nonzero(~rand)[0][np.unique(eid[rank < keep])]
+    kept = np.concatenate([best, np.nonzero(rand)[0]])
+    return _blossom(len(a["size"]), i[kept], j[kept], w[kept])
+
+
+def _blossom(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float]]:
+    """Exact maximum-weight matching of the sparse graph (rustworkx), as (i, j, weight), i < j."""
+    g = rx.PyGraph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(list(zip(i.tolist(), j.tolist(), np.rint(w * _SCALE).astype(np.int64).tolist(), strict=True)))
+    wmap = {(x, y): z for x, y, z in zip(i.tolist(), j.tolist(), w.tolist(), strict=True)}
+    out = []
+    for x, y in rx.max_weight_matching(g, weight_fn=int):
+        lo, hi = min(x, y), max(x, y)
+        out.append((lo, hi, wmap[(lo, hi)]))
+    return out
