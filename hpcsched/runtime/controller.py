@@ -28,6 +28,7 @@ from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
 log = logging.getLogger("hpcsched.runtime.controller")
 
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
+_MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
 
 
@@ -424,7 +425,9 @@ class Controller:
         log.info("job %s generation %d on %s", job.id, gen, placement)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """The scheduling loop: every ``schedule_interval_s``, or at once when something changed."""
+        """The scheduling loop: every ``schedule_interval_s``, or soon when something changed. Steps are at
+        least ``_MIN_STEP_GAP_S`` apart: in a burst of changes (256 workers registering at once) back-to-back
+        steps held the lock most of the time and every heartbeat queued behind one."""
         while not stop.is_set():
             self.wakeup.wait(self.cfg.schedule_interval_s)
             self.wakeup.clear()
@@ -432,6 +435,7 @@ class Controller:
                 self.tick()
             except Exception:  # a bug in one step must not kill the controller; it is logged loudly
                 log.exception("scheduling step failed")
+            stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
 
     # ------------------------------------------------------------------------------------- queries
     def list_jobs(self) -> list[pb.JobInfo]:
