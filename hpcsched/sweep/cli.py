@@ -39,6 +39,10 @@ def sweep(
     A sweep resumes: cells already finished in DIR (same parameters, same id) are skipped, so an
     interrupted sweep is continued by running the same command again. Then `hpcsched report DIR`.
 
+    A cell that fails (bad input, a crash, killed, over --cell-timeout) is recorded with its error in
+    results.csv and the report while the other cells go on; the exit status is then 1, and the next
+    run retries only the failed cells. The bar on stderr shows cells done, elapsed time and ETA.
+
     arrival_scale multiplies every inter-arrival time (0.5 = twice the load).
     """
     cfg = load_config(config)
