@@ -41,7 +41,7 @@ class MatchSettings:
     screen: int = 24  # ... of its 24 best by the period bound,
     spread: int = 12  # ... and every node 12 random partners (hubs)
     lock_from: int = 1500  # from this many single jobs on, mutual best partners are paired before blossom
-    chunk: int = 800  # at most this many nodes per blossom; more are dealt into parts (grouping, screening)
+    chunk: int = 1000  # at most this many nodes per blossom; more are dealt into parts (grouping, screening)
     chunk_edges: int = 12  # models without the bound: each node's 12 heaviest edges of the complete graph
     reference_ties: bool = False  # compat: the reference's own blossom, so equal-weight ties go its way
 
