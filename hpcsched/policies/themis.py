@@ -24,9 +24,10 @@ gives each job the least allocation that reaches t. (ECOS, an interior-point sol
 centre of that box; modelling that moved the result further from the published table, see
 docs/simulator.md.)
 
-Both forms are one array function (``rho_order``) over the active jobs' columns, so the simulator
-can call it on arrays it keeps up to date (``vector_order``: engine contract item 10) and the policy
-itself, called on a snapshot, gives exactly the same order.
+Both forms are one array function (``rho_keys``: sort keys over the active jobs' columns), so the
+simulator can call it on arrays it keeps up to date and sort only as far as it places
+(``vector_keys``: engine contract item 10), and the policy itself, called on a snapshot, sorts the
+same keys fully: the same order.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from hpcsched.model import ClusterSpec
 from hpcsched.policies._order import remaining_s, runs_every_job, solo
 
 COLUMNS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
-"""The per-job numbers ``rho_order`` reads (one array each, active jobs in arrival order)."""
+"""The per-job numbers ``rho_keys`` reads (one array each, active jobs in arrival order)."""
 
 
 def _share(v: JobView, snapshot: Snapshot) -> float:
@@ -58,7 +59,7 @@ def finish_time_fairness(v: JobView, snapshot: Snapshot) -> float:
 
 
 def columns(views: tuple[JobView, ...]) -> dict[str, np.ndarray]:
-    """A snapshot's jobs as the arrays ``rho_order`` reads (unknown lengths: infinite remaining time)."""
+    """A snapshot's jobs as the arrays ``rho_keys`` reads (unknown lengths: infinite remaining time)."""
     inf = math.inf
     return {
         "submit": np.array([v.submit for v in views], dtype=float),
@@ -71,11 +72,14 @@ def columns(views: tuple[JobView, ...]) -> dict[str, np.ndarray]:
     }
 
 
-def rho_order(now: float, cluster: ClusterSpec, cols: dict[str, np.ndarray], compat: str | None = None) -> np.ndarray:
-    """Positions (into ``cols``) in the order Themis serves the jobs: worst finish-time fairness first."""
+def rho_keys(
+    now: float, cluster: ClusterSpec, cols: dict[str, np.ndarray], compat: str | None = None
+) -> list[np.ndarray]:
+    """Sort keys of the jobs in ``cols``, most significant first, lowest served first (ties: arrival
+    order): worst finish-time fairness first."""
     n = len(cols["gpus"])
     if n == 0:
-        return np.zeros(0, dtype=np.intp)
+        return [np.zeros(0)]
     share = np.minimum(1.0, math.ceil(cluster.gpus / n) / cols["gpus"])
     if compat == "muri":
         return _reference_order(now, cluster.gpus, cols, share)
@@ -83,8 +87,12 @@ def rho_order(now: float, cluster: ClusterSpec, cols: dict[str, np.ndarray], com
     with np.errstate(invalid="ignore", divide="ignore"):
         total = cols["iterations_done"] * cols["iteration_time"] + rem
         key = -((now - cols["submit"] + rem) * share / total)
-    key = np.where(np.isfinite(total) & (total > 0), key, -0.0)
-    return np.argsort(key, kind="stable")
+    return [np.where(np.isfinite(total) & (total > 0), key, -0.0)]
+
+
+def order_by(keys: list[np.ndarray]) -> np.ndarray:
+    """Positions sorted by ``keys`` (most significant first), ties in position order."""
+    return np.lexsort(keys[::-1])
 
 
 def min_max_allocation(a: np.ndarray, r: np.ndarray, iso: np.ndarray, g: np.ndarray, capacity: float) -> np.ndarray:
@@ -109,7 +117,7 @@ def min_max_allocation(a: np.ndarray, r: np.ndarray, iso: np.ndarray, g: np.ndar
     return np.minimum(r / (t * iso - a), 1.0)
 
 
-def _reference_order(now: float, capacity: float, cols: dict[str, np.ndarray], share: np.ndarray) -> np.ndarray:
+def _reference_order(now: float, capacity: float, cols: dict[str, np.ndarray], share: np.ndarray) -> list[np.ndarray]:
     r = cols["remaining_s"]
     if not np.isfinite(r).all():
         r = np.nan_to_num(r, posinf=1e12)
@@ -126,17 +134,17 @@ def _reference_order(now: float, capacity: float, cols: dict[str, np.ndarray], s
     never = ex <= 0
     per_s = x / np.where(never, 1.0, ex)  # allocation per second received; never-run jobs first
     per_s[never] = x[never] * 1e9
-    return np.lexsort((-x, -per_s))  # both descending, ties in arrival order (as a stable reverse sort)
+    return [-per_s, -x]  # both descending, ties in arrival order (as the reference's stable reverse sort)
 
 
 @runs_every_job
 def themis(snapshot: Snapshot) -> list[Group]:
     jobs = snapshot.jobs
-    order = rho_order(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat)
+    order = order_by(rho_keys(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat))
     return [solo(jobs[i].id) for i in order.tolist()]
 
 
-themis.vector_order = rho_order  # type: ignore[attr-defined]
+themis.vector_keys = rho_keys  # type: ignore[attr-defined]
 
 
 def themis_cvxpy(snapshot: Snapshot) -> list[Group]:

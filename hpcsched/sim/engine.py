@@ -43,11 +43,13 @@ How a policy's groups are executed (the contract the interleaving policies rely 
    In compat mode the same holds, except for a policy marked ``compat_rank_order`` (Tiresias): its
    compat answer is the order of the reference's queue lists, which the engine keeps as (queue, seq)
    keys that never change while a job waits.
-10. Policies that declare ``vector_order(now, cluster, columns, compat) -> positions`` (Themis) are
-   one numpy function over per-job columns (``hpcsched.policies.themis.COLUMNS``, active jobs in
-   arrival order). The engine keeps those columns in arrays, refreshes only the running jobs' rows at
-   each event and calls that function instead of building a snapshot of every active job; the policy
-   called on a snapshot builds the same columns from the views and calls the same function.
+10. Policies that declare ``vector_keys(now, cluster, columns, compat) -> [key arrays]`` (Themis)
+   are one numpy function over per-job columns (``_COLS``, active jobs in arrival order) giving sort
+   keys, most significant first, lowest first, ties in arrival order. The engine keeps those columns
+   in arrays, refreshes only the running jobs' rows at each event, calls that function instead of
+   building a snapshot of every active job, and sorts only the head of the order that placement can
+   use (the rest on demand); the policy called on a snapshot builds the same columns from the views,
+   calls the same function and sorts fully.
 """
 
 from __future__ import annotations
@@ -152,6 +154,10 @@ def _stuck(sizes: dict[int, int], free: list[int], left: int, gpn: int) -> bool:
     big = max(free, default=0)
     whole = big == gpn
     return not any(g <= left and (g <= big or (g > gpn and whole)) for g in sizes)
+
+
+_COLS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
+"""The per-job columns a ``vector_keys`` policy reads (contract item 10)."""
 
 
 def _list_pos(j: _J) -> tuple[int, int]:
@@ -292,7 +298,7 @@ class _Engine:
             self.jkey = lambda j: okey(j.view or self._view(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
             self.jkey = _list_pos
-        self.vorder: Callable[..., Any] | None = getattr(policy, "vector_order", None)  # contract item 10
+        self.vorder: Callable[..., Any] | None = getattr(policy, "vector_keys", None)  # contract item 10
         self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
         # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
         self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many
@@ -308,19 +314,16 @@ class _Engine:
         self.timeline: list[float] = []
         self.by_id: dict[str, _J] = {}
         self.finished = 0
-        self.vmask = np.zeros(len(self.jobs), dtype=bool)  # vector_order policies: active jobs
-        self.cols: dict[str, np.ndarray] = {}
+        self.vmask = np.zeros(len(self.jobs), dtype=bool)  # vector_keys policies: active jobs
+        self.cols: dict[str, np.ndarray] = {}  # vector_keys policies: one row per column, one entry per job
+        self.table = np.zeros((len(_COLS), len(self.jobs)))  # ... the same rows as one array (one gather)
         if self.vorder is not None:
             js = self.jobs
-            self.cols = {
-                "submit": np.array([j.submit for j in js], dtype=float),
-                "gpus": np.array([j.gpus for j in js], dtype=float),
-                "iterations_total": np.array([round(j.total) for j in js], dtype=float),
-                "iteration_time": np.array([j.it for j in js], dtype=float),
-                "remaining_s": np.zeros(len(js)),
-                "iterations_done": np.zeros(len(js)),
-                "executed_s": np.zeros(len(js)),
-            }
+            self.cols = dict(zip(_COLS, self.table, strict=True))
+            self.cols["submit"][:] = [j.submit for j in js]
+            self.cols["gpus"][:] = [j.gpus for j in js]
+            self.cols["iterations_total"][:] = [round(j.total) for j in js]
+            self.cols["iteration_time"][:] = [j.it for j in js]
         for j in self.jobs:
             if j.gpus <= 0 or j.gpus > cluster.gpus:
                 j.status = "rejected"  # cannot ever run here; reported, not dropped
@@ -592,8 +595,8 @@ class _Engine:
         if self.vorder is not None:
             order = self._vector_order(t)
             jobs = self.jobs
-            plan = None if self.compat else self._place_in_place(jobs[i].solo for i in order)
-            self._apply(plan if plan is not None else self._place(jobs[i].solo for i in order), t)
+            plan = None if self.compat else self._place_in_place(jobs[i].solo for i in order())
+            self._apply(plan if plan is not None else self._place(jobs[i].solo for i in order()), t)
             return
         snap = Snapshot(
             now=t,
@@ -655,16 +658,34 @@ class _Engine:
             j.seq = base + i
         self.front = base
 
-    def _vector_order(self, t: float) -> list[int]:
-        """``vector_order`` policies: the active jobs' columns (arrival order), ordered by the policy's
-        own array function; job indices in priority order. The columns of every running job are
-        refreshed here (a waiting job's cannot change), so an event costs O(running) in Python."""
-        cols = self.cols
+    def _vector_order(self, t: float) -> Callable[[], Iterator[int]]:
+        """``vector_keys`` policies: the active jobs' columns (arrival order) keyed by the policy's own
+        array function; returns a re-iterable source of job indices in priority order. The columns of
+        every running job are refreshed here (a waiting job's cannot change), so an event costs
+        O(running) in Python; only the head of the order is sorted (placement rarely looks further),
+        the rest when a consumer reaches it."""
         for j in self.running.values():
             self._fill(j)
         act = np.flatnonzero(self.vmask)
-        order = self.vorder(t, self.cluster, {k: c[act] for k, c in cols.items()}, self.mode)
-        return act[order].tolist()
+        keys = self.vorder(t, self.cluster, dict(zip(_COLS, self.table[:, act], strict=True)), self.mode)
+        head_n = 4 * self.cluster.gpus
+        if len(act) <= 2 * head_n:
+            full = act[np.lexsort(keys[::-1])].tolist()
+            return lambda: iter(full)
+        first = keys[0]
+        kth = np.partition(first, head_n)[head_n]
+        head = np.flatnonzero(first <= kth)  # every job tied with the cut stays in the head: exact order
+        top = act[head[np.lexsort([k[head] for k in keys[::-1]])]].tolist()
+        rest: list[int] = []
+
+        def order() -> Iterator[int]:
+            yield from top
+            if not rest:
+                tail = np.flatnonzero(first > kth)
+                rest.extend(act[tail[np.lexsort([k[tail] for k in keys[::-1]])]].tolist())
+            yield from rest
+
+        return order
 
     def _fill(self, j: _J) -> None:
         """Write one job's changing columns (the numbers its JobView would show), without the view."""
