@@ -6,8 +6,9 @@
   failed here with the shared store (gloo "connectFullMesh failed", then a store timeout).
 - ``direct``: the worker starts the node's ranks itself through ``ranks.py`` (a standard-library-only
   supervisor) with the same environment torchrun's agent would give them and a static rendezvous at the
-  master node's port. No agent importing torch before the trainers do: a 2-process resize relaunches in
-  about half the time (bench/RESULTS.md, issue 6). Any program that reads RANK / WORLD_SIZE runs under it.
+  master node's port. No agent importing torch before the trainers do, and a relaunch forks its ranks from
+  a supervisor the worker keeps ready with torch imported (``worker.WarmRanks``): a 2-process resize takes
+  under 1 s (bench/RESULTS.md, issue 6). Any program that reads RANK / WORLD_SIZE runs under it.
 - ``mpirun`` (Open MPI) and ``horovodrun``: one command on the first node starts every rank (remote
   ranks through the launcher's own agent, ssh on a real cluster); the other nodes hold their slots
   with no process (``None``) until the job ends.
