@@ -12,7 +12,9 @@
    ``workloads/ddp_train.py`` runs at 2, a second job arrives and the first shrinks to 1 (checkpoint,
    stop, relaunch, restore), then grows back to 2 when the second ends. The controller records stop ->
    first progress at the new size; target < 10 s. Run once per ``--launchers`` entry (``direct``: the
-   worker starts the ranks itself; ``torchrun``: through torchrun's agent).
+   worker starts the ranks itself, a relaunch forks them from a torch-preloaded supervisor; ``torchrun``:
+   through torchrun's agent). ``events`` is the job's timeline: a relaunch stopped again before its first
+   report (a slow start outlived ``min_runtime_s``) has no ``resized`` and is no measured resize.
 
 CPU seconds are printed beside wall seconds: on a shared 2-core machine they are the steadier figure.
 
@@ -172,12 +174,12 @@ def bench_resize(launcher: str) -> dict:
     c = client(addr)
     try:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        common = (f"launcher: {launcher}\nworkdir: {ROOT}\n"
-                  "command: [workloads/ddp_train.py, --checkpoint-every, '10', --io-latency-ms, '20']\n")
-        e = d / "elastic.yaml"
-        e.write_text(f"name: elastic\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: 400\n{common}")
+        common = f"launcher: {launcher}\nworkdir: {ROOT}\n"
+        cmd = "command: [workloads/ddp_train.py, --checkpoint-every, '10', --io-latency-ms, '{}']\n"
+        e = d / "elastic.yaml"  # 40 ms of IO a step: still running at 1 proc when the newcomer ends (cold start)
+        e.write_text(f"name: elastic\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: 800\n{common}{cmd.format(40)}")
         s = d / "small.yaml"
-        s.write_text(f"name: small\nprocs: 1\nsteps: 30\n{common}")
+        s.write_text(f"name: small\nprocs: 1\nsteps: 30\n{common}{cmd.format(20)}")
         ej = c.submit(e.read_text(), str(e))
         wait_for("elastic job training at 2", lambda: (j := {x.job_id: x for x in c.jobs()}[ej]).procs == 2
                  and j.steps_done > 0, 120)
