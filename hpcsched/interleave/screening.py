@@ -268,13 +268,17 @@ def _sparse_blossom(
 
 
 def _blossom(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float]]:
-    """Exact maximum-weight matching of the sparse graph (rustworkx), as (i, j, weight), i < j."""
+    """Exact maximum-weight matching of the sparse graph (rustworkx), as (i, j, weight), i < j; only the
+    nodes with an edge enter the graph (blossom's stages scan every vertex)."""
+    used, local = np.unique(np.concatenate([i, j]), return_inverse=True)
+    li, lj = local[: len(i)], local[len(i) :]
     g = rx.PyGraph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from(list(zip(i.tolist(), j.tolist(), np.rint(w * _SCALE).astype(np.int64).tolist(), strict=True)))
+    g.add_nodes_from(range(len(used)))
+    g.add_edges_from(list(zip(li.tolist(), lj.tolist(), np.rint(w * _SCALE).astype(np.int64).tolist(), strict=True)))
     wmap = {(x, y): z for x, y, z in zip(i.tolist(), j.tolist(), w.tolist(), strict=True)}
     out = []
     for x, y in rx.max_weight_matching(g, weight_fn=int):
-        lo, hi = min(x, y), max(x, y)
+        a, b = int(used[x]), int(used[y])
+        lo, hi = min(a, b), max(a, b)
         out.append((lo, hi, wmap[(lo, hi)]))
     return out
