@@ -160,6 +160,13 @@ _COLS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", 
 """The per-job columns a ``vector_keys`` policy reads (contract item 10)."""
 
 
+def _packs(need: int, gpn: int) -> bool:
+    """True for GPU counts that first-fit-decreasing always packs when their total fits (sizes that
+    divide the node, or whole nodes): the compat second pass, largest first, then places every group
+    the first pass chose, so it can be skipped (placements do not carry over between compat events)."""
+    return (need <= gpn and gpn % need == 0) or need % gpn == 0
+
+
 def _list_pos(j: _J) -> tuple[int, int]:
     """Compat queue policies: a job's place in the reference's lists (queue, then position in it)."""
     return j.q, j.seq
@@ -842,6 +849,8 @@ class _Engine:
         if self.compat:
             if not self.rules.two_pass:
                 return first
+            if self.nps is None and all(_packs(c[2], self.gpn) for c in first):
+                return first  # largest-first re-placement would fit every chosen group: same outcome
             free = [self.gpn] * self.cluster.nodes
             out = []
             for g, members, need, _ in sorted(first, key=lambda c: -c[2]):
