@@ -730,11 +730,13 @@ class _Engine:
         plan: list[_Planned] = []
         sizes = dict(self.wsizes)  # GPU demands of the waiting jobs not placed yet
         stuck: bool | None = None  # nothing waiting can fit in avail any more (None: check after a miss)
+        checked = False  # a check said "not stuck" and nothing was placed since: a miss cannot change that
         by_id, gpn = self.by_id, self.gpn
         for g in groups:
             if unclaimed == 0:
                 if stuck is None:
                     stuck = _stuck(sizes, avail, left, gpn)
+                    checked = True
                 if stuck:
                     break
             ids = g.job_ids
@@ -743,7 +745,7 @@ class _Engine:
                 if j is not None and not j.running and (j.gpus > room or (unclaimed == 0 and j.gpus > left)):
                     if dead is not None:
                         dead.add(j.gpus)
-                    stuck = None
+                    stuck = stuck if checked else None
                     continue
             members, need = self._members(g)
             if not members:
@@ -774,9 +776,10 @@ class _Engine:
                     return None
                 if dead is not None and len(members) == 1:
                     dead.add(need)
-                stuck = None
+                stuck = stuck if checked else None
                 continue
             pl.apply(avail, got)
+            checked = False
             left -= need
             room -= need
             plan.append((g, members, need, tuple(got)))
@@ -796,12 +799,14 @@ class _Engine:
             sizes[j.gpus] = sizes.get(j.gpus, 0) + 1
         min_need = min(sizes, default=_INF)
         stuck: bool | None = False  # None: a group just missed, check whether anything can still fit
+        checked = False  # a check said "not stuck" and nothing was placed since: a miss cannot change that
         for g in groups:
             if left < min_need:
                 break  # no active job can fit any more
             if not count:
                 if stuck is None:
                     stuck = _stuck(sizes, free, left, self.gpn)
+                    checked = True
                 if stuck:
                     break
             ids = g.job_ids
@@ -811,7 +816,7 @@ class _Engine:
                 if need > left:
                     if dead is not None:
                         dead.add(need)
-                    stuck = None
+                    stuck = stuck if checked else None
                     continue
                 members: tuple[_J, ...] = (j,)
             else:
@@ -833,7 +838,7 @@ class _Engine:
                 if got is None:
                     if dead is not None and len(members) == 1:
                         dead.add(need)
-                    stuck = None
+                    stuck = stuck if checked else None
                     continue
                 pl.apply(free, got)
                 p = tuple(got)
@@ -842,6 +847,7 @@ class _Engine:
                     raise ValueError(f"policy {name!r} put job {i!r} in two groups")
                 used.add(i)
             left -= need
+            checked = False
             first.append((g, members, need, p))
             min_need = _taken(sizes, members, min_need)
         if count:
