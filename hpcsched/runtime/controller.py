@@ -10,6 +10,13 @@ non-zero exit or a dead worker fails the attempt, which is retried (from the las
 program itself) until ``max_restarts``. Preempt and resize stop a job with SIGTERM so it checkpoints;
 a resized job is placed again at its new size and the time from the stop to its first progress report
 at the new size is recorded as ``last_resize_s``.
+
+An elastic Horovod job (``horovodrun``, ``min_procs < max_procs``) is launched in Horovod's elastic mode and,
+while it stays on its one node, resized in place (the scheduler's ``Plan.resizes``): its allocation takes the
+new size and host list at once, the job stays running (same generation, no checkpoint), and the changed
+LaunchTask is sent again on every heartbeat of its worker until a report at the new size arrives; the worker,
+seeing a LaunchTask for a task it runs with another host list, rewrites the task's discovery file. The time
+from the decision to that report is ``last_resize_s`` too (event ``resized``, kind ``in-place``).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import threading
 import time
 
 from hpcsched.model import ResourceProfile, ScalingCurve
-from hpcsched.runtime import scheduler
+from hpcsched.runtime import horovod_elastic, scheduler
 from hpcsched.runtime.config import ControllerConfig, JobSpec, parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
@@ -29,6 +36,7 @@ log = logging.getLogger("hpcsched.runtime.controller")
 
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
 _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
+IN_PLACE = "in-place"  # stop_reason of a running job whose in-place resize has not reported its new size yet
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
 
 
@@ -157,6 +165,8 @@ class Controller:
                 self._check_stopped(self.store.job(a.job_id))
                 return True
         if seen is not None:
+            if seen.running and job.state == "running" and job.stop_reason == IN_PLACE:
+                reply.launch.append(pb.LaunchTask.FromString(a.launch))  # until it reports at the new size
             return False
         if a.state == "launching":
             reply.launch.append(pb.LaunchTask.FromString(a.launch))
@@ -193,7 +203,12 @@ class Controller:
             if job.stop_reason == "resize" and job.stop_time is not None and job.state == "running":
                 f["last_resize_s"] = time.time() - job.stop_time
                 f["stop_reason"], f["stop_time"] = None, None
-                self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs)
+                self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs, resize_kind="relaunch")
+        if job.stop_reason == IN_PLACE and job.stop_time is not None and job.state == "running" \
+                and p.world_size == job.procs:
+            f["last_resize_s"] = time.time() - job.stop_time
+            f["stop_reason"], f["stop_time"] = None, None
+            self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs, resize_kind=IN_PLACE)
         self.store.update_job(job.id, **f)
 
     # ------------------------------------------------------------------------------------ job state
@@ -280,7 +295,7 @@ class Controller:
             with self.lock, self.store.tx():
                 state, jobs, workers = self._cluster_state(*self._read())
                 plan = self._plan(state)
-                self._apply(plan, state, workers, plan.stops, list(plan.starts))
+                self._apply(plan, state, workers, plan.stops, list(plan.starts), plan.resizes)
             self._stale = 0
             return plan
         with self.lock, self.store.tx():
@@ -291,14 +306,16 @@ class Controller:
         for k in range(0, max(1, len(starts)), _START_BATCH):  # bounded lock holds, even for 128 starts at once
             batch = starts[k:k + _START_BATCH]
             stops = plan.stops if k == 0 else {}
+            resizes = plan.resizes if k == 0 else {}
             with self.lock, self.store.tx():
-                if not self._still_valid(stops, {j: plan.starts[j] for j in batch}, jobs):
+                if not self._still_valid(stops | dict.fromkeys(resizes, "resize"),
+                                         {j: plan.starts[j] for j in batch}, jobs):
                     self._stale += 1
                     self.wakeup.set()  # re-plan at once from the new state
                     if k == 0:
                         return scheduler.Plan()
                     return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
-                self._apply(plan, state, workers, stops, batch)
+                self._apply(plan, state, workers, stops, batch, resizes)
         self._stale = 0
         return plan
 
@@ -349,12 +366,15 @@ class Controller:
         return all(wid in self.last_seen and wid not in self.leaving for wid in placed)
 
     def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow],
-               stops: dict[str, str], starts: list[str]) -> None:
+               stops: dict[str, str], starts: list[str],
+               resizes: dict[str, list[tuple[str, int]]] | None = None) -> None:
+        hosts = {w.id: w.host for w in workers}
+        for jid, where in (resizes or {}).items():
+            self._resize_in_place(self.store.job(jid), where, hosts, state.now)
         for jid, reason in stops.items():
             self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
-        hosts = {w.id: w.host for w in workers}
         for jid in starts:
             self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid))  # its row now
 
@@ -391,6 +411,21 @@ class Controller:
                 self.store.set_alloc_state(a.task_id, "exited", -9)
                 self._task_exited(self.store.job(a.job_id), a, -9)
 
+    def _resize_in_place(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float) -> None:
+        """Give a running elastic Horovod job its new size on the node it runs on (rules in the module docstring).
+        The scheduler only asks this for a job whose one task stays on its worker."""
+        (a,) = [a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation]
+        (wid, procs), = where
+        msg = pb.LaunchTask.FromString(a.launch)
+        msg.nprocs = msg.world_size = procs
+        del msg.hosts[:]
+        msg.hosts.append(f"{hosts[wid]}:{procs}")
+        self.store.resize_allocation(a.task_id, procs, msg.SerializeToString())
+        self.store.update_job(job.id, procs=procs, target_procs=procs, stop_reason=IN_PLACE, stop_time=now)
+        self.store.event(job.id, "resize", resize_kind=IN_PLACE, from_procs=job.procs, procs=procs, worker=wid)
+        self.attempt_start[job.id] = now  # hysteresis: the new size must run min_runtime_s before the next change
+        log.info("job %s: resize in place %d -> %d procs on %s", job.id, job.procs, procs, wid)
+
     def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str) -> None:
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
@@ -405,6 +440,8 @@ class Controller:
                                 "HPCSCHED_CHECKPOINT_DIR": str(ckpt)}
         if spec.steps:
             env["HPCSCHED_STEPS"] = str(spec.steps)
+        if in_place_capable(spec):  # Horovod's elastic mode: the worker resizes it without a restart
+            env |= {horovod_elastic.MIN_ENV: str(spec.min_procs), horovod_elastic.MAX_ENV: str(spec.max_procs)}
         offset = 0
         for rank, (wid, k) in enumerate(placement):
             task_id = f"{job.id}.g{gen}.n{rank}"
@@ -473,5 +510,10 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
         placement=placement if j.state == "running" else (),
         attempt_start=attempt_start if j.state == "running" else None,
         curve=ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None,
-        resize_s=j.spec.resize_s,
+        resize_s=j.spec.resize_s, in_place=j.state == "running" and in_place_capable(j.spec),
     )
+
+
+def in_place_capable(spec: JobSpec) -> bool:
+    """Elastic Horovod: launched with a discovery script, so a new host list resizes it without a restart."""
+    return spec.launcher == "horovodrun" and spec.min_procs < spec.max_procs

@@ -26,6 +26,10 @@ one the harvesting simulator uses): after admission, the slots left plus those j
 the pool, each job's value is its throughput over ``tfwd_s`` less its resize cost (BFTrainer's reference
 objective), and the solver picks the counts. Elastic jobs without a curve then grow greedily, in priority
 order, into what is left.
+
+A resize normally stops the job (checkpoint) and places it again at its new size. An elastic Horovod job
+(``in_place``) that runs on one node and whose new size fits there is resized in place instead
+(``Plan.resizes``): the controller sends its worker the new host list and Horovod re-forms the ranks.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class JobState:
     attempt_start: float | None = None  # running: when its current attempt was placed
     curve: ScalingCurve | None = None  # declared throughput by size: the MILP sizes the job
     resize_s: float = 10.0  # progress a resize costs it (MILP Tup = Tdw)
+    in_place: bool = False  # running elastic Horovod: resizable in place on the node(s) it runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +90,15 @@ class ClusterState:
 
 @dataclass(slots=True)
 class Plan:
-    """``starts``: job -> [(worker, procs)]; ``stops``: job -> reason ('preempt' or 'resize')."""
+    """``starts``: job -> [(worker, procs)]; ``stops``: job -> reason ('preempt' or 'resize'); ``resizes``:
+    running job -> its new placement, applied without stopping it."""
 
     starts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     stops: dict[str, str] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # every admitted job's size this round
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it did not start
     groups: dict[str, str] = field(default_factory=dict)  # started job -> co-location key of its tasks
+    resizes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # job -> new placement, in place
 
 
 def _fifo(snapshot: Snapshot) -> list:
@@ -268,6 +275,7 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
             out.stops[jid] = "resize"
 
     free = {w.id: w.slots - state.used.get(w.id, 0) for w in workers}
+    _resize_in_place(out, by_id, free)
     for unit in admitted:
         pending = [i for i in unit if not by_id[i].running]
         if not pending:
@@ -297,6 +305,27 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
             out.starts[i] = _prefix(where, out.sizes[i])
             out.groups[i] = key
     return out
+
+
+def _resize_in_place(out: Plan, by_id: dict[str, JobState], free: dict[str, int]) -> None:
+    """Turn the resizes of in-place-capable jobs that stay on their one node into in-place resizes.
+
+    Only a job on one node, staying on it: Horovod starts a grown job's new ranks over ssh on other hosts,
+    which a node-local worker cannot vouch for. A shrink always fits; a grow needs the free slots on that node
+    (taken before pending jobs are placed: the job already runs, its growth was sized before them). Slots a
+    shrink frees are not handed out in this step: the ranks leave only when Horovod re-forms (about 1 s).
+    """
+    for jid, reason in list(out.stops.items()):
+        j = by_id[jid]
+        if reason != "resize" or not j.in_place or len(j.placement) != 1:
+            continue
+        wid, _ = j.placement[0]
+        grow = out.sizes[jid] - j.procs
+        if grow > free.get(wid, 0):
+            continue
+        del out.stops[jid]
+        out.resizes[jid] = [(wid, out.sizes[jid])]
+        free[wid] -= max(0, grow)
 
 
 def _prefix(where: list[tuple[str, int]], procs: int) -> list[tuple[str, int]]:

@@ -261,6 +261,10 @@ class Store:
         self.db.execute("UPDATE allocations SET state = ?, exit_code = ? WHERE task_id = ?",
                         (state, exit_code, task_id))
 
+    def resize_allocation(self, task_id: str, nprocs: int, launch: bytes) -> None:
+        """An in-place resize: the task keeps running with a new size and LaunchTask (its new host list)."""
+        self.db.execute("UPDATE allocations SET nprocs = ?, launch = ? WHERE task_id = ?", (nprocs, launch, task_id))
+
     def alloc(self, task_id: str) -> AllocRow | None:
         r = self.db.execute("SELECT * FROM allocations WHERE task_id = ?", (task_id,)).fetchone()
         return AllocRow(*r) if r else None

@@ -261,8 +261,24 @@ class Worker:
         for k in reply.kill:
             self.kill(k.task_id, k.checkpoint, k.grace_s or DEFAULT_GRACE_S)
         for launch in reply.launch:
-            if launch.task_id not in self.tasks:
+            t = self.tasks.get(launch.task_id)
+            if t is None:
                 self.launch(launch)
+            elif t.exit_code is None and list(launch.hosts) != list(t.launch.hosts):
+                self._resize(t, launch)  # the controller resized it in place: the same task, a new host list
+
+    def _resize(self, t: Task, launch: pb.LaunchTask) -> None:
+        """Apply an in-place resize the controller decided. It re-sends the LaunchTask until the program reports
+        at the new size, so this runs once per change: afterwards the task's LaunchTask is the new one."""
+        try:
+            done = self.resize_in_place(t.launch.task_id, list(launch.hosts))
+        except ValueError as e:  # outside the job's range: the controller never asks that; say so loudly
+            log.error("task %s: in-place resize to %s refused: %s", t.launch.task_id, list(launch.hosts), e)
+            return
+        if done:
+            t.launch = launch
+        else:
+            log.error("task %s is not an elastic Horovod task: cannot resize it in place", t.launch.task_id)
 
     # ----------------------------------------------------------------------------------------- tasks
     def launch(self, t: pb.LaunchTask) -> None:

@@ -1,0 +1,114 @@
+"""The controller resizes elastic Horovod jobs in place: the scheduler's choice (pure, hand-checked cases) and
+the whole path end to end (real controller and worker processes, real gRPC, real ``horovodrun``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from test_runtime_e2e import (
+    ROOT,
+    _job,
+    _jobs,
+    _submit,
+    client,
+    controller_config,
+    start_controller,
+    start_worker,
+    stop,
+    wait_for,
+)
+
+from hpcsched.runtime import launchers, scheduler
+from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState
+
+horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
+    or "horovodrun" not in launchers.available()
+
+
+def _running(jid: str, procs: int, where: tuple[tuple[str, int], ...], in_place: bool = True) -> JobState:
+    return JobState(jid, submit=0.0, running=True, procs=procs, min_procs=1, max_procs=4, launcher="horovodrun",
+                    placement=where, attempt_start=0.0, in_place=in_place)
+
+
+def _pending(jid: str, procs: int = 1) -> JobState:
+    return JobState(jid, submit=1.0, running=False, procs=0, min_procs=procs, max_procs=procs)
+
+
+def test_plan_shrinks_and_grows_in_place_on_one_node() -> None:
+    """A newcomer makes the elastic job shrink 2 -> 1 in place (its slot is not handed out in the same step: the
+    rank leaves only when Horovod re-forms); alone again it grows back in place into the node's free slot."""
+    w = (WorkerState("w1", 2, ("horovodrun", "torchrun")),)
+    shrink = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),)), _pending("b")), w, {"w1": 2}))
+    assert shrink.resizes == {"a": [("w1", 1)]} and shrink.stops == {} and shrink.starts == {}
+    grow = scheduler.plan(ClusterState(10.0, (_running("a", 1, (("w1", 1),)),), w, {"w1": 1}))
+    assert grow.resizes == {"a": [("w1", 2)]} and grow.stops == {}
+
+
+def test_plan_falls_back_to_stop_and_relaunch() -> None:
+    """Not in place: a job that is not elastic Horovod, a job spread over two nodes, and a grow that needs a
+    slot on another node (Horovod would start ranks there over ssh) are resized by stop and relaunch."""
+    one = (WorkerState("w1", 2, ("horovodrun",)),)
+    rigid = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),), in_place=False), _pending("b")),
+                                        one, {"w1": 2}))
+    assert rigid.stops == {"a": "resize"} and rigid.resizes == {}
+    two = (WorkerState("w1", 2, ("horovodrun",)), WorkerState("w2", 2, ("horovodrun",)))
+    spread = scheduler.plan(ClusterState(10.0, (_running("a", 4, (("w1", 2), ("w2", 2))), _pending("b")),
+                                         two, {"w1": 2, "w2": 2}))
+    assert spread.stops == {"a": "resize"} and spread.resizes == {}
+    # 2 -> 4 fits the cluster (2 free on w2) but not w1: stop and relaunch at 4.
+    elsewhere = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),)),), two, {"w1": 2}))
+    assert elsewhere.stops == {"a": "resize"} and elsewhere.resizes == {}
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
+def test_controller_resizes_horovod_job_in_place(tmp_path: Path) -> None:
+    """An elastic Horovod job (min 1, max 2) on a 2-slot worker shrinks to 1 in place when a second job arrives
+    and grows back to 2 in place when it ends: one attempt (generation 1) throughout, one rank-0 process, no
+    checkpoint restored, the exact step count, and both resizes recorded as in-place with their durations."""
+    from hpcsched.runtime.store import Store
+
+    ctl, addr = start_controller(tmp_path, controller_config(tmp_path, min_runtime_s=2))
+    w = start_worker(tmp_path, addr, "w1", slots=2)
+    c = client(addr)
+    steps = 300
+    try:
+        wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
+        spec = tmp_path / "hvd.yaml"  # 50 ms of emulated IO per step: still training when the newcomer ends
+        spec.write_text(f"name: hvd\nlauncher: horovodrun\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: {steps}\n"
+                        f"workdir: {ROOT}\ncommand: [workloads/horovod_train.py, --io-latency-ms, '50', "
+                        f"--checkpoint-every, '100', --commit-every, '5']\n")
+        e = _submit(c, spec)
+        wait_for("hvd at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
+        s = _submit(c, _job(tmp_path, "small", 1, 20, launcher="direct"))
+        jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
+            j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 180, poll=0.5)
+        assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
+        assert jobs[e].generation == 1 and jobs[e].restarts == 0 and jobs[e].last_resize_s > 0
+        store = Store(tmp_path / "run" / "state.db")
+        resized = store.events(e, "resized")
+        asked = store.events(e, "resize")
+        resumes = store.events(e, "resume")
+        stops = store.events(e, "stop")
+        store.close()
+        assert [(x["resize_kind"], x["procs"]) for x in resized] == [("in-place", 1), ("in-place", 2)], resized
+        assert [(x["from_procs"], x["procs"]) for x in asked] == [(2, 1), (1, 2)], asked
+        assert all(x["seconds"] > 0 for x in resized) and not resumes and not stops, (resumes, stops)
+        print("controller in-place resize 2->1 / 1->2:", " / ".join(f"{x['seconds']:.2f} s" for x in resized))
+        progress = [json.loads(line) for line in
+                    (tmp_path / "run" / "w1" / f"{e}.g1.n0" / "progress.jsonl").read_text().splitlines()]
+        assert len({r["pid"] for r in progress}) == 1, "rank 0 was restarted"
+        assert all(r["resumed_from"] == -1 for r in progress)
+        assert [r["step"] for r in progress] == sorted(r["step"] for r in progress)
+        result = json.loads((tmp_path / "run" / "ckpt" / e / "result.json").read_text())
+        assert result["steps"] == steps and result["world_size"] == 2, result
+        assert [h["world_size"] for h in result["history"] if "in_place_at" in h] == [1, 2], result["history"]
+        assert result["final_loss"] < result["first_loss"]
+    finally:
+        c.close()
+        stop(w)
+        stop(ctl)
