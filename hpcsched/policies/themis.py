@@ -99,11 +99,13 @@ def min_max_allocation(a: np.ndarray, r: np.ndarray, iso: np.ndarray, g: np.ndar
     """x minimising max_i (a_i + r_i / x_i) / iso_i  s.t.  0 <= x <= 1, sum g x <= capacity (r, iso > 0).
 
     Every job ends at the common optimum t with the least x reaching it: t is the worst rho at a whole
-    share if that fits, else the root of f(t) = sum g_i r_i / (t iso_i - a_i) = capacity. Newton runs
+    share if that fits, else the root of f(t) = sum g_i r_i / (t iso_i - a_i) = capacity (a >= 0). Newton runs
     on 1/f, which is concave and increasing (a harmonic sum of linear terms) and exactly linear when
     one job dominates: from the left its steps never overshoot and take a handful of iterations."""
-    t = float(np.max((a + r) / iso))
     gr = g * r
+    # start at the larger of two points left of the root: the worst whole-share rho, and
+    # sum(g r / iso) / capacity (each term of f is at least g r / (t iso), as a >= 0)
+    t = max(float(np.max((a + r) / iso)), float(np.sum(gr / iso)) / capacity)
     for _ in range(100):
         d = t * iso - a
         q = gr / d
