@@ -154,3 +154,16 @@ def test_sparse_matching_survives_hubs_and_parts(weight: str, chunk: int) -> Non
     assert len(ends) == len(set(ends))
     ours, best = sum(wt for *_, wt in pairs), exact_weight(scorer._matrix_vectorised(kinds))
     assert (0.99 if chunk >= 300 else 0.98) * best <= ours <= best + 1e-9
+
+
+def test_reference_ties_setting_routes_buckets_to_the_reference_blossom() -> None:
+    from hpcsched.interleave.period import PeriodModel
+
+    scorer = Scorer(GroupingRules(model=PeriodModel("muri4"), match=MatchSettings(reference_ties=True)))
+    a, b = (scorer.intern(cand(i, 4, s).key) for i, s in enumerate([(0.7, 0.06, 0.02), (0.01, 0.4, 0.02)]))
+    kinds = [(a,), (a,), (b,), (a,), (b,), (b,)]
+    got = _match(kinds, scorer)
+    w = scorer._matrix_vectorised(kinds)
+    np.fill_diagonal(w, 0.0)
+    assert [(i, j) for i, j, _ in got] == reference_matching(w.tolist())
+    assert sum(wt for *_, wt in got) == pytest.approx(exhaustive_best(list(range(6)), w))
