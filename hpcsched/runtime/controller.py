@@ -295,7 +295,8 @@ class Controller:
             with self.lock, self.store.tx():
                 state, jobs, workers = self._cluster_state(*self._read())
                 plan = self._plan(state)
-                self._apply(plan, state, workers, plan.stops, list(plan.starts), plan.resizes)
+                self._apply_resizes(plan.resizes, workers, state.now)
+                self._apply(plan, state, workers, plan.stops, list(plan.starts))
             self._stale = 0
             return plan
         with self.lock, self.store.tx():
@@ -315,7 +316,8 @@ class Controller:
                     if k == 0:
                         return scheduler.Plan()
                     return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
-                self._apply(plan, state, workers, stops, batch, resizes)
+                self._apply_resizes(resizes, workers, state.now)
+                self._apply(plan, state, workers, stops, batch)
         self._stale = 0
         return plan
 
@@ -366,15 +368,12 @@ class Controller:
         return all(wid in self.last_seen and wid not in self.leaving for wid in placed)
 
     def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow],
-               stops: dict[str, str], starts: list[str],
-               resizes: dict[str, list[tuple[str, int]]] | None = None) -> None:
-        hosts = {w.id: w.host for w in workers}
-        for jid, where in (resizes or {}).items():
-            self._resize_in_place(self.store.job(jid), where, hosts, state.now)
+               stops: dict[str, str], starts: list[str]) -> None:
         for jid, reason in stops.items():
             self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
+        hosts = {w.id: w.host for w in workers}
         for jid in starts:
             self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid))  # its row now
 
@@ -410,6 +409,11 @@ class Controller:
             for a in self.store.allocations(worker_id=wid):
                 self.store.set_alloc_state(a.task_id, "exited", -9)
                 self._task_exited(self.store.job(a.job_id), a, -9)
+
+    def _apply_resizes(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], now: float) -> None:
+        hosts = {w.id: w.host for w in workers}
+        for jid, where in resizes.items():
+            self._resize_in_place(self.store.job(jid), where, hosts, now)
 
     def _resize_in_place(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float) -> None:
         """Give a running elastic Horovod job its new size on the node it runs on (rules in the module docstring).

@@ -276,6 +276,12 @@ class Worker:
             log.error("task %s: in-place resize to %s refused: %s", t.launch.task_id, list(launch.hosts), e)
             return
         if done:
+            # Device bookkeeping follows the size, so a job placed here next gets the devices a shrink freed.
+            # (The launcher's CUDA_VISIBLE_DEVICES is fixed at launch: see docs/runtime.md, limits.)
+            t.devices = t.devices[: launch.nprocs] if self.cfg.gpus else []
+            if len(t.devices) < launch.nprocs and self.cfg.gpus:
+                busy = {d for task in self.tasks.values() if task.exit_code is None for d in task.devices}
+                t.devices += [d for d in range(self.cfg.gpus) if d not in busy][: launch.nprocs - len(t.devices)]
             t.launch = launch
         else:
             log.error("task %s is not an elastic Horovod task: cannot resize it in place", t.launch.task_id)
