@@ -42,7 +42,7 @@ class MatchSettings:
     spread: int = 12  # ... and every node 12 random partners (hubs)
     lock_from: int = 1500  # from this many single jobs on, mutual best partners are paired before blossom
     chunk: int = 1000  # at most this many nodes per blossom; more are dealt into parts (grouping, screening)
-    hub_chunk: int = 500  # ... at most this many where a few nodes are everybody's best partner (screening)
+    hub_chunk: int = 700  # ... at most this many where a few nodes are everybody's best partner (screening)
     chunk_edges: int = 12  # models without the bound: each node's 12 heaviest edges of the complete graph
     reference_ties: bool = False  # compat: the reference's own blossom, so equal-weight ties go its way
 
