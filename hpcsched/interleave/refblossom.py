@@ -17,9 +17,11 @@ so ties resolve as in the reference:
   tolerance 1e-5, as the reference's ``math.isclose``), then re-examines slack edges in index order and
   expands zero-label odd blossoms.
 
-Slow (pure Python, O(n^3)) but only compat mode uses it, on buckets of at most a few hundred nodes, and
-``grouping`` memoises its answer per sequence of node kinds. Default mode keeps the exact fast engines
-of ``matching``.
+Slow (pure Python, O(n^3); ~2x the CPU of a compat trace3 run), and opt-in even under compat:
+``MatchSettings(reference_ties=True)``. Measured on trace3 it moved Muri-L from +2.05% to +2.2% of the
+published figure and Muri-S's p99 from +0.9% to -1.9% (bench_interleave.py --only ablation), so the
+reference's tie-breaking is not what the remaining gap is made of and the pair-count engines of
+``matching`` stay the default. ``grouping`` memoises its answer per sequence of node kinds.
 """
 
 from __future__ import annotations
