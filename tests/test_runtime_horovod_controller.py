@@ -63,6 +63,36 @@ def test_plan_falls_back_to_stop_and_relaunch() -> None:
     assert elsewhere.stops == {"a": "resize"} and elsewhere.resizes == {}
 
 
+def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[str, list[dict]]]:
+    """An elastic Horovod job (min 1, max 2) on a 2-slot worker, then a 1-process ``direct`` job: real controller
+    and worker processes. Returns the final jobs, the two job ids and the Horovod job's events by kind (also run
+    by ``bench/bench_horovod_controller.py``)."""
+    from hpcsched.runtime.store import Store
+
+    ctl, addr = start_controller(d, controller_config(d, min_runtime_s=2))
+    w = start_worker(d, addr, "w1", slots=2)
+    c = client(addr)
+    try:
+        wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
+        spec = d / "hvd.yaml"  # 50 ms of emulated IO per step: still training when the newcomer ends
+        spec.write_text(f"name: hvd\nlauncher: horovodrun\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: {steps}\n"
+                        f"workdir: {ROOT}\ncommand: [workloads/horovod_train.py, --io-latency-ms, '50', "
+                        f"--checkpoint-every, '100', --commit-every, '5']\n")
+        e = _submit(c, spec)
+        wait_for("hvd at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
+        s = _submit(c, _job(d, "small", 1, 20, launcher="direct"))
+        jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
+            j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 180, poll=0.5)
+    finally:
+        c.close()
+        stop(w)
+        stop(ctl)
+    store = Store(d / "run" / "state.db")
+    events = {k: store.events(e, k) for k in ("resize", "resized", "resume", "stop")}
+    store.close()
+    return jobs, e, s, events
+
+
 @pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
@@ -70,45 +100,20 @@ def test_controller_resizes_horovod_job_in_place(tmp_path: Path) -> None:
     """An elastic Horovod job (min 1, max 2) on a 2-slot worker shrinks to 1 in place when a second job arrives
     and grows back to 2 in place when it ends: one attempt (generation 1) throughout, one rank-0 process, no
     checkpoint restored, the exact step count, and both resizes recorded as in-place with their durations."""
-    from hpcsched.runtime.store import Store
-
-    ctl, addr = start_controller(tmp_path, controller_config(tmp_path, min_runtime_s=2))
-    w = start_worker(tmp_path, addr, "w1", slots=2)
-    c = client(addr)
     steps = 300
-    try:
-        wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        spec = tmp_path / "hvd.yaml"  # 50 ms of emulated IO per step: still training when the newcomer ends
-        spec.write_text(f"name: hvd\nlauncher: horovodrun\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: {steps}\n"
-                        f"workdir: {ROOT}\ncommand: [workloads/horovod_train.py, --io-latency-ms, '50', "
-                        f"--checkpoint-every, '100', --commit-every, '5']\n")
-        e = _submit(c, spec)
-        wait_for("hvd at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
-        s = _submit(c, _job(tmp_path, "small", 1, 20, launcher="direct"))
-        jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
-            j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 180, poll=0.5)
-        assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
-        assert jobs[e].generation == 1 and jobs[e].restarts == 0 and jobs[e].last_resize_s > 0
-        store = Store(tmp_path / "run" / "state.db")
-        resized = store.events(e, "resized")
-        asked = store.events(e, "resize")
-        resumes = store.events(e, "resume")
-        stops = store.events(e, "stop")
-        store.close()
-        assert [(x["resize_kind"], x["procs"]) for x in resized] == [("in-place", 1), ("in-place", 2)], resized
-        assert [(x["from_procs"], x["procs"]) for x in asked] == [(2, 1), (1, 2)], asked
-        assert all(x["seconds"] > 0 for x in resized) and not resumes and not stops, (resumes, stops)
-        print("controller in-place resize 2->1 / 1->2:", " / ".join(f"{x['seconds']:.2f} s" for x in resized))
-        progress = [json.loads(line) for line in
-                    (tmp_path / "run" / "w1" / f"{e}.g1.n0" / "progress.jsonl").read_text().splitlines()]
-        assert len({r["pid"] for r in progress}) == 1, "rank 0 was restarted"
-        assert all(r["resumed_from"] == -1 for r in progress)
-        assert [r["step"] for r in progress] == sorted(r["step"] for r in progress)
-        result = json.loads((tmp_path / "run" / "ckpt" / e / "result.json").read_text())
-        assert result["steps"] == steps and result["world_size"] == 2, result
-        assert [h["world_size"] for h in result["history"] if "in_place_at" in h] == [1, 2], result["history"]
-        assert result["final_loss"] < result["first_loss"]
-    finally:
-        c.close()
-        stop(w)
-        stop(ctl)
+    jobs, e, s, ev = in_place_scenario(tmp_path, steps)
+    assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
+    assert jobs[e].generation == 1 and jobs[e].restarts == 0 and jobs[e].last_resize_s > 0
+    assert [(x["resize_kind"], x["procs"]) for x in ev["resized"]] == [("in-place", 1), ("in-place", 2)], ev
+    assert [(x["from_procs"], x["procs"]) for x in ev["resize"]] == [(2, 1), (1, 2)], ev
+    assert all(x["seconds"] > 0 for x in ev["resized"]) and not ev["resume"] and not ev["stop"], ev
+    print("controller in-place resize 2->1 / 1->2:", " / ".join(f"{x['seconds']:.2f} s" for x in ev["resized"]))
+    progress = [json.loads(line) for line in
+                (tmp_path / "run" / "w1" / f"{e}.g1.n0" / "progress.jsonl").read_text().splitlines()]
+    assert len({r["pid"] for r in progress}) == 1, "rank 0 was restarted"
+    assert all(r["resumed_from"] == -1 for r in progress)
+    assert [r["step"] for r in progress] == sorted(r["step"] for r in progress)
+    result = json.loads((tmp_path / "run" / "ckpt" / e / "result.json").read_text())
+    assert result["steps"] == steps and result["world_size"] == 2, result
+    assert [h["world_size"] for h in result["history"] if "in_place_at" in h] == [1, 2], result["history"]
+    assert result["final_loss"] < result["first_loss"]
