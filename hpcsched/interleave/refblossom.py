@@ -18,10 +18,10 @@ so ties resolve as in the reference:
   expands zero-label odd blossoms.
 
 Slow (pure Python, O(n^3); ~2x the CPU of a compat trace3 run), and opt-in even under compat:
-``MatchSettings(reference_ties=True)``. Measured on trace3 it moved Muri-L from +2.05% to +2.2% of the
-published figure and Muri-S's p99 from +0.9% to -1.9% (bench_interleave.py --only ablation), so the
-reference's tie-breaking is not what the remaining gap is made of and the pair-count engines of
-``matching`` stay the default. ``grouping`` memoises its answer per sequence of node kinds.
+``MatchSettings(reference_ties=True)``. Measured on trace3 (bench_interleave.py --only ablation) it
+moves compat Muri-L from +0.55% to +0.82% of the published figure (p99 +0.81% to +2.54%; Muri-L's gap
+was the missing autopack pass, ``policies.autopack``) and Muri-S's p99 from +0.9% to -1.9%, so the
+pair-count engines of ``matching`` stay the default. ``grouping`` memoises its answer per sequence of node kinds.
 """
 
 from __future__ import annotations
