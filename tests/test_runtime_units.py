@@ -350,17 +350,24 @@ def test_job_spec_scaling_curve(tmp_path: Path) -> None:
     s.close()
 
 
-def test_job_that_finished_as_it_was_preempted_completes(tmp_path: Path) -> None:
-    """Seen in the e2e run: a job reached its last step just as a preempt's SIGTERM landed; torchrun, stopped
-    by the signal, exited non-zero, and the job was queued again and rerun from its final checkpoint."""
+def _launched_then_stopping(tmp_path: Path, reason: str):
+    """A one-slot controller whose only job was launched and is now being stopped for `reason`, as tick()
+    leaves it when the policy preempts or resizes it."""
     c = _ctl(tmp_path)
     c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=1, launchers=["torchrun"]))
     jid = c.submit("command: [t.py]\nsteps: 10\n", "j.yaml")
     _beat(c, "w0")
     c.tick()
     (t,) = _beat(c, "w0").launch
-    with c.lock, c.store.tx():  # what tick() does when the policy preempts it
-        c.store.update_job(jid, state="stopping", stop_reason="preempt", stop_time=1.0)
+    with c.lock, c.store.tx():
+        c.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=1.0)
+    return c, jid, t
+
+
+def test_job_that_finished_as_it_was_preempted_completes(tmp_path: Path) -> None:
+    """Seen in the e2e run: a job reached its last step just as a preempt's SIGTERM landed; torchrun, stopped
+    by the signal, exited non-zero, and the job was queued again and rerun from its final checkpoint."""
+    c, jid, t = _launched_then_stopping(tmp_path, "preempt")
     _beat(c, "w0", [_status(t, running=False, code=1, step=10, loss=0.5, done=True, checkpoint="/ck/x")])
     assert c.store.job(jid).state == "completed"
     c.store.close()
@@ -504,14 +511,7 @@ def test_resize_time_counts_from_the_new_attempt_not_a_late_first_report(tmp_pat
     """Seen on a fast node with torchrun: an attempt stopped for a resize before its first report (its start-up
     outlived min_runtime_s) reported 'first' while stopping; that was booked as the resize's end (0.6 s) and
     cleared the stop reason. Only the next attempt's first report ends the resize."""
-    c = _ctl(tmp_path)
-    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=1, launchers=["torchrun"]))
-    jid = c.submit("command: [t.py]\nsteps: 10\n", "j.yaml")
-    _beat(c, "w0")
-    c.tick()
-    (t,) = _beat(c, "w0").launch
-    with c.lock, c.store.tx():  # what tick() does when the plan resizes it
-        c.store.update_job(jid, state="stopping", stop_reason="resize", stop_time=1.0)
+    c, jid, t = _launched_then_stopping(tmp_path, "resize")
     _beat(c, "w0", [_status(t, step=0, first=True)])  # the stopped attempt's late first report
     assert c.store.events(jid, "resized") == [] and c.store.job(jid).stop_reason == "resize"
     _beat(c, "w0", [_status(t, running=False, code=0, step=3, checkpoint="/ck/x")])
