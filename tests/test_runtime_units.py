@@ -350,6 +350,28 @@ def test_job_spec_scaling_curve(tmp_path: Path) -> None:
     s.close()
 
 
+def test_declared_profile_feeds_the_policy_until_the_job_measures_its_own(tmp_path: Path) -> None:
+    """An interleaving policy needs stage times before a job's first report: the spec may declare them."""
+    from hpcsched.runtime.controller import _job_state
+
+    spec = parse_job_spec("command: [t.py]\nsteps: 10\nprofile: {data_s: 0.03, compute_s: 0.01}\n", "j.yaml")
+    assert spec.profile == (0.03, 0.01, 0.0)
+    for bad in ("{data_s: -1}", "{data_s: 0}", "{gpu_s: 1}", "{data_s: fast}", "[1, 2]"):
+        with pytest.raises(InputError, match=r"j.yaml:2: .*profile"):
+            parse_job_spec(f"command: [t.py]\nprofile: {bad}\n", "j.yaml")
+    s = Store(tmp_path / "s.db")
+    jid = s.add_job(spec, 0.0)
+    row = s.job(jid)
+    assert row.spec == spec  # survives the store (and so a controller restart)
+    st = _job_state(row)
+    assert (st.profile.data_s, st.profile.compute_s, st.profile.network_s) == (0.03, 0.01, 0.0)
+    assert st.iteration_s == pytest.approx(0.04)  # remaining service is known before the first report
+    s.update_job(jid, iteration_s=0.05, data_s=0.01, compute_s=0.03, comm_s=0.01)
+    st = _job_state(s.job(jid))
+    assert (st.profile.data_s, st.profile.compute_s, st.iteration_s) == (0.01, 0.03, 0.05)  # measured wins
+    s.close()
+
+
 def _launched_then_stopping(tmp_path: Path, reason: str):
     """A one-slot controller whose only job was launched and is now being stopped for `reason`, as tick()
     leaves it when the policy preempts or resizes it."""

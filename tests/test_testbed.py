@@ -60,6 +60,12 @@ def test_scaling_the_bundled_trace() -> None:
     spec = parse_job_spec(job_yaml(by["2"], ROOT), "job.yaml")
     assert spec.steps == 400 and spec.procs == 2 and spec.launcher == "torchrun"
     assert spec.command[:7] == ("workloads/ddp_train.py", "--model", "cnn", "--batch", "16", "--io-latency-ms", "30")
+    assert spec.profile is None  # declared only on request: --declare-profiles
+    # it declares the trace's stage proportions at the workload's real pace, so muri-s can group it at once
+    spec = parse_job_spec(job_yaml(by["2"], ROOT, declare_profile=True), "job.yaml")
+    tp = by["2"].trace_profile
+    assert sum(spec.profile) == pytest.approx(DATA_HEAVY.nominal_iteration_s, rel=1e-4)
+    assert spec.profile[0] / sum(spec.profile) == pytest.approx(tp.data_s / tp.total_s, rel=1e-3)
 
 
 def test_time_scale_auto_and_bad() -> None:

@@ -7,6 +7,7 @@ taken relative to the file that names them, so a config works from any current d
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,14 +231,35 @@ class JobSpec:
     curve_procs: tuple[int, ...] = ()  # declared scaling curve: throughput (samples/s) at these sizes; an
     curve_rates: tuple[float, ...] = ()  # elastic job with one is sized by the MILP allocator
     resize_s: float = 10.0  # seconds of progress a resize costs it (the MILP's Tup = Tdw)
+    profile: tuple[float, float, float] | None = None  # declared stage seconds (data, compute, comm) per step
 
     @property
     def elastic(self) -> bool:
         return self.min_procs != self.max_procs
 
 
-JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env", "scaling"}
+JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env", "scaling",
+            "profile"}
 SCALING_KEYS = {"procs", "rates", "resize_s"}
+PROFILE_KEYS = ("data_s", "compute_s", "comm_s")
+
+
+def _profile(doc: _Doc) -> dict[str, Any]:
+    """``profile: {data_s: 0.02, compute_s: 0.015, comm_s: 0.005}``: the seconds one step spends loading data,
+    computing and synchronising. Declared so an interleaving policy (muri-s, muri-l) can group the job before
+    it has reported any step; the stage times it measures replace the declared ones from its first report."""
+    if "profile" not in doc.data:
+        return {}
+    pr = doc.data["profile"]
+    if not isinstance(pr, dict) or set(pr) - set(PROFILE_KEYS):
+        raise doc.fail("profile", "expected {data_s: seconds, compute_s: seconds, comm_s: seconds}")
+    try:
+        vals = tuple(float(pr.get(k, 0.0)) for k in PROFILE_KEYS)
+    except (TypeError, ValueError):
+        raise doc.fail("profile", "stage times must be numbers (seconds per step)") from None
+    if not all(math.isfinite(v) and v >= 0 for v in vals) or sum(vals) <= 0:
+        raise doc.fail("profile", "stage times must be finite, >= 0, and not all 0")
+    return {"profile": vals}
 
 
 def _scaling(doc: _Doc) -> dict[str, Any]:
@@ -292,4 +314,5 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
         workdir=doc.get("workdir", str, "."),
         env={k: str(v) for k, v in env.items()},
         **_scaling(doc),
+        **_profile(doc),
     )

@@ -503,13 +503,16 @@ class Controller:
 
 def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),
                attempt_start: float | None = None) -> scheduler.JobState:
-    profile = None
+    profile, iteration_s = None, j.iteration_s
     if j.data_s is not None:
         profile = ResourceProfile(j.data_s or 0.0, j.compute_s or 0.0, j.comm_s or 0.0)
+    elif j.spec.profile is not None:  # declared, until the job measures its own
+        profile = ResourceProfile(*j.spec.profile)
+        iteration_s = iteration_s if iteration_s is not None else profile.total_s
     return scheduler.JobState(
         id=j.id, submit=j.submit_time, running=j.state == "running", procs=j.procs, min_procs=j.spec.min_procs,
         max_procs=j.spec.max_procs, launcher=j.spec.launcher, steps_total=j.spec.steps, steps_done=j.steps_done,
-        iteration_s=j.iteration_s, profile=profile, attained_s=j.attained_s, executed_s=j.executed_s,
+        iteration_s=iteration_s, profile=profile, attained_s=j.attained_s, executed_s=j.executed_s,
         first_start=j.start_time, group=group if j.state == "running" else None,
         placement=placement if j.state == "running" else (),
         attempt_start=attempt_start if j.state == "running" else None,

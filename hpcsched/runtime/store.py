@@ -133,13 +133,14 @@ def _spec_to_json(s: JobSpec) -> str:
         "name": s.name, "command": list(s.command), "launcher": s.launcher, "procs": s.procs,
         "min_procs": s.min_procs, "max_procs": s.max_procs, "steps": s.steps, "workdir": s.workdir, "env": s.env,
         "curve_procs": list(s.curve_procs), "curve_rates": list(s.curve_rates), "resize_s": s.resize_s,
+        "profile": list(s.profile) if s.profile else None,
     })
 
 
 def _spec_from_json(text: str) -> JobSpec:
     d = json.loads(text)  # rows written before the scaling fields existed simply lack them: defaults
-    for k in ("command", "curve_procs", "curve_rates"):
-        if k in d:
+    for k in ("command", "curve_procs", "curve_rates", "profile"):
+        if d.get(k) is not None:
             d[k] = tuple(d[k])
     return JobSpec(**d)
 

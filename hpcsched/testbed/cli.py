@@ -56,6 +56,11 @@ def testbed_cmd(
                                       "one process importing torch fewer per job, a shorter start-up)."),
     probes: int = typer.Option(3, "--probes", help="Start-up probe samples (median) taken before the first job; "
                                "--profiles-from scales the learned start-up by the ratio of two runs' probes."),
+    declare_profiles: bool = typer.Option(
+        False, "--declare-profiles",
+        help="Job files declare the trace's stage profile (at the workload's real pace), so muri-s/muri-l group "
+             "jobs from submission instead of after each has measured itself. On CPU-only workers every stage "
+             "uses the same cores, so interleaving does not overlap there: see docs/testbed.md."),
     reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
@@ -87,7 +92,8 @@ def testbed_cmd(
                       min_steps=min_steps, max_steps=max_steps, max_procs=max_procs, timeout_s=timeout,
                       controller=controller, state=state, token_file=token_file, time_scale=time_scale,
                       profiles_from=profiles_from, fast_forward=fast_forward, max_jump_s=max_jump,
-                      checkpoint_root=checkpoint_root, launcher=launcher, probes=probes)
+                      checkpoint_root=checkpoint_root, launcher=launcher, probes=probes,
+                      declare_profiles=declare_profiles)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("testbed: jobs done", total=jobs)

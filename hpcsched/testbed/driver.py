@@ -51,7 +51,7 @@ def workloads_root() -> Path:
 
 def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path, timeout_s: float, poll_s: float = 0.5,
            progress: Callable[[int, int], None] | None = None, ff: FastForwarder | None = None,
-           launcher: str = "torchrun") -> Replay:
+           launcher: str = "torchrun", declare_profiles: bool = False) -> Replay:
     """Submit ``jobs`` (sorted by ``submit_offset``) and wait until all are final or ``timeout_s`` passes.
 
     With ``ff`` the run's clock also jumps (``hpcsched.testbed.fastforward``): submissions follow that clock.
@@ -68,7 +68,8 @@ def replay(jobs: list[ScaledJob], client: Client, *, scale: float, workdir: Path
         clock = now - rep.real_start + (ff.skipped(now) if ff is not None else 0.0)
         while pending and clock >= pending[0].submit_offset:
             j = pending.pop(0)
-            spec = job_yaml(j, workdir, seed=_seed(j.trace_id), report_every=report_every, launcher=launcher)
+            spec = job_yaml(j, workdir, seed=_seed(j.trace_id), report_every=report_every, launcher=launcher,
+                            declare_profile=declare_profiles)
             rep.runtime_ids[j.trace_id] = client.submit(spec, j.name)
             if ff is not None:
                 ff.nominal[rep.runtime_ids[j.trace_id]] = (j.workload, j.workload.nominal_iteration_s)

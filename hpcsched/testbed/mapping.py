@@ -140,7 +140,7 @@ def scale_jobs(jobs: list[Job], cluster: ClusterSpec, scaling: Scaling) -> list[
 
 
 def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0, report_every: int | None = None,
-             launcher: str = "torchrun") -> str:
+             launcher: str = "torchrun", declare_profile: bool = False) -> str:
     """The job file the testbed submits (``hpcsched submit`` format); fast-forward asks for a report every
     ``report_every`` steps (its N), so the pace between jumps is measured without waiting."""
     w = job.workload
@@ -150,8 +150,22 @@ def job_yaml(job: ScaledJob, workdir: Path, seed: int = 0, report_every: int | N
            f"{w.io_latency_ms:g}", "--report-every", str(report), "--checkpoint-every", str(ckpt),
            "--seed", str(seed)]
     quoted = ", ".join(f"'{c}'" for c in cmd)
-    return (f"name: {job.name}\nlauncher: {launcher}\nprocs: {job.procs}\nsteps: {job.steps}\n"
+    text = (f"name: {job.name}\nlauncher: {launcher}\nprocs: {job.procs}\nsteps: {job.steps}\n"
             f"workdir: {workdir}\ncommand: [{quoted}]\n")
+    p = declared_profile(job) if declare_profile else None
+    if p is not None:  # lets an interleaving policy group the job before it has measured itself
+        text += f"profile: {{data_s: {p.data_s:.6g}, compute_s: {p.compute_s:.6g}, comm_s: {p.network_s:.6g}}}\n"
+    return text
+
+
+def declared_profile(job: ScaledJob) -> ResourceProfile | None:
+    """The trace's stage proportions at the workload's nominal real pace: what the first simulation assumes,
+    declared to the controller too, so real run and simulation start from the same knowledge."""
+    p = job.trace_profile
+    if p is None or p.total_s <= 0:
+        return None
+    f = job.workload.nominal_iteration_s / p.total_s
+    return ResourceProfile(p.data_s * f, p.compute_s * f, p.network_s * f)
 
 
 def sim_job(job: ScaledJob, scale: float, iteration_s: float | None = None,

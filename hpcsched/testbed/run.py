@@ -38,6 +38,7 @@ class RunOptions:
     checkpoint_root: Path | None = None  # the controller's (for --controller with fast-forward)
     launcher: str = "torchrun"  # how the workers start each job's processes (torchrun | direct)
     probes: int = 3  # start-up probe samples before the first job (0: none)
+    declare_profiles: bool = False  # job files declare the trace's stage profile (groups form before measuring)
 
 
 def _select(opts: RunOptions):
@@ -82,7 +83,7 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
             "skip": opts.skip, "state": str(state) if state is not None else None,
             "fast_forward": opts.fast_forward, "skipped_s": round(sum(s for _, s in rep.jumps), 3),
             "jumps": len(rep.jumps), "startup_probe_s": round(probe, 3) if probe else None,
-            "launcher": opts.launcher}
+            "launcher": opts.launcher, "declare_profiles": opts.declare_profiles}
     driver.write_real(opts.out, scaled, rep, meta)
     if opts.fast_forward:
         say(f"testbed: {len(rep.jumps)} jumps skipped {sum(s for _, s in rep.jumps):,.0f} real-equivalent s "
@@ -149,7 +150,7 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
             probe = startup_probe(opts.probes) if opts.probes else None
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
                                  progress=progress, ff=ff, poll_s=0.2 if ff else 0.5,
-                                 launcher=opts.launcher), opts.state, probe
+                                 launcher=opts.launcher, declare_profiles=opts.declare_profiles), opts.state, probe
         finally:
             client.close()
     from hpcsched.testbed.local import LocalCluster
@@ -163,7 +164,7 @@ def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progr
             probe = startup_probe(opts.probes) if opts.probes else None
             return driver.replay(scaled, client, scale=scale, workdir=workdir, timeout_s=opts.timeout_s,
                                  progress=progress, ff=ff, poll_s=0.2 if ff else 0.5,
-                                 launcher=opts.launcher), lc.state, probe
+                                 launcher=opts.launcher, declare_profiles=opts.declare_profiles), lc.state, probe
         finally:
             client.close()
 
