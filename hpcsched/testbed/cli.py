@@ -59,8 +59,8 @@ def testbed_cmd(
     declare_profiles: bool = typer.Option(
         False, "--declare-profiles",
         help="Job files declare the trace's stage profile (at the workload's real pace), so muri-s/muri-l group "
-             "jobs from submission instead of after each has measured itself. On CPU-only workers every stage "
-             "uses the same cores, so interleaving does not overlap there: see docs/testbed.md."),
+             "jobs from submission instead of after each has measured itself. Experimental: the simulations "
+             "do not yet model groups formed at submission (docs/testbed.md, 'Gaps')."),
     reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
