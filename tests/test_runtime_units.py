@@ -372,6 +372,33 @@ def test_declared_profile_feeds_the_policy_until_the_job_measures_its_own(tmp_pa
     s.close()
 
 
+def test_in_place_resize_the_worker_never_applies_falls_back_to_relaunch(tmp_path: Path) -> None:
+    """The controller re-sends a resized task's LaunchTask until the job reports at its new size; if the worker
+    cannot resize it (it refused, or its host file vanished), that report never comes: after
+    IN_PLACE_TIMEOUT_S the job is stopped with a checkpoint and relaunched, not re-sent forever."""
+    import time
+
+    from hpcsched.runtime.controller import IN_PLACE, IN_PLACE_TIMEOUT_S
+
+    c = _ctl(tmp_path)
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=2, launchers=["horovodrun"]))
+    jid = c.submit("command: [t.py]\nlauncher: horovodrun\nsteps: 10\nmin_procs: 1\nmax_procs: 2\n", "j.yaml")
+    _beat(c, "w0")
+    c.tick()
+    (t,) = _beat(c, "w0").launch
+    with c.lock, c.store.tx():  # what an in-place resize leaves: still running, waiting for the new size
+        c.store.update_job(jid, stop_reason=IN_PLACE, stop_time=time.time() - 1.0)
+    reply = _beat(c, "w0", [_status(t)])
+    assert [x.task_id for x in reply.launch] == [t.task_id] and not reply.kill  # re-sent while in time
+    with c.lock, c.store.tx():
+        c.store.update_job(jid, stop_time=time.time() - IN_PLACE_TIMEOUT_S - 1.0)
+    reply = _beat(c, "w0", [_status(t)])
+    assert [(k.task_id, k.checkpoint) for k in reply.kill] == [(t.task_id, True)] and not reply.launch
+    job = c.store.job(jid)
+    assert (job.state, job.stop_reason) == ("stopping", "resize")
+    c.store.close()
+
+
 def _launched_then_stopping(tmp_path: Path, reason: str):
     """A one-slot controller whose only job was launched and is now being stopped for `reason`, as tick()
     leaves it when the policy preempts or resizes it."""

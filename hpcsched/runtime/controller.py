@@ -37,6 +37,7 @@ log = logging.getLogger("hpcsched.runtime.controller")
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
 _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
 IN_PLACE = "in-place"  # stop_reason of a running job whose in-place resize has not reported its new size yet
+IN_PLACE_TIMEOUT_S = 60.0  # an in-place resize not seen at its new size by then falls back to stop/relaunch
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
 
 
@@ -166,7 +167,14 @@ class Controller:
                 return True
         if seen is not None:
             if seen.running and job.state == "running" and job.stop_reason == IN_PLACE:
-                reply.launch.append(pb.LaunchTask.FromString(a.launch))  # until it reports at the new size
+                if job.stop_time is not None and time.time() - job.stop_time > IN_PLACE_TIMEOUT_S:
+                    # The worker could not resize it in place (it logged why): stop it and relaunch it at the new
+                    # size, counting the resize from the original decision.
+                    self.store.update_job(job.id, state="stopping", stop_reason="resize")
+                    self.store.event(job.id, "resize", resize_kind="relaunch", reason="in-place resize timed out")
+                    reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=True, grace_s=self.cfg.stop_grace_s))
+                else:
+                    reply.launch.append(pb.LaunchTask.FromString(a.launch))  # until it reports at the new size
             return False
         if a.state == "launching":
             reply.launch.append(pb.LaunchTask.FromString(a.launch))

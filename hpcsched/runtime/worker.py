@@ -272,7 +272,8 @@ class Worker:
         at the new size, so this runs once per change: afterwards the task's LaunchTask is the new one."""
         try:
             done = self.resize_in_place(t.launch.task_id, list(launch.hosts))
-        except ValueError as e:  # outside the job's range: the controller never asks that; say so loudly
+        except (ValueError, OSError) as e:  # outside its range, or its host file is gone: the controller falls
+            # back to stop/relaunch when the new size is not reported (controller.IN_PLACE_TIMEOUT_S)
             log.error("task %s: in-place resize to %s refused: %s", t.launch.task_id, list(launch.hosts), e)
             return
         if done:
