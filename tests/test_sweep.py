@@ -90,6 +90,9 @@ grids:
         ("grid:\n  kind: simulate\n  policy: []\n  trace: T\n  cluster: C\n", 3, "empty list"),
         ("report:\n  published:\n    source: x\n    trace: t\n    avg_jct: {srtf: -3}\n", 5, "number > 0"),
         ("report:\n  published:\n    trace: t\n", 3, "needs 'source'"),
+        ("report:\n  published:\n    source: x\n    trace: t\n    compat: Muri\n", 5, "published compat"),
+        ("report:\n  published:\n    source: x\n    trace: t\n    avg_jct: {srtf: 1, muri-z: 2}\n", 5,
+         "unknown policy 'muri-z'"),
     ],
 )
 def test_bad_configs_name_file_and_line(tmp_path: Path, body: str, line: int, message: str) -> None:

@@ -194,6 +194,15 @@ def _published(p: Path, node: yaml.Node) -> list[dict[str, Any]]:
         for metric in ("avg_jct", "p99_jct", "makespan"):
             if metric in m:
                 block[metric] = {pol: _number(p, v) for pol, (_, v) in _mapping(p, m[metric][1], metric).items()}
+        # a typo would only show in the report as "no finished cell matches": name it here, at its line
+        checks = [("compat", block["compat"], m["compat"][0] if "compat" in m else bnode)]
+        checks += [("policy", pol, m[metric][0]) for metric in ("avg_jct", "p99_jct", "makespan") if metric in m
+                   for pol in block[metric]]
+        for key, value, at in checks:
+            try:
+                KINDS["simulate"][key].convert(value)
+            except ValueError as e:
+                raise InputError(p, f"published {key}: {e}", _line(at)) from None
         out.append(block)
     return out
 

@@ -74,6 +74,10 @@ def run_local(todo: list[Cell], root: Path, out: Path, workers: int, done: Done,
                 now = time.monotonic()
                 for sentinel, (proc, cell, t0) in list(running.items()):
                     if now - t0 >= timeout_s:
+                        if proc.exitcode is not None:  # it finished just after wait(): keep what it wrote
+                            del running[sentinel]
+                            done(_finished(proc, cell, out, now - t0) | {"label": cell.label()})
+                            continue
                         _stop(proc)
                         del running[sentinel]
                         rec = failed_record(cell, f"timed out: stopped after {timeout_s:g} s wall "
