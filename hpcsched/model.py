@@ -52,6 +52,11 @@ class ResourceProfile:
     def total_s(self) -> float:
         return self.data_s + self.compute_s + self.network_s
 
+    def scaled_to(self, total_s: float) -> ResourceProfile:
+        """The same stage proportions at another pace (e.g. a trace's GPU profile at a CPU workload's speed)."""
+        f = total_s / self.total_s
+        return ResourceProfile(self.data_s * f, self.compute_s * f, self.network_s * f)
+
 
 @dataclass(frozen=True, slots=True)
 class ScalingCurve:

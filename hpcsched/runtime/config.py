@@ -246,8 +246,9 @@ PROFILE_KEYS = ("data_s", "compute_s", "comm_s")
 
 def _profile(doc: _Doc) -> dict[str, Any]:
     """``profile: {data_s: 0.02, compute_s: 0.015, comm_s: 0.005}``: the seconds one step spends loading data,
-    computing and synchronising. Declared so an interleaving policy (muri-s, muri-l) can group the job before
-    it has reported any step; the stage times it measures replace the declared ones from its first report."""
+    computing and synchronising. Declared so policies know the job before it has reported any step: an
+    interleaving policy (muri-s, muri-l) can group it, and duration-aware ones (srtf, srsf) rank it by the
+    declared pace (their sum). The stage times it measures replace the declared ones from its first report."""
     if "profile" not in doc.data:
         return {}
     pr = doc.data["profile"]

@@ -86,7 +86,8 @@ def as_runtime_runs(policy: Policy, name: str) -> Policy:
     The controller learns a job's iteration time and stage profile from the job's own progress
     reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
     no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
-    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration.
+    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration. (A job file
+    may declare a profile, ``testbed --declare-profiles``; this model does not cover that case yet.)
 
     Groups are kept as the controller can run them (``hpcsched.runtime.scheduler``): it co-locates a
     group's members on the same slots but never moves a running job to form a group, so a group keeps

@@ -164,8 +164,7 @@ def declared_profile(job: ScaledJob) -> ResourceProfile | None:
     p = job.trace_profile
     if p is None or p.total_s <= 0:
         return None
-    f = job.workload.nominal_iteration_s / p.total_s
-    return ResourceProfile(p.data_s * f, p.compute_s * f, p.network_s * f)
+    return p.scaled_to(job.workload.nominal_iteration_s)
 
 
 def sim_job(job: ScaledJob, scale: float, iteration_s: float | None = None,
@@ -180,12 +179,9 @@ def sim_job(job: ScaledJob, scale: float, iteration_s: float | None = None,
     real_it = iteration_s if iteration_s is not None else job.workload.nominal_iteration_s
     it = real_it * scale
     if profile is not None and profile.total_s > 0:
-        f = it / profile.total_s
-        prof = ResourceProfile(profile.data_s * f, profile.compute_s * f, profile.network_s * f)
+        prof = profile.scaled_to(it)
     elif job.trace_profile is not None and job.trace_profile.total_s > 0:
-        f = it / job.trace_profile.total_s
-        p = job.trace_profile
-        prof = ResourceProfile(p.data_s * f, p.compute_s * f, p.network_s * f)
+        prof = job.trace_profile.scaled_to(it)
     else:
         prof = None
     n = job.steps + max(0, extra_iterations)
