@@ -47,11 +47,7 @@ def place_consolidated(
 
 
 def _place_in(free: Sequence[int], lo: int, hi: int, gpus: int, gpn: int) -> Placement | None:
-    if gpus <= gpn:
-        for i in range(lo, hi):
-            if free[i] >= gpus:
-                return [(i, gpus)]
-        return None
+    """A job wider than a node, within nodes [lo, hi): whole idle nodes plus one for the remainder."""
     whole, rest = divmod(gpus, gpn)
     full = [i for i in range(lo, hi) if free[i] == gpn][:whole]
     if len(full) < whole:

@@ -185,15 +185,9 @@ class Planner:
                     continue
                 members: tuple[_J, ...] = (j,)
             else:
-                try:
-                    members = tuple(by_id[i] for i in ids)
-                except KeyError as e:
-                    raise ValueError(f"policy {name!r} returned job {e.args[0]!r}, which is not active") from None
+                members, need = self._members(g)
                 if not members:
                     continue
-                if len(members) > 1 and g.period_s is None:
-                    raise ValueError(f"policy {name!r}: group {ids} of {len(members)} jobs has no period_s")
-                need = max(m.gpus for m in members)
             if need > left:
                 continue
             if count:
