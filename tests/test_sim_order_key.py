@@ -89,10 +89,3 @@ def test_themis_matches_its_definition(setup) -> None:
     fast, slow = simulate(jobs, cluster, themis), simulate(jobs, cluster, by_definition)
     key = [(r.job_id, r.start, r.end, r.gpu_seconds) for r in fast.results]
     assert key == [(r.job_id, r.start, r.end, r.gpu_seconds) for r in slow.results]
-
-
-def test_themis_reads_the_columns_the_engine_keeps() -> None:
-    from hpcsched.policies.themis import COLUMNS
-    from hpcsched.sim.engine import _COLS
-
-    assert COLUMNS == _COLS

@@ -40,9 +40,6 @@ from hpcsched.allocator import Group, JobView, Snapshot
 from hpcsched.model import ClusterSpec
 from hpcsched.policies._order import remaining_s, runs_every_job, solo
 
-COLUMNS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
-"""The per-job numbers ``rho_keys`` reads (one array each, active jobs in arrival order)."""
-
 
 def _share(v: JobView, snapshot: Snapshot) -> float:
     return min(1.0, math.ceil(snapshot.cluster.gpus / max(len(snapshot.jobs), 1)) / v.gpus)

@@ -29,7 +29,7 @@ def _key(v: JobView) -> tuple[int, bool, float]:
     return (queue_of(v), not v.running, v.submit)
 
 
-@orders_by(_key)  # the compat branch is never skipped: the simulator uses order_key in default mode only
+@orders_by(_key)  # in compat mode the simulator keys waiting jobs by the reference's (queue, seq) lists itself
 def tiresias(snapshot: Snapshot) -> list[Group]:
     if snapshot.compat == "muri" and all(v.rank_hint is not None for v in snapshot.jobs):
         # the reference's lists: queue-major, running first after each event, else history order
