@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcsched.runtime import launchers
 from hpcsched.runtime.rpc import pb
 
 log = logging.getLogger("hpcsched.runtime.horovod_elastic")
@@ -43,15 +44,8 @@ def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
 
 
 def host_lines(hosts: list[str]) -> str:
-    """``a:1,a:1,b:2`` -> ``a:2`` / ``b:2`` lines: Horovod counts slots per host name, so two hpcsched nodes
-    on one address (loopback) must be one line."""
-    slots: dict[str, int] = {}
-    for h in hosts:
-        name, _, n = h.rpartition(":")
-        if not name or not n.isdigit():
-            raise ValueError(f"bad host {h!r}: expected host:slots")
-        slots[name] = slots.get(name, 0) + int(n)
-    return "".join(f"{h}:{n}\n" for h, n in slots.items() if n > 0)
+    """``a:1,a:1,b:2`` -> ``a:2`` / ``b:2`` lines, the discovery script's output (hosts with 0 slots left out)."""
+    return "".join(f"{h}:{n}\n" for h, n in launchers.host_slots(hosts).items() if n > 0)
 
 
 def _write_hosts(task_dir: Path, hosts: list[str]) -> None:

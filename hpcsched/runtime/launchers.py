@@ -38,13 +38,21 @@ def available() -> list[str]:
     return out
 
 
-def merged_hosts(hosts: list[str]) -> str:
-    """``a:1,a:1,b:2`` -> ``a:2,b:2``: two nodes on one address (loopback tests) are one host to MPI."""
+def host_slots(hosts: list[str]) -> dict[str, int]:
+    """``a:1,a:1,b:2`` -> ``{a: 2, b: 2}``: launchers count slots per host name, so two hpcsched nodes on one
+    address (loopback) are one host to MPI and Horovod."""
     slots: dict[str, int] = {}
     for h in hosts:
         name, _, n = h.rpartition(":")
+        if not name or not n.isdigit():
+            raise ValueError(f"bad host {h!r}: expected host:slots")
         slots[name] = slots.get(name, 0) + int(n)
-    return ",".join(f"{h}:{n}" for h, n in slots.items())
+    return slots
+
+
+def merged_hosts(hosts: list[str]) -> str:
+    """``a:1,a:1,b:2`` -> ``a:2,b:2``, the ``-H`` list of mpirun and horovodrun."""
+    return ",".join(f"{h}:{n}" for h, n in host_slots(hosts).items())
 
 
 def _program(command: list[str], python: str) -> list[str]:

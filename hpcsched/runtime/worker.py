@@ -122,7 +122,9 @@ class WarmRanks:
         try:
             p.stdin.write((json.dumps({"args": argv[3:], "env": env, "cwd": cwd, "log": str(log)}) + "\n").encode())
             p.stdin.close()
-        except OSError:  # it died meanwhile: start cold
+        except OSError:  # it died meanwhile: start cold (and reap it)
+            p.kill()
+            p.wait(timeout=5)
             return None
         return p
 
