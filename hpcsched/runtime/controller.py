@@ -394,7 +394,7 @@ class Controller:
         known, self._groups = self._groups, {}  # only live tasks stay cached
         for a in self.store.allocations():
             key = known.get(a.task_id)
-            if key is None:  # a task's LaunchTask never changes: parse it once, not on every tick
+            if key is None:  # a task's co-location key never changes (an in-place resize keeps it): parse it once
                 key = pb.LaunchTask.FromString(a.launch).group or a.job_id
             self._groups[a.task_id] = key
             groups[a.job_id] = key
@@ -426,8 +426,12 @@ class Controller:
     def _resize_in_place(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float) -> None:
         """Give a running elastic Horovod job its new size on the node it runs on (rules in the module docstring).
         The scheduler only asks this for a job whose one task stays on its worker."""
-        (a,) = [a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation]
-        (wid, procs), = where
+        tasks = [a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation]
+        if len(tasks) != 1 or len(where) != 1:  # the scheduler's rule broken: leave the job as it runs
+            log.error("job %s: in-place resize needs one task on one worker, has %d task(s), asked %s; skipped",
+                      job.id, len(tasks), where)
+            return
+        (a,), ((wid, procs),) = tasks, where
         msg = pb.LaunchTask.FromString(a.launch)
         msg.nprocs = msg.world_size = procs
         del msg.hosts[:]
