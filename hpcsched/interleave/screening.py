@@ -25,13 +25,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import rustworkx as rx
 
+from hpcsched.interleave import matching
 from hpcsched.interleave.matching import MatchSettings
 from hpcsched.interleave.period import STAGES
 from hpcsched.sim.semantics import group_factor
 
-_SCALE = 1_000_000  # rustworkx wants integer weights
 _HUB_SHARE = 0.3  # fewer distinct best partners than this share of the nodes: a hub graph (random: ~0.63,
 # re-profiled trace jobs: 0.01-0.1)
 
@@ -276,20 +275,16 @@ def _sparse_blossom(
     _, eid, rank = _ranked(i[~rand], j[~rand], w[~rand])
     best = np.nonzero(~rand)[0][np.unique(eid[rank < keep])]
     kept = np.concatenate([best, np.nonzero(rand)[0]])
-    return _blossom(len(a["size"]), i[kept], j[kept], w[kept])
+    return _blossom(i[kept], j[kept], w[kept])
 
 
-def _blossom(n: int, i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float]]:
-    """Exact maximum-weight matching of the sparse graph (rustworkx), as (i, j, weight), i < j; only the
-    nodes with an edge enter the graph (blossom's stages scan every vertex)."""
+def _blossom(i: np.ndarray, j: np.ndarray, w: np.ndarray) -> list[tuple[int, int, float]]:
+    """Exact maximum-weight matching of the sparse graph, as (i, j, weight), i < j; only the nodes with an edge
+    enter the graph (blossom's stages scan every vertex)."""
     used, local = np.unique(np.concatenate([i, j]), return_inverse=True)
-    li, lj = local[: len(i)], local[len(i) :]
-    g = rx.PyGraph()
-    g.add_nodes_from(range(len(used)))
-    g.add_edges_from(list(zip(li.tolist(), lj.tolist(), np.rint(w * _SCALE).astype(np.int64).tolist(), strict=True)))
     wmap = {(x, y): z for x, y, z in zip(i.tolist(), j.tolist(), w.tolist(), strict=True)}
     out = []
-    for x, y in rx.max_weight_matching(g, weight_fn=int):
+    for x, y in matching._blossom(len(used), local[: len(i)], local[len(i) :], w):
         a, b = int(used[x]), int(used[y])
         lo, hi = min(a, b), max(a, b)
         out.append((lo, hi, wmap[(lo, hi)]))
