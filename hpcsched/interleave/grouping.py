@@ -30,7 +30,6 @@ import numpy as np
 
 from hpcsched.interleave.matching import MatchSettings, assign, pair_counts
 from hpcsched.interleave.period import MAX_GROUP, STAGES, PeriodModel
-from hpcsched.interleave.refblossom import reference_matching
 from hpcsched.interleave.screening import sparse_pairs
 from hpcsched.sim.semantics import group_factor
 
@@ -238,7 +237,7 @@ def _match_exact(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, 
     hit = scorer._pairs.get(seq)
     if hit is not None:
         return hit
-    out = _solve_exact(seq, scorer)
+    out = (_solve_reference if scorer.rules.match.reference_ties else _solve_exact)(seq, scorer)
     if len(scorer._pairs) >= _PAIRS_CACHE:
         scorer._pairs.clear()
     scorer._pairs[seq] = out
@@ -261,21 +260,15 @@ def _solve_exact(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, 
     return [(i, j, float(tw[node_type[i], node_type[j]])) for i, j in assign(node_type, x, tw)]
 
 
-def _match_reference(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
-    """The reference's blossom on the complete graph of the bucket (compat), memoised like ``_match_exact``."""
-    seq = tuple(node_kinds)
-    hit = scorer._pairs.get(seq)
-    if hit is not None:
-        return hit
-    kinds = sorted(set(seq))
+def _solve_reference(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
+    """The reference's blossom on the complete graph of the bucket (compat ablation: its tie-breaking)."""
+    from hpcsched.interleave.refblossom import reference_matching  # opt-in: not loaded by default runs
+
+    kinds = sorted(set(node_kinds))
     kind_ix = {k: i for i, k in enumerate(kinds)}
-    nt = np.array([kind_ix[k] for k in seq], dtype=np.intp)
+    nt = np.array([kind_ix[k] for k in node_kinds], dtype=np.intp)
     w = scorer.matrix(kinds)[np.ix_(nt, nt)].tolist()
-    out = [(i, j, w[i][j]) for i, j in reference_matching(w)]
-    if len(scorer._pairs) >= _PAIRS_CACHE:
-        scorer._pairs.clear()
-    scorer._pairs[seq] = out
-    return out
+    return [(i, j, w[i][j]) for i, j in reference_matching(w)]
 
 
 def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, float]]:
@@ -290,9 +283,7 @@ def _match(node_kinds: Sequence[Kind], scorer: Scorer) -> list[tuple[int, int, f
     """
     n = len(node_kinds)
     settings = scorer.rules.match
-    if settings.reference_ties:
-        return _match_reference(node_kinds, scorer)
-    if n <= settings.dense_limit or len(set(node_kinds)) <= settings.type_limit:
+    if settings.reference_ties or n <= settings.dense_limit or len(set(node_kinds)) <= settings.type_limit:
         return _match_exact(node_kinds, scorer)
     if scorer.rules.model.kind == "pipeline":
         return sparse_pairs(node_kinds, scorer, settings)
