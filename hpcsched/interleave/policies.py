@@ -91,28 +91,29 @@ def candidates(order: list[JobView], snapshot: Snapshot) -> list[JobView]:
     return [v for v, ok in zip(order, chosen, strict=True) if ok]
 
 
-def autopack(formed: list[Formed], cands: list[Candidate], keys: list[float], snapshot: Snapshot) -> list[Formed]:
+def autopack(formed: list[Formed], cands: list[Candidate], snapshot: Snapshot) -> list[Formed]:
     """The reference's ``--autopack`` pass (on by default in its code; Muri-L's published run used it).
 
     A group whose slowed-down period exceeds its members' solo periods summed runs slower than the
     members taking turns, so it is split back into single jobs. The groups and singles are then ranked
-    by their best member's key (ties: best member's position) and placed on an empty cluster in that
-    order; whatever no longer fits does not run this round (splitting can make the plan too big).
+    by their best member (``cands`` is in priority order, so by its smallest index) and placed on an empty
+    cluster in that order; whatever no longer fits does not run this round (splitting can make the plan too
+    big).
     """
-    units: list[tuple[float, int, Formed]] = []
+    units: list[Formed] = []
     for f in formed:
         k = len(f.members)
         apart = sum(cands[i].solo_s for i in f.members)
         if k > 1 and f.raw_period is not None and f.raw_period * group_factor(k) > apart:
-            units.extend((keys[i], i, Formed((i,), None, 1.0, 0.0)) for i in f.members)
+            units.extend(Formed((i,), None, 1.0, 0.0) for i in f.members)
         else:
-            units.append((min(keys[i] for i in f.members), min(f.members), f))
-    units.sort(key=lambda u: (u[0], u[1]))
+            units.append(f)
+    units.sort(key=lambda f: min(f.members))
     c = snapshot.cluster
     free = [c.gpus_per_node] * c.nodes
     nps = c.nodes_per_switch if c.switches > 1 else None
     kept = []
-    for _, _, f in units:
+    for f in units:
         g = max(cands[i].gpus for i in f.members)
         p = pl.place_consolidated(free, g, c.gpus_per_node, nps)
         if p is not None:
@@ -172,7 +173,7 @@ class InterleavingPolicy:
         cand_objs = [_cached_candidate(v, memo) for v in cands]
         formed = form_groups(cand_objs, snapshot.cluster.gpus, self.scorer(snapshot.compat))
         if self.compat_autopack and snapshot.compat == "muri":
-            formed = autopack(formed, cand_objs, [self.key(v) for v in cands], snapshot)
+            formed = autopack(formed, cand_objs, snapshot)
         # candidates are in priority order, so a group's rank is its smallest member index
         formed.sort(key=lambda f: min(f.members))
         out = []
