@@ -380,12 +380,7 @@ def test_in_place_resize_the_worker_never_applies_falls_back_to_relaunch(tmp_pat
 
     from hpcsched.runtime.controller import IN_PLACE, IN_PLACE_TIMEOUT_S
 
-    c = _ctl(tmp_path)
-    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=2, launchers=["horovodrun"]))
-    jid = c.submit("command: [t.py]\nlauncher: horovodrun\nsteps: 10\nmin_procs: 1\nmax_procs: 2\n", "j.yaml")
-    _beat(c, "w0")
-    c.tick()
-    (t,) = _beat(c, "w0").launch
+    c, jid, t = _launched(tmp_path, "launcher: horovodrun\nmin_procs: 1\nmax_procs: 2\n", "horovodrun", slots=2)
     with c.lock, c.store.tx():  # what an in-place resize leaves: still running, waiting for the new size
         c.store.update_job(jid, stop_reason=IN_PLACE, stop_time=time.time() - 1.0)
     reply = _beat(c, "w0", [_status(t)])
@@ -399,15 +394,21 @@ def test_in_place_resize_the_worker_never_applies_falls_back_to_relaunch(tmp_pat
     c.store.close()
 
 
-def _launched_then_stopping(tmp_path: Path, reason: str):
-    """A one-slot controller whose only job was launched and is now being stopped for `reason`, as tick()
-    leaves it when the policy preempts or resizes it."""
+def _launched(tmp_path: Path, spec: str = "", launcher: str = "torchrun", slots: int = 1):
+    """A controller with one worker whose only job (10 steps, ``spec`` lines added) has been launched."""
     c = _ctl(tmp_path)
-    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=1, launchers=["torchrun"]))
-    jid = c.submit("command: [t.py]\nsteps: 10\n", "j.yaml")
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=slots, launchers=[launcher]))
+    jid = c.submit(f"command: [t.py]\nsteps: 10\n{spec}", "j.yaml")
     _beat(c, "w0")
     c.tick()
     (t,) = _beat(c, "w0").launch
+    return c, jid, t
+
+
+def _launched_then_stopping(tmp_path: Path, reason: str):
+    """The launched job now being stopped for `reason`, as tick() leaves it when the policy preempts or
+    resizes it."""
+    c, jid, t = _launched(tmp_path)
     with c.lock, c.store.tx():
         c.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=1.0)
     return c, jid, t
