@@ -8,12 +8,14 @@ HPCSCHED_GENERATION); run by hand without them, the programs still train and pri
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -48,6 +50,50 @@ class Reporter:
                 f.write(text + "\n")
         else:
             print(text, file=sys.stderr, flush=True)
+
+
+class StageTurns:
+    """Interleaved jobs take turns per stage, as Muri's executor makes them: co-located members of a group
+    (same slots) are each in a different stage at a time, so none of them waits on a resource another holds.
+
+    The worker gives every task ``$HPCSCHED_INTERLEAVE_DIR`` (one directory per co-location group on that
+    worker); a stage holds the exclusive file lock ``<stage>.<local rank>`` there while it runs. Only stages
+    that do no collective work are locked: a rank must never hold a lock while it waits for another rank
+    (two jobs spanning the same two slots would deadlock), so the communication stage takes its turn only
+    in a single-process job, where it is local. Without the variable (run by hand, or an old worker) every
+    stage runs free. The seconds spent waiting for a turn are kept apart, so stage times stay the job's own.
+    """
+
+    def __init__(self, local_rank: int, collective_comm: bool) -> None:
+        self.waited = {"data": 0.0, "compute": 0.0, "comm": 0.0}
+        self._fds: dict[str, int] = {}
+        root = os.environ.get("HPCSCHED_INTERLEAVE_DIR")
+        if not root:
+            return
+        Path(root).mkdir(parents=True, exist_ok=True)
+        for stage in self.waited:
+            if stage == "comm" and collective_comm:
+                continue
+            self._fds[stage] = os.open(Path(root) / f"{stage}.{local_rank}", os.O_RDWR | os.O_CREAT, 0o644)
+
+    @contextlib.contextmanager
+    def turn(self, stage: str) -> Iterator[None]:
+        fd = self._fds.get(stage)
+        if fd is None:
+            yield
+            return
+        t = time.perf_counter()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self.waited[stage] += time.perf_counter() - t
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def take_waits(self) -> dict[str, float]:
+        """Seconds waited per stage since the last call."""
+        out, self.waited = self.waited, dict.fromkeys(self.waited, 0.0)
+        return out
 
 
 class StageTimer:

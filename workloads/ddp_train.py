@@ -21,6 +21,7 @@ from _common import (
     FastForward,
     Reporter,
     StageTimer,
+    StageTurns,
     StopFlag,
     atomic_write,
     checkpoint_dir,
@@ -64,6 +65,8 @@ def main() -> int:
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed and args.sync == "ddp" else model
     rep = Reporter(rank, world, resumed_from)
     timer = StageTimer()
+    # interleaved group members take turns per stage; the all-reduce only when it is local (one process)
+    turns = StageTurns(int(os.environ.get("LOCAL_RANK", 0)), collective_comm=distributed and world > 1)
     loss_fn = torch.nn.CrossEntropyLoss()
     window_loss, window_n = 0.0, 0
 
@@ -79,37 +82,41 @@ def main() -> int:
     rep.report(step, loss=0.0, samples_per_s=0.0)
     while step < steps:
         t0 = time.perf_counter()
-        x, y = batch(args.model, args.seed, step, args.batch, rank, world)
-        x, y = x.to(device), y.to(device)
-        if args.io_latency_ms:
-            time.sleep(args.io_latency_ms / 1e3)
+        with turns.turn("data"):
+            x, y = batch(args.model, args.seed, step, args.batch, rank, world)
+            x, y = x.to(device), y.to(device)
+            if args.io_latency_ms:
+                time.sleep(args.io_latency_ms / 1e3)
         t1 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), y)
-        loss.backward()
+        with turns.turn("compute"):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(net(x), y)
+            loss.backward()
         t2 = time.perf_counter()
-        # One small all-reduce carries the loss and the stop request, so every rank stops at the same step.
-        # (the third carries rank 0's fast-forward credit to every rank: issue 9's testbed)
-        flags = torch.tensor([loss.item(), float(stop.requested or superseded(ckpt_dir)),
-                              float(ff.take() if rank == 0 else 0)], device=device)
-        if distributed:
-            if args.sync == "manual":
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                flat = torch.cat([g.flatten() for g in grads])
-                dist.all_reduce(flat)
-                flat /= world
-                torch.nn.utils.vector_to_parameters(flat, grads)  # copies the averaged values back
-            dist.all_reduce(flags)
-            flags[0] /= world
+        with turns.turn("comm"):
+            # One small all-reduce carries the loss and the stop request, so every rank stops at the same step.
+            # (the third carries rank 0's fast-forward credit to every rank: issue 9's testbed)
+            flags = torch.tensor([loss.item(), float(stop.requested or superseded(ckpt_dir)),
+                                  float(ff.take() if rank == 0 else 0)], device=device)
+            if distributed:
+                if args.sync == "manual":
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    flat = torch.cat([g.flatten() for g in grads])
+                    dist.all_reduce(flat)
+                    flat /= world
+                    torch.nn.utils.vector_to_parameters(flat, grads)  # copies the averaged values back
+                dist.all_reduce(flags)
+                flags[0] /= world
         t3 = time.perf_counter()
-        opt.step()
+        opt.step()  # small next to the forward/backward: not worth a second compute turn
         step += 1
         if first_loss is None:
             first_loss = float(flags[0])
         window_loss, window_n = window_loss + float(flags[0]), window_n + 1
-        timer.data += t1 - t0
-        timer.compute += t2 - t1 + time.perf_counter() - t3
-        timer.comm += t3 - t2
+        waited = turns.take_waits()  # a stage's time is its own work, not its wait for a turn
+        timer.data += t1 - t0 - waited["data"]
+        timer.compute += t2 - t1 - waited["compute"] + time.perf_counter() - t3
+        timer.comm += t3 - t2 - waited["comm"]
         timer.steps += 1
         timer.samples += args.batch
         step = FastForward.jump(int(flags[2]), step, steps, rep, timer, window_loss / window_n)  # testbed (issue 9)

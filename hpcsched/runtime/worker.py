@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -300,6 +301,7 @@ class Worker:
         progress = run_dir / "progress.jsonl"
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
+        env["HPCSCHED_INTERLEAVE_DIR"] = str(interleave_dir(self.cfg.work_dir, t.group or t.job_id))
         proc = None
         how = ""
         if t.node_rank == 0:
@@ -404,3 +406,9 @@ class Worker:
         if self.warm is not None:
             self.warm.close()
         self.channel.close()
+
+
+def interleave_dir(work_dir: Path, group: str) -> Path:
+    """Where the tasks of one co-location group on this worker keep their stage locks: interleaved jobs take
+    turns per stage through them (``workloads/_common.StageTurns``); a job alone has them to itself."""
+    return work_dir / "interleave" / (re.sub(r"[^A-Za-z0-9_.-]", "_", group) or "_")

@@ -1,0 +1,123 @@
+"""Interleaved jobs take turns per stage: real processes holding the worker's stage locks, never two members
+of a group in the same stage at once (Muri's executor), while different stages and different groups overlap."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcsched.runtime.rpc import pb
+
+WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
+
+# Each process runs STEPS stages of SECONDS each, in its own stage name (argv), and prints the intervals it held.
+HOLDER = """
+import json, sys, time
+sys.path.insert(0, {workloads!r})
+from _common import StageTurns
+stage, steps, seconds, collective = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+turns = StageTurns(0, collective_comm=collective)
+held = []
+for _ in range(steps):
+    with turns.turn(stage):
+        t = time.time()
+        time.sleep(seconds)
+        held.append((t, time.time()))
+print(json.dumps({{"held": held, "waited": turns.take_waits()[stage]}}))
+"""
+
+
+def _run(procs: list[tuple[str, str | None, bool]], steps: int = 6, seconds: float = 0.04) -> list[dict]:
+    """Start every (stage, lock dir, collective) holder at once; their intervals and waits."""
+    code = HOLDER.format(workloads=str(WORKLOADS))
+    running = []
+    for stage, lock_dir, collective in procs:
+        env = {k: v for k, v in os.environ.items() if k != "HPCSCHED_INTERLEAVE_DIR"}
+        if lock_dir is not None:
+            env["HPCSCHED_INTERLEAVE_DIR"] = lock_dir
+        running.append(subprocess.Popen([sys.executable, "-c", code, stage, str(steps), str(seconds),
+                                         "1" if collective else "0"], env=env, stdout=subprocess.PIPE, text=True))
+    return [json.loads(p.communicate(timeout=60)[0]) for p in running]
+
+
+def _overlaps(a: list, b: list) -> bool:
+    return any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)
+
+
+def test_group_members_never_share_a_stage(tmp_path: Path) -> None:
+    group = str(tmp_path / "g")
+    one, two, three = _run([("data", group, False)] * 3)
+    for x, y in ((one, two), (one, three), (two, three)):
+        assert not _overlaps(x["held"], y["held"])
+    # 18 stages of 40 ms one at a time: the three of them waited for turns, and the waits were counted
+    span = max(e for r in (one, two, three) for _, e in r["held"]) - min(s for r in (one, two, three)
+                                                                          for s, _ in r["held"])
+    assert span >= 18 * 0.04
+    assert sum(r["waited"] for r in (one, two, three)) > 6 * 0.04
+
+
+def test_different_stages_groups_and_collectives_run_free(tmp_path: Path) -> None:
+    group, other = str(tmp_path / "g"), str(tmp_path / "h")
+    data, compute, elsewhere = _run([("data", group, False), ("compute", group, False), ("data", other, False)])
+    assert _overlaps(data["held"], compute["held"])  # one in data, one in compute: the point of interleaving
+    assert _overlaps(data["held"], elsewhere["held"])  # another group's slots
+    # a multi-process job's all-reduce is never locked (a rank must not wait on another rank while holding a turn)
+    a, b = _run([("comm", group, True), ("comm", group, True)])
+    assert _overlaps(a["held"], b["held"]) and a["waited"] == b["waited"] == 0.0
+    free_a, free_b = _run([("data", None, False), ("data", None, False)])  # no worker, no turns
+    assert _overlaps(free_a["held"], free_b["held"])
+
+
+def test_worker_gives_a_group_one_lock_dir(tmp_path: Path) -> None:
+    """Real launches by the worker: members of one co-location group get the same lock dir, a job alone its own."""
+    from hpcsched.runtime.config import WorkerConfig
+    from hpcsched.runtime.worker import Worker
+
+    script = tmp_path / "env.py"
+    script.write_text("import os, pathlib\npathlib.Path(os.environ['OUT'], os.environ['HPCSCHED_TASK_ID'])"
+                      ".write_text(os.environ['HPCSCHED_INTERLEAVE_DIR'])\n")
+    w = Worker(WorkerConfig(controller="127.0.0.1:9", name="w", gpus=0, work_dir=tmp_path / "work"))
+    try:
+        for task, group in (("a.g1.n0", "a"), ("b.g1.n0", "a"), ("c.g1.n0", "c/x")):
+            w.launch(pb.LaunchTask(task_id=task, job_id=task[0], group=group, launcher="direct", nprocs=1,
+                                   world_size=1, command=[str(script)], env={"OUT": str(tmp_path)},
+                                   master_addr="127.0.0.1", master_port=1))
+        deadline = time.time() + 60
+        while not all((tmp_path / t).exists() for t in ("a.g1.n0", "b.g1.n0", "c.g1.n0")):
+            assert time.time() < deadline, "the tasks never ran"
+            time.sleep(0.1)
+        dirs = {t: (tmp_path / t).read_text() for t in ("a.g1.n0", "b.g1.n0", "c.g1.n0")}
+        assert dirs["a.g1.n0"] == dirs["b.g1.n0"] == str(tmp_path / "work" / "interleave" / "a")
+        assert dirs["c.g1.n0"] == str(tmp_path / "work" / "interleave" / "c_x")
+    finally:
+        w.shutdown()
+
+
+def test_two_trainers_in_a_group_take_turns_and_report_their_own_stage_times(tmp_path: Path) -> None:
+    """Two real ddp_train.py processes, data-bound (30 ms of emulated storage a step), in one group: their data
+    stages run one at a time, so each steps at about twice its storage time; the data stage they report is
+    still their own 30 ms, not the wait for a turn."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCSCHED_")} | {
+        "OMP_NUM_THREADS": "1", "HPCSCHED_INTERLEAVE_DIR": str(tmp_path / "g")}
+    procs = [subprocess.Popen([sys.executable, str(WORKLOADS / "ddp_train.py"), "--model", "cnn", "--batch", "8",
+                               "--io-latency-ms", "30", "--steps", "60", "--report-every", "10",
+                               "--checkpoint-every", "1000"],
+                              env=env | {"HPCSCHED_PROGRESS_FILE": str(tmp_path / f"p{i}"),
+                                         "HPCSCHED_CHECKPOINT_DIR": str(tmp_path / f"c{i}")}, cwd=WORKLOADS)
+             for i in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    reports = [[json.loads(line) for line in (tmp_path / f"p{i}").read_text().splitlines()] for i in range(2)]
+    # training spans: first report (step 0, before any step) to the last one
+    spans = [(r[0]["time"], r[-1]["time"]) for r in reports]
+    for i in range(2):
+        lo, hi = spans[1 - i]
+        both = [b for a, b in zip(reports[i], reports[i][1:], strict=False)
+                if "data_s" in b and lo <= a["time"] and b["time"] <= hi]  # windows while the other trained too
+        assert both, "the two trainers never ran at the same time"
+        for r in both:
+            assert 0.029 < r["data_s"] < 0.045
+            assert 8 / r["samples_per_s"] > 0.055  # seconds per step: two 30 ms data stages per step
