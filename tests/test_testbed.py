@@ -222,23 +222,6 @@ def test_profiles_learned_from_an_earlier_run(tmp_path: Path) -> None:
     assert jobs[a2c.trace_id].iteration_time == pytest.approx(a2c.workload.nominal_iteration_s * 100.0)
 
 
-def test_runtime_units_never_move_a_running_job() -> None:
-    """The controller keeps a group's first running member where it is; queued members that fit join it.
-    A group that would need a second running job moved, or a bigger queued job, runs as singles."""
-    from hpcsched.allocator import Group, JobView
-
-    def view(i: str, running: bool, gpus: int = 1) -> JobView:
-        return JobView(id=i, submit=0.0, gpus=gpus, iterations_total=10, iterations_done=0.0, iteration_time=1.0,
-                       attained_gpu_s=0.0, executed_s=0.0, remaining_s=10.0, profile=None, running=running)
-
-    by = {v.id: v for v in (view("a", True), view("b", False), view("c", True), view("d", False, gpus=2))}
-    g = Group(("b", "a"), 1.5, 0.9)
-    assert feedback.runtime_units(g, by) == [g]  # a stays; b joins it with the group's period
-    assert feedback.runtime_units(Group(("b", "d"), 2.0), by) == [Group(("b", "d"), 2.0)]  # none running yet
-    assert [u.job_ids for u in feedback.runtime_units(Group(("a", "c"), 2.0), by)] == [("a",), ("c",)]
-    assert [u.job_ids for u in feedback.runtime_units(Group(("a", "d"), 2.0), by)] == [("a",), ("d",)]
-
-
 def test_overheads_per_launch_and_scaled_by_the_probe(tmp_path: Path) -> None:
     from hpcsched.runtime.profile import write_overheads
     from hpcsched.testbed.profiles import LearnedProfiles

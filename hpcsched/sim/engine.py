@@ -58,7 +58,7 @@ import heapq
 import math
 import time
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,10 +189,14 @@ def simulate(
     *,
     progress: Callable[[int, int], None] | None = None,
     trace: str = "",
+    group_factors: Mapping[int, float] | None = None,
 ) -> SimResult:
     """Run ``jobs`` on ``cluster`` under ``policy`` (a registry name or a Policy function).
 
     ``compat="muri"`` reproduces the reference simulator's accounting (see ``semantics``).
+    ``group_factors`` ({member count: factor}) replaces ``group_factor(k)`` where a running group's speed
+    is computed, and nowhere else: factors measured on a testbed change how fast groups run, not which
+    groups the policy forms (the real controller decides with the default factors too).
     ``progress(completed, total)`` is called now and then for a progress bar.
     Raises ValueError for jobs that cannot be simulated (no size or length) or a bad policy answer.
     """
@@ -206,6 +210,8 @@ def simulate(
         name, fn = getattr(policy, "__name__", "custom"), policy
     t0 = time.perf_counter()
     eng = _Engine(jobs, cluster, fn, name, compat, progress)
+    if group_factors:
+        eng.gf = {k: float(group_factors.get(k, group_factor(k))) for k in range(2, 5)}
     eng.run()
     meta = {
         "tool": "simulate",
@@ -217,6 +223,8 @@ def simulate(
         "compat": compat,
         "events": eng.events,
     }
+    if group_factors:  # the factors every group ran at (k = 2, 3, 4; larger groups take k = 4's)
+        meta["group_factors"] = {str(k): v for k, v in eng.gf.items()}
     return SimResult(
         results=[_result(j) for j in eng.jobs],
         timeline=pd.DataFrame(
@@ -254,6 +262,7 @@ class _Engine(Planner):
         progress: Callable[[int, int], None] | None,
     ) -> None:
         self.compat = compat is not None
+        self.gf = {k: group_factor(k) for k in range(2, 5)}  # a group's period multiplier by member count
         self.mode = compat  # told to policies (Snapshot.compat): interleaving follows the speed model
         self.rules: CompatRules = compat_rules(name) if self.compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
@@ -697,7 +706,7 @@ class _Engine(Planner):
                 m.place = p
                 now_running.append(m)
                 continue
-            period = g.period_s * group_factor(k)
+            period = g.period_s * self.gf[min(k, 4)]
             charge = sum(restart_cost(m.model, m.gpus) for m in members) if self.rules.group_restart else None
             ids = tuple(m.id for m in members)
             for m in members:

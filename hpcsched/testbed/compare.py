@@ -1,10 +1,19 @@
-"""The sim-vs-real table: per-job JCT error, avg / p99 JCT and makespan error, iteration times by sharing.
+"""The sim-vs-real table: per-job JCT error, avg / p99 JCT and makespan error, iteration times by group size.
 
 Errors are ``(sim - real) / real``: positive means the simulator is pessimistic. Makespan here is the
-span from the first submission to the last completion (the trace may not start at 0). Iteration times
-compare what the real run measured in each report window (``REAL_DIR/iterations.csv``) with what the
-simulation assumed for that job when running solo (its ``SIM_DIR/trace.csv`` iteration time x the
-simulator's 1.015 solo factor), grouped by how many jobs shared the worker during the window.
+span from the first submission to the last completion (the trace may not start at 0).
+
+Iteration times compare what the real run measured in each report window (``REAL_DIR/iterations.csv``,
+trace seconds per step) with what the simulation assumed for that job in that window, two ways:
+
+- by **group size** (``groups``: solo, 2, 3, 4 interleaved on the same slots): alone, the job's
+  ``SIM_DIR/trace.csv`` iteration time x the simulator's 1.015 solo factor; in a group of k, the pipeline
+  period of the live members' stage profiles as the simulation had them (``trace.csv`` resource times)
+  x the group factor the simulation ran k-member groups at (``SIM_DIR/meta.json`` ``group_factors``, else
+  the simulator's default). Both columns are medians over the same windows. The measured factors of the
+  real run (``REAL_DIR/profile/group-factors.csv``) are shown beside them;
+- by **sharing** (``iterations``): how many of the run's jobs held the worker, whatever their slots,
+  against the job's solo iteration time: what CPU contention between slots costs.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ def compare_runs(sim_dir: Path, real_dir: Path) -> dict[str, Any]:
     return {"sim_dir": str(sim_dir), "real_dir": str(real_dir), "jobs": jobs, "summary": summary,
             "mean_abs_job_error": statistics.mean(errs) if errs else None, "only_in_one": only,
             "real_unfinished": r.get("unfinished"), "sim_unfinished": s.get("unfinished"),
-            "iterations": iteration_rows(sim_dir, real_dir)}
+            "iterations": iteration_rows(sim_dir, real_dir), "groups": group_rows(sim_dir, real_dir)}
 
 
 def iteration_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
@@ -70,6 +79,59 @@ def iteration_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
         rows.append({"sharing": int(k), "windows": len(g), "jobs": int(g["job_id"].nunique()),
                      "measured_s": meas, "profiled_s": prof_k, "error": _err(prof_k, meas)})
     return rows
+
+
+def group_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
+    """Measured vs simulated seconds per iteration (trace scale), by interleaved group size (module docstring)."""
+    import json
+
+    from hpcsched.interleave.period import MAX_GROUP, pipeline_period
+    from hpcsched.sim.semantics import group_factor
+    from hpcsched.testbed.groupfit import FILE, read_group_factors
+
+    it_file, trace = real_dir / ITERATIONS_FILE, sim_dir / "trace.csv"
+    if not it_file.is_file() or not trace.is_file():
+        return []
+    win = pd.read_csv(it_file, dtype={"job_id": str, "group_members": str})
+    if "group_size" not in win.columns:  # a run measured before group sizes were recorded
+        return []
+    prof = pd.read_csv(trace, dtype={"job_id": str})
+    solo = dict(zip(prof["job_id"], prof["iteration_time"] * 1e-3 * SOLO_FACTOR, strict=True))
+    cols = [prof[f"resource_time_{i}"] * 1e-3 for i in range(3)]
+    stages = {j: (a, b, c) for j, a, b, c in zip(prof["job_id"], *cols, strict=True)}
+    meta_file = sim_dir / "meta.json"
+    used = json.loads(meta_file.read_text()).get("group_factors") if meta_file.is_file() else None
+    factor = {k: float((used or {}).get(str(k), group_factor(k))) for k in range(2, MAX_GROUP + 1)}
+    measured = read_group_factors(real_dir / "profile" / FILE)
+    periods: dict[tuple[str, ...], float] = {}
+
+    def assumed(row) -> float | None:
+        k = int(row.group_size)
+        if k == 1:
+            return solo.get(row.job_id)
+        members = tuple(str(row.group_members).split(";"))
+        if k > MAX_GROUP or len(members) != k or any(sum(stages.get(j, (0.0,))) <= 0 for j in members):
+            return None
+        if members not in periods:
+            periods[members] = pipeline_period([stages[j] for j in members])[0]
+        return periods[members] * factor[k]
+
+    win = win[win["job_id"].isin(solo)].copy()
+    win["assumed"] = [assumed(r) for r in win.itertuples()]
+    rows = []
+    for k, g in win.groupby("group_size"):
+        g = g[g["assumed"].notna()]
+        if g.empty:
+            continue
+        meas, sim = float(g["pace_s"].median()), float(g["assumed"].median())
+        rows.append({"group_size": int(k), "windows": len(g), "jobs": int(g["job_id"].nunique()),
+                     "measured_s": meas, "sim_s": sim, "error": _err(sim, meas),
+                     "sim_factor": SOLO_FACTOR if k == 1 else factor[int(k)], "measured_factor": measured.get(int(k))})
+    return rows
+
+
+def _group_label(k: int) -> str:
+    return "solo" if k == 1 else f"{k} interleaved"
 
 
 def _pct(v: float | None) -> str:
@@ -106,6 +168,17 @@ def render_markdown(results: list[dict[str, Any]], names: list[str]) -> str:
             k = row["sharing"]
             cells = " | ".join(f"{b[k]['profiled_s']:,.1f} | {_pct(b[k]['error'])}" if k in b else "- | -" for b in by)
             lines.append(f"| {k} | {row['windows']} | {row['measured_s']:,.1f} | {cells} |")
+    if any(r.get("groups") for r in results):
+        lines += ["", "| group size | windows | measured s/iter | measured factor | " +
+                  " | ".join(f"{n} s/iter | factor | error" for n in names) + " |",
+                  "|---|---:|---:|---:|" + "---:|---:|---:|" * len(names)]
+        gb = [{row["group_size"]: row for row in r.get("groups", [])} for r in results]
+        for row in results[0]["groups"]:
+            k = row["group_size"]
+            cells = " | ".join(f"{b[k]['sim_s']:,.1f} | {b[k]['sim_factor']:.3f} | {_pct(b[k]['error'])}" if k in b
+                               else "- | - | -" for b in gb)
+            mf = "-" if row["measured_factor"] is None else f"{row['measured_factor']:.3f}"
+            lines.append(f"| {_group_label(k)} | {row['windows']} | {row['measured_s']:,.1f} | {mf} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,4 +206,14 @@ def render_tables(result: dict[str, Any], title: str, console) -> None:
         for row in result["iterations"]:
             t.add_row(str(row["sharing"]), str(row["windows"]), str(row["jobs"]), f"{row['measured_s']:,.1f}",
                       f"{row['profiled_s']:,.1f}", _pct(row["error"]))
+        console.print(t)
+    if result.get("groups"):
+        t = Table(title=f"{title}: seconds per iteration (trace scale) by interleaved group size")
+        for c in ("group size", "windows", "jobs", "measured", "measured factor", "sim", "sim factor", "error"):
+            t.add_column(c, justify="right")
+        for row in result["groups"]:
+            mf = "-" if row["measured_factor"] is None else f"{row['measured_factor']:.3f}"
+            t.add_row(_group_label(row["group_size"]), str(row["windows"]), str(row["jobs"]),
+                      f"{row['measured_s']:,.1f}", mf, f"{row['sim_s']:,.1f}", f"{row['sim_factor']:.3f}",
+                      _pct(row["error"]))
         console.print(t)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import csv
 import statistics
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from hpcsched.allocator import Group, Policy, Snapshot
-from hpcsched.model import ClusterSpec, Job
+from hpcsched.allocator import Group, JobView, Policy, Snapshot
+from hpcsched.interleave.period import MAX_GROUP, pipeline_period
+from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.sim.engine import SimResult
 from hpcsched.sim.semantics import SOLO_FACTOR
 from hpcsched.testbed.mapping import ScaledJob, sim_job
@@ -80,57 +82,89 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
 
 
-def as_runtime_runs(policy: Policy, name: str) -> Policy:
+def as_runtime_runs(policy: Policy, name: str, declared: Mapping[str, ResourceProfile] | None = None) -> Policy:
     """The policy as the runtime executes it: it sees only what the controller knows.
 
     The controller learns a job's iteration time and stage profile from the job's own progress
     reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
     no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
-    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration. (A job file
-    may declare a profile, ``testbed --declare-profiles``; this model does not cover that case yet.)
+    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration. With
+    ``declared`` (job id -> the profile its job file declares, trace seconds: ``testbed
+    --declare-profiles``) such a job shows the controller's view instead: the declared profile, an
+    iteration time of its total and the remaining time that gives, so Muri-S can group it at once.
 
-    Groups are kept as the controller can run them (``hpcsched.runtime.scheduler``): it co-locates a
-    group's members on the same slots but never moves a running job to form a group, so a group keeps
-    its first running member (the anchor) and the queued members that need no more GPUs than it; other
-    running members, and queued ones too big to join, run as units of their own right after it. The
-    simulator would otherwise move running jobs together (paying a restart each). Simulating knowledge
-    or moves the runtime does not have would compare two different schedules.
+    Groups are kept as the controller can run them (``runtime_units``). Each unit's period is computed
+    here from the jobs' own profiles (what the simulation says they are), not from what the policy was
+    shown: a declared profile decides the grouping, the job's real stages decide how fast the group runs.
     """
+    keys: dict[str, str] = {}  # co-location key a job got when its unit was last emitted (as the controller)
 
     def flat(snapshot: Snapshot) -> list[Group]:
-        views = tuple(v if v.first_start is not None else
-                      replace(v, iteration_time=None, remaining_s=None, profile=None) for v in snapshot.jobs)
-        by_id = {v.id: v for v in views}
-        out: list[Group] = []
-        for g in policy(replace(snapshot, jobs=views)):
-            out += runtime_units(g, by_id)
-        return out
+        true = {v.id: v for v in snapshot.jobs}
+        views = tuple(v if v.first_start is not None else _shown(v, (declared or {}).get(v.id))
+                      for v in snapshot.jobs)
+        return runtime_units(policy(replace(snapshot, jobs=views)), true, keys)
 
     flat.__name__ = name
     flat.service_thresholds = getattr(policy, "service_thresholds", ())  # type: ignore[attr-defined]
     return flat
 
 
-def runtime_units(g: Group, by_id: dict) -> list[Group]:
-    """One policy group as the controller runs it: its anchor with the members that can join it, then the rest
-    alone (see ``as_runtime_runs``)."""
-    if len(g.job_ids) < 2:
-        return [g]
-    running = [j for j in g.job_ids if by_id[j].running]
-    if not running:
-        return [g]
-    anchor = by_id[running[0]]
-    if all(j == anchor.id or (not by_id[j].running and by_id[j].gpus <= anchor.gpus) for j in g.job_ids):
-        return [g]
-    # The group's period holds only for all of its members: a partial group runs as singles (rare: it takes a
-    # preempted member that has run before, beside a running member elsewhere).
-    return [Group((anchor.id,)), *(Group((j,)) for j in g.job_ids if j != anchor.id)]
+def _shown(v: JobView, declared: ResourceProfile | None) -> JobView:
+    """A job that has not run yet as the controller shows it: its declared profile, else nothing."""
+    if declared is None or declared.total_s <= 0:
+        return replace(v, iteration_time=None, remaining_s=None, profile=None)
+    it = declared.total_s
+    left = None if v.iterations_total is None else max(0.0, v.iterations_total - v.iterations_done) * it
+    return replace(v, iteration_time=it, remaining_s=left, profile=declared)
+
+
+def runtime_units(groups: list[Group], views: Mapping[str, JobView], keys: dict[str, str]) -> list[Group]:
+    """The policy's groups as the controller runs them, by the controller's own rule
+    (``hpcsched.runtime.scheduler._units``): a running job is never moved to form a group; a group keeps
+    its first running member (the anchor) with the jobs co-located with it, and its queued members join
+    when they need no more slots than the anchor; other running members (with their co-located mates) and
+    queued ones too big to join run as units of their own right after it. Jobs co-located earlier stay
+    together whatever the policy says now. ``keys`` (updated here) holds each job's co-location key, as
+    the controller gives it when the job starts. The simulator would otherwise move running jobs together.
+    """
+    from hpcsched.runtime.scheduler import JobState, _units
+
+    policy_groups = [ids for ids in (tuple(i for i in g.job_ids if i in views) for g in groups) if ids]
+    listed = {i for g in policy_groups for i in g}
+    policy_groups += [(i,) for i in views if i not in listed]  # as the controller: a dropped job is not lost
+    ids = [i for g in policy_groups for i in g]
+    by_id = {i: JobState(i, views[i].submit, views[i].running, views[i].gpus, views[i].gpus, views[i].gpus,
+                         group=keys.get(i, i) if views[i].running else None) for i in ids}
+    out: list[Group] = []
+    for unit in _units(ids, policy_groups, by_id):
+        running = [i for i in unit if views[i].running]
+        key = keys.get(running[0], running[0]) if running else "+".join(unit)
+        members = unit[:MAX_GROUP]  # a policy group has at most 4; mates plus joiners could pass it
+        period = _period([views[i] for i in members]) if len(members) > 1 else None
+        if len(members) > 1 and period is None:  # a member without a profile: the group cannot be timed
+            out += [Group((i,)) for i in unit]
+            continue
+        out.append(Group(tuple(members), period))
+        out += [Group((i,)) for i in unit[MAX_GROUP:]]
+        for i in members:
+            if not views[i].running:
+                keys[i] = key
+    return out
+
+
+def _period(members: list[JobView]) -> float | None:
+    if any(v.profile is None or v.profile.total_s <= 0 for v in members):
+        return None
+    return pipeline_period([v.profile.stages() for v in members])[0]
 
 
 def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace_name: str, *,
-            flatten: bool = True) -> SimResult:
+            flatten: bool = True, declared: Mapping[str, ResourceProfile] | None = None,
+            group_factors: Mapping[int, float] | None = None) -> SimResult:
     """Simulate ``jobs`` (read back from the Muri CSV written beside the results, so the CLI on that file
-    gives the same jobs); ``flatten`` runs the policy as the runtime does (see ``as_runtime_runs``)."""
+    gives the same jobs); ``flatten`` runs the policy as the runtime does (see ``as_runtime_runs``, with
+    ``declared``); ``group_factors`` replace the simulator's default group slowdowns (measured ones)."""
     from hpcsched.runtime.scheduler import resolve_policy
     from hpcsched.sim.engine import simulate
     from hpcsched.sim.runs import load_jobs, write_run
@@ -138,7 +172,8 @@ def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace
     trace = write_muri_trace(out / "trace.csv", jobs)
     loaded, _ = load_jobs(trace)
     fn = resolve_policy(policy)
-    result = simulate(loaded, cluster, as_runtime_runs(fn, policy) if flatten else fn, trace=trace_name)
+    result = simulate(loaded, cluster, as_runtime_runs(fn, policy, declared) if flatten else fn, trace=trace_name,
+                      group_factors=group_factors)
     result.meta["knowledge"] = "what the controller knows" if flatten else "the whole trace"
     write_run(out, result)
     return result

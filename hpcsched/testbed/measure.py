@@ -8,6 +8,12 @@ Per job and attempt (generation): when the controller launched it (``start`` eve
   per-stage timers, which only give the split between data, compute and communication;
 - **sharing**: how many of the run's jobs held tasks on the same worker at the middle of a report window
   (1 = alone on its worker). On CPU workers these jobs share the node's cores;
+- **group size**: how many of those had the SAME co-location key (the ``group`` of the controller's
+  ``start`` event; a job launched alone has its own id), i.e. ran interleaved on the same slots
+  (1 = not interleaved). A job is live from its launch to its attempt's last report;
+- **solo**: the windows where a job ran alone on its worker; failing that, alone in its group (others
+  on the worker's other slots); a job that only ever ran interleaved has no solo pace, and its own
+  stage times (which exclude waiting for a group mate's turn) stand for it;
 - **overhead**: launch decision -> first report (process start, torch import, rendezvous) plus last
   report -> recorded completion (exit, teardown, the next heartbeat), per attempt.
 """
@@ -34,10 +40,17 @@ class Window:
     compute_s: float
     comm_s: float
     sharing: int = 1
+    group_size: int = 1
+    members: tuple[str, ...] = ()  # runtime ids of the live members of its group (itself included), sorted
 
     @property
     def pace(self) -> float:
         return (self.t1 - self.t0) / self.steps
+
+    @property
+    def own_s(self) -> float:
+        """Seconds per step spent in its own stages (not waiting for a turn)."""
+        return self.data_s + self.compute_s + self.comm_s
 
 
 @dataclass
@@ -48,14 +61,20 @@ class Measured:
     teardown_s: float | None = None
     attempts: int = 0
 
+    def solo_windows(self) -> list[Window]:
+        """Alone on its worker; else alone in its group; else none (see the module docstring)."""
+        return ([w for w in self.windows if w.sharing == 1] or [w for w in self.windows if w.group_size == 1])
+
     def solo_pace(self) -> float | None:
-        """Median pace while alone on its worker; all windows when it never was."""
-        ws = [w for w in self.windows if w.sharing == 1] or self.windows
-        return statistics.median(w.pace for w in ws) if ws else None
+        """Median pace of the solo windows; a job that only ran interleaved: its median own stage time."""
+        ws = self.solo_windows()
+        if ws:
+            return statistics.median(w.pace for w in ws)
+        return statistics.median(w.own_s for w in self.windows) if self.windows else None
 
     def profile(self) -> ResourceProfile | None:
         """Median per-stage split of the same windows (real seconds)."""
-        ws = [w for w in self.windows if w.sharing == 1] or self.windows
+        ws = self.solo_windows() or self.windows
         if not ws:
             return None
         return ResourceProfile(*(statistics.median(getattr(w, k) for w in ws) for k in ("data_s", "compute_s",
@@ -86,38 +105,39 @@ def read_measurements(state: Path, job_ids: set[str]) -> dict[str, Measured]:
     finally:
         db.close()
     out = {j: Measured(j) for j in job_ids}
-    launches: dict[tuple[str, int], tuple[float, list[str]]] = {}
+    launches: dict[tuple[str, int], tuple[float, list[str], str]] = {}
     completed: dict[str, float] = {}
     for t, jid, kind, detail in events:
         if jid not in out:
             continue
         d = json.loads(detail)
         if kind == "start":
-            launches[(jid, int(d.get("generation", 0)))] = (t, list(d.get("workers", [])))
+            launches[(jid, int(d.get("generation", 0)))] = (t, list(d.get("workers", [])), str(d.get("group") or jid))
         elif kind == "completed":
             completed[jid] = t
     by_attempt: dict[tuple[str, int], list[tuple]] = {}
     for r in rows:
         if r[0] in out:
             by_attempt.setdefault((r[0], r[1]), []).append(r)
-    spans: list[tuple[str, str, float, float]] = []  # job, worker, from, to
+    spans: list[tuple[str, str, float, float, str]] = []  # job, worker, from, to, co-location key
     for (jid, gen), rs in by_attempt.items():
         m = out[jid]
         m.attempts += 1
         launched = launches.get((jid, gen))
         if launched is not None:
             m.startup_s.append(max(0.0, rs[0][2] - launched[0]))
-            spans += [(jid, w, launched[0], rs[-1][2]) for w in launched[1]]
+            spans += [(jid, w, launched[0], rs[-1][2], launched[2]) for w in launched[1]]
         for a, b in zip(rs, rs[1:], strict=False):
             if b[3] > a[3] and b[2] > a[2] and (b[4] or b[5] or b[6]):  # a fast-forward jump has no stage times
                 m.windows.append(Window(jid, gen, a[2], b[2], b[3] - a[3], b[4] or 0.0, b[5] or 0.0, b[6] or 0.0))
         if jid in completed and gen == max(g for (j, g) in by_attempt if j == jid):
             m.teardown_s = max(0.0, completed[jid] - rs[-1][2])
-    workers_of: dict[tuple[str, int], list[str]] = {k: v[1] for k, v in launches.items()}
     for m in out.values():
         for w in m.windows:
             mid = (w.t0 + w.t1) / 2
-            mine = workers_of.get((w.job_id, w.generation), [])
-            others = {j for j, wk, a, b in spans if j != w.job_id and wk in mine and a <= mid <= b}
-            w.sharing = 1 + len(others)
+            _, mine, key = launches.get((w.job_id, w.generation), (0.0, [], w.job_id))
+            live = [(j, k) for j, wk, a, b, k in spans if j != w.job_id and wk in mine and a <= mid <= b]
+            w.sharing = 1 + len({j for j, _ in live})
+            w.members = tuple(sorted({w.job_id} | {j for j, k in live if k == key}))
+            w.group_size = len(w.members)
     return out

@@ -11,8 +11,8 @@ from typing import Any
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
-from hpcsched.testbed import compare, driver, feedback, measure, profiles
-from hpcsched.testbed.mapping import ScaledJob, Scaling, pick_scale, scale_jobs
+from hpcsched.testbed import compare, driver, feedback, groupfit, measure, profiles
+from hpcsched.testbed.mapping import ScaledJob, Scaling, declared_profile, pick_scale, scale_jobs
 from hpcsched.testbed.probe import startup_probe
 
 
@@ -93,31 +93,44 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
     if state is None:
         say("testbed: no --state given: the second simulation uses nominal profiles (nothing measured)")
     return analyse(opts.out, spec, opts.policy, scaled, scale, rep.runtime_ids, state, str(opts.trace),
-                   opts.profiles_from, probe)
+                   opts.profiles_from, probe, declared=opts.declare_profiles)
 
 
 def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJob], scale: float,
             runtime_ids: dict[str, str], state: Path | None, trace: str,
-            profiles_from: Path | None = None, probe_s: float | None = None) -> dict[str, dict[str, Any]]:
+            profiles_from: Path | None = None, probe_s: float | None = None,
+            declared: bool = False) -> dict[str, dict[str, Any]]:
     """Measure, simulate three ways (four with ``profiles_from``) and compare; ``reanalyse`` calls it
-    again on a finished run."""
+    again on a finished run. ``declared``: the job files declared their profiles (``--declare-profiles``),
+    so the simulations show the policy those for jobs that have not run yet, as the controller does.
+
+    The measured group factors (``groupfit``) speed the groups of sim-measured and sim-grouped; sim-predicted
+    takes the earlier run's (``PROFILES_FROM/profile/group-factors.csv``); sim-trace keeps the defaults."""
     measured: dict[str, measure.Measured] = {}
+    factors: dict[int, float] = {}
     if state is not None:
         by_runtime = measure.read_measurements(state, set(runtime_ids.values()))
         measured = {tid: by_runtime[rid] for tid, rid in runtime_ids.items() if rid in by_runtime}
         _write_windows(out_dir / compare.ITERATIONS_FILE, measured, runtime_ids, scale)
         _write_profiles(state, out_dir / "profile")
+        fits = groupfit.fit_group_factors(by_runtime)
+        groupfit.write_group_factors(out_dir / "profile" / groupfit.FILE, fits)
+        factors = {g.k: g.factor for g in fits}
+    decl = {j.trace_id: p.scaled_to(j.workload.nominal_iteration_s * scale)
+            for j in scaled if (p := declared_profile(j)) is not None} if declared else None
     with_measured = feedback.measured_jobs(scaled, scale, measured)
-    sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True), "sim-measured": (with_measured, True),
-            "sim-grouped": (with_measured, False)}
+    sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True, None),
+            "sim-measured": (with_measured, True, factors), "sim-grouped": (with_measured, False, factors)}
     if profiles_from is not None:
         learned = profiles.learn(profiles_from)
-        sims["sim-predicted"] = (profiles.predicted_jobs(scaled, scale, learned, probe_s), True)
+        old = groupfit.read_group_factors(profiles_from / "profile" / groupfit.FILE)
+        sims["sim-predicted"] = (profiles.predicted_jobs(scaled, scale, learned, probe_s), True, old)
         if probe_s is not None and learned.probe_s is not None:  # the same without the start-up probe's scaling
-            sims["sim-predicted-unscaled"] = (profiles.predicted_jobs(scaled, scale, learned), True)
+            sims["sim-predicted-unscaled"] = (profiles.predicted_jobs(scaled, scale, learned), True, old)
     out = {}
-    for name, (jobs, flatten) in sims.items():
-        feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten)
+    for name, (jobs, flatten, gf) in sims.items():
+        feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten, declared=decl,
+                         group_factors=gf or None)
         out[name] = compare.compare_runs(out_dir / name, out_dir)
     return out
 
@@ -133,7 +146,7 @@ def reanalyse(out_dir: Path, profiles_from: Path | None = None) -> dict[str, dic
     ids = {j["trace_id"]: j["runtime"]["job_id"] for j in run["jobs"] if j["runtime"]}
     state = Path(meta["state"]) if meta.get("state") else None
     return analyse(out_dir, spec, meta["policy"], scaled, run["scale"], ids, state, meta["trace"], profiles_from,
-                   meta.get("startup_probe_s"))
+                   meta.get("startup_probe_s"), declared=bool(meta.get("declare_profiles")))
 
 
 def _replay(opts: RunOptions, spec, scaled: list[ScaledJob], scale: float, progress):
@@ -189,13 +202,15 @@ def _write_windows(path: Path, measured: dict[str, measure.Measured], runtime_id
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(("job_id", "runtime_id", "generation", "steps", "sharing", "pace_s", "data_s", "compute_s",
-                    "comm_s", "startup_s"))
+                    "comm_s", "startup_s", "group_size", "group_members"))
+        trace_of = {rid: tid for tid, rid in runtime_ids.items()}
         for tid, m in measured.items():
             start = m.overhead_s() * scale
             for win in m.windows:
                 w.writerow((tid, runtime_ids[tid], win.generation, win.steps, win.sharing,
                             f"{win.pace * scale:.6f}", f"{win.data_s * scale:.6f}", f"{win.compute_s * scale:.6f}",
-                            f"{win.comm_s * scale:.6f}", f"{start:.3f}"))
+                            f"{win.comm_s * scale:.6f}", f"{start:.3f}", win.group_size,
+                            ";".join(trace_of.get(j, j) for j in win.members)))
 
 
 def _write_profiles(state: Path, out: Path) -> None:

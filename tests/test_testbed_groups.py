@@ -1,0 +1,173 @@
+"""Testbed (issue 9), interleaved groups: the group size of each report window (from a real controller store),
+the group factors fitted from it, the per-group-size table, the engine's factor override, and the simulated
+controller's view of declared profiles and of co-located groups. All hand-checkable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.errors import InputError
+from hpcsched.model import ClusterSpec, Job, ResourceProfile
+from hpcsched.results import JobResult, write_results
+from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.store import Store
+from hpcsched.sim.engine import simulate
+from hpcsched.sim.semantics import SOLO_FACTOR, group_factor
+from hpcsched.testbed import feedback
+from hpcsched.testbed.compare import ITERATIONS_FILE, compare_runs, render_markdown
+from hpcsched.testbed.groupfit import fit_group_factors, read_group_factors, write_group_factors
+from hpcsched.testbed.measure import read_measurements
+
+
+def _grouped_run(store: Store) -> None:
+    """Four jobs as the controller writes them. On worker w1: a (launched alone at 100), b joining a's slots at
+    104.5 (co-location key j0001, a's), d on w1's other slot (its own key); c alone on w2. Stage seconds per step:
+    a and d (0.05, 0.1, 0.05), b (0.1, 0.05, 0.05)."""
+    runs = (("a", 100.0, "w1", "j0001", [(102.0, 0), (104.0, 10), (110.0, 20)], (0.05, 0.1, 0.05)),
+            ("b", 104.5, "w1", "j0001", [(105.0, 0), (109.0, 10)], (0.1, 0.05, 0.05)),
+            ("c", 100.0, "w2", "j0003", [(101.0, 0), (103.0, 10)], (0.05, 0.1, 0.05)),
+            ("d", 104.0, "w1", "j0004", [(105.0, 0), (108.0, 10)], (0.05, 0.1, 0.05)))
+    for name, launch, worker, key, reports, (ds, cs, ms) in runs:
+        jid = store.add_job(parse_job_spec(f"name: {name}\ncommand: [x.py]\nsteps: 20\n", "j.yaml"), launch - 1)
+        store._event(launch, jid, "start", {"generation": 1, "procs": 1, "workers": [worker], "group": key})
+        for t, step in reports:
+            store.add_progress(jid, 1, {"time": t, "step": step, "data_s": ds, "compute_s": cs, "comm_s": ms,
+                                        "world_size": 1})
+        store._event(reports[-1][0] + 1.0, jid, "completed", {"steps": reports[-1][1]})
+
+
+@pytest.fixture
+def grouped(tmp_path: Path) -> dict:
+    store = Store(tmp_path / "state.db")
+    _grouped_run(store)
+    store.close()
+    return read_measurements(tmp_path / "state.db", {"j0001", "j0002", "j0003", "j0004"})
+
+
+def test_group_size_per_window(grouped: dict) -> None:
+    a, b, c, d = (grouped[f"j000{i}"] for i in range(1, 5))
+    # a: 102-104 (mid 103) alone on w1; 104-110 (mid 107) with b (same key) and d (other slot) on w1
+    assert [(w.sharing, w.group_size) for w in a.windows] == [(1, 1), (3, 2)]
+    assert a.windows[1].members == ("j0001", "j0002")
+    assert [(w.sharing, w.group_size, w.members) for w in b.windows] == [(3, 2, ("j0001", "j0002"))]
+    assert [(w.sharing, w.group_size) for w in d.windows] == [(3, 1)]  # shares w1, not a's slots
+    assert [(w.sharing, w.group_size) for w in c.windows] == [(1, 1)]
+    # solo pace: a's window alone (0.2 s/step); b never ran outside its group: its own stage time per step
+    assert a.solo_pace() == pytest.approx(0.2) and b.solo_pace() == pytest.approx(0.2)
+    assert d.solo_pace() == pytest.approx(3 / 10)  # not alone on w1, but alone in its group: that window
+
+
+def test_group_factor_fit(grouped: dict, tmp_path: Path) -> None:
+    """Solo stages as the measured simulation has them: a (0.05, 0.1, 0.05) and b (0.1, 0.05, 0.05), each
+    / 1.015. Their best 3-slot pipeline (a first): slots max(.05,.05) + max(.1,.1) + max(.05,.05) = 0.2 / 1.015.
+    Windows of group size 2: a at 0.6 s/step, b at 0.4: ratios 3.045 and 2.03, median 2.5375."""
+    fits = fit_group_factors(grouped)
+    assert [(g.k, g.windows) for g in fits] == [(2, 2)]
+    assert fits[0].factor == pytest.approx((0.6 + 0.4) / 2 * SOLO_FACTOR / 0.2)
+    path = write_group_factors(tmp_path / "profile" / "group-factors.csv", fits)
+    assert read_group_factors(path) == {2: pytest.approx(fits[0].factor, rel=1e-6)}
+    assert read_group_factors(tmp_path / "none.csv") == {}
+    path.write_text("k,factor,windows\n2,1.5,3\n7,1.2,1\n")
+    with pytest.raises(InputError, match="k must be 2..4") as e:
+        read_group_factors(path)
+    assert e.value.line == 3
+
+
+def _results(d: Path, rows: list[tuple[str, float, float, float]], tool: str, meta: dict | None = None) -> Path:
+    write_results(d, [JobResult(j, s, st, e, 1) for j, s, st, e in rows],
+                  {"tool": tool, "capacity_gpus": 4} | (meta or {}))
+    return d
+
+
+def test_per_group_size_rows(tmp_path: Path) -> None:
+    """Job 1 (stages 3, 3, 3 s) and job 2 (1, 4, 1 s) interleaved: the best pipeline is 3 + 3 + 4 = 10 s either
+    order; the simulation ran pairs at factor 2.5, so it assumed 25 s per step; measured 30 and 20: median 25."""
+    real = _results(tmp_path / "real", [("1", 0, 0, 100), ("2", 0, 0, 100)], "testbed")
+    sim = _results(tmp_path / "sim", [("1", 0, 0, 100), ("2", 0, 0, 100)], "simulate",
+                   {"group_factors": {"2": 2.5, "3": 1.4, "4": 1.3}})
+    (real / ITERATIONS_FILE).write_text("job_id,sharing,pace_s,group_size,group_members\n"
+                                        "1,1,10,1,1\n1,2,30,2,1;2\n2,2,20,2,1;2\n")
+    (real / "profile").mkdir()
+    (real / "profile" / "group-factors.csv").write_text("k,factor,windows\n2,2.4,2\n")
+    (sim / "trace.csv").write_text(",".join(feedback.MURI_HEADER) + "\n"
+                                   "1,1,0,10,vgg16,0,90000,0,9000,3000,3000,3000,0\n"
+                                   "2,1,0,10,vgg16,0,60000,0,6000,1000,4000,1000,0\n")
+    rows = {r["group_size"]: r for r in compare_runs(sim, real)["groups"]}
+    assert rows[1]["measured_s"] == 10 and rows[1]["sim_s"] == pytest.approx(9 * SOLO_FACTOR)
+    assert rows[2]["windows"] == 2 and rows[2]["jobs"] == 2 and rows[2]["measured_s"] == 25
+    assert rows[2]["sim_s"] == pytest.approx(25.0) and rows[2]["error"] == pytest.approx(0.0)
+    assert rows[2]["sim_factor"] == 2.5 and rows[2]["measured_factor"] == 2.4
+    (sim / "meta.json").write_text(json.dumps({"tool": "simulate", "capacity_gpus": 4}))  # default factors
+    res = compare_runs(sim, real)
+    assert res["groups"][1]["sim_s"] == pytest.approx(10 * group_factor(2))
+    md = render_markdown([res], ["sim"])
+    assert "| 2 interleaved | 2 | 25.0 | 2.400 |" in md and "| solo | 1 | 10.0 |" in md
+
+
+def test_engine_group_factor_override() -> None:
+    """Two 1-GPU jobs grouped on 1 GPU at a raw period of 3 s: a (10 iterations) ends at 10 s start-up +
+    10 x 3 x factor; then b (20) runs its last 10 alone at 3 x 1.015 s."""
+    prof = ResourceProfile(1.0, 1.0, 1.0)
+    jobs = [Job(id="a", submit=0.0, gpus=1, iterations=10, iteration_time=3.0, duration=30.0, profile=prof, model="m"),
+            Job(id="b", submit=0.0, gpus=1, iterations=20, iteration_time=3.0, duration=60.0, profile=prof, model="m")]
+
+    def pair(s: Snapshot) -> list[Group]:
+        ids = tuple(v.id for v in s.jobs)
+        return [Group(ids, 3.0)] if len(ids) > 1 else [Group(ids)]
+
+    default = {r.job_id: r.end for r in simulate(jobs, ClusterSpec(1, 1, 1), pair).results}
+    assert default["a"] == pytest.approx(10 + 30 * group_factor(2))
+    r = simulate(jobs, ClusterSpec(1, 1, 1), pair, group_factors={2: 2.0})
+    ends = {x.job_id: x.end for x in r.results}
+    assert ends["a"] == pytest.approx(70.0) and ends["b"] == pytest.approx(70.0 + 10 * 3 * SOLO_FACTOR)
+    assert r.meta["group_factors"] == {"2": 2.0, "3": group_factor(3), "4": group_factor(4)}
+    assert "group_factors" not in simulate(jobs, ClusterSpec(1, 1, 1), pair).meta
+
+
+def _view(i: str, prof: ResourceProfile | None, started: float | None = None, running: bool = False,
+          gpus: int = 1) -> JobView:
+    return JobView(id=i, submit=0.0, gpus=gpus, iterations_total=100, iterations_done=0.0, iteration_time=1.0,
+                   attained_gpu_s=0.0, executed_s=0.0, remaining_s=100.0, profile=prof, running=running,
+                   first_start=started, model="m" + i)
+
+
+def test_declared_profiles_group_jobs_that_never_ran() -> None:
+    """As the runtime runs muri-s: two complementary jobs that never ran stay apart unless their job files
+    declared profiles; then they group at once, and the group's period comes from their real stages."""
+    from hpcsched.interleave.period import pipeline_period
+    from hpcsched.policies import get_policy
+
+    one_gpu = ClusterSpec(1, 1, 1, name="g1")
+    data_heavy, gpu_heavy = ResourceProfile(0.9, 0.05, 0.05), ResourceProfile(0.05, 0.9, 0.05)
+    real_a, real_b = ResourceProfile(0.5, 0.3, 0.2), ResourceProfile(0.2, 0.6, 0.2)
+    snap = Snapshot(10.0, (_view("a", real_a), _view("b", real_b)), one_gpu, 1)
+    hidden = feedback.as_runtime_runs(get_policy("muri-s"), "muri-s")
+    assert all(len(g.job_ids) == 1 for g in hidden(snap))
+    declared = feedback.as_runtime_runs(get_policy("muri-s"), "muri-s", {"a": data_heavy, "b": gpu_heavy})
+    (g,) = [g for g in declared(snap) if len(g.job_ids) > 1]
+    assert sorted(g.job_ids) == ["a", "b"]
+    assert g.period_s == pytest.approx(pipeline_period([p.stages() for p in (real_a, real_b)])[0])
+
+
+def test_runtime_units_follow_the_controller() -> None:
+    """The controller keeps a group's first running member where it is; queued members that fit join it, and
+    once co-located they stay together whatever the policy says later. Running jobs are never moved together."""
+    p = ResourceProfile(0.3, 0.5, 0.2)
+    views = {v.id: v for v in (_view("a", p, 1.0, True), _view("b", p), _view("c", p, 1.0, True),
+                                _view("d", p, gpus=2))}
+    keys: dict[str, str] = {}
+    units = feedback.runtime_units([Group(("b", "a"), 9.0)], views, keys)
+    assert [u.job_ids for u in units] == [("a", "b"), ("c",), ("d",)]  # the unlisted c and d are not lost
+    from hpcsched.interleave.period import pipeline_period
+
+    assert units[0].period_s == pytest.approx(pipeline_period([p.stages()] * 2)[0]) and keys["b"] == "a"
+    both = dict(views, b=_view("b", p, 2.0, True))  # b started on a's slots
+    units = feedback.runtime_units([Group(("b",)), Group(("c",)), Group(("a",)), Group(("d",))], both, keys)
+    assert [u.job_ids for u in units] == [("b", "a"), ("c",), ("d",)]  # the policy split them; they stay
+    assert [u.job_ids for u in feedback.runtime_units([Group(("a", "c"), 2.0)], views, {})][:2] == [("a",), ("c",)]
+    assert [u.job_ids for u in feedback.runtime_units([Group(("a", "d"), 2.0)], views, {})][:2] == [("a",), ("d",)]
+    assert [u.job_ids for u in feedback.runtime_units([Group(("b", "d"), 2.0)], views, {})][0] == ("b", "d")
