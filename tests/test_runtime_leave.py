@@ -96,6 +96,9 @@ def test_muri_s_colocates_a_job_displaced_by_a_leaving_worker(tmp_path: Path) ->
                                                           and j.state == "running" and list(j.workers) == [stay]], 60)
         (w,) = [w for w in c.workers() if w.worker_id == stay]
         assert w.used == 1  # two jobs on one slot: the group counts once
+        shown = {j.job_id: j for j in c.jobs()}  # what `hpcsched jobs` prints
+        assert list(shown[ids[1]].interleaved_with) == [ids[0]] and list(shown[ids[0]].interleaved_with) == [ids[1]]
+        assert shown[ids[0]].group == shown[ids[1]].group == ids[0]
         st = Store(tmp_path / "run" / "state.db")
         starts = [e for e in st.events(ids[1]) if e["kind"] == "start"]
         st.close()

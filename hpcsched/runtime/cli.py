@@ -155,15 +155,15 @@ def jobs(
         _fail(e)
     if as_json:
         fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []
-        print(json.dumps([{k: list(v) if k == "workers" else v for k in fields for v in [getattr(j, k)]}
-                          for j in rows], indent=1))
+        print(json.dumps([{k: v if isinstance(v, str | int | float) else list(v) for k in fields
+                           for v in [getattr(j, k)]} for j in rows], indent=1))
         return
-    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers")
+    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "interleaved with")
     for j in rows:
         steps = f"{j.steps_done}/{j.steps_total}" if j.steps_total else str(j.steps_done)
         t.add_row(j.job_id, j.name, j.state, str(j.procs), steps,
                   f"{j.first_loss:.3f} -> {j.last_loss:.3f}" if j.steps_done else "", str(j.last_checkpoint_step),
-                  str(j.restarts), ",".join(j.workers))
+                  str(j.restarts), ",".join(j.workers), ",".join(j.interleaved_with))
     Console().print(t)
 
 

@@ -497,12 +497,18 @@ class Controller:
             where: dict[str, list[str]] = {}
             for a in self.store.allocations():
                 where.setdefault(a.job_id, []).append(a.worker_id)
+            groups = self._slot_use()[1]
+        members: dict[str, list[str]] = {}
+        for jid, key in groups.items():
+            members.setdefault(key, []).append(jid)
         return [pb.JobInfo(
             job_id=j.id, name=j.name, state=j.state, procs=j.procs, steps_done=j.steps_done,
             steps_total=j.spec.steps or 0, generation=j.generation, workers=where.get(j.id, []),
             submit_time=j.submit_time, start_time=j.start_time or 0, end_time=j.end_time or 0,
             last_loss=j.last_loss or 0, first_loss=j.first_loss or 0, last_checkpoint_step=j.ckpt_step,
             launcher=j.spec.launcher, message=j.message, last_resize_s=j.last_resize_s or 0, restarts=j.restarts,
+            group=groups.get(j.id, ""),
+            interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
         ) for j in jobs]
 
     def list_workers(self) -> list[pb.WorkerInfo]:

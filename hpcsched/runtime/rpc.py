@@ -6,6 +6,7 @@ that skipped ``make rpc`` would otherwise fail with an obscure ImportError deep 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import subprocess
@@ -40,8 +41,17 @@ def _generate() -> None:
             os.replace(f, _PROTO_DIR / f.name)
 
 
+def _stale() -> bool:
+    """Stubs older than the .proto (a pull that added a field) would import fine and fail later, far from here."""
+    stub, proto = _PROTO_DIR / f"{_NAME}_pb2.py", _PROTO_DIR / f"{_NAME}.proto"
+    return stub.exists() and stub.stat().st_mtime < proto.stat().st_mtime
+
+
 def _load() -> tuple[ModuleType, ModuleType]:
     base = "hpcsched.runtime.proto"
+    if _stale():
+        with contextlib.suppress(ImportError, OSError):  # cannot regenerate (no grpcio-tools, read-only): use them
+            _generate()
     try:
         return importlib.import_module(f"{base}.{_NAME}_pb2"), importlib.import_module(f"{base}.{_NAME}_pb2_grpc")
     except ImportError:
