@@ -1,6 +1,7 @@
 """The testbed end to end: 12 jobs of the bundled Muri testbed trace through a real controller and 2 real
-workers (torchrun, gloo on CPU) under an interleaving policy, fast-forwarded (5 real steps per job between
-skips), then the simulations and the comparison."""
+workers (torchrun, gloo on CPU) under an interleaving policy whose job files declare their profiles (so
+muri-s groups jobs from submission and group members take turns per stage), fast-forwarded (5 real steps
+per job between skips), then the simulations and the comparison, with its per-group-size rows."""
 
 from __future__ import annotations
 
@@ -75,9 +76,18 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
         assert len(res["jobs"]) == 12 and all(j["error"] is not None for j in res["jobs"])
         assert {"avg JCT", "p99 JCT", "makespan"} <= set(res["summary"])
         assert res["iterations"] and res["iterations"][0]["measured_s"] > 0
-    # measured profiles bring the simulation closer to the real run than the trace's profiles
-    err = {n: abs(results[n]["summary"]["avg JCT"]["error"]) for n in ("sim-trace", "sim-measured")}
-    assert err["sim-measured"] < err["sim-trace"], err
+    # jobs ran interleaved (declared profiles, the default): windows of group size >= 2, an interleaved row in
+    # the comparison, and a group factor fitted from them that sim-measured ran its groups at
+    assert (windows["group_size"] >= 2).any(), windows["group_size"].value_counts()
+    rows = {r["group_size"]: r for r in results["sim-measured"]["groups"]}
+    k = max((r for r in rows.values() if r["group_size"] >= 2), key=lambda r: r["windows"])["group_size"]
+    fitted = pd.read_csv(out / "profile" / "group-factors.csv").set_index("k")["factor"]
+    assert rows[k]["measured_factor"] == pytest.approx(fitted[k], rel=1e-5)
+    used = json.loads((out / "sim-measured" / "meta.json").read_text())["group_factors"]
+    assert used[str(k)] == rows[k]["sim_factor"] == pytest.approx(fitted[k], rel=1e-5)
+    # ... which brings that group size's simulated pace closer to the measured one than the default factor
+    trace_row = {r["group_size"]: r for r in results["sim-trace"]["groups"]}[k]
+    assert abs(rows[k]["error"]) < abs(trace_row["error"]), (rows[k], trace_row)
     # what the runtime's `hpcsched profile` writes is there, one row per job
     assert len((out / "profile" / "profiles.csv").read_text().splitlines()) == 13
     assert "| avg JCT (s) |" in (out / "comparison.md").read_text()

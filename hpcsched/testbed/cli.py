@@ -57,10 +57,11 @@ def testbed_cmd(
     probes: int = typer.Option(3, "--probes", help="Start-up probe samples (median) taken before the first job; "
                                "--profiles-from scales the learned start-up by the ratio of two runs' probes."),
     declare_profiles: bool = typer.Option(
-        False, "--declare-profiles",
+        True, "--declare-profiles/--no-declare-profiles",
         help="Job files declare the trace's stage profile (at the workload's real pace), so muri-s/muri-l group "
-             "jobs from submission instead of after each has measured itself. Experimental: the simulations "
-             "do not yet model groups formed at submission (docs/testbed.md, 'Gaps')."),
+             "jobs from submission instead of after each has measured itself; the simulations show the policy "
+             "the same declared profiles. --no-declare-profiles: a job is grouped only once it has measured "
+             "itself (it has run)."),
     reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
