@@ -195,8 +195,9 @@ def simulate(
 
     ``compat="muri"`` reproduces the reference simulator's accounting (see ``semantics``).
     ``group_factors`` ({member count: factor}) replaces ``group_factor(k)`` where a running group's speed
-    is computed, and nowhere else: factors measured on a testbed change how fast groups run, not which
-    groups the policy forms (the real controller decides with the default factors too).
+    is computed (a size without a factor of its own takes 4's), and nowhere else: factors measured on a
+    testbed change how fast groups run, not which groups the policy forms (the real controller decides with
+    the default factors too).
     ``progress(completed, total)`` is called now and then for a progress bar.
     Raises ValueError for jobs that cannot be simulated (no size or length) or a bad policy answer.
     """
@@ -211,7 +212,7 @@ def simulate(
     t0 = time.perf_counter()
     eng = _Engine(jobs, cluster, fn, name, compat, progress)
     if group_factors:
-        eng.gf = {k: float(group_factors.get(k, group_factor(k))) for k in range(2, 5)}
+        eng.gf |= {int(k): float(f) for k, f in group_factors.items() if int(k) >= 2}
     eng.run()
     meta = {
         "tool": "simulate",
@@ -223,7 +224,7 @@ def simulate(
         "compat": compat,
         "events": eng.events,
     }
-    if group_factors:  # the factors every group ran at (k = 2, 3, 4; larger groups take k = 4's)
+    if group_factors:  # the factors groups ran at (a size not listed takes 4's)
         meta["group_factors"] = {str(k): v for k, v in eng.gf.items()}
     return SimResult(
         results=[_result(j) for j in eng.jobs],
@@ -706,7 +707,7 @@ class _Engine(Planner):
                 m.place = p
                 now_running.append(m)
                 continue
-            period = g.period_s * self.gf[min(k, 4)]
+            period = g.period_s * (self.gf[k] if k in self.gf else self.gf[4])
             charge = sum(restart_cost(m.model, m.gpus) for m in members) if self.rules.group_restart else None
             ids = tuple(m.id for m in members)
             for m in members:

@@ -85,9 +85,9 @@ def group_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
     """Measured vs simulated seconds per iteration (trace scale), by interleaved group size (module docstring)."""
     import json
 
-    from hpcsched.interleave.period import MAX_GROUP, pipeline_period
+    from hpcsched.interleave.period import MAX_GROUP
     from hpcsched.sim.semantics import group_factor
-    from hpcsched.testbed.groupfit import FILE, read_group_factors
+    from hpcsched.testbed.groupfit import FILE, raw_period, read_group_factors
 
     it_file, trace = real_dir / ITERATIONS_FILE, sim_dir / "trace.csv"
     if not it_file.is_file() or not trace.is_file():
@@ -101,7 +101,7 @@ def group_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
     stages = {j: (a, b, c) for j, a, b, c in zip(prof["job_id"], *cols, strict=True)}
     meta_file = sim_dir / "meta.json"
     used = json.loads(meta_file.read_text()).get("group_factors") if meta_file.is_file() else None
-    factor = {k: float((used or {}).get(str(k), group_factor(k))) for k in range(2, MAX_GROUP + 1)}
+    factor = {k: group_factor(k) for k in range(2, MAX_GROUP + 1)} | {int(k): float(f) for k, f in (used or {}).items()}
     measured = read_group_factors(real_dir / "profile" / FILE)
     periods: dict[tuple[str, ...], float] = {}
 
@@ -110,23 +110,25 @@ def group_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
         if k == 1:
             return solo.get(row.job_id)
         members = tuple(str(row.group_members).split(";"))
-        if k > MAX_GROUP or len(members) != k or any(sum(stages.get(j, (0.0,))) <= 0 for j in members):
+        if len(members) != k or any(sum(stages.get(j, (0.0,))) <= 0 for j in members):
             return None
         if members not in periods:
-            periods[members] = pipeline_period([stages[j] for j in members])[0]
-        return periods[members] * factor[k]
+            periods[members] = raw_period([stages[j] for j in members])
+        return periods[members] * factor.get(k, factor[MAX_GROUP])  # the engine's rule
 
     win = win[win["job_id"].isin(solo)].copy()
     win["assumed"] = [assumed(r) for r in win.itertuples()]
     rows = []
     for k, g in win.groupby("group_size"):
+        k = int(k)
         g = g[g["assumed"].notna()]
         if g.empty:
             continue
         meas, sim = float(g["pace_s"].median()), float(g["assumed"].median())
-        rows.append({"group_size": int(k), "windows": len(g), "jobs": int(g["job_id"].nunique()),
+        rows.append({"group_size": k, "windows": len(g), "jobs": int(g["job_id"].nunique()),
                      "measured_s": meas, "sim_s": sim, "error": _err(sim, meas),
-                     "sim_factor": SOLO_FACTOR if k == 1 else factor[int(k)], "measured_factor": measured.get(int(k))})
+                     "sim_factor": SOLO_FACTOR if k == 1 else factor.get(k, factor[MAX_GROUP]),
+                     "measured_factor": measured.get(k)})
     return rows
 
 

@@ -23,10 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcsched.allocator import Group, JobView, Policy, Snapshot
-from hpcsched.interleave.period import MAX_GROUP, pipeline_period
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.sim.engine import SimResult
 from hpcsched.sim.semantics import SOLO_FACTOR
+from hpcsched.testbed.groupfit import raw_period
 from hpcsched.testbed.mapping import ScaledJob, sim_job
 from hpcsched.testbed.measure import Measured
 
@@ -140,23 +140,25 @@ def runtime_units(groups: list[Group], views: Mapping[str, JobView], keys: dict[
     for unit in _units(ids, policy_groups, by_id):
         running = [i for i in unit if views[i].running]
         key = keys.get(running[0], running[0]) if running else "+".join(unit)
-        members = unit[:MAX_GROUP]  # a policy group has at most 4; mates plus joiners could pass it
-        period = _period([views[i] for i in members]) if len(members) > 1 else None
-        if len(members) > 1 and period is None:  # a member without a profile: the group cannot be timed
+        period = _period([views[i] for i in unit]) if len(unit) > 1 else None
+        if len(unit) > 1 and period is None:  # a member without a profile: the group cannot be timed
             out += [Group((i,)) for i in unit]
             continue
-        out.append(Group(tuple(members), period))
-        out += [Group((i,)) for i in unit[MAX_GROUP:]]
-        for i in members:
+        out.append(Group(tuple(unit), period))
+        for i in unit:
             if not views[i].running:
                 keys[i] = key
     return out
 
 
 def _period(members: list[JobView]) -> float | None:
+    """The raw pipeline period of a unit. The controller may pile joiners onto a co-located group past the
+    policy's 4 members (its mates are not counted against the policy's group); such a group is timed by the
+    same pipeline model with k slots (``groupfit.raw_period``); the engine gives it its own measured factor,
+    else the 4-member one."""
     if any(v.profile is None or v.profile.total_s <= 0 for v in members):
         return None
-    return pipeline_period([v.profile.stages() for v in members])[0]
+    return raw_period([v.profile.stages() for v in members])
 
 
 def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace_name: str, *,
