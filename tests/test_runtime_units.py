@@ -247,6 +247,16 @@ def test_interleaving_group_shares_slots_and_counts_once() -> None:
     assert "d" in p.waiting and not p.stops
 
 
+def test_a_colocated_group_never_passes_four_jobs() -> None:
+    """a runs with two co-located mates (x, y); the policy now groups a with three queued jobs. Only one of them
+    can join (four on the slots: Muri's largest group); the other two wait for slots of their own."""
+    here = tuple(JobState(i, 0, True, 1, 1, 1, group="a", placement=(("w0", 1),)) for i in "axy")
+    queued = tuple(JobState(i, 1, False, 0, 1, 1) for i in "bcd")
+    p = plan(ClusterState(5, here + queued, _w(1), used={"w0": 1}), _groups(("a", "b", "c", "d"), ("x", "y")))
+    assert p.starts == {"b": [("w0", 1)]} and p.groups["b"] == "a" and not p.stops
+    assert "c" in p.waiting and "d" in p.waiting
+
+
 def test_pending_member_joins_its_running_anchor_and_colocated_jobs_stay_together() -> None:
     a = JobState("a", 0, True, 2, 2, 2, group="a", placement=(("w0", 2),))
     jobs = (a, JobState("b", 1, False, 0, 1, 1), JobState("c", 2, False, 0, 2, 2))

@@ -10,7 +10,9 @@ co-located on the SAME slots (the worker gives them the same devices), and the g
 accounting, with the footprint max(member procs). Members of a group are rigid (their ``min_procs``);
 only jobs that run alone grow elastically. Jobs already running are not moved to form a group: a group
 whose first running member (the anchor) runs somewhere keeps it there, and its pending members join the
-anchor's slots when they need no more procs than the anchor has; running members co-located elsewhere,
+anchor's slots when they need no more procs than the anchor has and the slots hold fewer than four jobs
+(Muri's largest group: the anchor's co-located mates count, even those the policy has since regrouped);
+running members co-located elsewhere,
 and pending ones too big to join, become units of their own, right after it. Jobs co-located earlier
 stay together whatever the policy says now (they share devices; only a stop separates them).
 
@@ -38,6 +40,7 @@ import logging
 from dataclasses import dataclass, field
 
 from hpcsched.allocator import JobView, Policy, Snapshot
+from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.model import ClusterSpec, ElasticJob, ResourceProfile, ScalingCurve
 from hpcsched.policies import get_policy
 from hpcsched.sim.placement import place_consolidated
@@ -162,8 +165,10 @@ def _units(order: list[str], policy_groups: list[tuple[str, ...]], by_id: dict[s
             emit(pending)
             continue
         anchor = by_id[running[0]]
-        joiners = [i for i in pending if by_id[i].min_procs <= anchor.procs]
-        emit(with_mates(anchor.id) + joiners)
+        here = with_mates(anchor.id)
+        room = MAX_GROUP - len(here)  # mates the policy has since regrouped still share the slots: count them
+        joiners = [i for i in pending if by_id[i].min_procs <= anchor.procs][:max(0, room)]
+        emit(here + joiners)
         for r in running[1:]:
             emit(with_mates(r))
         for i in pending:
