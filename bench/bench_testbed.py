@@ -37,8 +37,8 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=10_000)
     ap.add_argument("--profiles-from", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--no-declare-profiles", action="store_true",
-                    help="job files declare no profile: muri-s groups a job only once it has run")
+    ap.add_argument("--declare-profiles", action="store_true",
+                    help="job files declare their trace profile: muri-s groups jobs from submission (interleaving)")
     args = ap.parse_args()
 
     from hpcsched.testbed.run import RunOptions, run_testbed
@@ -50,7 +50,7 @@ def main() -> None:
     opts = RunOptions(trace=ROOT / "trace-data/muri/cluster_trace.csv", cluster=spec, policy="muri-s", out=out,
                       jobs=args.jobs, skip=args.skip, min_steps=args.min_steps, max_steps=args.max_steps,
                       fast_forward=args.fast_forward, profiles_from=args.profiles_from, timeout_s=3600,
-                      declare_profiles=not args.no_declare_profiles)
+                      declare_profiles=args.declare_profiles)
     load0, wall0, cpu0 = os.getloadavg()[0], time.perf_counter(), _cpu()
     results = run_testbed(opts, say=lambda m: print(m, flush=True))
     wall, cpu, load1 = time.perf_counter() - wall0, _cpu() - cpu0, os.getloadavg()[0]

@@ -43,7 +43,8 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         cmd = [*base, "--cluster", str(spec), "--jobs", "12", "--min-steps", "100", "--max-steps", "1500",
                "--time-scale", "2000", "--fast-forward", "5", "--checkpoint-root", str(lc.ckpt_root),
-               "--launcher", "direct", "--probes", "1", "--timeout", "900", "--out", str(out), "--json"]
+               "--launcher", "direct", "--probes", "1", "--declare-profiles", "--timeout", "900", "--out", str(out),
+               "--json"]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
         _, bad_err = bad.communicate(timeout=300)
         submitted = Client(lc.address, lc.token, timeout=30)
@@ -76,7 +77,7 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
         assert len(res["jobs"]) == 12 and all(j["error"] is not None for j in res["jobs"])
         assert {"avg JCT", "p99 JCT", "makespan"} <= set(res["summary"])
         assert res["iterations"] and res["iterations"][0]["measured_s"] > 0
-    # jobs ran interleaved (declared profiles, the default): windows of group size >= 2, an interleaved row in
+    # jobs ran interleaved (declared profiles): windows of group size >= 2, an interleaved row in
     # the comparison, and a group factor fitted from them that sim-measured ran its groups at
     assert (windows["group_size"] >= 2).any(), windows["group_size"].value_counts()
     rows = {r["group_size"]: r for r in results["sim-measured"]["groups"]}
