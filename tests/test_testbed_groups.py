@@ -173,3 +173,25 @@ def test_runtime_units_follow_the_controller() -> None:
     assert [u.job_ids for u in feedback.runtime_units([Group(("a", "c"), 2.0)], views, {})][:2] == [("a",), ("c",)]
     assert [u.job_ids for u in feedback.runtime_units([Group(("a", "d"), 2.0)], views, {})][:2] == [("a",), ("d",)]
     assert [u.job_ids for u in feedback.runtime_units([Group(("b", "d"), 2.0)], views, {})][0] == ("b", "d")
+
+
+def test_learned_profiles_of_jobs_that_only_ran_interleaved(tmp_path: Path) -> None:
+    """--profiles-from: a workload never alone on its worker nor in its group has no solo pace; its own stage
+    time per step (no waiting for a turn) stands for it, as in the measured simulation."""
+    from hpcsched.sim.runs import load_jobs
+    from hpcsched.testbed.driver import Replay, write_real
+    from hpcsched.testbed.mapping import Scaling, scale_jobs
+    from hpcsched.testbed.profiles import learn
+
+    jobs, _ = load_jobs(Path(__file__).resolve().parents[1] / "trace-data/muri/cluster_trace.csv")
+    scaled = scale_jobs(sorted(jobs, key=lambda j: j.submit)[:2], ClusterSpec(1, 2, 2), Scaling(100.0, max_procs=1))
+    write_real(tmp_path, scaled, Replay(1000.0, 0.0, 100.0, {s.trace_id: f"j{i}" for i, s in enumerate(scaled)}),
+               {"policy": "muri-s"})
+    (tmp_path / ITERATIONS_FILE).write_text(  # gpt2 (job 0) in a pair only; vgg16 (job 1) alone in its group once
+        "job_id,runtime_id,generation,steps,sharing,pace_s,data_s,compute_s,comm_s,startup_s,group_size,group_members\n"
+        "0,j0,1,5,2,9,1,4,1,300,2,0;1\n0,j0,1,5,2,11,1,6,1,300,2,0;1\n"
+        "1,j1,1,5,2,12,2,2,2,300,2,0;1\n1,j1,1,5,2,7,2,3,2,300,1,1\n")
+    learned = learn(tmp_path)
+    by_model = {s.model: s.workload for s in scaled}
+    assert learned.pace_s[by_model["gpt2"]] == pytest.approx(0.07)  # median(1+4+1, 1+6+1) / 100
+    assert learned.pace_s[by_model["vgg16"]] == pytest.approx(0.07)  # its group-size-1 window's pace

@@ -3,11 +3,13 @@
 The measured simulation of a run uses that run's own measurements: it shows the simulator can
 reproduce what happened, not that it can predict. Here the profiles come from another run instead:
 per workload (the mapping's model / batch / storage latency), the median real pace and stage split of
-its jobs' report windows while alone on their worker, and that run's median start-up and tear-down per
-launch (``profile/overheads.csv``, apart from the iteration times). Start-up and tear-down follow the
-machine's load, so when both runs carry a start-up probe (``probe``) they are scaled by the ratio of the
-new run's probe, taken before its first job, to the old one's. Jobs whose workload the earlier run never
-measured keep their nominal profile.
+its jobs' report windows while alone on their worker (else alone in their group; a workload that only ran
+interleaved: its own stage time per step, as ``measure.Measured.solo_pace``), and that run's median
+start-up and tear-down per launch (``profile/overheads.csv``, apart from the iteration times). Start-up
+and tear-down follow the machine's load, so when both runs carry a start-up probe (``probe``) they are
+scaled by the ratio of the new run's probe, taken before its first job, to the old one's; that run's
+measured group factors (``profile/group-factors.csv``) time the groups. Jobs whose workload the earlier
+run never measured keep their nominal profile.
 """
 
 from __future__ import annotations
@@ -56,10 +58,16 @@ def learn(run_dir: Path) -> LearnedProfiles:
         raise InputError(win_file, "no measured report windows in this run")
     win["workload"] = win["job_id"].map(workload)
     pace, stages = {}, {}
+    grouped = "group_size" in win.columns  # a run measured since group sizes are recorded
     for w, g in win.groupby("workload", sort=False):
         solo = g[g["sharing"] == 1]
-        g = solo if len(solo) else g
-        pace[w] = float(g["pace_s"].median()) / scale
+        if not len(solo) and grouped:
+            solo = g[g["group_size"] == 1]
+        if len(solo) or not grouped:
+            g = solo if len(solo) else g
+            pace[w] = float(g["pace_s"].median()) / scale
+        else:  # it only ran interleaved: its own stage time per step (no waiting for a turn), as Measured does
+            pace[w] = float((g["data_s"] + g["compute_s"] + g["comm_s"]).median()) / scale
         stages[w] = ResourceProfile(*(float(g[c].median()) / scale for c in ("data_s", "compute_s", "comm_s")))
     overhead = float(win.groupby("job_id")["startup_s"].first().median()) / scale
     startup = teardown = None
