@@ -85,7 +85,8 @@ def test_worker_gives_a_group_one_lock_dir(tmp_path: Path) -> None:
         for task, group in (("a.g1.n0", "a"), ("b.g1.n0", "a"), ("c.g1.n0", "c/x")):
             w.launch(pb.LaunchTask(task_id=task, job_id=task[0], group=group, launcher="direct", nprocs=1,
                                    world_size=1, command=[str(script)], env={"OUT": str(tmp_path)},
-                                   master_addr="127.0.0.1", master_port=1))
+                                   master_addr="127.0.0.1", master_port=1,
+                                   checkpoint_dir=str(tmp_path / "ckpt" / task)))
         deadline = time.time() + 60
         while not all((tmp_path / t).exists() for t in ("a.g1.n0", "b.g1.n0", "c.g1.n0")):
             assert time.time() < deadline, "the tasks never ran"
