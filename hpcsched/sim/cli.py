@@ -57,6 +57,12 @@ def simulate_cmd(
     out: Path = typer.Option(..., "--out", help="Result directory: jobs.csv, meta.json, timeline.csv."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (keys as `hpcsched calc --json`)."),
     compat: str | None = COMPAT_OPT,
+    restart_s: float | None = typer.Option(
+        None, "--restart-s", min=0.0, metavar="SECONDS",
+        help="Every job's restart cost (paid as wall time at each start, first included) instead of the "
+             "per-model table: a measured start-up + tear-down per launch, e.g. a testbed run's median from "
+             "profile/overheads.csv x its time scale (a testbed simulation's meta.json has it as restart_s). "
+             "Ignored with --compat (the reference's table)."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
@@ -68,7 +74,7 @@ def simulate_cmd(
     jobs, anomalies = load_jobs(trace)
     try:
         with _bar(f"simulate {policy}", len(jobs), len(jobs) >= _BAR_MIN_JOBS) as cb:
-            result = run_policy(jobs, spec, policy, compat, str(trace), cb)
+            result = run_policy(jobs, spec, policy, compat, str(trace), cb, restart_s)
     except KeyError as e:
         _fail_policy(e)
     write_run(out, result)

@@ -20,8 +20,10 @@ How a policy's groups are executed (the contract the interleaving policies rely 
    1.37/1.015 for k = 2, 3, 4; ``hpcsched.sim.semantics``), so ``period_s`` is the raw interleaved
    period the policy computed from the stage profiles; a multi-job group without ``period_s`` is an
    error. A solo group with ``period_s`` runs at ``period_s x 1.015``.
-5. Restart cost (``semantics.restart_cost``, per model and GPU count). Default mode: a member
-   pays its OWN cost once whenever its GPUs change (first start, resume after preemption, migration);
+5. Restart cost (``semantics.restart_cost``, per model and GPU count; in default mode
+   ``simulate(..., restart_s=S)`` gives every job ``S`` instead, e.g. a testbed's measured start-up +
+   tear-down per launch). Default mode: a member pays its OWN cost once, as wall-clock time in which it
+   makes no progress, whenever its GPUs change (first start, resume after preemption, migration);
    joining or leaving a group on the same GPUs is free. ``compat="muri"``: at every event every
    running member loses the SUM of its group's members' costs from that interval's progress.
 6. Accounting: a member's ``gpu_seconds`` is the group's GPUs x time / k; attained service
@@ -95,7 +97,7 @@ class _J:
         "wake", "hint", "solo", "wkey", "q", "seq",
     )  # fmt: skip
 
-    def __init__(self, job: Job, idx: int, compat: bool) -> None:
+    def __init__(self, job: Job, idx: int, compat: bool, restart_s: float | None = None) -> None:
         self.job, self.id, self.idx = job, job.id, idx
         self.gpus = job.gpus
         self.model = job.model
@@ -108,7 +110,7 @@ class _J:
             self.submit = job.submit
             self.dur = job.duration if job.duration is not None else total * it
         self.total, self.it = total, it
-        self.restart = restart_cost(job.model, job.gpus)
+        self.restart = restart_s if restart_s is not None and not compat else restart_cost(job.model, job.gpus)
         self.done = self.executed = self.attained = self.gpu_s = 0.0
         self.first_start: float | None = None
         self.end: float | None = None
@@ -190,6 +192,7 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     trace: str = "",
     group_factors: Mapping[int, float] | None = None,
+    restart_s: float | None = None,
 ) -> SimResult:
     """Run ``jobs`` on ``cluster`` under ``policy`` (a registry name or a Policy function).
 
@@ -198,11 +201,16 @@ def simulate(
     is computed (a size without a factor of its own takes 4's), and nowhere else: factors measured on a
     testbed change how fast groups run, not which groups the policy forms (the real controller decides with
     the default factors too).
+    ``restart_s`` (default mode only; compat keeps the reference's table) is every job's restart cost in
+    seconds instead of the per-model table: a measured start-up + tear-down per launch is a property of the
+    machine, not of the model, and must be paid as wall-clock time, not as iterations at a group's pace.
     ``progress(completed, total)`` is called now and then for a progress bar.
     Raises ValueError for jobs that cannot be simulated (no size or length) or a bad policy answer.
     """
     if compat is not None and compat not in COMPAT_MODES:
         raise ValueError(f"unknown compat mode {compat!r}; known: {', '.join(COMPAT_MODES)}")
+    if restart_s is not None and not (restart_s >= 0 and math.isfinite(restart_s)):
+        raise ValueError(f"restart_s must be a finite number of seconds >= 0, got {restart_s}")
     if isinstance(policy, str):
         from hpcsched.policies import get_policy
 
@@ -210,7 +218,7 @@ def simulate(
     else:
         name, fn = getattr(policy, "__name__", "custom"), policy
     t0 = time.perf_counter()
-    eng = _Engine(jobs, cluster, fn, name, compat, progress)
+    eng = _Engine(jobs, cluster, fn, name, compat, progress, restart_s)
     if group_factors:
         eng.gf |= {int(k): float(f) for k, f in group_factors.items() if int(k) >= 2}
     eng.run()
@@ -224,6 +232,8 @@ def simulate(
         "compat": compat,
         "events": eng.events,
     }
+    if restart_s is not None and compat is None:  # every job's restart cost (the per-model table otherwise)
+        meta["restart_s"] = restart_s
     if group_factors:  # the factors groups ran at (a size not listed takes 4's)
         meta["group_factors"] = {str(k): v for k, v in eng.gf.items()}
     return SimResult(
@@ -261,6 +271,7 @@ class _Engine(Planner):
         name: str,
         compat: str | None,
         progress: Callable[[int, int], None] | None,
+        restart_s: float | None = None,
     ) -> None:
         self.compat = compat is not None
         self.gf = {k: group_factor(k) for k in range(2, 5)}  # a group's period multiplier by member count
@@ -268,7 +279,7 @@ class _Engine(Planner):
         self.rules: CompatRules = compat_rules(name) if self.compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
-        self.jobs = [_J(jobs[i], k, self.compat) for k, i in enumerate(order)]
+        self.jobs = [_J(jobs[i], k, self.compat, restart_s) for k, i in enumerate(order)]
         self.gpn = cluster.gpus_per_node
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))

@@ -47,13 +47,14 @@ def run_policy(
     compat: str | None,
     trace: str,
     progress: Callable[[int, int], None] | None = None,
+    restart_s: float | None = None,
 ) -> SimResult:
     """``simulate`` with a policy name, turning an unknown name into a clear error."""
     from hpcsched.policies import REGISTRY
 
     if policy not in REGISTRY.names():
         raise KeyError(f"unknown policy {policy!r}; known: {', '.join(REGISTRY.names())}")
-    return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace)
+    return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace, restart_s=restart_s)
 
 
 def write_run(out_dir: str | Path, result: SimResult) -> Path:
