@@ -50,6 +50,8 @@ def _build() -> Registry:
         reg.register(fn.name, fn)
     if importlib.util.find_spec("cvxpy") is not None:  # optional extra: the reference's solver form
         reg.register("themis-cvxpy", themis.themis_cvxpy)
+    if importlib.util.find_spec("ecos") is not None:  # optional: the reference's solver on its exact program
+        reg.register("themis-ecos", themis.themis_ecos)
     return reg
 
 

@@ -79,6 +79,7 @@ _MURI_LOOP = CompatRules(two_pass=True, new_remaining="duration")
 COMPAT_RULES: dict[str, CompatRules] = {
     "tiresias": CompatRules(placement="count"),
     "themis": CompatRules(two_pass=True),
+    "themis-ecos": CompatRules(two_pass=True),
     "muri-s": _MURI_LOOP,
     "muri-l": _MURI_LOOP,
 }
