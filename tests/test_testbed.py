@@ -101,6 +101,37 @@ def test_sim_jobs_keep_the_replayed_jobs_and_fold_in_measured_overhead(tmp_path:
         assert b.submit == pytest.approx(a.submit, abs=1e-3)
 
 
+def test_measured_overhead_is_the_restart_cost_and_the_cli_reproduces_the_simulation(tmp_path: Path) -> None:
+    """The measured start-up + tear-down is every job's restart cost (cluster median, trace seconds), not extra
+    iterations; it is in the simulation's meta.json, and `hpcsched simulate --restart-s` on the trace.csv
+    written beside it gives the same results (a policy that groups nothing, run with full knowledge)."""
+    from hpcsched.results import read_results
+    from hpcsched.testbed.measure import Measured
+
+    scaled = scale_jobs(_first(3), SPEC, Scaling(scale=1000.0, max_procs=1))
+    ms = {s.trace_id: Measured(f"j{i}", startup_s=[x], teardown_s=1.0) for i, (s, x) in enumerate(zip(
+        scaled, (2.0, 5.0, 30.0), strict=True))}
+    assert feedback.cluster_overhead_s(ms) == 6.0  # median(3, 6, 31): one slow start does not set it
+    assert feedback.measured_restart_s(ms, 1000.0) == 6000.0 and feedback.measured_restart_s({}, 1000.0) is None
+    jobs = feedback.measured_jobs(scaled, 1000.0, ms)  # no windows: nominal paces, and no extra iterations
+    assert [j.iterations for j in jobs] == [s.steps for s in scaled]
+    sim = tmp_path / "sim"
+    feedback.run_sim(jobs, SPEC, "fifo", sim, "t", flatten=False, restart_s=6000.0)
+    meta = json.loads((sim / "meta.json").read_text())
+    assert meta["restart_s"] == 6000.0
+    spec, again = tmp_path / "l2x2.yaml", tmp_path / "again"
+    spec.write_text("name: l2x2\nswitches: 1\nnodes_per_switch: 2\ngpus_per_node: 2\n")  # SPEC
+    p = subprocess.run([sys.executable, "-m", "hpcsched.cli", "simulate", "--trace", str(sim / "trace.csv"),
+                        "--cluster", str(spec), "--policy", "fifo", "--restart-s", str(meta["restart_s"]),
+                        "--out", str(again)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    a, _ = read_results(sim)
+    b, _ = read_results(again)
+    assert list(a["end"]) == pytest.approx(list(b["end"]))
+    first = a.set_index("job_id")
+    assert (first["start"] - first["submit"]).min() >= 0 and (first["end"] - first["start"]).min() > 6000.0
+
+
 def _fake_run(store: Store) -> None:
     """Two jobs on worker w1, written through the runtime's own store as the controller writes them."""
     for name, t_launch, reports in (("a", 100.0, [(103.0, 0), (104.0, 10), (105.0, 20)]),
@@ -217,7 +248,8 @@ def test_profiles_learned_from_an_earlier_run(tmp_path: Path) -> None:
     vgg = next(s for s in scaled if s.model == "vgg16")
     it = 0.05 / SOLO_FACTOR
     assert jobs[vgg.trace_id].iteration_time == pytest.approx(it * 100.0)
-    assert jobs[vgg.trace_id].iterations == vgg.steps + round(6.0 / it)
+    assert jobs[vgg.trace_id].iterations == vgg.steps  # start-up is the restart cost, not extra iterations
+    assert learned.restart_s(100.0) == pytest.approx(600.0)  # 6 real s per launch, in trace seconds
     a2c = next(s for s in scaled if s.model == "a2c")  # never measured: nominal
     assert jobs[a2c.trace_id].iteration_time == pytest.approx(a2c.workload.nominal_iteration_s * 100.0)
 

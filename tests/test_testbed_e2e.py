@@ -84,8 +84,11 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
     k = max((r for r in rows.values() if r["group_size"] >= 2), key=lambda r: r["windows"])["group_size"]
     fitted = pd.read_csv(out / "profile" / "group-factors.csv").set_index("k")["factor"]
     assert rows[k]["measured_factor"] == pytest.approx(fitted[k], rel=1e-5)
-    used = json.loads((out / "sim-measured" / "meta.json").read_text())["group_factors"]
+    sim_meta = json.loads((out / "sim-measured" / "meta.json").read_text())
+    used = sim_meta["group_factors"]
     assert used[str(k)] == rows[k]["sim_factor"] == pytest.approx(fitted[k], rel=1e-5)
+    # the measured start-up + tear-down per launch is every job's restart cost (wall time), recorded beside it
+    assert sim_meta["restart_s"] > 0 and "restart_s" not in json.loads((out / "sim-trace" / "meta.json").read_text())
     # ... which brings that group size's simulated pace closer to the measured one than the default factor
     trace_row = {r["group_size"]: r for r in results["sim-trace"]["groups"]}[k]
     assert abs(rows[k]["error"]) < abs(trace_row["error"]), (rows[k], trace_row)

@@ -39,13 +39,8 @@ def trace_jobs(jobs: list[ScaledJob], scale: float) -> list[Job]:
 
 
 def measured_jobs(jobs: list[ScaledJob], scale: float, measured: dict[str, Measured]) -> list[Job]:
-    """``measured`` is keyed by trace id; jobs never measured keep their nominal profile.
-
-    The start-up and tear-down folded into every job is the run's median, a property of the cluster
-    (process start, imports, rendezvous), not each job's own: a job's own would tell the simulation
-    how that particular attempt went, which is what it is being checked against.
-    """
-    overhead = cluster_overhead_s(measured)
+    """``measured`` is keyed by trace id; jobs never measured keep their nominal profile. Start-up and
+    tear-down are not in the jobs: see ``measured_restart_s``."""
     out = []
     for j in jobs:
         m = measured.get(j.trace_id)
@@ -54,14 +49,24 @@ def measured_jobs(jobs: list[ScaledJob], scale: float, measured: dict[str, Measu
             out.append(sim_job(j, scale))
             continue
         it = pace / SOLO_FACTOR
-        out.append(sim_job(j, scale, iteration_s=it, profile=m.profile(), extra_iterations=round(overhead / it)))
+        out.append(sim_job(j, scale, iteration_s=it, profile=m.profile()))
     return out
 
 
-def cluster_overhead_s(measured: dict[str, Measured]) -> float:
-    """Median real seconds one attempt costs beyond its steps (start-up + tear-down) over the run's jobs."""
+def cluster_overhead_s(measured: dict[str, Measured]) -> float | None:
+    """Median real seconds one attempt costs beyond its steps (start-up + tear-down) over the run's jobs;
+    None when no launch was measured."""
     xs = [m.overhead_s() for m in measured.values() if m.startup_s]
-    return statistics.median(xs) if xs else 0.0
+    return statistics.median(xs) if xs else None
+
+
+def measured_restart_s(measured: dict[str, Measured], scale: float) -> float | None:
+    """The restart cost (trace seconds) of every job in the measured simulations: the run's median start-up +
+    tear-down per launch. The cluster's median, not each job's own: it is a property of the machine
+    (process start, imports, rendezvous), and a job's own would tell the simulation how that attempt went,
+    which is what it is being checked against. None (the simulator's table) when nothing was measured."""
+    real = cluster_overhead_s(measured)
+    return None if real is None else real * scale
 
 
 def write_muri_trace(path: Path, jobs: list[Job]) -> Path:
@@ -163,10 +168,11 @@ def _period(members: list[JobView]) -> float | None:
 
 def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace_name: str, *,
             flatten: bool = True, declared: Mapping[str, ResourceProfile] | None = None,
-            group_factors: Mapping[int, float] | None = None) -> SimResult:
+            group_factors: Mapping[int, float] | None = None, restart_s: float | None = None) -> SimResult:
     """Simulate ``jobs`` (read back from the Muri CSV written beside the results, so the CLI on that file
     gives the same jobs); ``flatten`` runs the policy as the runtime does (see ``as_runtime_runs``, with
-    ``declared``); ``group_factors`` replace the simulator's default group slowdowns (measured ones)."""
+    ``declared``); ``group_factors`` replace the simulator's default group slowdowns (measured ones);
+    ``restart_s`` (trace seconds, recorded in ``meta.json``) replaces the per-model restart table."""
     from hpcsched.runtime.scheduler import resolve_policy
     from hpcsched.sim.engine import simulate
     from hpcsched.sim.runs import load_jobs, write_run
@@ -175,7 +181,7 @@ def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace
     loaded, _ = load_jobs(trace)
     fn = resolve_policy(policy)
     result = simulate(loaded, cluster, as_runtime_runs(fn, policy, declared) if flatten else fn, trace=trace_name,
-                      group_factors=group_factors)
+                      group_factors=group_factors, restart_s=restart_s)
     result.meta["knowledge"] = "what the controller knows" if flatten else "the whole trace"
     write_run(out, result)
     return result

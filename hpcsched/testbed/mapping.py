@@ -168,13 +168,13 @@ def declared_profile(job: ScaledJob) -> ResourceProfile | None:
 
 
 def sim_job(job: ScaledJob, scale: float, iteration_s: float | None = None,
-            profile: ResourceProfile | None = None, extra_iterations: int = 0) -> Job:
+            profile: ResourceProfile | None = None) -> Job:
     """The job as a simulator input, in trace seconds.
 
     Without measurements (the first simulation) it runs ``steps`` iterations of the workload's nominal
     time, split into stages in the trace's proportions. With them, ``iteration_s`` (real seconds) and the
-    measured stage ``profile`` (real seconds) replace the nominal ones, and ``extra_iterations`` carries
-    the measured start-up and tear-down of one attempt.
+    measured stage ``profile`` (real seconds) replace the nominal ones. The measured start-up and tear-down
+    are the simulation's restart cost (``simulate(..., restart_s=...)``), not part of the job.
     """
     real_it = iteration_s if iteration_s is not None else job.workload.nominal_iteration_s
     it = real_it * scale
@@ -184,7 +184,7 @@ def sim_job(job: ScaledJob, scale: float, iteration_s: float | None = None,
         prof = job.trace_profile.scaled_to(it)
     else:
         prof = None
-    n = job.steps + max(0, extra_iterations)
+    n = job.steps
     return Job(id=job.trace_id, submit=job.trace_submit, gpus=job.procs, iterations=n, iteration_time=it,
                duration=n * it, profile=prof, model=job.model)
 

@@ -7,8 +7,9 @@ its jobs' report windows while alone on their worker (else alone in their group;
 interleaved: its own stage time per step, as ``measure.Measured.solo_pace``), and that run's median
 start-up and tear-down per launch (``profile/overheads.csv``, apart from the iteration times). Start-up
 and tear-down follow the machine's load, so when both runs carry a start-up probe (``probe``) they are
-scaled by the ratio of the new run's probe, taken before its first job, to the old one's; that run's
-measured group factors (``profile/group-factors.csv``) time the groups. Jobs whose workload the earlier
+scaled by the ratio of the new run's probe, taken before its first job, to the old one's, and charged as
+every job's restart cost (wall time per launch, ``LearnedProfiles.restart_s``); that run's measured group
+factors (``profile/group-factors.csv``) time the groups. Jobs whose workload the earlier
 run never measured keep their nominal profile.
 """
 
@@ -43,6 +44,11 @@ class LearnedProfiles:
         if probe_s is None or not self.probe_s:
             return base
         return base * probe_s / self.probe_s
+
+    def restart_s(self, scale: float, probe_s: float | None = None) -> float:
+        """The restart cost (trace seconds at ``scale``) of every job in a simulation predicted from this
+        run: its median start-up + tear-down per launch, scaled by the start-up probe (``overhead_at``)."""
+        return self.overhead_at(probe_s) * scale
 
 
 def learn(run_dir: Path) -> LearnedProfiles:
@@ -81,11 +87,9 @@ def learn(run_dir: Path) -> LearnedProfiles:
                            run["meta"].get("startup_probe_s"))
 
 
-def predicted_jobs(jobs: list[ScaledJob], scale: float, learned: LearnedProfiles,
-                   probe_s: float | None = None) -> list[Job]:
-    """The replayed jobs with another run's per-workload profiles and overhead (trace seconds); ``probe_s``,
-    this run's start-up probe, scales the overhead (see ``LearnedProfiles.overhead_at``)."""
-    overhead = learned.overhead_at(probe_s)
+def predicted_jobs(jobs: list[ScaledJob], scale: float, learned: LearnedProfiles) -> list[Job]:
+    """The replayed jobs with another run's per-workload profiles (trace seconds). The start-up and tear-down
+    are not in the jobs: ``LearnedProfiles.restart_s`` is the simulation's restart cost."""
     out = []
     for j in jobs:
         pace = learned.pace_s.get(j.workload)
@@ -93,6 +97,5 @@ def predicted_jobs(jobs: list[ScaledJob], scale: float, learned: LearnedProfiles
             out.append(sim_job(j, scale))
             continue
         it = pace / SOLO_FACTOR
-        out.append(sim_job(j, scale, iteration_s=it, profile=learned.stages_s[j.workload],
-                           extra_iterations=round(overhead / it)))
+        out.append(sim_job(j, scale, iteration_s=it, profile=learned.stages_s[j.workload]))
     return out

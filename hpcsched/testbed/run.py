@@ -105,7 +105,10 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
     so the simulations show the policy those for jobs that have not run yet, as the controller does.
 
     The measured group factors (``groupfit``) speed the groups of sim-measured and sim-grouped; sim-predicted
-    takes the earlier run's (``PROFILES_FROM/profile/group-factors.csv``); sim-trace keeps the defaults."""
+    takes the earlier run's (``PROFILES_FROM/profile/group-factors.csv``); sim-trace keeps the defaults.
+    Likewise the restart cost: sim-measured and sim-grouped pay this run's median start-up + tear-down per
+    launch as wall time (``feedback.measured_restart_s``), sim-predicted the earlier run's, probe-scaled;
+    sim-trace the simulator's per-model table (nothing measured)."""
     measured: dict[str, measure.Measured] = {}
     factors: dict[int, float] = {}
     if state is not None:
@@ -119,18 +122,21 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
     decl = {j.trace_id: p.scaled_to(j.workload.nominal_iteration_s * scale)
             for j in scaled if (p := declared_profile(j)) is not None} if declared else None
     with_measured = feedback.measured_jobs(scaled, scale, measured)
-    sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True, None),
-            "sim-measured": (with_measured, True, factors), "sim-grouped": (with_measured, False, factors)}
+    restart = feedback.measured_restart_s(measured, scale)
+    sims = {"sim-trace": (feedback.trace_jobs(scaled, scale), True, None, None),
+            "sim-measured": (with_measured, True, factors, restart),
+            "sim-grouped": (with_measured, False, factors, restart)}
     if profiles_from is not None:
         learned = profiles.learn(profiles_from)
         old = groupfit.read_group_factors(profiles_from / "profile" / groupfit.FILE)
-        sims["sim-predicted"] = (profiles.predicted_jobs(scaled, scale, learned, probe_s), True, old)
+        predicted = profiles.predicted_jobs(scaled, scale, learned)
+        sims["sim-predicted"] = (predicted, True, old, learned.restart_s(scale, probe_s))
         if probe_s is not None and learned.probe_s is not None:  # the same without the start-up probe's scaling
-            sims["sim-predicted-unscaled"] = (profiles.predicted_jobs(scaled, scale, learned), True, old)
+            sims["sim-predicted-unscaled"] = (predicted, True, old, learned.restart_s(scale))
     out = {}
-    for name, (jobs, flatten, gf) in sims.items():
+    for name, (jobs, flatten, gf, restart_s) in sims.items():
         feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten, declared=decl,
-                         group_factors=gf or None)
+                         group_factors=gf or None, restart_s=restart_s)
         out[name] = compare.compare_runs(out_dir / name, out_dir)
     return out
 
