@@ -122,3 +122,38 @@ def test_two_trainers_in_a_group_take_turns_and_report_their_own_stage_times(tmp
         for r in both:
             assert 0.029 < r["data_s"] < 0.045
             assert 8 / r["samples_per_s"] > 0.055  # seconds per step: two 30 ms data stages per step
+
+
+# An iteration: a data turn, a compute turn, then time outside any stage (checkpoints, reports); prints starts.
+STEPPER = """
+import json, sys, time
+sys.path.insert(0, {workloads!r})
+from _common import StageTurns
+outside, steps = float(sys.argv[1]), int(sys.argv[2])
+turns = StageTurns(0, collective_comm=False)
+starts = []
+for _ in range(steps):
+    with turns.turn("data"):
+        starts.append(time.time())
+        time.sleep(0.01)
+    with turns.turn("compute"):
+        time.sleep(0.01)
+    time.sleep(outside)
+turns.close()
+print(json.dumps(starts))
+"""
+
+
+def test_group_members_keep_in_lock_step(tmp_path: Path) -> None:
+    """One member spends 20 ms a step outside its stages, its mate none. Locks alone let the mate run twice as
+    many iterations; in lock step it never starts an iteration two ahead of the slow one."""
+    code = STEPPER.format(workloads=str(WORKLOADS))
+    env = os.environ | {"HPCSCHED_INTERLEAVE_DIR": str(tmp_path / "g")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, outside, "40"], env=env, stdout=subprocess.PIPE, text=True)
+             for outside in ("0.02", "0")]
+    slow, fast = (json.loads(p.communicate(timeout=60)[0]) for p in procs)
+    both = max(slow[0], fast[0])  # from when both were training (the later one joins level with the other)
+    slow, fast = [t for t in slow if t >= both], [t for t in fast if t >= both]
+    assert len(fast) > 20
+    ahead = [n for n in range(2, len(fast)) if n - 2 < len(slow) and fast[n] < slow[n - 2]]
+    assert not ahead, f"the fast member started iterations {ahead[:5]} two ahead of its mate"

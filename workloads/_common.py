@@ -62,19 +62,69 @@ class StageTurns:
     (two jobs spanning the same two slots would deadlock), so the communication stage takes its turn only
     in a single-process job, where it is local. Without the variable (run by hand, or an old worker) every
     stage runs free. The seconds spent waiting for a turn are kept apart, so stage times stay the job's own.
+
+    Members also keep in LOCK STEP, as in Muri (a group runs one iteration of every member per period): a
+    member starts its next iteration (its data turn) only when no mate has started fewer iterations than it.
+    Locks alone are work-conserving but not fair: a member with time outside its stages (checkpoints,
+    reports) or a lucky wake-up ran up to 2x the iterations of its mates here. Each member writes how many
+    iterations it has started to ``turns.<local rank>.<pid>``; a mate whose file has not moved for
+    ``STALE_S`` (it is checkpointing, stopping, or gone) is not waited for, and a member removes its file
+    when it stops training (``close``). A new member starts level with the slowest mate.
     """
+
+    STALE_S = 2.0  # a mate that has not started an iteration for this long is not waited for
+    POLL_S = 0.001
 
     def __init__(self, local_rank: int, collective_comm: bool) -> None:
         self.waited = {"data": 0.0, "compute": 0.0, "comm": 0.0}
         self._fds: dict[str, int] = {}
+        self._root: Path | None = None
+        self._count: int | None = None  # iterations started, on the group's common count
         root = os.environ.get("HPCSCHED_INTERLEAVE_DIR")
         if not root:
             return
-        Path(root).mkdir(parents=True, exist_ok=True)
+        self._root = Path(root)
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._prefix = f"turns.{local_rank}."
+        self._mine = self._root / f"{self._prefix}{os.getpid()}"
         for stage in self.waited:
             if stage == "comm" and collective_comm:
                 continue
-            self._fds[stage] = os.open(Path(root) / f"{stage}.{local_rank}", os.O_RDWR | os.O_CREAT, 0o644)
+            self._fds[stage] = os.open(self._root / f"{stage}.{local_rank}", os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _mates(self) -> list[int]:
+        """Iterations started by the mates on this local rank that are still training."""
+        out, now = [], time.time()
+        for name in os.listdir(self._root):
+            if not name.startswith(self._prefix) or name == self._mine.name or name.endswith(".tmp"):
+                continue
+            path = self._root / name
+            try:
+                if now - path.stat().st_mtime > self.STALE_S:
+                    continue
+                out.append(int(path.read_text() or 0))
+            except (OSError, ValueError):  # gone meanwhile, or caught mid-write
+                continue
+        return out
+
+    def _lock_step(self) -> None:
+        while True:
+            mates = self._mates()
+            if self._count is None:
+                self._count = min(mates, default=0)
+            if not mates or self._count <= min(mates):
+                break
+            time.sleep(self.POLL_S)
+        self._count += 1
+        tmp = self._mine.with_name(self._mine.name + ".tmp")
+        tmp.write_text(str(self._count))
+        os.replace(tmp, self._mine)  # mates never read half a number
+
+    def close(self) -> None:
+        """Leave the group's lock step (the mates stop waiting for this member at once)."""
+        if self._root is not None:
+            with contextlib.suppress(OSError):
+                self._mine.unlink()
 
     @contextlib.contextmanager
     def turn(self, stage: str) -> Iterator[None]:
@@ -83,6 +133,8 @@ class StageTurns:
             yield
             return
         t = time.perf_counter()
+        if stage == "data":  # an iteration begins
+            self._lock_step()
         fcntl.flock(fd, fcntl.LOCK_EX)
         self.waited[stage] += time.perf_counter() - t
         try:

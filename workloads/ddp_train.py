@@ -129,6 +129,7 @@ def main() -> int:
             window_loss, window_n = 0.0, 0
         if stopping:
             break
+    turns.close()  # group mates stop waiting for this one
     if rank == 0 and step == steps:
         write_result(ckpt_dir, {"steps": step, "first_loss": first_loss, "final_loss": last_loss,
                                 "world_size": world, "history": history})
