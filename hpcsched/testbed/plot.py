@@ -35,10 +35,10 @@ def plot_comparison(comparisons: Mapping[str, Mapping[str, Any]], out_png: Path)
         left.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], color="grey", alpha=0.2, label="+-10%")
         left.set_xscale("log")
         left.set_yscale("log")
+        left.legend(fontsize=8)
     left.set_xlabel("real JCT (trace s)")
     left.set_ylabel("simulated JCT (trace s)")
     left.set_title("per job")
-    left.legend(fontsize=8)
 
     sizes = sorted({g["group_size"] for c in comparisons.values() for g in c.get("groups", ())})
     if sizes:
