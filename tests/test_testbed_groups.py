@@ -175,6 +175,32 @@ def test_runtime_units_follow_the_controller() -> None:
     assert [u.job_ids for u in feedback.runtime_units([Group(("b", "d"), 2.0)], views, {})][0] == ("b", "d")
 
 
+def test_the_controllers_hysteresis_keeps_a_young_attempt_running(tmp_path: Path) -> None:
+    """As the runtime runs SRTF with declared profiles, on one slot: A (100 iterations) starts at 0; B and C (10
+    each, declared) arrive at 1 and 6. The controller protects an attempt for min_runtime_s (5 s here): at 1 A
+    keeps its slot; at 6 B takes it. Without the hysteresis B preempts A at once."""
+    from hpcsched.policies import get_policy
+    from hpcsched.sim.runs import load_jobs
+
+    trace = tmp_path / "t.csv"
+    jobs = [Job(i, submit=t, gpus=1, iterations=n, iteration_time=1.0, duration=float(n),
+                profile=ResourceProfile(0.5, 0.3, 0.2), model="toy") for i, t, n in (("A", 0, 100), ("B", 1, 10),
+                                                                                   ("C", 6, 10))]
+    loaded, _ = load_jobs(feedback.write_muri_trace(trace, jobs))
+    declared = {"B": ResourceProfile(0.5, 0.3, 0.2), "C": ResourceProfile(0.5, 0.3, 0.2)}
+    one = ClusterSpec(1, 1, 1, name="g1")
+
+    def ends(hold: float) -> dict[str, float]:
+        policy = feedback.as_runtime_runs(get_policy("srtf"), "srtf", declared, min_runtime_s=hold)
+        return {r.job_id: r.end for r in simulate(loaded, one, policy, restart_s=0.0).results}
+
+    b_end = 6 + 10 * SOLO_FACTOR
+    held = ends(5.0)
+    assert held["B"] == pytest.approx(b_end) and held["C"] == pytest.approx(b_end + 10 * SOLO_FACTOR)
+    assert held["A"] == pytest.approx(held["C"] + 100 * SOLO_FACTOR - 6)  # 6 s of A's work were done before B
+    assert ends(0.0)["B"] == pytest.approx(1 + 10 * SOLO_FACTOR)  # no brake: B preempts A at its arrival
+
+
 def test_learned_profiles_of_jobs_that_only_ran_interleaved(tmp_path: Path) -> None:
     """--profiles-from: a workload never alone on its worker nor in its group has no solo pace; its own stage
     time per step (no waiting for a turn) stands for it, as in the measured simulation."""

@@ -87,7 +87,8 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
 
 
-def as_runtime_runs(policy: Policy, name: str, declared: Mapping[str, ResourceProfile] | None = None) -> Policy:
+def as_runtime_runs(policy: Policy, name: str, declared: Mapping[str, ResourceProfile] | None = None,
+                    min_runtime_s: float = 0.0) -> Policy:
     """The policy as the runtime executes it: it sees only what the controller knows.
 
     The controller learns a job's iteration time and stage profile from the job's own progress
@@ -101,14 +102,33 @@ def as_runtime_runs(policy: Policy, name: str, declared: Mapping[str, ResourcePr
     Groups are kept as the controller can run them (``runtime_units``). Each unit's period is computed
     here from the jobs' own profiles (what the simulation says they are), not from what the policy was
     shown: a declared profile decides the grouping, the job's real stages decide how fast the group runs.
+
+    ``min_runtime_s`` (trace seconds) is the controller's hysteresis (``scheduler.plan``): a unit with a
+    member whose current attempt started less than that long ago is admitted before all others, so it is
+    not preempted. An attempt starts at the decision that launched it (the previous call, as the engine
+    starts what a call places). The controller re-plans every tick, so it may preempt the moment the
+    protection ends; here the next event after that does.
     """
     keys: dict[str, str] = {}  # co-location key a job got when its unit was last emitted (as the controller)
+    started: dict[str, float] = {}  # running job -> when its current attempt was launched
+    prev_t, prev_running = [0.0], set[str]()  # the previous call's time and running jobs
 
     def flat(snapshot: Snapshot) -> list[Group]:
         true = {v.id: v for v in snapshot.jobs}
         views = tuple(v if v.first_start is not None else _shown(v, (declared or {}).get(v.id))
                       for v in snapshot.jobs)
-        return runtime_units(policy(replace(snapshot, jobs=views)), true, keys)
+        units = runtime_units(policy(replace(snapshot, jobs=views)), true, keys)
+        running = {v.id for v in snapshot.jobs if v.running}
+        for i in running - prev_running:
+            started[i] = prev_t[0]
+        prev_t[0] = snapshot.now
+        prev_running.clear()
+        prev_running.update(running)
+        if min_runtime_s <= 0:
+            return units
+        young = {i for i in running if snapshot.now - started[i] < min_runtime_s}
+        kept = [u for u in units if young.intersection(u.job_ids)]
+        return kept + [u for u in units if not young.intersection(u.job_ids)]
 
     flat.__name__ = name
     flat.service_thresholds = getattr(policy, "service_thresholds", ())  # type: ignore[attr-defined]
@@ -168,10 +188,12 @@ def _period(members: list[JobView]) -> float | None:
 
 def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace_name: str, *,
             flatten: bool = True, declared: Mapping[str, ResourceProfile] | None = None,
-            group_factors: Mapping[int, float] | None = None, restart_s: float | None = None) -> SimResult:
+            group_factors: Mapping[int, float] | None = None, restart_s: float | None = None,
+            min_runtime_s: float = 0.0) -> SimResult:
     """Simulate ``jobs`` (read back from the Muri CSV written beside the results, so the CLI on that file
     gives the same jobs); ``flatten`` runs the policy as the runtime does (see ``as_runtime_runs``, with
-    ``declared``); ``group_factors`` replace the simulator's default group slowdowns (measured ones);
+    ``declared`` and the controller's ``min_runtime_s``, trace seconds); ``group_factors`` replace the
+    simulator's default group slowdowns (measured ones);
     ``restart_s`` (trace seconds, recorded in ``meta.json``) replaces the per-model restart table."""
     from hpcsched.runtime.scheduler import resolve_policy
     from hpcsched.sim.engine import simulate
@@ -180,8 +202,10 @@ def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace
     trace = write_muri_trace(out / "trace.csv", jobs)
     loaded, _ = load_jobs(trace)
     fn = resolve_policy(policy)
-    result = simulate(loaded, cluster, as_runtime_runs(fn, policy, declared) if flatten else fn, trace=trace_name,
-                      group_factors=group_factors, restart_s=restart_s)
+    runs = as_runtime_runs(fn, policy, declared, min_runtime_s) if flatten else fn
+    result = simulate(loaded, cluster, runs, trace=trace_name, group_factors=group_factors, restart_s=restart_s)
     result.meta["knowledge"] = "what the controller knows" if flatten else "the whole trace"
+    if flatten and min_runtime_s > 0:
+        result.meta["min_runtime_s"] = min_runtime_s
     write_run(out, result)
     return result

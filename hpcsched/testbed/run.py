@@ -11,6 +11,7 @@ from typing import Any
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
+from hpcsched.runtime.config import ControllerConfig
 from hpcsched.testbed import compare, driver, feedback, groupfit, measure, profiles
 from hpcsched.testbed.mapping import ScaledJob, Scaling, declared_profile, pick_scale, scale_jobs
 from hpcsched.testbed.probe import startup_probe
@@ -108,7 +109,9 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
     takes the earlier run's (``PROFILES_FROM/profile/group-factors.csv``); sim-trace keeps the defaults.
     Likewise the restart cost: sim-measured and sim-grouped pay this run's median start-up + tear-down per
     launch as wall time (``feedback.measured_restart_s``), sim-predicted the earlier run's, probe-scaled;
-    sim-trace the simulator's per-model table (nothing measured)."""
+    sim-trace the simulator's per-model table (nothing measured). The simulations that run the policy as the
+    runtime does also keep the controller's hysteresis (``min_runtime_s``, the default a ``--local`` cluster
+    runs with, in trace seconds)."""
     measured: dict[str, measure.Measured] = {}
     factors: dict[int, float] = {}
     if state is not None:
@@ -133,10 +136,11 @@ def analyse(out_dir: Path, spec: ClusterSpec, policy: str, scaled: list[ScaledJo
         sims["sim-predicted"] = (predicted, True, old, learned.restart_s(scale, probe_s))
         if probe_s is not None and learned.probe_s is not None:  # the same without the start-up probe's scaling
             sims["sim-predicted-unscaled"] = (predicted, True, old, learned.restart_s(scale))
+    hold = ControllerConfig().min_runtime_s * scale  # the controller's hysteresis (a local cluster's default)
     out = {}
     for name, (jobs, flatten, gf, restart_s) in sims.items():
         feedback.run_sim(jobs, spec, policy, out_dir / name, trace, flatten=flatten, declared=decl,
-                         group_factors=gf or None, restart_s=restart_s)
+                         group_factors=gf or None, restart_s=restart_s, min_runtime_s=hold)
         out[name] = compare.compare_runs(out_dir / name, out_dir)
     return out
 
