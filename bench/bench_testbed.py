@@ -1,9 +1,11 @@
 """Testbed (issue 9): a fast-forwarded real run and how close the simulator gets to it, in one command.
 
     .venv/bin/python bench/bench_testbed.py [--jobs 24] [--skip 0] [--fast-forward 5] [--profiles-from RUN]
+        [--no-declare-profiles]
 
 Starts a local controller and 2 workers x 2 slots, replays jobs of the bundled Muri testbed trace under
-muri-s with fast-forward, and prints: wall seconds and CPU seconds (this process and its children: the
+muri-s with fast-forward (job files declare their profiles, so jobs are interleaved from submission, unless
+``--no-declare-profiles``), and prints: wall seconds and CPU seconds (this process and its children: the
 controller, workers and every training process), the real-equivalent seconds the run covered and the
 speed-up over a real-time replay (covered / wall), the load average, and the avg JCT error of each
 simulation against the real run (sim-measured: in sample; sim-predicted: from ``--profiles-from``, out of
@@ -37,8 +39,9 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=10_000)
     ap.add_argument("--profiles-from", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--declare-profiles", action="store_true",
-                    help="job files declare their trace profile: muri-s groups jobs from submission (interleaving)")
+    ap.add_argument("--declare-profiles", action=argparse.BooleanOptionalAction, default=True,
+                    help="job files declare their trace profile: muri-s groups jobs from submission (interleaving; "
+                         "the default, as hpcsched testbed)")
     args = ap.parse_args()
 
     from hpcsched.testbed.run import RunOptions, run_testbed

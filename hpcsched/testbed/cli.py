@@ -57,12 +57,11 @@ def testbed_cmd(
     probes: int = typer.Option(3, "--probes", help="Start-up probe samples (median) taken before the first job; "
                                "--profiles-from scales the learned start-up by the ratio of two runs' probes."),
     declare_profiles: bool = typer.Option(
-        False, "--declare-profiles/--no-declare-profiles",
+        True, "--declare-profiles/--no-declare-profiles",
         help="Job files declare the trace's stage profile (at the workload's real pace), so muri-s/muri-l group "
              "jobs from submission (group members take turns per stage) instead of only once each has run; the "
-             "simulations show the policy the same declared profiles. Off by default: with groups the "
-             "simulations do not hold the 10% target yet (start-up is charged at the group's pace; "
-             "docs/testbed.md, 'Gaps')."),
+             "simulations show the policy the same declared profiles. --no-declare-profiles: the controller "
+             "learns every profile from the job's own reports (few groups form)."),
     reanalyse: Path = typer.Option(None, "--reanalyse", help="A finished run folder: simulate and compare again."),
     compare: tuple[Path, Path] | None = typer.Option(None, "--compare", help="SIM_DIR REAL_DIR: print the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),

@@ -39,7 +39,7 @@ class RunOptions:
     checkpoint_root: Path | None = None  # the controller's (for --controller with fast-forward)
     launcher: str = "torchrun"  # how the workers start each job's processes (torchrun | direct)
     probes: int = 3  # start-up probe samples before the first job (0: none)
-    declare_profiles: bool = False  # job files declare the trace's stage profile (groups form before measuring)
+    declare_profiles: bool = True  # job files declare the trace's stage profile (groups form before measuring)
 
 
 def _select(opts: RunOptions):
