@@ -13,37 +13,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_sim import ONE_NODE, ends, muri_csv, pair_policy
+from test_sim import R as TABLE_R  # the per-model table's cost for a model it does not know ('toy')
 
-from hpcsched.allocator import Group, Snapshot
 from hpcsched.model import ClusterSpec
 from hpcsched.sim import simulate
 from hpcsched.sim.semantics import GROUP_FACTOR, SOLO_FACTOR
 from hpcsched.traces import read_jobs
 
-HEADER = ("job_id,num_gpu,submit_time,iterations,model_name,batch_size,duration,interval,iteration_time,"
-          "resource_time_0,resource_time_1,resource_time_2,priority")
-ONE_NODE = ClusterSpec(1, 1, 4, name="n1g4")
-TABLE_R = 10.0  # the per-model table's cost for a model it does not know ('toy')
-
-
-def toy_csv(tmp_path: Path, rows: list[tuple[str, int, float, int, float]]) -> Path:
-    """Rows (id, gpus, submit s, iterations, iteration s) as a Muri CSV (milliseconds), model 'toy'."""
-    lines = [HEADER]
-    for jid, gpus, submit, iters, it in rows:
-        ms = round(it * 1000)
-        lines.append(f"{jid},{gpus},{round(submit * 1000)},{iters},toy,1,{iters * ms},0,{ms},{ms // 2},{ms // 2},0,0")
-    p = tmp_path / "t.csv"
-    p.write_text("\n".join(lines) + "\n")
-    return p
-
-
-def ends(result) -> dict[str, float]:
-    return {r.job_id: r.end for r in result.results}
-
 
 def test_restart_s_replaces_the_table_at_every_start(tmp_path: Path) -> None:
     # SRTF: A starts (pays 3 s), B arrives at 1 s and preempts it (pays 3 s), A restarts after B (3 s again)
-    jobs = read_jobs(toy_csv(tmp_path, [("A", 4, 0, 100, 1.0), ("B", 1, 1, 10, 1.0)]))
+    jobs = read_jobs(muri_csv(tmp_path, [("A", 4, 0, 100, 1.0), ("B", 1, 1, 10, 1.0)]))
     r = simulate(jobs, ONE_NODE, "srtf", restart_s=3.0)
     e = ends(r)
     b_end = 1 + 3 + 10 * SOLO_FACTOR
@@ -54,15 +35,10 @@ def test_restart_s_replaces_the_table_at_every_start(tmp_path: Path) -> None:
     assert ends(simulate(jobs, ONE_NODE, "srtf", restart_s=0.0))["B"] == pytest.approx(1 + 10 * SOLO_FACTOR)
 
 
-def pair_policy(snapshot: Snapshot) -> list[Group]:
-    ids = tuple(v.id for v in snapshot.jobs)
-    return [Group(ids, period_s=1.0)] if len(ids) == 2 else [Group((i,)) for i in ids]
-
-
 def test_a_joining_member_pays_restart_s_as_wall_time_not_at_the_group_pace(tmp_path: Path) -> None:
     # P runs alone from 0 (5 s start-up, then 20 s solo at 1 s/iter); Q arrives at 25 s and joins P's GPUs:
     # Q pays its 5 s as wall time while P goes on at the pair's pace; both then run at 1 s x factor per iteration
-    jobs = read_jobs(toy_csv(tmp_path, [("P", 2, 0, 100, 1.0), ("Q", 1, 25, 10, 1.0)]))
+    jobs = read_jobs(muri_csv(tmp_path, [("P", 2, 0, 100, 1.0), ("Q", 1, 25, 10, 1.0)]))
     e = ends(simulate(jobs, ClusterSpec(1, 1, 2, name="n1g2"), pair_policy, restart_s=5.0))
     pair = GROUP_FACTOR[2]
     p_done_at_25 = 20 / SOLO_FACTOR
@@ -72,7 +48,7 @@ def test_a_joining_member_pays_restart_s_as_wall_time_not_at_the_group_pace(tmp_
 
 
 def test_compat_ignores_restart_s(tmp_path: Path) -> None:
-    jobs = read_jobs(toy_csv(tmp_path, [("A", 4, 0, 100, 1.0), ("B", 1, 1, 10, 1.0)]))
+    jobs = read_jobs(muri_csv(tmp_path, [("A", 4, 0, 100, 1.0), ("B", 1, 1, 10, 1.0)]))
     ref = simulate(jobs, ONE_NODE, "fifo", compat="muri")
     r = simulate(jobs, ONE_NODE, "fifo", compat="muri", restart_s=99.0)
     assert ends(r) == ends(ref)
@@ -82,7 +58,7 @@ def test_compat_ignores_restart_s(tmp_path: Path) -> None:
 
 
 def test_cli_restart_s_is_charged_and_recorded(tmp_path: Path) -> None:
-    trace = toy_csv(tmp_path, [("A", 1, 0, 10, 1.0)])
+    trace = muri_csv(tmp_path, [("A", 1, 0, 10, 1.0)])
     spec = tmp_path / "c.yaml"
     spec.write_text("name: n1g1\nswitches: 1\nnodes_per_switch: 1\ngpus_per_node: 1\n")
 
