@@ -95,6 +95,7 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
     # what the runtime's `hpcsched profile` writes is there, one row per job
     assert len((out / "profile" / "profiles.csv").read_text().splitlines()) == 13
     assert "| avg JCT (s) |" in (out / "comparison.md").read_text()
+    assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"  # the figure beside the tables
 
     # --compare reproduces the table from the folders alone
     c = subprocess.run([sys.executable, "-m", "hpcsched.cli", "testbed", "--compare", str(out / "sim-measured"),

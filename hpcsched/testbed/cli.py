@@ -105,16 +105,19 @@ def testbed_cmd(
 
 def _report(results: dict, out: Path, as_json: bool, console: Console) -> None:
     from hpcsched.testbed.compare import render_markdown, render_tables
+    from hpcsched.testbed.plot import plot_comparison
 
     names = list(results)
     (out / "comparison.md").write_text(render_markdown([results[n] for n in names], names))
     (out / "comparison.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    plot_comparison(results, out / "comparison.png")
     if as_json:
         print(json.dumps(results, default=str))
         return
     for n in names:
         render_tables(results[n], f"{n} vs real", console)
-    print(f"results in {out} (real jobs.csv, {', '.join(names)}, profile/, comparison.md)", file=sys.stderr)
+    print(f"results in {out} (real jobs.csv, {', '.join(names)}, profile/, comparison.md, comparison.png)",
+          file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:
