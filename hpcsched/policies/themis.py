@@ -1,4 +1,4 @@
-"""Themis: finish-time fairness (Mahajan et al., NSDI'20), without a solver.
+"""Themis: finish-time fairness (Mahajan et al., NSDI'20); the reference's rule in closed form or by ECOS.
 
 A job's finish-time fairness is rho = (time it will have spent in the shared cluster) / (time it
 would take in its fair 1/N share of the cluster). Themis aims to minimise the largest rho. For a job
@@ -20,16 +20,15 @@ allocation). The reference hands this program to cvxpy/ECOS at every event; it h
 at the optimum every job sits exactly at the common rho t, so x_i = R_i / (t I_i - a_i), and t is the
 larger of the rho of the worst job given a whole share and the root of sum_i g_i x_i(t) = C (convex
 and decreasing in t: a few Newton steps). Where capacity is slack the optimum is not unique; this
-gives each job the least allocation that reaches t. (ECOS, an interior-point solver, lands nearer the
-centre of that box; modelling that moved the result further from the published table, see
-docs/simulator.md.)
+gives each job the least allocation that reaches t.
 
 That closed form is exact, but where the capacity is slack the optimum is a box and the reference
-gets whatever point ECOS lands on, which decides the order. On the ``_pr`` traces (every job submitted
-at 0) that is most events (960 of 985 on trace3_pr), and ECOS's point gives 1.79 M s average JCT on
-trace3_pr against the closed form's 3.77 M s (published: 1.50 M s). ``themis-ecos`` (optional: the
-``ecos`` package) hands ECOS the reference's program exactly as cvxpy builds it (``reference_program``),
-at 5-20x the closed form's cost; ``themis`` keeps the closed form (docs/simulator.md has both tables).
+gets whatever point ECOS lands on (not the box's analytic centre), which decides the order. On the
+``_pr`` traces (every job submitted at 0) that is most events (960 of 985 on trace3_pr), and ECOS's
+point gives 1.77 M s average JCT on trace3_pr against the closed form's 3.77 M s (published: 1.50 M s).
+``themis-ecos`` (optional: the ``ecos`` package) hands ECOS the reference's program exactly as cvxpy
+builds it (``reference_program``), at 17-93x the closed form's CPU on trace3 / trace3_pr; ``themis``
+keeps the closed form, which meets the trace2 speed target (docs/simulator.md has both tables).
 
 Both forms are one array function (``rho_keys``: sort keys over the active jobs' columns), so the
 simulator can call it on arrays it keeps up to date and sort only as far as it places
