@@ -122,7 +122,7 @@ def _summary(trace: str, policy: str, cluster) -> dict[str, float]:
 
 def test_trace3_pr_average_comes_from_the_solvers_point(n8g8) -> None:
     """Every job submitted at 0: the least allocation (closed form) gives 2.5x the published 1,502,768 s
-    average; ECOS's interior point brings it within 20% (docs/simulator.md has all eight traces)."""
+    average; ECOS's interior point brings it to +18% (allowed: 25%; docs/simulator.md has all eight traces)."""
     ecos_avg = _summary("trace3_pr", "themis-ecos", n8g8)["avg_jct"]
     closed_avg = _summary("trace3_pr", "themis", n8g8)["avg_jct"]
     assert closed_avg > 2.0 * 1502768.22
