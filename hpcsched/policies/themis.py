@@ -221,25 +221,26 @@ def ecos_keys(
     return _allocation_keys(ecos_allocation(now, cluster.gpus, cols, share), cols)
 
 
-@runs_every_job
-def themis(snapshot: Snapshot) -> list[Group]:
-    jobs = snapshot.jobs
-    order = order_by(rho_keys(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat))
-    return [solo(jobs[i].id) for i in order.tolist()]
+def _solo_in_key_order(keys: Any, name: str, doc: str) -> Any:
+    """A Themis policy: every job alone, in the order of ``keys`` (which the engine may also call directly:
+    ``vector_keys``). One body for the closed form and the solver's form, which differ only in their keys."""
+
+    @runs_every_job
+    def policy(snapshot: Snapshot) -> list[Group]:
+        jobs = snapshot.jobs
+        order = order_by(keys(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat))
+        return [solo(jobs[i].id) for i in order.tolist()]
+
+    policy.__name__ = policy.__qualname__ = name
+    policy.__doc__ = doc
+    policy.vector_keys = keys  # type: ignore[attr-defined]
+    return policy
 
 
-themis.vector_keys = rho_keys  # type: ignore[attr-defined]
-
-
-@runs_every_job
-def themis_ecos(snapshot: Snapshot) -> list[Group]:
-    """Themis with the reference's solver (``--compat muri``; needs ``ecos``); the greedy otherwise."""
-    jobs = snapshot.jobs
-    order = order_by(ecos_keys(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat))
-    return [solo(jobs[i].id) for i in order.tolist()]
-
-
-themis_ecos.vector_keys = ecos_keys  # type: ignore[attr-defined]
+themis = _solo_in_key_order(rho_keys, "themis", "Themis: the worst finish-time fairness first (closed form).")
+themis_ecos = _solo_in_key_order(
+    ecos_keys, "themis_ecos",
+    "Themis with the reference's solver (``--compat muri``; needs ``ecos``); the greedy otherwise.")
 
 
 def themis_cvxpy(snapshot: Snapshot) -> list[Group]:
