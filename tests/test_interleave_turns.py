@@ -10,17 +10,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hpcsched.runtime.rpc import pb
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 
-# Each process runs STEPS stages of SECONDS each, in its own stage name (argv), and prints the intervals it held.
+# Each process runs STEPS stages of SECONDS each, in its own stage name (argv; collective: the stage waits on other
+# ranks, so it takes no turn), and prints the intervals it held.
 HOLDER = """
 import json, sys, time
 sys.path.insert(0, {workloads!r})
 from _common import StageTurns
 stage, steps, seconds, collective = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
-turns = StageTurns(0, collective_comm=collective)
+turns = StageTurns(0, (stage,) if collective else ())
 held = []
 for _ in range(steps):
     with turns.turn(stage):
@@ -65,9 +68,11 @@ def test_different_stages_groups_and_collectives_run_free(tmp_path: Path) -> Non
     data, compute, elsewhere = _run([("data", group, False), ("compute", group, False), ("data", other, False)])
     assert _overlaps(data["held"], compute["held"])  # one in data, one in compute: the point of interleaving
     assert _overlaps(data["held"], elsewhere["held"])  # another group's slots
-    # a multi-process job's all-reduce is never locked (a rank must not wait on another rank while holding a turn)
-    a, b = _run([("comm", group, True), ("comm", group, True)])
-    assert _overlaps(a["held"], b["held"]) and a["waited"] == b["waited"] == 0.0
+    # a stage that waits on other ranks is never locked (a rank must not wait on another rank while holding a
+    # turn): a multi-process job's all-reduce, and with DDP its backward (compute)
+    for stage in ("comm", "compute"):
+        a, b = _run([(stage, group, True), (stage, group, True)])
+        assert _overlaps(a["held"], b["held"]) and a["waited"] == b["waited"] == 0.0
     free_a, free_b = _run([("data", None, False), ("data", None, False)])  # no worker, no turns
     assert _overlaps(free_a["held"], free_b["held"])
 
@@ -92,8 +97,8 @@ def test_worker_gives_a_group_one_lock_dir(tmp_path: Path) -> None:
             assert time.time() < deadline, "the tasks never ran"
             time.sleep(0.1)
         dirs = {t: (tmp_path / t).read_text() for t in ("a.g1.n0", "b.g1.n0", "c.g1.n0")}
-        assert dirs["a.g1.n0"] == dirs["b.g1.n0"] == str(tmp_path / "work" / "interleave" / "a")
-        assert dirs["c.g1.n0"] == str(tmp_path / "work" / "interleave" / "c_x")
+        assert dirs["a.g1.n0"] == dirs["b.g1.n0"] == str(tmp_path / "work" / "interleave" / "w" / "a")
+        assert dirs["c.g1.n0"] == str(tmp_path / "work" / "interleave" / "w" / "c_x")
     finally:
         w.shutdown()
 
@@ -130,7 +135,7 @@ import json, sys, time
 sys.path.insert(0, {workloads!r})
 from _common import StageTurns
 outside, steps = float(sys.argv[1]), int(sys.argv[2])
-turns = StageTurns(0, collective_comm=False)
+turns = StageTurns(0)
 starts = []
 for _ in range(steps):
     with turns.turn("data"):
@@ -157,3 +162,57 @@ def test_group_members_keep_in_lock_step(tmp_path: Path) -> None:
     assert len(fast) > 20
     ahead = [n for n in range(2, len(fast)) if n - 2 < len(slow) and fast[n] < slow[n - 2]]
     assert not ahead, f"the fast member started iterations {ahead[:5]} two ahead of its mate"
+
+
+def test_a_turn_ends_after_its_device_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the stage's kernels run after the Python call returns: ``sync`` (torch.cuda.synchronize) runs
+    while the turn is still held, so a mate's turn starts only after the device work is done."""
+    import fcntl
+
+    monkeypatch.setenv("HPCSCHED_INTERLEAVE_DIR", str(tmp_path))
+    monkeypatch.syspath_prepend(str(WORKLOADS))
+    from _common import StageTurns
+
+    held_at_sync = []
+
+    def sync() -> None:
+        probe = os.open(tmp_path / "compute.0", os.O_RDWR)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held_at_sync.append(False)
+        except BlockingIOError:
+            held_at_sync.append(True)
+        finally:
+            os.close(probe)
+
+    turns = StageTurns(0, sync=sync)
+    with turns.turn("compute"):
+        pass
+    turns.close()
+    assert held_at_sync == [True]
+
+
+def test_a_slow_mate_is_waited_for_and_a_gone_one_is_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mate is not waited for once its file has not moved for 2 s or three of its own iterations, whichever is
+    longer: a mate with 2 s iterations last seen 3 s ago is still training; one with 0.1 s iterations is gone."""
+    import threading
+
+    monkeypatch.setenv("HPCSCHED_INTERLEAVE_DIR", str(tmp_path))
+    monkeypatch.syspath_prepend(str(WORKLOADS))
+    from _common import StageTurns
+
+    mate = tmp_path / "turns.0.999999"
+    for last, waits in (("2.0", True), ("0.1", False)):
+        mate.write_text(f"5 {last}")
+        os.utime(mate, (time.time() - 3, time.time() - 3))
+        turns = StageTurns(0)
+        with turns.turn("data"):  # joins level with the mate (5), starts its 6th
+            pass
+        threading.Timer(0.3, mate.write_text, (f"6 {last}",)).start()  # the mate starts its 6th
+        t = time.perf_counter()
+        with turns.turn("data"):  # its 7th: only once the mate has started its 6th, if the mate counts
+            pass
+        waited = time.perf_counter() - t
+        turns.close()
+        time.sleep(0.4)
+        assert (waited >= 0.25) is waits, (last, waited)

@@ -74,3 +74,5 @@ def test_cli_restart_s_is_charged_and_recorded(tmp_path: Path) -> None:
     table = run()
     assert json.loads(table.stdout)["avg_jct"] == pytest.approx(TABLE_R + 10 * SOLO_FACTOR)
     assert run("--restart-s", "-1").returncode == 2
+    bad = run("--restart-s", "inf")  # a clear error, not the engine's traceback
+    assert bad.returncode == 2 and "finite" in bad.stderr and "Traceback" not in bad.stderr

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 
@@ -59,27 +59,35 @@ class StageTurns:
     The worker gives every task ``$HPCSCHED_INTERLEAVE_DIR`` (one directory per co-location group on that
     worker); a stage holds the exclusive file lock ``<stage>.<local rank>`` there while it runs. Only stages
     that do no collective work are locked: a rank must never hold a lock while it waits for another rank
-    (two jobs spanning the same two slots would deadlock), so the communication stage takes its turn only
-    in a single-process job, where it is local. Without the variable (run by hand, or an old worker) every
-    stage runs free. The seconds spent waiting for a turn are kept apart, so stage times stay the job's own.
+    (two jobs spanning the same two slots would deadlock), so the caller names its ``collective`` stages (a
+    multi-process job's all-reduce; with DistributedDataParallel also compute, whose backward all-reduces)
+    and those run free. ``sync`` (``torch.cuda.synchronize`` on GPUs, where kernels run after the Python call
+    returns) ends a turn only once its work is done. Without the variable (run by hand, or an old worker)
+    every stage runs free. The seconds spent waiting for a turn are kept apart, so stage times stay the
+    job's own.
 
     Members also keep in LOCK STEP, as in Muri (a group runs one iteration of every member per period): a
     member starts its next iteration (its data turn) only when no mate has started fewer iterations than it.
     Locks alone are work-conserving but not fair: a member with time outside its stages (checkpoints,
     reports) or a lucky wake-up ran up to 2x the iterations of its mates here. Each member writes how many
-    iterations it has started to ``turns.<local rank>.<pid>``; a mate whose file has not moved for
-    ``STALE_S`` (it is checkpointing, stopping, or gone) is not waited for, and a member removes its file
-    when it stops training (``close``). A new member starts level with the slowest mate.
+    iterations it has started, and how long its last one took, to ``turns.<local rank>.<pid>``; a mate
+    whose file has not moved for ``STALE_S`` or three of its iterations, whichever is longer (it is
+    checkpointing, stopping, or gone), is not waited for, and a member removes its file when it stops
+    training (``close``). A new member starts level with the slowest mate.
     """
 
-    STALE_S = 2.0  # a mate that has not started an iteration for this long is not waited for
+    STALE_S = 2.0  # a mate that has not started an iteration for this long (or 3 of its iterations) is not waited for
     POLL_S = 0.001
+    STAGES = ("data", "compute", "comm")
 
-    def __init__(self, local_rank: int, collective_comm: bool) -> None:
-        self.waited = {"data": 0.0, "compute": 0.0, "comm": 0.0}
+    def __init__(self, local_rank: int, collective: Collection[str] = (),
+                 sync: Callable[[], object] | None = None) -> None:
+        self.waited = dict.fromkeys(self.STAGES, 0.0)
+        self._sync = sync
         self._fds: dict[str, int] = {}
         self._root: Path | None = None
         self._count: int | None = None  # iterations started, on the group's common count
+        self._began: float | None = None  # when this member's last iteration began
         root = os.environ.get("HPCSCHED_INTERLEAVE_DIR")
         if not root:
             return
@@ -87,10 +95,9 @@ class StageTurns:
         self._root.mkdir(parents=True, exist_ok=True)
         self._prefix = f"turns.{local_rank}."
         self._mine = self._root / f"{self._prefix}{os.getpid()}"
-        for stage in self.waited:
-            if stage == "comm" and collective_comm:
-                continue
-            self._fds[stage] = os.open(self._root / f"{stage}.{local_rank}", os.O_RDWR | os.O_CREAT, 0o644)
+        for stage in self.STAGES:
+            if stage not in collective:
+                self._fds[stage] = os.open(self._root / f"{stage}.{local_rank}", os.O_RDWR | os.O_CREAT, 0o644)
 
     def _mates(self) -> list[int]:
         """Iterations started by the mates on this local rank that are still training."""
@@ -100,9 +107,10 @@ class StageTurns:
                 continue
             path = self._root / name
             try:
-                if now - path.stat().st_mtime > self.STALE_S:
+                count, last = path.read_text().split()
+                if now - path.stat().st_mtime > max(self.STALE_S, 3 * float(last)):
                     continue
-                out.append(int(path.read_text() or 0))
+                out.append(int(count))
             except (OSError, ValueError):  # gone meanwhile, or caught mid-write
                 continue
         return out
@@ -115,16 +123,21 @@ class StageTurns:
             if not mates or self._count <= min(mates):
                 break
             time.sleep(self.POLL_S)
-        self._count += 1
+        now = time.time()
+        last = 0.0 if self._began is None else now - self._began
+        self._count, self._began = self._count + 1, now
         tmp = self._mine.with_name(self._mine.name + ".tmp")
-        tmp.write_text(str(self._count))
-        os.replace(tmp, self._mine)  # mates never read half a number
+        tmp.write_text(f"{self._count} {last:.6f}")
+        os.replace(tmp, self._mine)  # mates never read half a line
 
     def close(self) -> None:
-        """Leave the group's lock step (the mates stop waiting for this member at once)."""
+        """Leave the group (the mates stop waiting for this member at once) and let go of the lock files."""
         if self._root is not None:
             with contextlib.suppress(OSError):
                 self._mine.unlink()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
 
     @contextlib.contextmanager
     def turn(self, stage: str) -> Iterator[None]:
@@ -139,6 +152,8 @@ class StageTurns:
         self.waited[stage] += time.perf_counter() - t
         try:
             yield
+            if self._sync is not None:
+                self._sync()
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 

@@ -65,8 +65,11 @@ def main() -> int:
     net = torch.nn.parallel.DistributedDataParallel(model) if distributed and args.sync == "ddp" else model
     rep = Reporter(rank, world, resumed_from)
     timer = StageTimer()
-    # interleaved group members take turns per stage; the all-reduce only when it is local (one process)
-    turns = StageTurns(int(os.environ.get("LOCAL_RANK", 0)), collective_comm=distributed and world > 1)
+    # Interleaved group members take turns per stage, except in stages that wait on other ranks: the all-reduce
+    # of a multi-process job, and with DDP its backward too (it all-reduces inside).
+    collective = () if not distributed or world == 1 else ("comm", "compute") if args.sync == "ddp" else ("comm",)
+    turns = StageTurns(int(os.environ.get("LOCAL_RANK", 0)), collective,
+                       (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None)
     loss_fn = torch.nn.CrossEntropyLoss()
     window_loss, window_n = 0.0, 0
 

@@ -6,12 +6,12 @@ that skipped ``make rpc`` would otherwise fail with an obscure ImportError deep 
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -50,8 +50,11 @@ def _stale() -> bool:
 def _load() -> tuple[ModuleType, ModuleType]:
     base = "hpcsched.runtime.proto"
     if _stale():
-        with contextlib.suppress(ImportError, OSError):  # cannot regenerate (no grpcio-tools, read-only): use them
+        try:
             _generate()
+        except (ImportError, OSError) as e:  # no grpcio-tools, or a read-only install: use them, but say so
+            warnings.warn(f"hpcsched runtime: gRPC stubs are older than {_NAME}.proto and could not be "
+                          f"regenerated ({e}); run `make rpc`", stacklevel=2)
     try:
         return importlib.import_module(f"{base}.{_NAME}_pb2"), importlib.import_module(f"{base}.{_NAME}_pb2_grpc")
     except ImportError:

@@ -301,7 +301,7 @@ class Worker:
         progress = run_dir / "progress.jsonl"
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
-        env["HPCSCHED_INTERLEAVE_DIR"] = str(interleave_dir(self.cfg.work_dir, t.group or t.job_id))
+        env["HPCSCHED_INTERLEAVE_DIR"] = str(interleave_dir(self.cfg.work_dir, self.cfg.name, t.group or t.job_id))
         proc = None
         how = ""
         if t.node_rank == 0:
@@ -408,7 +408,12 @@ class Worker:
         self.channel.close()
 
 
-def interleave_dir(work_dir: Path, group: str) -> Path:
+def interleave_dir(work_dir: Path, worker: str, group: str) -> Path:
     """Where the tasks of one co-location group on this worker keep their stage locks: interleaved jobs take
-    turns per stage through them (``workloads/_common.StageTurns``); a job alone has them to itself."""
-    return work_dir / "interleave" / (re.sub(r"[^A-Za-z0-9_.-]", "_", group) or "_")
+    turns per stage through them (``workloads/_common.StageTurns``); a job alone has them to itself. The
+    worker's name keeps workers apart when their work dirs are one path on a shared file system."""
+    return work_dir / "interleave" / _safe(worker) / _safe(group)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,6 +71,8 @@ def simulate_cmd(
     --policy srsf --out out/srsf --compat muri
     """
     _check_compat(compat)
+    if restart_s is not None and not math.isfinite(restart_s):
+        raise typer.BadParameter(f"must be a finite number of seconds, got {restart_s}", param_hint="--restart-s")
     spec = read_cluster_spec(cluster)
     jobs, anomalies = load_jobs(trace)
     try:

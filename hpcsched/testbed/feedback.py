@@ -177,10 +177,9 @@ def runtime_units(groups: list[Group], views: Mapping[str, JobView], keys: dict[
 
 
 def _period(members: list[JobView]) -> float | None:
-    """The raw pipeline period of a unit. The controller may pile joiners onto a co-located group past the
-    policy's 4 members (its mates are not counted against the policy's group); such a group is timed by the
-    same pipeline model with k slots (``groupfit.raw_period``); the engine gives it its own measured factor,
-    else the 4-member one."""
+    """The raw pipeline period of a unit (``groupfit.raw_period``). The controller caps a co-located group at 4
+    jobs; runs recorded before that cap may hold larger groups, which the same pipeline model times with k
+    slots and the engine runs at their own measured factor, else the 4-member one."""
     if any(v.profile is None or v.profile.total_s <= 0 for v in members):
         return None
     return raw_period([v.profile.stages() for v in members])

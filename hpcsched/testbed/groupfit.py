@@ -48,8 +48,8 @@ def solo_stages(m: Measured) -> ResourceProfile | None:
 
 
 def raw_period(stages: list[tuple[float, float, float]]) -> float:
-    """The pipeline period of a group of any size: the controller may co-locate more than the policy's 4
-    (joiners are not counted against a running group's mates), and the pipeline model times k > 4 with k slots."""
+    """The pipeline period of a group of any size: the controller now caps a co-located group at 4, but runs
+    recorded before the cap hold larger ones, and the pipeline model times k > 4 with k slots."""
     return float(pipeline_periods(np.asarray([stages], dtype=float))[0][0])
 
 
