@@ -82,6 +82,54 @@ def test_reference_program_is_what_cvxpy_hands_ecos_bit_for_bit() -> None:
     assert dims == {"l": data["dims"].nonneg, "q": list(data["dims"].soc), "e": 0}
 
 
+
+# Two never-run 1-GPU jobs at now = submit on 8 GPUs, 1,000 iterations left at 1e-3 iterations/s (1e6 s):
+#   A: iso 10     -> rho_A = 1e6 / (10 x_A)    = 1e5 / x_A: at best 1e5 (x_A = 1), which sets the optimum
+#   B: iso 1e6    -> rho_B = 1e6 / (1e6 x_B)   = 1 / x_B: any x_B in [1e-5, 1] reaches 1e5
+# The program is feasible (x = 1, 1 fits 8 GPUs) but its scales (1e5 against 1e-5) make ECOS report it
+# "close to infeasible" (exit 11), where cvxpy gives no point.
+A2, R2, ISO2, TPUT2, G2 = np.zeros(2), np.full(2, 1000.0), np.array([10.0, 1e6]), np.full(2, 1e-3), np.ones(2)
+
+
+def test_a_program_ecos_cannot_solve_goes_to_scs_and_gives_a_valid_allocation() -> None:
+    pytest.importorskip("scs", reason="the SCS fallback needs the scs package (installed with cvxpy)")
+    from hpcsched.policies.themis import solve_reference
+
+    c, G, h, dims = reference_program(A2, R2, ISO2, TPUT2, G2, 8.0)
+    assert ecos.solve(c, G, h, dims, verbose=False)["info"]["exitFlag"] not in (0, 10, -1)  # ECOS fails
+    x, solver = solve_reference(A2, R2, ISO2, TPUT2, G2, 8.0, np.ones(2))
+    assert solver == "scs"
+    tol = 1e-3  # SCS's point is kept raw, within its tolerance of the box
+    assert np.all(x >= -tol) and np.all(x <= 1 + tol) and (G2 * x).sum() <= 8.0 + tol
+    assert x[0] == pytest.approx(1.0, abs=tol)  # A, which sets the optimum, has its whole share
+    assert x[1] >= 1e-5  # B reaches it too
+    rho = (A2 + R2 / (TPUT2 * x)) / ISO2
+    assert rho.max() == pytest.approx(1e5, rel=tol)  # the optimum, as the closed form has it
+    assert min_max_allocation(A2, R2 / TPUT2, ISO2, G2, 8.0)[0] == pytest.approx(1.0)
+
+
+def test_a_program_no_solver_can_solve_gets_equal_shares() -> None:
+    """Negative capacity on a well-scaled program (every coefficient 1): infeasible for ECOS and SCS alike,
+    so the last fallback answers: each job's fair share, whatever it is passed."""
+    pytest.importorskip("scs", reason="the SCS fallback needs the scs package (installed with cvxpy)")
+    from hpcsched.policies.themis import solve_reference
+
+    share, ones = np.array([1.0, 0.5]), np.ones(2)
+    x, solver = solve_reference(np.zeros(2), ones, ones, ones, np.array([1.0, 2.0]), -1.0, share)
+    assert solver == "equal" and np.array_equal(x, share)
+
+
+def test_without_scs_the_closed_form_answers_where_ecos_fails(monkeypatch) -> None:
+    import sys
+
+    from hpcsched.policies.themis import solve_reference
+
+    monkeypatch.setitem(sys.modules, "scs", None)  # ``import scs`` raises ImportError, as if not installed
+    x, solver = solve_reference(A2, R2, ISO2, TPUT2, G2, 8.0, np.ones(2))
+    assert solver == "closed-form"
+    assert x == pytest.approx(min_max_allocation(A2, R2 / TPUT2, ISO2, G2, 8.0))
+    assert x == pytest.approx([1.0, 1e-5])
+
 def _view(jid: str, submit: float, remaining: float, executed: float = 0.0) -> JobView:
     return JobView(id=jid, submit=submit, gpus=1, iterations_total=int(remaining), iterations_done=0.0,
                    iteration_time=1.0, attained_gpu_s=executed, executed_s=executed, remaining_s=remaining * 1.015,

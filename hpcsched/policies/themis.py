@@ -28,7 +28,11 @@ gets whatever point ECOS lands on (not the box's analytic centre), which decides
 point gives 1.77 M s average JCT on trace3_pr against the closed form's 3.77 M s (published: 1.50 M s).
 ``themis-ecos`` (optional: the ``ecos`` package) hands ECOS the reference's program exactly as cvxpy
 builds it (``reference_program``), at 17-93x the closed form's CPU on trace3 / trace3_pr; ``themis``
-keeps the closed form, which meets the trace2 speed target (docs/simulator.md has both tables).
+keeps the closed form, which meets the trace2 speed target (docs/simulator.md has both tables). Where
+ECOS fails (numerics on badly scaled programs: a quarter of trace2_pr's events) it does what the
+reference's last version does: the same program to SCS, then equal shares (``solve_reference``). SCS
+is slow there (52 CPU-s for one 5,714-job event on trace2_pr, 40,850 iterations), as it was for the
+reference.
 
 Both forms are one array function (``rho_keys``: sort keys over the active jobs' columns), so the
 simulator can call it on arrays it keeps up to date and sort only as far as it places
@@ -38,6 +42,7 @@ same keys fully: the same order.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -47,6 +52,8 @@ from hpcsched.allocator import Group, JobView, Snapshot
 from hpcsched.model import ClusterSpec
 from hpcsched.policies._order import remaining_s, runs_every_job, solo
 from hpcsched.sim.semantics import SOLO_FACTOR
+
+_log = logging.getLogger(__name__)
 
 
 def _share(v: JobView, snapshot: Snapshot) -> float:
@@ -180,13 +187,9 @@ def reference_program(
 
 
 def ecos_allocation(now: float, capacity: float, cols: dict[str, np.ndarray], share: np.ndarray) -> np.ndarray:
-    """The reference's allocations as ECOS returns them (needs the ``ecos`` package). Its numbers as it
-    reads them: iteration time = trace milliseconds x 1.015 / 1000, throughput = its inverse, remaining
-    in iterations. ECOS's point is kept where cvxpy keeps it (optimal, inaccurate, iteration limit);
-    where ECOS fails outright cvxpy raises and the reference's last version tries SCS, then equal
-    shares: the closed form answers instead (none of trace3's 1,984 events, 1,301 of trace2_pr's 5,554)."""
-    import ecos
-
+    """The reference's allocations as its solvers return them (needs the ``ecos`` package). Its numbers as
+    it reads them: iteration time = trace milliseconds x 1.015 / 1000, throughput = its inverse, remaining
+    in iterations. The program goes to ``solve_reference`` (ECOS, then SCS, then equal shares)."""
     it = cols["iteration_time"]
     ms = np.round(it * 1000.0)
     it_ref = np.where(ms / 1000.0 == it, ms * SOLO_FACTOR / 1000.0, it * SOLO_FACTOR)
@@ -199,21 +202,53 @@ def ecos_allocation(now: float, capacity: float, cols: dict[str, np.ndarray], sh
     if not live.any():
         return x
     g = cols["gpus"][live]
-    c, G, h, dims = reference_program(a[live], rem_it[live], iso[live], 1.0 / it_ref[live], g, capacity)
-    sol = ecos.solve(c, G, h, dims, verbose=False)
-    if sol["info"]["exitFlag"] in (0, 10, -1):  # cvxpy keeps ECOS's point: optimal, inaccurate, iteration limit
-        x[live] = sol["x"][1 : 1 + int(live.sum())]
-    else:
-        r = cols["remaining_s"][live]
-        x[live] = min_max_allocation(a[live], np.nan_to_num(r, posinf=1e12), iso[live], g, capacity)
+    x[live], solver = solve_reference(a[live], rem_it[live], iso[live], 1.0 / it_ref[live], g, capacity, share[live])
+    if solver != "ecos":
+        _log.debug("t=%s: ECOS failed on %d jobs; %s answered", now, int(live.sum()), solver)
     return x
+
+
+# What cvxpy (1.2 on, with SCS 3: the reference's 2022 era) passes SCS when the caller names no option:
+# eps_abs = eps_rel = 1e-5 (SCS's own default is 1e-4), everything else SCS's default (max_iters 100,000,
+# acceleration_lookback 10, the direct qdldl solver). cvxpy 1.1 with SCS 2 passed eps = 1e-4 instead.
+SCS_SETTINGS: dict[str, Any] = {"eps_abs": 1e-5, "eps_rel": 1e-5}
+
+
+def solve_reference(
+    a: np.ndarray, rem_it: np.ndarray, iso: np.ndarray, tput: np.ndarray, g: np.ndarray, capacity: float,
+    share: np.ndarray,
+) -> tuple[np.ndarray, str]:
+    """The allocations answering ``reference_program`` and which solver gave them ("ecos", "scs" or
+    "equal"), in the reference's last version's order: ECOS's point where cvxpy keeps it (optimal,
+    inaccurate, iteration limit); else the same program solved by SCS (cvxpy hands SCS the same
+    matrices: A = G, b = h), kept where cvxpy keeps it (solved, solved inaccurate); else equal shares,
+    each job's fair 1/N share of the cluster (``share``, the isolated allocation the program is built on).
+    Without the ``scs`` package the closed form answers where ECOS fails (as before SCS was modelled).
+    SCS's point is kept raw, like ECOS's: within its tolerance it may sit a little outside [0, 1]."""
+    import ecos
+
+    n = len(share)
+    c, G, h, dims = reference_program(a, rem_it, iso, tput, g, capacity)
+    sol = ecos.solve(c, G, h, dims, verbose=False)
+    if sol["info"]["exitFlag"] in (0, 10, -1):
+        return np.asarray(sol["x"][1 : 1 + n]), "ecos"
+    try:
+        import scs
+    except ImportError:
+        return min_max_allocation(a, rem_it / tput, iso, g, capacity), "closed-form"
+    cones = {"l": dims["l"], "q": list(dims["q"])}
+    res = scs.solve({"A": G, "b": h, "c": c}, cones, verbose=False, **SCS_SETTINGS)
+    if res["info"]["status_val"] in (1, 2):
+        return np.asarray(res["x"][1 : 1 + n]), "scs"
+    return share.astype(float).copy(), "equal"
 
 
 def ecos_keys(
     now: float, cluster: ClusterSpec, cols: dict[str, np.ndarray], compat: str | None = None
 ) -> list[np.ndarray]:
-    """``rho_keys`` with the reference's solver: under ``compat="muri"`` the allocations are ECOS's
-    answer to the reference's program; otherwise exactly ``rho_keys`` (the greedy)."""
+    """``rho_keys`` with the reference's solvers: under ``compat="muri"`` the allocations are ECOS's
+    answer to the reference's program (SCS's, or equal shares, where ECOS fails); otherwise exactly
+    ``rho_keys`` (the greedy)."""
     n = len(cols["gpus"])
     if compat != "muri" or n == 0:
         return rho_keys(now, cluster, cols, compat)
@@ -240,7 +275,8 @@ def _solo_in_key_order(keys: Any, name: str, doc: str) -> Any:
 themis = _solo_in_key_order(rho_keys, "themis", "Themis: the worst finish-time fairness first (closed form).")
 themis_ecos = _solo_in_key_order(
     ecos_keys, "themis_ecos",
-    "Themis with the reference's solver (``--compat muri``; needs ``ecos``); the greedy otherwise.")
+    "Themis with the reference's solvers (``--compat muri``; needs ``ecos``, and ``scs`` where ECOS fails); "
+    "the greedy otherwise.")
 
 
 def themis_cvxpy(snapshot: Snapshot) -> list[Group]:
