@@ -80,6 +80,10 @@ def test_reference_program_is_what_cvxpy_hands_ecos_bit_for_bit() -> None:
     assert (sparse.csc_matrix(data["G"]) != G).nnz == 0
     assert np.array_equal(data["h"], h) and np.array_equal(data["c"], c)
     assert dims == {"l": data["dims"].nonneg, "q": list(data["dims"].soc), "e": 0}
+    # and where ECOS fails, SCS gets the same program from cvxpy (A = G, b = h): so ``solve_reference`` too
+    sdata, _, _ = prob.get_problem_data(cp.SCS)
+    assert (sparse.csc_matrix(sdata["A"]) != G).nnz == 0
+    assert np.array_equal(sdata["b"], h) and np.array_equal(sdata["c"], c)
 
 
 

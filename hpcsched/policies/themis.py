@@ -224,7 +224,9 @@ def solve_reference(
     matrices: A = G, b = h), kept where cvxpy keeps it (solved, solved inaccurate); else equal shares,
     each job's fair 1/N share of the cluster (``share``, the isolated allocation the program is built on).
     Without the ``scs`` package the closed form answers where ECOS fails (as before SCS was modelled).
-    SCS's point is kept raw, like ECOS's: within its tolerance it may sit a little outside [0, 1]."""
+    SCS's point is kept raw, like ECOS's: within its tolerance it may sit a little outside [0, 1]. (The
+    stored copy of the reference here has the SCS retry commented out; the equal allocation of its last
+    version was not read, so "equal shares" is our reading; none of the six traces run to the end reaches it.)"""
     import ecos
 
     n = len(share)
