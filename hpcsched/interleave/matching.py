@@ -19,6 +19,7 @@ highest-priority jobs of each type pair are paired first (any such assignment ha
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from functools import cache
 import numpy as np
 import rustworkx as rx
 
+log = logging.getLogger(__name__)
 _SCALE = 1_000_000  # rustworkx wants integer weights; 1e-6 resolution on efficiencies ~0.3..1.0
 
 
@@ -92,13 +94,14 @@ def _type_counts(counts: np.ndarray, tw: np.ndarray) -> np.ndarray:
     """Exact matching over interchangeable nodes as an integer program on pair counts (HiGHS)."""
     import highspy
 
+    from hpcsched.solvers.highs import SolverError, new_highs, run
+
     u = len(counts)
     cols = [(a, b) for a in range(u) for b in range(a, u) if tw[a, b] > 0 and (counts[a] >= 2 if a == b else True)]
     x = np.zeros((u, u), dtype=np.int64)
     if not cols:
         return x
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = new_highs()
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = len(cols), u
     lp.col_cost_ = np.array([-tw[a, b] for a, b in cols])
@@ -118,7 +121,9 @@ def _type_counts(counts: np.ndarray, tw: np.ndarray) -> np.ndarray:
     lp.integrality_ = [highspy.HighsVarType.kInteger] * len(cols)
     h.passModel(lp)
     h.setOptionValue("mip_rel_gap", 0.0)
-    h.run()
+    status = run(h)
+    if status != highspy.HighsModelStatus.kOptimal:
+        raise SolverError(f"the pair-count program ended {status}, not optimal")
     sol = np.rint(np.asarray(h.getSolution().col_value)).astype(np.int64)
     for (a, b), v in zip(cols, sol, strict=True):
         x[a, b] = v
@@ -139,7 +144,13 @@ def pair_counts(
     if len(nt) <= settings.dense_limit:
         return _dense_counts(nt, tw), "dense"
     if int((counts > 0).sum()) <= settings.type_limit:
-        return _type_counts(counts, tw), "types"
+        from hpcsched.solvers.highs import SolverError
+
+        try:
+            return _type_counts(counts, tw), "types"
+        except SolverError as e:  # the blossom gives the same optimum, only slower: say so and use it
+            log.warning("interleave matching: %s; exact blossom on the complete graph (%d nodes) instead", e, len(nt))
+            return _dense_counts(nt, tw), "dense (types failed)"
     if settings.chunk_edges:
         return _dense_counts(nt, tw, settings.chunk_edges), "sparse"
     return _dense_counts(nt, tw), "dense"

@@ -19,7 +19,7 @@ from hpcsched.milp.formulation import build
 from hpcsched.milp.mapping import map_nodes
 from hpcsched.milp.problem import Problem, job_values, objective_value
 
-SOLVERS = ("highs", "cbc", "gurobi", "dp", "greedy", "equal")
+SOLVERS = (*BACKENDS, "dp", "greedy", "equal")  # the MILP backends, then the solvers that need no package
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,11 +50,10 @@ def solve_highs(model: Model, time_limit: float, start: np.ndarray | None = None
     they cost several times the branch-and-bound itself; a warm start (greedy) replaces them."""
     import highspy
 
+    from hpcsched.solvers.highs import new_highs, run
+
     t0 = time.perf_counter()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
-    h.setOptionValue("threads", 1)
+    h = new_highs(time_limit)
     h.setOptionValue("mip_rel_gap", 1e-9)
     h.setOptionValue("presolve", "off")  # presolve costs ~20x the solve on these tiny models
     for opt in ("mip_heuristic_run_rins", "mip_heuristic_run_rens", "mip_heuristic_run_root_reduced_cost"):
@@ -72,10 +71,8 @@ def solve_highs(model: Model, time_limit: float, start: np.ndarray | None = None
         warm.col_value = list(start)
         warm.value_valid = True
         h.setSolution(warm)
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    if info.primal_solution_status != 2:  # 2 = feasible point available
+    status = run(h)
+    if h.getInfo().primal_solution_status != 2:  # 2 = feasible point available
         return None
     x = np.array(h.getSolution().col_value)
     optimal = status == highspy.HighsModelStatus.kOptimal

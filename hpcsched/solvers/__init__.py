@@ -1,0 +1,1 @@
+"""Mathematical-programming solvers shared by the whole package (``highs``: the one HiGHS wrapper)."""
