@@ -340,8 +340,10 @@ def test_milp_sizes_jobs_that_declare_a_scaling_curve() -> None:
     jobs = (JobState("a", 0, False, 0, 1, 4, curve=flat), JobState("b", 1, False, 0, 1, 4, curve=linear))
     p = plan(ClusterState(0, jobs, _w(2, 2)))
     assert p.sizes == {"a": 1, "b": 3}
+    assert p.sizing == {"a": "optimal", "b": "optimal"}
     greedy = plan(ClusterState(0, tuple(replace(j, curve=None) for j in jobs), _w(2, 2)))
     assert greedy.sizes == {"a": 3, "b": 1}
+    assert greedy.sizing == {}
     # a running a at 3 pays its resize cost: over a short look-ahead shrinking it is not worth it
     running = (replace(jobs[0], running=True, procs=3, resize_s=30, placement=(("w0", 2), ("w1", 1))), jobs[1])
     assert plan(ClusterState(0, running, _w(2, 2), used={"w0": 2, "w1": 1}), tfwd_s=5).sizes == {"a": 3, "b": 1}
@@ -583,4 +585,32 @@ def test_resize_time_counts_from_the_new_attempt_not_a_late_first_report(tmp_pat
     (ev,) = c.store.events(jid, "resized")
     job = c.store.job(jid)
     assert ev["seconds"] > 0 and job.last_resize_s == ev["seconds"] and job.stop_reason is None
+    c.store.close()
+
+
+def test_a_sizing_that_is_not_optimal_is_counted_logged_and_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The MILP's real decision, reported as having hit its time limit: the controller counts the step, logs
+    it once (not at every tick) and `hpcsched jobs` gets it in the job's ``sizing``."""
+    import dataclasses
+
+    import hpcsched.milp
+
+    real = hpcsched.milp.allocate
+    monkeypatch.setattr(hpcsched.milp, "allocate",
+                        lambda *a, **k: dataclasses.replace(real(*a, **k), status="time_limit"))
+    c = _ctl(tmp_path)
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=4, launchers=["torchrun"]))
+    job = "command: [t.py]\nmin_procs: 1\nmax_procs: 4\nscaling: {procs: [1, 2, 4], rates: [10, 19, 30]}\n"
+    ids = [c.submit(job, "j.yaml"), c.submit(job, "j.yaml")]
+    _beat(c, "w0")
+    with caplog.at_level("WARNING", logger="hpcsched.runtime.controller"):
+        c.tick()
+        c.tick()
+    assert c.nonoptimal_decisions == 2
+    assert len([r for r in caplog.records if "not optimal" in r.getMessage()]) == 1
+    assert {j.job_id: j.sizing for j in c.list_jobs()} == dict.fromkeys(ids, "highs time_limit")
+    monkeypatch.setattr(hpcsched.milp, "allocate", real)
+    c.tick()
+    assert c.nonoptimal_decisions == 2
     c.store.close()

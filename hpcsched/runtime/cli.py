@@ -158,12 +158,14 @@ def jobs(
         print(json.dumps([{k: v if isinstance(v, str | int | float) else list(v) for k in fields
                            for v in [getattr(j, k)]} for j in rows], indent=1))
         return
-    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "interleaved with")
+    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "interleaved with",
+              "sized by")
     for j in rows:
         steps = f"{j.steps_done}/{j.steps_total}" if j.steps_total else str(j.steps_done)
+        sized = "" if not j.sizing else "MILP" if j.sizing == "optimal" else f"[yellow]{j.sizing} (not optimal)[/]"
         t.add_row(j.job_id, j.name, j.state, str(j.procs), steps,
                   f"{j.first_loss:.3f} -> {j.last_loss:.3f}" if j.steps_done else "", str(j.last_checkpoint_step),
-                  str(j.restarts), ",".join(j.workers), ",".join(j.interleaved_with))
+                  str(j.restarts), ",".join(j.workers), ",".join(j.interleaved_with), sized)
     Console().print(t)
 
 

@@ -57,6 +57,8 @@ class Controller:
         self._last_tick = time.time()
         self._stale = 0  # consecutive plans dropped by tick()'s check
         self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
+        self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
+        self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
 
     def started(self) -> None:
         """Called once the server listens. Liveness is in memory only: after a restart every worker
@@ -355,7 +357,22 @@ class Controller:
         return state, {j.id: j for j in jobs}, workers
 
     def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
-        return scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
+        plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
+        if plan.sizing:
+            self._note_sizing(plan.sizing)
+        return plan
+
+    def _note_sizing(self, sizing: dict[str, str]) -> None:
+        """Count a step whose MILP sizing was not optimal, and log it when a job's sizing turns so (once, not
+        at every tick while it stays so)."""
+        bad = {j: how for j, how in sizing.items() if how != "optimal"}
+        if bad:
+            self.nonoptimal_decisions += 1
+            changed = {j: how for j, how in bad.items() if self.sizing.get(j) != how}
+            if changed:
+                log.warning("MILP sizing not optimal for %s (%d such steps so far)",
+                            ", ".join(f"{j}: {how}" for j, how in sorted(changed.items())), self.nonoptimal_decisions)
+        self.sizing = self.sizing | sizing  # a new dict: list_jobs reads it from another thread
 
     def _still_valid(self, stops: dict[str, str], starts: dict[str, list[tuple[str, int]]],
                      jobs: dict[str, JobRow]) -> bool:
@@ -509,6 +526,7 @@ class Controller:
             launcher=j.spec.launcher, message=j.message, last_resize_s=j.last_resize_s or 0, restarts=j.restarts,
             group=groups.get(j.id, ""),
             interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
+            sizing=self.sizing.get(j.id, ""),
         ) for j in jobs]
 
     def list_workers(self) -> list[pb.WorkerInfo]:

@@ -102,6 +102,9 @@ class Plan:
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it did not start
     groups: dict[str, str] = field(default_factory=dict)  # started job -> co-location key of its tasks
     resizes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # job -> new placement, in place
+    # the MILP's status for the jobs it sized this round ("optimal", "time_limit", "fallback", ...); anything
+    # but "optimal" is a decision the controller must report (it counts and logs it, `hpcsched jobs` shows it)
+    sizing: dict[str, str] = field(default_factory=dict)
 
 
 def _fifo(snapshot: Snapshot) -> list:
@@ -183,9 +186,10 @@ def _footprint(unit: list[str], by_id: dict[str, JobState]) -> int:
 
 
 def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[str, JobState],
-                tfwd_s: float) -> int:
+                tfwd_s: float) -> tuple[int, str]:
     """Resize the curve jobs ``ids`` (admitted at ``sizes``) with the MILP over their slots plus ``left``;
-    returns the slots left. Keeps the admitted sizes if no solver runs or its answer does not fit."""
+    returns the slots left and how the sizes were reached (the allocator's status, or why it was not used).
+    Keeps the admitted sizes if no solver runs or its answer does not fit."""
     from hpcsched.milp import JobState as MilpJob
     from hpcsched.milp import Problem, SolverUnavailable, allocate
 
@@ -206,12 +210,12 @@ def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[st
         except SolverUnavailable:
             continue
     else:
-        return left
+        return left, "no solver: minimum sizes"
     new = {i: max(d.counts[i], sizes[i]) for i in ids}  # admitted jobs run: never below their minimum
     if sum(new.values()) > pool_n:
-        return left
+        return left, f"{d.solver} {d.status} answer does not fit: minimum sizes"
     sizes.update(new)
-    return pool_n - sum(new.values())
+    return pool_n - sum(new.values()), d.status if d.status == "optimal" else f"{d.solver} {d.status}"
 
 
 def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s: float = 0.0,
@@ -264,7 +268,8 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
     lone = [u[0] for u in admitted if len(u) == 1 and u[0] not in keep_ids]
     curved = [i for i in lone if by_id[i].curve is not None and by_id[i].max_procs > by_id[i].min_procs]
     if curved:
-        left = _milp_sizes(curved, out.sizes, left, by_id, tfwd_s)
+        left, how = _milp_sizes(curved, out.sizes, left, by_id, tfwd_s)
+        out.sizing = dict.fromkeys(curved, how)
     for jid in lone:  # then grow elastic jobs without a curve into what is left
         if jid not in curved and left > 0:
             grow = min(by_id[jid].max_procs - out.sizes[jid], left)

@@ -97,8 +97,11 @@ def harvest(
     finally:
         d = h.write({"config": str(config)})
     meta = json.loads((d / "meta.json").read_text())
-    summary = {k: meta[k] for k in ("harvested_node_hours", "preemptions", "max_lost_steps",
-                                    "capacity_node_seconds")} | {"finished": len(h.finished), "out": str(d)}
+    keys = ("harvested_node_hours", "preemptions", "max_lost_steps", "capacity_node_seconds", "nonoptimal_decisions")
+    summary = {k: meta[k] for k in keys} | {"finished": len(h.finished), "out": str(d)}
+    if summary["nonoptimal_decisions"]:
+        err.print(f"[yellow]warning:[/] {summary['nonoptimal_decisions']} allocator decisions were not optimal "
+                  f"({meta['nonoptimal_by_status']}): see the decision rows of events.csv")
     if as_json:
         print(json.dumps(summary))
     else:

@@ -18,6 +18,7 @@ moment in between; starting there would only be preempted again.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from hpcsched.slurm.executors import ENDED, PENDING, RUNNING, Executor, Run
 from hpcsched.slurm.record import Recorder
 from hpcsched.slurm.source import SlurmIdleSource
 from hpcsched.slurm.spec import ElasticSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class Harvester:
         self.settle_until = 0.0
         self.dirty = True
         self._seq = 0
+        self.nonoptimal: dict[str, int] = {}  # allocator status other than optimal -> decisions that ended so
 
     @property
     def done(self) -> bool:
@@ -144,6 +148,10 @@ class Harvester:
             held = run.nodes if run is not None and set(run.nodes) <= in_pool else ()
             states.append(JobState(spec.job, nodes=held, lost=self.lost.pop(job_id, frozenset()) - in_pool))
         d = allocate(Problem(tuple(states), pool), solver=self.cfg.solver)
+        if d.status not in ("optimal", "empty"):
+            self.nonoptimal[d.status] = self.nonoptimal.get(d.status, 0) + 1
+            log.warning("allocator decision not optimal: %s %s over %d nodes (%s)", d.solver, d.status, len(pool),
+                        " ".join(f"{j}={n}" for j, n in d.counts.items()))
         self.rec.event(now, "decision", pool=len(pool),
                        detail=" ".join(f"{j}={n}" for j, n in d.counts.items()) + f" ({d.solver} {d.status})")
         for job_id, target in d.nodes.items():
@@ -199,5 +207,7 @@ class Harvester:
 
     def write(self, out_meta: dict[str, object] | None = None) -> Path:
         return self.rec.finish({"mode": self.executor.kind, "solver": self.cfg.solver,
+                                "nonoptimal_decisions": sum(self.nonoptimal.values()),
+                                "nonoptimal_by_status": dict(self.nonoptimal),
                                 "capacity_nodes": len(self.source.last.states) if self.source.last else 0,
                                 **(out_meta or {})})
