@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from interleave_cases import cand, exhaustive_best
 
-from hpcsched.interleave.grouping import Candidate, GroupingRules, Scorer, form_groups
+from hpcsched.interleave.grouping import GroupingRules, Scorer, form_groups
 from hpcsched.interleave.matching import MatchSettings, assign, pair_counts
 from hpcsched.interleave.period import PeriodModel, muri4_cycles, pipeline_period, pipeline_periods
 from hpcsched.sim.semantics import GROUP_FACTOR, SOLO_FACTOR
@@ -115,24 +116,6 @@ def test_muri4_on_trace_models() -> None:
 # -- matching -------------------------------------------------------------------------------------
 
 
-def exhaustive_best(node_type: list[int], tw: np.ndarray) -> float:
-    """Maximum matching weight by trying every matching (n <= 10)."""
-    n = len(node_type)
-
-    def best(free: tuple[int, ...]) -> float:
-        if len(free) < 2:
-            return 0.0
-        first, rest = free[0], free[1:]
-        value = best(rest)  # first stays unmatched
-        for idx, other in enumerate(rest):
-            w = tw[node_type[first], node_type[other]]
-            if w > 0:
-                value = max(value, w + best(rest[:idx] + rest[idx + 1 :]))
-        return value
-
-    return best(tuple(range(n)))
-
-
 ENGINES = {
     "dense": MatchSettings(dense_limit=1000),
     "types": MatchSettings(dense_limit=0, type_limit=1000),
@@ -168,10 +151,6 @@ def test_assign_gives_high_priority_nodes_their_best_partner() -> None:
 
 
 # -- grouping -------------------------------------------------------------------------------------
-
-
-def cand(i: int, gpus: int, stages: tuple[float, float, float] | None, solo: float | None = None) -> Candidate:
-    return Candidate(str(i), gpus, stages, (solo if solo is not None else sum(stages or (1.0,))) * SOLO_FACTOR)
 
 
 DATA, COMPUTE, NET = (1.0, 0.1, 0.1), (0.1, 1.0, 0.1), (0.1, 0.1, 1.0)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rustworkx as rx
-from test_interleave import cand, exhaustive_best
+from interleave_cases import cand, exhaustive_best
 
 from hpcsched.interleave.grouping import GroupingRules, Scorer, _match
 from hpcsched.interleave.matching import MatchSettings

@@ -98,11 +98,6 @@ def test_philly_jobs_without_profiles_run_alone(tmp_path: Path) -> None:
         assert checked.grouped == 0  # nothing is known of their stages: never interleaved
 
 
-@pytest.fixture(scope="module")
-def trace3():
-    return read_jobs(MURI / "trace3.csv")
-
-
 def test_compat_muri_s_reproduces_the_published_numbers(trace3) -> None:
     s = simulate(trace3, N8G8, "muri-s", compat="muri").summary()
     assert s["avg_jct"] == pytest.approx(85502.55, rel=0.01)

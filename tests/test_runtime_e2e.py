@@ -7,132 +7,30 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from runtime_procs import (
+    client,
+    controller_config,
+    job_file,
+    jobs_by_id,
+    kill_tree,
+    start_controller,
+    start_worker,
+    stop,
+    submit,
+    wait_for,
+)
 
 from hpcsched.runtime import launchers
 from hpcsched.runtime.client import Client
 
-ROOT = Path(__file__).resolve().parents[1]
-TOKEN = "test-token-7f3a"
-
-
-def controller_config(d: Path, listen: str = "127.0.0.1:0", **extra: object) -> Path:
-    (d / "token").write_text(TOKEN + "\n")
-    cfg = {"listen": listen, "address_file": "run/controller.addr", "state": "run/state.db",
-           "checkpoint_root": "run/ckpt", "token_file": "token", "heartbeat_interval_s": 0.3,
-           "worker_timeout_s": 3, "schedule_interval_s": 0.2, "stop_grace_s": 10} | extra
-    p = d / "controller.yaml"
-    p.write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
-    return p
-
-
-def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
-    addr_file = d / "run" / "controller.addr"
-    addr_file.unlink(missing_ok=True)
-    log = open(d / "controller.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
-    deadline = time.time() + 60
-    while not addr_file.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"controller did not start:\n{(d / 'controller.log').read_text()}")
-        time.sleep(0.1)
-    return proc, addr_file.read_text().strip()
-
-
-def start_worker(d: Path, address: str, name: str, slots: int = 1) -> subprocess.Popen:
-    log = open(d / f"{name}.log", "a")
-    env = os.environ | {"HPCSCHED_TOKEN": TOKEN}
-    return subprocess.Popen(
-        [sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", address, "--name", name, "--slots",
-         str(slots), "--gpus", "0", "--work-dir", str(d / "run" / name)],
-        stdout=log, stderr=subprocess.STDOUT, cwd=d, env=env, start_new_session=True,
-    )
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc), children first found first."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a process and everything below it, as a node failure would."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait(timeout=10)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc)
-
-
-def wait_for(what: str, pred, timeout: float, poll: float = 0.3):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def client(address: str) -> Client:
-    return Client(address, TOKEN)
-
-
 # ------------------------------------------------------------------------------------------ the tests
 torch_missing = importlib.util.find_spec("torch") is None
-
-
-def _job(d: Path, name: str, procs: int, steps: int, model: str | None = "cnn", launcher: str = "torchrun",
-          program: str = "workloads/ddp_train.py", extra: str = "", min_procs: int | None = None) -> Path:
-    p = d / f"{name}.yaml"
-    p.write_text(
-        f"name: {name}\nlauncher: {launcher}\nprocs: {procs}\nsteps: {steps}\nworkdir: {ROOT}\n"
-        f"min_procs: {min_procs or procs}\n"
-        f"command: [{program}, {f'--model, {model}, --batch, 64, ' if model else ''}--checkpoint-every, '10', "
-        f"--io-latency-ms, '25'"
-        f"{extra}]\n"
-    )
-    return p
-
-
-def _submit(c: Client, path: Path) -> str:
-    return c.submit(path.read_text(), str(path))
-
-
-def _jobs(c: Client) -> dict:
-    return {j.job_id: j for j in c.jobs()}
 
 
 @pytest.mark.slow
@@ -148,19 +46,19 @@ def test_e2e_worker_killed_and_controller_restarted(tmp_path: Path) -> None:
     c = client(addr)
     try:
         wait_for("3 workers", lambda: sum(w.alive for w in c.workers()) == 3, 60)
-        a = _submit(c, _job(tmp_path, "a", 2, 100))
-        b = _submit(c, _job(tmp_path, "b", 1, 80, model="transformer"))
-        cj = _submit(c, _job(tmp_path, "c", 1, 60))
+        a = submit(c, job_file(tmp_path, "a", 2, 100))
+        b = submit(c, job_file(tmp_path, "b", 1, 80, model="transformer"))
+        cj = submit(c, job_file(tmp_path, "c", 1, 60))
         steps = {a: 100, b: 80, cj: 60}
         # A spans two workers; kill one of them (the whole process tree, like a node failure) after A's
         # first checkpoints.
         job_a = wait_for("job a checkpointed at step >= 20",
-                         lambda: (j := _jobs(c)[a]).last_checkpoint_step >= 20 and j, 90)
+                         lambda: (j := jobs_by_id(c)[a]).last_checkpoint_step >= 20 and j, 90)
         victim = job_a.workers[1]
         kill_tree(workers.pop(victim))
         # A fails over: it is first in FIFO order and needs both remaining workers, so B is preempted (it
         # checkpoints on SIGTERM) and A restarts from its checkpoint on w1 + w3; C waits.
-        wait_for("job a restarted", lambda: _jobs(c)[a].restarts >= 1, 30)
+        wait_for("job a restarted", lambda: jobs_by_id(c)[a].restarts >= 1, 30)
         running = wait_for("a job running on the new layout",
                            lambda: [j for j in c.jobs() if j.state == "running" and j.steps_done > 0], 90)
         gen_before = {j.job_id: j.generation for j in running}
@@ -170,7 +68,7 @@ def test_e2e_worker_killed_and_controller_restarted(tmp_path: Path) -> None:
         assert addr2 == addr
         c.close()
         c = client(addr)
-        jobs = wait_for("every job finished", lambda: (js := _jobs(c)) and all(
+        jobs = wait_for("every job finished", lambda: (js := jobs_by_id(c)) and all(
             j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 240, poll=0.5)
         for jid, total in steps.items():
             j = jobs[jid]
@@ -212,11 +110,11 @@ def test_direct_launcher_resizes_an_elastic_job_2_1_2(tmp_path: Path) -> None:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
         # 50 ms of emulated IO per step: at 1 proc the job is still running when the newcomer ends, however
         # fast its relaunch and however slow the newcomer's cold start.
-        e = _submit(c, _job(tmp_path, "elastic", 2, 400, launcher="direct", min_procs=1,
+        e = submit(c, job_file(tmp_path, "elastic", 2, 400, launcher="direct", min_procs=1,
                             extra=", --report-every, '2', --io-latency-ms, '50'"))
-        wait_for("elastic at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
-        s = _submit(c, _job(tmp_path, "small", 1, 20, launcher="direct"))
-        jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
+        wait_for("elastic at 2 procs, training", lambda: (j := jobs_by_id(c)[e]).procs == 2 and j.steps_done > 0, 120)
+        s = submit(c, job_file(tmp_path, "small", 1, 20, launcher="direct"))
+        jobs = wait_for("both jobs finished", lambda: (js := jobs_by_id(c)) and all(
             j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 300, poll=0.5)
         assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
         result = json.loads((tmp_path / "run" / "ckpt" / e / "result.json").read_text())
@@ -302,13 +200,13 @@ def test_mpirun_job_across_two_workers_and_cancel(tmp_path: Path) -> None:
     c = client(addr)
     try:
         wait_for("3 workers", lambda: sum(w.alive for w in c.workers()) == 3, 60)
-        done = _submit(c, _job(tmp_path, "mpi", 2, 60, launcher="mpirun", program="workloads/mpi_allreduce.py",
+        done = submit(c, job_file(tmp_path, "mpi", 2, 60, launcher="mpirun", program="workloads/mpi_allreduce.py",
                                 model=None))
-        slow = _submit(c, _job(tmp_path, "slow", 1, 100000, launcher="mpirun", program="workloads/mpi_allreduce.py",
+        slow = submit(c, job_file(tmp_path, "slow", 1, 100000, launcher="mpirun", program="workloads/mpi_allreduce.py",
                                 model=None))
-        wait_for("the slow job checkpointed", lambda: _jobs(c)[slow].last_checkpoint_step >= 10, 60)
+        wait_for("the slow job checkpointed", lambda: jobs_by_id(c)[slow].last_checkpoint_step >= 10, 60)
         assert c.cancel(slow).cancelled
-        jobs = wait_for("both jobs ended", lambda: (js := _jobs(c)) and all(
+        jobs = wait_for("both jobs ended", lambda: (js := jobs_by_id(c)) and all(
             j.state in ("completed", "cancelled", "failed") for j in js.values()) and js, 90)
         assert jobs[done].state == "completed" and jobs[done].steps_done == 60
         assert len(json.loads((tmp_path / "run/ckpt" / done / "result.json").read_text())) and \
@@ -333,8 +231,8 @@ def test_horovodrun_job(tmp_path: Path) -> None:
     w = start_worker(tmp_path, addr, "h1", slots=2)
     c = client(addr)
     try:
-        jid = _submit(c, _job(tmp_path, "hvd", 2, 40, launcher="horovodrun", program="workloads/horovod_train.py"))
-        j = wait_for("the horovod job ended", lambda: (j := _jobs(c)[jid]).state in ("completed", "failed") and j,
+        jid = submit(c, job_file(tmp_path, "hvd", 2, 40, launcher="horovodrun", program="workloads/horovod_train.py"))
+        j = wait_for("the horovod job ended", lambda: (j := jobs_by_id(c)[jid]).state in ("completed", "failed") and j,
                      180, poll=0.5)
         assert j.state == "completed", j.message
         result = json.loads((tmp_path / "run/ckpt" / jid / "result.json").read_text())

@@ -8,16 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
-from test_runtime_e2e import (
+from runtime_procs import (
     ROOT,
-    _job,
-    _jobs,
-    _submit,
     client,
     controller_config,
+    job_file,
+    jobs_by_id,
     start_controller,
     start_worker,
     stop,
+    submit,
     wait_for,
 )
 
@@ -78,10 +78,10 @@ def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[s
         spec.write_text(f"name: hvd\nlauncher: horovodrun\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: {steps}\n"
                         f"workdir: {ROOT}\ncommand: [workloads/horovod_train.py, --io-latency-ms, '50', "
                         f"--checkpoint-every, '100', --commit-every, '5']\n")
-        e = _submit(c, spec)
-        wait_for("hvd at 2 procs, training", lambda: (j := _jobs(c)[e]).procs == 2 and j.steps_done > 0, 120)
-        s = _submit(c, _job(d, "small", 1, 20, launcher="direct"))
-        jobs = wait_for("both jobs finished", lambda: (js := _jobs(c)) and all(
+        e = submit(c, spec)
+        wait_for("hvd at 2 procs, training", lambda: (j := jobs_by_id(c)[e]).procs == 2 and j.steps_done > 0, 120)
+        s = submit(c, job_file(d, "small", 1, 20, launcher="direct"))
+        jobs = wait_for("both jobs finished", lambda: (js := jobs_by_id(c)) and all(
             j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 180, poll=0.5)
     finally:
         c.close()

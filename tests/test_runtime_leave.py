@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runtime_e2e import client, controller_config, start_controller, start_worker, stop, wait_for
+from runtime_procs import client, controller_config, start_controller, start_worker, stop, wait_for
 
 # Reports step 1, then idles; on SIGTERM writes a checkpoint at step 3 and exits 0 (what a workload does).
 PROGRAM = (

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from sim_cases import ONE_NODE, R, ends, muri_csv, pair_policy
 
-from hpcsched.allocator import Group, Snapshot
-from hpcsched.cluster_spec import read_cluster_spec
+from hpcsched.allocator import Group
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 from hpcsched.results import read_results
@@ -22,25 +22,6 @@ from hpcsched.traces import read_jobs
 ROOT = Path(__file__).resolve().parents[1]
 TRACE3 = ROOT / "trace-data/muri/trace3.csv"
 N8G8 = ROOT / "cluster_spec/n8g8.csv"
-HEADER = ("job_id,num_gpu,submit_time,iterations,model_name,batch_size,duration,interval,iteration_time,"
-          "resource_time_0,resource_time_1,resource_time_2,priority")
-ONE_NODE = ClusterSpec(1, 1, 4, name="n1g4")
-R = 10.0  # restart cost of a model the table does not know
-
-
-def muri_csv(tmp_path: Path, rows: list[tuple[str, int, float, int, float]], name: str = "t.csv") -> Path:
-    """Rows (id, gpus, submit s, iterations, iteration s) in Muri's millisecond CSV; model 'toy'."""
-    lines = [HEADER]
-    for jid, gpus, submit, iters, it in rows:
-        ms = round(it * 1000)
-        lines.append(f"{jid},{gpus},{round(submit * 1000)},{iters},toy,1,{iters * ms},0,{ms},{ms // 2},{ms // 2},0,0")
-    p = tmp_path / name
-    p.write_text("\n".join(lines) + "\n")
-    return p
-
-
-def ends(result) -> dict[str, float]:
-    return {r.job_id: r.end for r in result.results}
 
 
 # -- hand-checked orderings -----------------------------------------------------------------------
@@ -98,11 +79,6 @@ def test_consolidated_placement_rules() -> None:
 
 # -- groups (the interleaving contract) --------------------------------------------------------------
 
-def pair_policy(snapshot: Snapshot) -> list[Group]:
-    ids = tuple(v.id for v in snapshot.jobs)
-    return [Group(ids, period_s=1.0)] if len(ids) == 2 else [Group((i,)) for i in ids]
-
-
 def test_a_group_shares_its_gpus_and_runs_at_the_group_period(tmp_path: Path) -> None:
     jobs = read_jobs(muri_csv(tmp_path, [("P", 2, 0, 100, 1.0), ("Q", 1, 0, 100, 1.0)]))
     r = simulate(jobs, ClusterSpec(1, 1, 2, name="n1g2"), pair_policy)
@@ -120,14 +96,9 @@ def test_multi_job_group_without_period_is_rejected(tmp_path: Path) -> None:
 
 # -- invariants on the real trace ----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def trace3():
-    return read_jobs(TRACE3), read_cluster_spec(N8G8)
-
-
 @pytest.mark.parametrize("policy", ["srsf", "tiresias", "themis"])
-def test_work_is_conserved_and_gpus_never_overcommitted(trace3, policy: str) -> None:
-    jobs, cluster = trace3
+def test_work_is_conserved_and_gpus_never_overcommitted(trace3, n8g8, policy: str) -> None:
+    jobs, cluster = trace3, n8g8
     r = simulate(jobs, cluster, policy)
     assert all(x.status == "completed" for x in r.results)
     for jid, total in r.iterations_total.items():
@@ -143,8 +114,8 @@ def test_work_is_conserved_and_gpus_never_overcommitted(trace3, policy: str) -> 
         assert x.end - x.start >= solo + restart_cost(job.model, job.gpus) - 1e-6
 
 
-def test_compat_muri_reproduces_the_published_srsf_and_srtf(trace3) -> None:
-    jobs, cluster = trace3
+def test_compat_muri_reproduces_the_published_srsf_and_srtf(trace3, n8g8) -> None:
+    jobs, cluster = trace3, n8g8
     srsf = simulate(jobs, cluster, "srsf", compat="muri").summary()
     assert srsf["avg_jct"] == pytest.approx(185021.88, rel=0.005)
     assert srsf["p99_jct"] == pytest.approx(4189699.18, rel=0.005)
@@ -154,25 +125,25 @@ def test_compat_muri_reproduces_the_published_srsf_and_srtf(trace3) -> None:
     assert srtf["p99_jct"] == pytest.approx(4538890.61, rel=0.005)
 
 
-def test_compat_muri_reproduces_the_published_tiresias(trace3) -> None:
-    jobs, cluster = trace3
+def test_compat_muri_reproduces_the_published_tiresias(trace3, n8g8) -> None:
+    jobs, cluster = trace3, n8g8
     s = simulate(jobs, cluster, "tiresias", compat="muri").summary()
     assert s["avg_jct"] == pytest.approx(347213.25, rel=0.005)
     assert s["p99_jct"] == pytest.approx(4983397.25, rel=0.005)
     assert s["makespan"] == pytest.approx(8174226.28, rel=0.005)
 
 
-def test_compat_themis_lands_near_the_published_average(trace3) -> None:
+def test_compat_themis_lands_near_the_published_average(trace3, n8g8) -> None:
     """The reference's min-max program solved in closed form: average JCT within 2% of the published
     397,058.80 s (the tail is not reproduced: docs/simulator.md says by how much and why)."""
-    jobs, cluster = trace3
+    jobs, cluster = trace3, n8g8
     s = simulate(jobs, cluster, "themis", compat="muri").summary()
     assert s["avg_jct"] == pytest.approx(397058.80, rel=0.02)
     assert s["makespan"] == pytest.approx(8172104.51, rel=0.001)
 
 
-def test_compat_charges_restart_every_event_so_jobs_finish_with_work_left(trace3) -> None:
-    jobs, cluster = trace3
+def test_compat_charges_restart_every_event_so_jobs_finish_with_work_left(trace3, n8g8) -> None:
+    jobs, cluster = trace3, n8g8
     r = simulate(jobs, cluster, "srsf", compat="muri")
     short = [j for j, t in r.iterations_total.items() if r.iterations_done[j] < t * (1 - 1e-6)]
     assert short, "the reference's accounting loses the overhead of each job's last interval"
@@ -180,8 +151,8 @@ def test_compat_charges_restart_every_event_so_jobs_finish_with_work_left(trace3
 
 # -- files and errors ----------------------------------------------------------------------------
 
-def test_written_results_are_what_calc_reads(tmp_path: Path, trace3) -> None:
-    jobs, cluster = trace3
+def test_written_results_are_what_calc_reads(tmp_path: Path, trace3, n8g8) -> None:
+    jobs, cluster = trace3, n8g8
     r = simulate(jobs[:50], cluster, "fifo", trace=str(TRACE3))
     out = write_run(tmp_path / "run", r)
     df, meta = read_results(out)

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sim import ONE_NODE, ends, muri_csv, pair_policy
-from test_sim import R as TABLE_R  # the per-model table's cost for a model it does not know ('toy')
+from sim_cases import ONE_NODE, ends, muri_csv, pair_policy
+from sim_cases import R as TABLE_R  # the per-model table's cost for a model it does not know ('toy')
 
 from hpcsched.model import ClusterSpec
 from hpcsched.sim import simulate

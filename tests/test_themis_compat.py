@@ -158,13 +158,6 @@ def test_compat_order_never_run_first_then_allocation_per_second() -> None:
     assert [grp.job_ids[0] for grp in get_policy("themis-ecos")(snap)][-1] == "C"
 
 
-@pytest.fixture(scope="module")
-def n8g8():
-    from hpcsched.cluster_spec import read_cluster_spec
-
-    return read_cluster_spec(ROOT / "cluster_spec/n8g8.csv")
-
-
 def _summary(trace: str, policy: str, cluster) -> dict[str, float]:
     from hpcsched.sim import simulate
     from hpcsched.traces import read_jobs

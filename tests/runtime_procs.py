@@ -1,0 +1,123 @@
+"""Controller and worker daemons as real processes for the runtime tests, started exactly as a user would
+(``python -m hpcsched.runtime controller|worker``), and the job files they run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcsched.runtime.client import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "test-token-7f3a"
+
+
+def controller_config(d: Path, listen: str = "127.0.0.1:0", **extra: object) -> Path:
+    (d / "token").write_text(TOKEN + "\n")
+    cfg = {"listen": listen, "address_file": "run/controller.addr", "state": "run/state.db",
+           "checkpoint_root": "run/ckpt", "token_file": "token", "heartbeat_interval_s": 0.3,
+           "worker_timeout_s": 3, "schedule_interval_s": 0.2, "stop_grace_s": 10} | extra
+    p = d / "controller.yaml"
+    p.write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
+    return p
+
+
+def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
+    addr_file = d / "run" / "controller.addr"
+    addr_file.unlink(missing_ok=True)
+    log = open(d / "controller.log", "a")
+    proc = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(config)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
+    deadline = time.time() + 60
+    while not addr_file.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"controller did not start:\n{(d / 'controller.log').read_text()}")
+        time.sleep(0.1)
+    return proc, addr_file.read_text().strip()
+
+
+def start_worker(d: Path, address: str, name: str, slots: int = 1) -> subprocess.Popen:
+    log = open(d / f"{name}.log", "a")
+    env = os.environ | {"HPCSCHED_TOKEN": TOKEN}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", address, "--name", name, "--slots",
+         str(slots), "--gpus", "0", "--work-dir", str(d / "run" / name)],
+        stdout=log, stderr=subprocess.STDOUT, cwd=d, env=env, start_new_session=True,
+    )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc), children first found first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a process and everything below it, as a node failure would."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=10)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+
+
+def wait_for(what: str, pred, timeout: float, poll: float = 0.3):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def client(address: str) -> Client:
+    return Client(address, TOKEN)
+
+
+def job_file(d: Path, name: str, procs: int, steps: int, model: str | None = "cnn", launcher: str = "torchrun",
+          program: str = "workloads/ddp_train.py", extra: str = "", min_procs: int | None = None) -> Path:
+    p = d / f"{name}.yaml"
+    p.write_text(
+        f"name: {name}\nlauncher: {launcher}\nprocs: {procs}\nsteps: {steps}\nworkdir: {ROOT}\n"
+        f"min_procs: {min_procs or procs}\n"
+        f"command: [{program}, {f'--model, {model}, --batch, 64, ' if model else ''}--checkpoint-every, '10', "
+        f"--io-latency-ms, '25'"
+        f"{extra}]\n"
+    )
+    return p
+
+
+def submit(c: Client, path: Path) -> str:
+    return c.submit(path.read_text(), str(path))
+
+
+def jobs_by_id(c: Client) -> dict:
+    return {j.job_id: j for j in c.jobs()}
