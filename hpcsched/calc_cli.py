@@ -29,29 +29,40 @@ def calc(
     """Report avg / p50 / p95 / p99 JCT, makespan, span, queueing delay and utilisation.
 
     p99_jct is Muri's sorted(jct)[int(0.99 n)]; p99_jct_interp is the interpolated percentile.
-    makespan is the last end time; span is last end minus first submit.
+    makespan (= span) is the last end minus the first submit, in seconds; first_submit and last_end
+    are the trace-clock times behind it. Runs sharing a policy name are labelled by what differs.
     """
-    runs = []
+    from hpcsched.metrics import METRIC_UNITS, run_labels, runs_subject
+
+    frames = []
+    metas = []
     summaries = []
     for d in result_dirs:
         df, meta = read_results(d)
-        runs.append((meta.get("policy") or d.name, df))
+        frames.append(df)
+        metas.append(meta | {"dir": str(d)})
         summaries.append({"dir": str(d)} | summarize(df, meta))
+    labels = run_labels(metas)
+    subject = runs_subject(metas)
+    for s, label in zip(summaries, labels, strict=True):
+        s["label"] = label
     if plot:
-        plot_jct_cdf(runs, plot)
+        plot_jct_cdf(list(zip(labels, frames, strict=True)), plot, subject)
     if as_json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries))
         return
     console = Console()
     keys = ["jobs", "unfinished", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "p99_jct_interp",
             "makespan", "span", "avg_queue", "utilization", "harvested_node_hours", "preemptions", "max_lost_steps"]
-    table = Table(title="hpcsched calc")
+    if any(s.get("first_submit") for s in summaries):  # a trace on a calendar clock: show the times behind makespan
+        keys[keys.index("span") + 1:keys.index("span") + 1] = ["first_submit", "last_end"]
+    table = Table(title=f"hpcsched calc: {subject}")
     table.add_column("metric")
     for s in summaries:
-        table.add_column(str(s.get("policy") or s["dir"]), justify="right")
+        table.add_column(s["label"], justify="right")
     for k in keys:
         if any(k in s for s in summaries):
-            table.add_row(k, *(_fmt(s.get(k)) for s in summaries))
+            table.add_row(f"{k} ({METRIC_UNITS[k]})" if k in METRIC_UNITS else k, *(_fmt(s.get(k)) for s in summaries))
     console.print(table)
     if plot:
         console.print(f"JCT CDF written to {plot}")

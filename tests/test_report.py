@@ -83,6 +83,17 @@ def test_report_of_a_real_sweep_writes_markdown_and_plots(tmp_path: Path) -> Non
     assert "## Published vs ours: trace3_head, compat=muri" in text and "Published: a paper." in text
     assert f"| srtf | 1000 | {srtf:,.2f} | {100 * (srtf - 1000) / 1000:+.2f} |" in text
     assert f"| fifo | 3 | {fifo / srtf:.3f} |" in text
+    assert "makespan is the last end minus the first submit" in text
+    # A table from before makespan counted from the first submit (no first_submit column, makespan = some
+    # other figure): the report recomputes it from each cell's jobs.csv rather than mixing definitions.
+    results = pd.read_csv(out / "results.csv")
+    true_makespan = results.set_index("cell_id")["makespan"]
+    results.drop(columns=["first_submit", "last_end"]).assign(makespan=results["makespan"] + 12345.0).to_csv(
+        out / "results.csv", index=False)
+    readme = make_report(out, tmp_path / "report2")
+    again = pd.read_csv(readme.parent / "results.csv").set_index("cell_id")
+    assert again["makespan"].to_dict() == pytest.approx(true_makespan.to_dict())
+    assert (again["first_submit"] == 0).all() and "Makespan of" not in readme.read_text()
 
 
 def test_published_figures_are_matched_to_trace_mode_and_seed_means() -> None:
@@ -97,6 +108,30 @@ def test_published_figures_are_matched_to_trace_mode_and_seed_means() -> None:
     norm = published.normalised_comparison(ours, block, "muri-s").set_index("policy")
     assert norm.at["srtf", "avg JCT published"] == pytest.approx(2.0) and norm.at["srtf", "avg JCT ours"] == 2.0
     assert published.ours_for(_hand_table(), block | {"compat": "default"}) == {}  # no trace1 cell there
+
+
+def test_published_makespan_is_muris_last_end_where_the_trace_starts_late() -> None:
+    """Muri printed its last end time as the makespan; ours counts from the first submit. On a trace whose
+    first submit is not 0 a compat=muri comparison takes our last end, and says so; otherwise ours."""
+    late = _hand_table().assign(first_submit=1000.0)
+    late["last_end"] = late["makespan"] + 1000.0
+    block = {"source": "s", "trace": "trace1", "compat": "muri", "makespan": {"srtf": 6000.0, "muri-s": 5000.0}}
+    (_, ours), = published.ours_for(late, block).items()
+    table = published.comparison(ours, block).set_index("policy")
+    assert table.at["srtf", "makespan ours"] == 6000.0 and table.at["srtf", "makespan diff %"] == 0.0
+    assert "Muri's definition" in published.makespan_note(late, block) and "1,000.00 s" in published.makespan_note(
+        late, block)
+    # the default mode keeps ours (last end - first submit) and says how far a time-0 figure would be
+    default = late.assign(compat="default")
+    (_, ours), = published.ours_for(default, block | {"compat": "default"}).items()
+    assert ours.at["srtf", "makespan"] == 5000.0
+    assert "differs by that much" in published.makespan_note(default, block | {"compat": "default"})
+    # a trace starting at 0 (every bundled Muri trace): both definitions agree, and the note says that
+    zero = _hand_table().assign(first_submit=0.0)
+    zero["last_end"] = zero["makespan"]
+    (_, ours), = published.ours_for(zero, block).items()
+    assert ours.at["srtf", "makespan"] == 5000.0
+    assert "first submit is 0, so it is also Muri's" in published.makespan_note(zero, block)
 
 
 def test_replay_sweep_and_its_report(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ then each (context, trace) is divided by its baseline policy's value, so the bas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -45,9 +46,32 @@ def with_context(df: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     return out
 
 
+def context_title(cells: pd.DataFrame, columns: Sequence[str]) -> str:
+    """Every value these cells have in ``columns``, constant ones included ('cluster=n8g8, compat=muri').
+
+    ``context_label`` names only what varies, which is enough to tell contexts apart but leaves a
+    one-cluster sweep's figures without their cluster; titles use this instead. An arrival scale of 1
+    (the trace as recorded) is left out; a replay without ``nodes`` harvested all of its log's nodes.
+    """
+    bits = []
+    for c in columns:
+        if c not in cells.columns:
+            continue
+        values = list(dict.fromkeys(cells[c].tolist()))
+        if c == "nodes":
+            values = ["all" if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
+        values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        if not values or (c == "arrival_scale" and values == [1.0]):
+            continue
+        shown = [trace_name(v) if isinstance(v, str) and "/" in v else (f"{v:g}" if isinstance(v, float) else str(v))
+                 for v in values]
+        bits.append(f"{c}={'/'.join(dict.fromkeys(shown))}")
+    return ", ".join(bits) or "unknown context"
+
+
 def trace_name(path: str) -> str:
     name = str(path).rsplit("/", 1)[-1]
-    for suffix in (".gz", ".csv"):
+    for suffix in (".gz", ".csv", ".yaml"):
         name = name.removesuffix(suffix)
     return name
 

@@ -91,7 +91,7 @@ def simulate_cmd(
     if as_json:
         print(json.dumps(summary))
         return
-    _table([summary], f"hpcsched simulate {policy}")
+    _table([summary], f"hpcsched simulate {policy}: {_subject(trace, spec, compat)}")
     print(f"{result.events} events in {result.wall_s:.2f} s; results in {out}")
 
 
@@ -109,6 +109,10 @@ def compare_cmd(
 
     _check_compat(compat)
     names = REGISTRY.names() if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
+    if len(set(names)) < len(names):  # one directory per policy: a repeated name would overwrite its own run
+        print(f"warning: --policies repeats {', '.join(sorted({p for p in names if names.count(p) > 1}))}; "
+              "each runs once", file=sys.stderr)
+        names = list(dict.fromkeys(names))
     unknown = [p for p in names if p not in REGISTRY.names()]
     if unknown:
         print(f"error: unknown policy {', '.join(unknown)}; known: {', '.join(REGISTRY.names())}", file=sys.stderr)
@@ -125,22 +129,38 @@ def compare_cmd(
             runs.append((name, df))
             if cb:
                 cb(i + 1, len(names))
-    png = plot_jct_cdf(runs, out / "jct_cdf.png")
+    png = plot_jct_cdf(runs, out / "jct_cdf.png", _subject(trace, spec, compat))
     (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
     if as_json:
         print(json.dumps(summaries))
         return
-    _table(summaries, f"{trace.name} on {spec.name} ({spec.gpus} GPUs){' compat=' + compat if compat else ''}")
+    _table(summaries, _subject(trace, spec, compat))
     print(f"JCT CDF: {png}; per-policy results under {out}/")
 
 
+def _subject(trace: Path, spec: object, compat: str | None) -> str:
+    """'trace3 on n8g8 (64 GPUs), compat=muri': the title of every table and plot of a run."""
+    from hpcsched.metrics import runs_subject
+
+    return runs_subject([{"trace": str(trace), "cluster": getattr(spec, "name", None),
+                          "capacity_gpus": getattr(spec, "gpus", None), "compat": compat}])
+
+
 def _table(summaries: list[dict], title: str) -> None:
-    table = Table(title=title)
-    for col in ("policy", "jobs", "avg JCT (s)", "p99 JCT (s)", "makespan (s)", "utilisation", "sim time (s)"):
+    """Policies' figures side by side; makespan counts from the first submit, whatever the trace's clock."""
+    from hpcsched.metrics import run_labels
+
+    absolute = any(s.get("first_submit") for s in summaries)  # calendar times: show the last end too
+    table = Table(title=title, caption="makespan = last end - first submit; p99 = Muri's sorted JCTs at int(0.99 n); "
+                                       "utilisation = GPU-s held / (GPUs x makespan)")
+    cols = ["policy", "jobs", "avg JCT (s)", "p99 JCT (s)", "makespan (s)", *(["last end (s, trace clock)"] if absolute
+                                                                             else []), "utilisation", "sim time (s)"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
-    for s in summaries:
-        table.add_row(str(s.get("policy")), str(s["jobs"]), _num(s.get("avg_jct")), _num(s.get("p99_jct")),
-                      _num(s.get("makespan")), f"{s['utilization']:.3f}" if s.get("utilization") else "-",
+    for s, label in zip(summaries, run_labels(summaries), strict=True):
+        table.add_row(label, str(s["jobs"]), _num(s.get("avg_jct")), _num(s.get("p99_jct")), _num(s.get("makespan")),
+                      *([_num(s.get("last_end"))] if absolute else []),
+                      f"{s['utilization']:.3f}" if s.get("utilization") else "-",
                       f"{s['wall_s']:.2f}" if "wall_s" in s else "-")
     Console(width=120).print(table)
 
