@@ -1,39 +1,54 @@
-# Two set-up commands matter to users: `make run` and `make test`. Both create .venv if needed.
+# Two set-up commands matter to users: `make run` and `make test`. Both create .venv if needed and install
+# the locked set in requirements/ (exact versions, hashed): what CI tested is what a user gets.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS_STAMP := $(VENV)/.extras
 OUT ?= out
+LOCKS := requirements
+# Optional extras, each locked on its own (requirements/NAME.lock = the main set plus that extra) and tried on
+# its own, so one that does not install here skips only its tests.
+EXTRAS := cbc cvxpy gurobi ray torch mpi
+PIP := $(BIN)/python -m pip install -q --require-hashes
+GEN_RPC = $(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. \
+  hpcsched/runtime/proto/*.proto
 
-.PHONY: run test lint rpc bench venv extras clean horovod
+.PHONY: run test test-fast lint rpc bench venv extras clean horovod lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCKS)/main.lock
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found (hpcsched needs Python 3.11)"; exit 2; }
 	[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	$(MAKE) --no-print-directory rpc
+	$(PIP) -r $(LOCKS)/main.lock
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(GEN_RPC)
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# Optional extras: each is tried on its own so one that does not install here skips only its tests.
-$(EXTRAS_STAMP): $(STAMP)
-	-$(BIN)/pip install -q -e '.[cbc]'
-	-$(BIN)/pip install -q -e '.[cvxpy]'
-	-$(BIN)/pip install -q -e '.[gurobi]'
-	-$(BIN)/pip install -q -e '.[ray]'
-	-$(BIN)/pip install -q -e '.[torch]'
-	-$(BIN)/pip install -q -e '.[mpi]'
+$(EXTRAS_STAMP): $(STAMP) $(foreach x,$(EXTRAS),$(LOCKS)/$(x).lock)
+	@for x in $(EXTRAS); do \
+	  $(PIP) -r $(LOCKS)/$$x.lock || echo "warning: the $$x extra did not install here; its tests will skip"; \
+	done
 	touch $(EXTRAS_STAMP)
 
 extras: $(EXTRAS_STAMP)
 
-rpc: 
-	@if ls hpcsched/runtime/proto/*.proto >/dev/null 2>&1; then \
-	  $(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. hpcsched/runtime/proto/*.proto; \
-	fi
+# The gRPC stubs (generated, not committed); works as the first command on a fresh clone.
+rpc: $(STAMP)
+	$(GEN_RPC)
+
+# Refresh every lock from pyproject.toml's ranges (the newest releases that satisfy them). A deliberate
+# change: run the whole suite (`make test`) on the new set before committing it.
+lock: $(STAMP)
+	$(BIN)/pip-compile -q --extra dev --all-build-deps --generate-hashes --allow-unsafe --strip-extras \
+	  --no-emit-index-url --no-emit-find-links --upgrade -o $(LOCKS)/main.lock pyproject.toml
+	@for x in $(EXTRAS); do \
+	  $(BIN)/pip-compile -q --extra dev --extra $$x --all-build-deps --generate-hashes --allow-unsafe --strip-extras \
+	    --no-emit-index-url --no-emit-find-links -c $(LOCKS)/main.lock -o $(LOCKS)/$$x.lock pyproject.toml || exit 1; \
+	done
+	cd $(LOCKS) && ../$(BIN)/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	  --no-emit-find-links -o horovod.lock horovod.in
 
 # Horovod 0.28.1 as published asks for C++14, torch 2.13 needs C++17: patch its two CMakeLists, build once
 # (~7 min on 2 cores) and keep the wheel in a cache outside the clone so later runs only install it.
@@ -43,9 +58,10 @@ horovod: $(STAMP)
 	@set -e; mkdir -p $(WHEEL_CACHE); \
 	whl=$$(ls $(WHEEL_CACHE)/horovod-$(HOROVOD_VERSION)-*.whl 2>/dev/null | head -n 1); \
 	if [ -z "$$whl" ]; then \
-	  $(BIN)/pip install -q 'torch==2.13.0' cloudpickle psutil packaging; \
+	  $(PIP) -r $(LOCKS)/torch.lock; \
 	  tmp=$$(mktemp -d); \
-	  $(BIN)/pip download -q --no-deps --no-binary :all: -d $$tmp horovod==$(HOROVOD_VERSION); \
+	  $(BIN)/python -m pip download -q --require-hashes --no-deps --no-binary :all: -d $$tmp \
+	    -r $(LOCKS)/horovod-src.txt; \
 	  tar xzf $$tmp/horovod-$(HOROVOD_VERSION).tar.gz -C $$tmp; src=$$tmp/horovod-$(HOROVOD_VERSION); \
 	  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' $$src/CMakeLists.txt $$src/horovod/torch/CMakeLists.txt; \
 	  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
@@ -53,7 +69,8 @@ horovod: $(STAMP)
 	    $(BIN)/pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_CACHE) $$src; \
 	  rm -rf $$tmp; whl=$$(ls $(WHEEL_CACHE)/horovod-$(HOROVOD_VERSION)-*.whl | head -n 1); \
 	fi; \
-	$(BIN)/pip install -q "$$whl" && $(BIN)/horovodrun --check-build
+	$(PIP) -r $(LOCKS)/torch.lock -r $(LOCKS)/horovod.lock; \
+	$(BIN)/python -m pip install -q --no-deps "$$whl" && $(BIN)/horovodrun --check-build
 
 # Main job: the bundled real trace (Muri trace3, 992 jobs, 64 GPUs) under every policy; a table and a JCT CDF.
 # `make run RUN_COMPAT=muri` gives the reference simulator's accounting (the published table).
@@ -63,8 +80,17 @@ run: $(STAMP)
 	$(BIN)/hpcsched compare --trace trace-data/muri/trace3.csv --cluster cluster_spec/n8g8.csv \
 	  --policies $(RUN_POLICIES) --out $(OUT)/compare $(if $(RUN_COMPAT),--compat $(RUN_COMPAT))
 
+# Random test order (pytest-randomly); the seed is printed so a failing order can be rerun: make test SEED=N.
+SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+PYTEST_ARGS ?=
 test: $(STAMP) $(EXTRAS_STAMP)
-	$(BIN)/python -m pytest -q
+	@echo "test order: random, seed $(SEED) (rerun this order: make test SEED=$(SEED))"
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) $(PYTEST_ARGS)
+
+# For development: everything but the tests marked slow (real Slurm, real training, long runs); CI runs all.
+test-fast: $(STAMP)
+	@echo "test order: random, seed $(SEED) (rerun this order: make test-fast SEED=$(SEED))"
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check hpcsched tests bench workloads
