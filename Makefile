@@ -81,7 +81,9 @@ run: $(STAMP)
 	  --policies $(RUN_POLICIES) --out $(OUT)/compare $(if $(RUN_COMPAT),--compat $(RUN_COMPAT))
 
 # Random test order (pytest-randomly); the seed is printed so a failing order can be rerun: make test SEED=N.
-SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 PYTEST_ARGS ?=
 test: $(STAMP) $(EXTRAS_STAMP)
 	@echo "test order: random, seed $(SEED) (rerun this order: make test SEED=$(SEED))"
