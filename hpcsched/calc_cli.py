@@ -6,11 +6,8 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from hpcsched.metrics import plot_jct_cdf, summarize
-from hpcsched.results import read_results
+# pandas (metrics, results) and rich are imported inside `calc`, so that `hpcsched --help` does not pay for them.
 
 
 def _fmt(v: object) -> str:
@@ -32,7 +29,11 @@ def calc(
     makespan (= span) is the last end minus the first submit, in seconds; first_submit and last_end
     are the trace-clock times behind it. Runs sharing a policy name are labelled by what differs.
     """
-    from hpcsched.metrics import METRIC_UNITS, run_labels, runs_subject
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpcsched.metrics import METRIC_UNITS, plot_jct_cdf, run_labels, runs_subject, summarize
+    from hpcsched.results import read_results
 
     frames = []
     metas = []

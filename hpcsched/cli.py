@@ -1,5 +1,12 @@
 """``hpcsched`` command line. Each area registers its own sub-commands from its ``cli`` module.
 
+Start-up (issue 14): the areas' ``cli`` modules are imported only when their command runs. ``COMMANDS``
+names, for each top-level command, the module whose ``register(app)`` defines it and the first paragraph
+of its help, which is all ``hpcsched --help`` shows; so the listing imports none of them, and
+``hpcsched simulate ...`` imports the simulator's module alone instead of every area's (pandas,
+matplotlib, gRPC, the MILP solvers...). ``tests/test_cli_startup.py`` holds the table to what the modules
+register, so a new command or a reworded first paragraph fails there until its line here is updated.
+
 Errors in the user's input print one line naming file and line and exit with code 2.
 """
 
@@ -7,13 +14,106 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from hpcsched.errors import InputError
 
+# name -> (module exposing ``register(app)`` that defines it, the first paragraph of its help), in the order
+# ``hpcsched --help`` lists them: Typer lists plain commands first, then groups (trace, slurm). Each area
+# adds its lines here.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "calc": ("hpcsched.calc_cli",
+             "Report avg / p50 / p95 / p99 JCT, makespan, span, queueing delay and utilisation."),
+    "sweep": ("hpcsched.sweep.cli",
+              "Run every cell of a declarative grid (policies x traces x clusters x loads x seeds x compat, or\n"
+              "replay parameters such as Tfwd and solver) and write one tidy table with a row per cell."),
+    "report": ("hpcsched.report.cli",
+               "Write a Markdown summary and PNG plots: JCT CDFs per trace, avg/p99 JCT and makespan bars\n"
+               "normalised to a baseline policy (Muri's Figures 9-10 layout), utilisation over time, and\n"
+               "harvested node-hours / utilisation vs Tfwd for replays. The numbers behind each plot are\n"
+               "printed as tables too, and results.csv is copied beside them."),
+    "simulate": ("hpcsched.sim.cli",
+                 "Simulate one policy on a DL trace; write per-job results and the cluster timeline."),
+    "compare": ("hpcsched.sim.cli",
+                "Simulate several policies on one trace; print a comparison table and write a JCT CDF plot."),
+    "replay": ("hpcsched.sim.replay_cli",
+               "Replay idle nodes harvested by elastic jobs (BFTrainer), one allocator decision per pool change."),
+    "controller": ("hpcsched.runtime.cli",
+                   "Run the controller: scheduler, job API and state store. Stops on SIGINT/SIGTERM."),
+    "worker": ("hpcsched.runtime.cli",
+               "Run a worker daemon for this node: registers, heartbeats, launches and kills tasks."),
+    "submit": ("hpcsched.runtime.cli",
+               "Submit a training job; relative paths in its command resolve from the job file's folder."),
+    "jobs": ("hpcsched.runtime.cli", "List jobs with their state, size, progress and loss."),
+    "cancel": ("hpcsched.runtime.cli", "Cancel a job: a running one checkpoints and stops."),
+    "workers": ("hpcsched.runtime.cli", "List the workers the controller knows, their slots and liveness."),
+    "profile": ("hpcsched.runtime.cli", "Write measured stage times (Muri CSV) and scaling curves (BFTrainer JNPs + "
+                "Jbnd CSV) for the simulator."),
+    "testbed": ("hpcsched.testbed.cli",
+                "Replay a trace through the real controller and workers; compare with the simulator."),
+    "trace": ("hpcsched.traces.cli", "Look inside trace files."),
+    "slurm": ("hpcsched.slurm.cli",
+              "Harvest the nodes a live Slurm leaves idle (scripts/slurm_cluster.sh up for a test one)."),
+}
+
+# The modules, each once (the order they were registered in before commands were loaded lazily).
+COMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
+
+
+def load_commands(module: str) -> dict[str, Any]:
+    """The click commands ``module.register`` defines, built as ``app`` would build them.
+
+    A fresh Typer with the app's defaults receives the registration, so each command's options, help
+    and rich settings are the ones it had when every module registered on ``app`` itself.
+    """
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    importlib.import_module(module).register(sub)
+    return dict(typer.main.get_group(sub).commands)
+
+
+class LazyGroup(TyperGroup):
+    """The top-level group: lists ``COMMANDS`` from the table, imports a command's module when it runs.
+
+    ``self.commands`` holds listing stubs (so Typer's "did you mean" still knows every name);
+    ``get_command`` hands out the real command except while the group's own help is being formatted.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = {name: TyperCommand(name, help=summary)
+                         for name, (_, summary) in COMMANDS.items()}
+        self._loaded: dict[str, Any] = {}
+        self._listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in COMMANDS:
+            return None
+        if self._listing:
+            return self.commands[cmd_name]
+        if cmd_name not in self._loaded:
+            module = COMMANDS[cmd_name][0]
+            self._loaded.update(load_commands(module))
+            if cmd_name not in self._loaded:
+                raise RuntimeError(f"{module}.register() defines no command {cmd_name!r} (hpcsched.cli.COMMANDS)")
+        return self._loaded[cmd_name]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
 app = typer.Typer(
     name="hpcsched",
+    cls=LazyGroup,
     help="Schedule deep-learning training on HPC clusters: simulate policies on real traces, "
     "harvest idle nodes, run the real runtime.",
     no_args_is_help=True,
@@ -21,21 +121,11 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# Modules that expose ``register(app)``; each area adds its line here.
-COMMAND_MODULES = (
-    "hpcsched.traces.cli",
-    "hpcsched.calc_cli",
-    "hpcsched.sweep.cli",
-    "hpcsched.report.cli",
-    "hpcsched.sim.cli",
-    "hpcsched.sim.replay_cli",
-    "hpcsched.runtime.cli",
-    "hpcsched.slurm.cli",
-    "hpcsched.testbed.cli",
-)
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+@app.callback()
+def _root() -> None:
+    # Typer builds a group only for an app with a callback or commands; the commands come from LazyGroup.
+    pass
 
 
 def main() -> None:

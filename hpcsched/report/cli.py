@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 
 def report(
@@ -20,6 +19,8 @@ def report(
     harvested node-hours / utilisation vs Tfwd for replays. The numbers behind each plot are
     printed as tables too, and results.csv is copied beside them.
     """
+    from rich.console import Console
+
     from hpcsched.report.build import make_report  # matplotlib: loaded only when a report is made
 
     command = ["hpcsched", "report", *sys.argv[2:]] if len(sys.argv) > 1 and sys.argv[1] == "report" else None

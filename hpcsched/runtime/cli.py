@@ -11,9 +11,9 @@ import threading
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+# gRPC, yaml and rich are imported inside the commands: `hpcsched --help` and the daemons' start-up do not pay for
+# what they do not use.
 from hpcsched.errors import InputError
 
 # The client commands share how they find and authenticate to the controller.
@@ -147,6 +147,9 @@ def jobs(
     as_json: bool = typer.Option(False, "--json", help="one object per job"),
 ) -> None:
     """List jobs with their state, size, progress and loss."""
+    from rich.console import Console
+    from rich.table import Table
+
     from hpcsched.runtime.client import ClientError
 
     try:
@@ -195,6 +198,9 @@ def workers(
     tls_ca: Path = _TLS_CA,
 ) -> None:
     """List the workers the controller knows, their slots and liveness."""
+    from rich.console import Console
+    from rich.table import Table
+
     from hpcsched.runtime.client import ClientError
 
     try:

@@ -10,13 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from hpcsched.cluster_spec import read_cluster_spec
-from hpcsched.metrics import plot_jct_cdf, summarize
-from hpcsched.sim.runs import load_jobs, run_policy, write_run
+# The simulator, pandas (metrics) and rich are imported inside the commands, so that `hpcsched --help` and the
+# other commands do not pay for them.
 
 _BAR_MIN_JOBS = 2000  # smaller traces finish before a bar would be readable
 
@@ -32,6 +28,9 @@ def _bar(label: str, total: int, enabled: bool) -> Iterator[Callable[[int, int],
     if not enabled:
         yield None
         return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(label, total=total)
@@ -70,6 +69,10 @@ def simulate_cmd(
     Example: hpcsched simulate --trace trace-data/muri/trace3.csv --cluster cluster_spec/n8g8.csv
     --policy srsf --out out/srsf --compat muri
     """
+    from hpcsched.cluster_spec import read_cluster_spec
+    from hpcsched.metrics import summarize
+    from hpcsched.sim.runs import load_jobs, run_policy, write_run
+
     _check_compat(compat)
     if restart_s is not None and not math.isfinite(restart_s):
         raise typer.BadParameter(f"must be a finite number of seconds, got {restart_s}", param_hint="--restart-s")
@@ -105,7 +108,10 @@ def compare_cmd(
     compat: str | None = COMPAT_OPT,
 ) -> None:
     """Simulate several policies on one trace; print a comparison table and write a JCT CDF plot."""
+    from hpcsched.cluster_spec import read_cluster_spec
+    from hpcsched.metrics import plot_jct_cdf, summarize
     from hpcsched.policies import REGISTRY
+    from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
     _check_compat(compat)
     names = REGISTRY.names() if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
@@ -148,6 +154,9 @@ def _subject(trace: Path, spec: object, compat: str | None) -> str:
 
 def _table(summaries: list[dict], title: str) -> None:
     """Policies' figures side by side; makespan counts from the first submit, whatever the trace's clock."""
+    from rich.console import Console
+    from rich.table import Table
+
     from hpcsched.metrics import run_labels
 
     absolute = any(s.get("first_submit") for s in summaries)  # calendar times: show the last end too

@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from hpcsched.milp import SOLVERS, Objective, SolverUnavailable
-from hpcsched.sim.replay import ACCOUNTING, ReplayConfig
-from hpcsched.sim.replay_run import ReplayRequest, run_replay
+# The options' help and types need these; the replay runner and rich are imported inside `replay_cmd`.
+from hpcsched.milp import SOLVERS, Objective
+from hpcsched.sim.replay import ACCOUNTING
 
 
 def replay_cmd(
@@ -44,6 +42,13 @@ def replay_cmd(
     --jobs trace-data/bftrainer/hps-shufflenet-Jbnd-10J.csv --curves trace-data/bftrainer/hps-shufflenet-JNPs-10J.csv
     --tfwd 10 --out out/replay40
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from hpcsched.milp import SolverUnavailable
+    from hpcsched.sim.replay import ReplayConfig
+    from hpcsched.sim.replay_run import ReplayRequest, run_replay
+
     if (idle is None) == (log is None):
         raise typer.BadParameter("give exactly one of --idle FILE or --log FILE")
     if solver not in SOLVERS:

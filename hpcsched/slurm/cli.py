@@ -9,21 +9,17 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from hpcsched.slurm import commands
-from hpcsched.slurm.config import read_harvest_config
-from hpcsched.slurm.executors import LocalExecutor, ScavengerExecutor
-from hpcsched.slurm.harvester import Harvester
-from hpcsched.slurm.record import Recorder
-from hpcsched.slurm.source import SlurmIdleSource
+# The harvester (the MILP allocator, yaml) and rich are imported inside the commands, so that `hpcsched --help`
+# and the other commands do not pay for them.
 
 slurm_app = typer.Typer(help="Harvest the nodes a live Slurm leaves idle (scripts/slurm_cluster.sh up for a test one).",
                         no_args_is_help=True)
 
 
 def _need_slurm() -> None:
+    from hpcsched.slurm import commands
+
     why = commands.available()
     if why:
         print(f"error: {why}", file=sys.stderr)
@@ -33,6 +29,11 @@ def _need_slurm() -> None:
 @slurm_app.command("nodes")
 def nodes(as_json: bool = typer.Option(False, "--json", help="One JSON object: nodes, pool, why_not.")) -> None:
     """Each node's Slurm state, whether it is harvestable now, and why not."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpcsched.slurm.source import SlurmIdleSource
+
     _need_slurm()
     snap = SlurmIdleSource().snapshot()
     if as_json:
@@ -53,6 +54,8 @@ def watch(
     duration: float = typer.Option(0.0, "--for", help="Stop after this many seconds (0: until Ctrl-C)."),
 ) -> None:
     """Print one JSON line per pool change: {"t", "joined", "left", "reasons"} (the replayer's events)."""
+    from hpcsched.slurm.source import SlurmIdleSource
+
     _need_slurm()
     src = SlurmIdleSource()
     end = time.monotonic() + duration if duration > 0 else float("inf")
@@ -77,6 +80,14 @@ def harvest(
     work (SIGTERM -> checkpoint) and the harvester restarts it smaller, then grows it back.
     Mode local: own processes on idle nodes, vacated (SIGTERM) when Slurm allocates their node.
     """
+    from rich.console import Console
+
+    from hpcsched.slurm.config import read_harvest_config
+    from hpcsched.slurm.executors import LocalExecutor, ScavengerExecutor
+    from hpcsched.slurm.harvester import Harvester
+    from hpcsched.slurm.record import Recorder
+    from hpcsched.slurm.source import SlurmIdleSource
+
     hf = read_harvest_config(config)
     _need_slurm()
     executor = (ScavengerExecutor(hf.partition, out / "logs") if hf.mode == "scavenger"

@@ -8,12 +8,9 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from hpcsched.sweep.cell import cell_filter
-from hpcsched.sweep.config import load_config
-from hpcsched.sweep.runner import run_sweep
+# The sweep machinery (yaml, pandas, process pools) and rich are imported inside `sweep`, so that
+# `hpcsched --help` and the other commands do not pay for them.
 
 
 def sweep(
@@ -45,6 +42,13 @@ def sweep(
 
     arrival_scale multiplies every inter-arrival time (0.5 = twice the load).
     """
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpcsched.sweep.cell import cell_filter
+    from hpcsched.sweep.config import load_config
+    from hpcsched.sweep.runner import run_sweep
+
     cfg = load_config(config)
     try:
         selected = cell_filter(only) if only else None

@@ -15,12 +15,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hpcsched.errors import InputError
+
+if TYPE_CHECKING:  # rich is imported inside the command, so that `hpcsched --help` does not pay for it
+    from rich.console import Console
 
 
 def testbed_cmd(
@@ -67,6 +69,9 @@ def testbed_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison(s) as JSON."),
 ) -> None:
     """Replay a trace through the real controller and workers; compare with the simulator."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from hpcsched.testbed.compare import compare_runs, render_tables
 
     console = Console(width=120)

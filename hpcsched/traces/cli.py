@@ -7,12 +7,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+# numpy and rich are imported where used, so that `hpcsched --help` and the other commands do not pay for them.
 from hpcsched.model import Job
 from hpcsched.traces import FORMATS, open_trace
 
@@ -24,6 +21,8 @@ _QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
 def _dist(values: array[float]) -> dict[str, float] | None:
     if not values:
         return None
+    import numpy as np
+
     a = np.frombuffer(values, dtype=float)
     return {f"p{int(q * 100)}": float(np.quantile(a, q)) for q in _QUANTILES} | {"mean": float(a.mean())}
 
@@ -37,6 +36,9 @@ def inspect_trace(
     Sizes and durations are kept in compact float arrays (8 bytes a job) for the quantiles, so a
     450k-job log costs a few MB beyond the reader's own streaming state.
     """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     trace = open_trace(path, fmt, strict, options)
     count = 0
     first = last = None
@@ -110,6 +112,9 @@ def inspect_cmd(
 
     A file that cannot be read prints one error naming file and line, exit code 2.
     """
+    from rich.console import Console
+    from rich.table import Table
+
     options = {k: v for k, v in (("cores_per_node", cores_per_node), ("machine_nodes", machine_nodes)) if v}
     info = inspect_trace(file, fmt, strict, progress=not as_json, options=options)
     if as_json:
