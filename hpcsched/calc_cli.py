@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -16,6 +17,44 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.4f}" if abs(v) < 10 else f"{v:,.2f}"
     return str(v)
+
+
+# Replay and harvest figures from meta.json (jobs.csv cannot recompute them); shown where a run records them.
+HARVEST_KEYS = ("idle_node_hours", "used_node_hours", "useful_node_hours", "held_past_pmax_node_hours",
+                "idle_pool_utilization", "useful_utilization", "rescales", "preemptions", "lost_samples", "lost_steps",
+                "max_lost_steps", "decisions", "nonoptimal_decisions")
+_REPLAY_SUMMARY_KEYS = ("idle_node_hours", "used_node_hours", "useful_node_hours", "held_past_pmax_node_hours",
+                        "useful_utilization", "rescales", "preemptions", "decisions", "nonoptimal_decisions")
+
+
+def harvest_metrics(meta: dict[str, Any]) -> dict[str, Any]:
+    """Idle and used node-hours, idle-pool utilisation, rescales, preemptions, lost work and non-optimal
+    decisions of a replay (``meta['summary']``) or Slurm harvest (top-level keys) result dir.
+
+    A key the run did not record (an older replay, a simulation) is left out, never shown as 0.
+    ``used_node_hours`` is node-time held by the elastic jobs; for a replay ``useful_node_hours`` leaves
+    out what jobs held after reaching Pmax. ``lost_samples`` (replay) is work lost to preemptions and
+    restarts; ``lost_steps`` (harvest) the steps lost past the last checkpoint, summed over preemptions.
+    """
+    out: dict[str, Any] = {}
+    summary = meta.get("summary")
+    if meta.get("tool") == "replay" and isinstance(summary, dict):
+        out |= {k: summary[k] for k in _REPLAY_SUMMARY_KEYS if k in summary}
+        if "samples_lost_preemption" in summary:
+            out["lost_samples"] = summary["samples_lost_preemption"] + summary.get("samples_lost_restart", 0.0)
+    elif meta.get("capacity_node_seconds") and "harvested_node_hours" in meta:
+        out["idle_node_hours"] = float(meta["capacity_node_seconds"]) / 3600.0
+        out["used_node_hours"] = meta["harvested_node_hours"]
+        out |= {k: meta[k] for k in ("rescales", "preemptions", "decisions", "nonoptimal_decisions") if k in meta}
+        if isinstance(meta.get("lost_steps"), list):
+            out["lost_steps"] = sum(meta["lost_steps"])
+    else:
+        return out
+    if isinstance(meta.get("nonoptimal_by_status"), dict):
+        out["nonoptimal_by_status"] = meta["nonoptimal_by_status"]
+    if out.get("idle_node_hours") and "used_node_hours" in out:
+        out["idle_pool_utilization"] = float(out["used_node_hours"]) / float(out["idle_node_hours"])
+    return out
 
 
 def calc(
@@ -42,7 +81,8 @@ def calc(
         df, meta = read_results(d)
         frames.append(df)
         metas.append(meta | {"dir": str(d)})
-        summaries.append({"dir": str(d)} | summarize(df, meta))
+        summary = {"dir": str(d)} | summarize(df, meta)
+        summaries.append(summary | {k: v for k, v in harvest_metrics(meta).items() if k not in summary})
     labels = run_labels(metas)
     subject = runs_subject(metas)
     for s, label in zip(summaries, labels, strict=True):
@@ -55,6 +95,7 @@ def calc(
     console = Console()
     keys = ["jobs", "unfinished", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "p99_jct_interp",
             "makespan", "span", "avg_queue", "utilization", "harvested_node_hours", "preemptions", "max_lost_steps"]
+    keys += [k for k in HARVEST_KEYS if k not in keys]
     if any(s.get("first_submit") for s in summaries):  # a trace on a calendar clock: show the times behind makespan
         keys[keys.index("span") + 1:keys.index("span") + 1] = ["first_submit", "last_end"]
     table = Table(title=f"hpcsched calc: {subject}")

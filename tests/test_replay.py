@@ -107,6 +107,12 @@ def test_real_replay_on_40_nodes_meets_reference_and_conserves_work(forty) -> No
         produced = (ev.dt * rate_prev - loss_prev - ev.preempt_loss).sum()
         assert s["samples"] + s["samples_past_pmax"] == pytest.approx(produced, rel=1e-9)
         assert s["samples"] == pytest.approx(sum(j.total_samples for j in jobs))
+        # held node-time = useful + held past Pmax (jobs finish only at the next pool change: a few %)
+        assert s["useful_node_hours"] + s["held_past_pmax_node_hours"] == pytest.approx(s["used_node_hours"])
+        assert 0 < s["held_past_pmax_node_hours"] < 0.05 * s["used_node_hours"]
+        assert sum(p["node_seconds_past_pmax"] for p in res.per_job) == pytest.approx(
+            s["held_past_pmax_node_hours"] * 3600)
+        assert s["decisions"] > 0 and s["nonoptimal_decisions"] == 0 and res.nonoptimal_by_status == {}
         for r in res.jobs:
             assert r.status == "completed" and r.start >= r.submit and r.end > r.start
             assert 1 <= r.nodes <= 64
@@ -142,6 +148,7 @@ def test_extensions_run_and_restart_accounting_charges_starts(forty) -> None:
     # exact completions: no work past Pmax, and the books still balance with the extra decision rows
     s, ev = exact.summary, _events(exact)
     assert abs(s["samples_past_pmax"]) < 1e-6 * s["samples"]
+    assert s["held_past_pmax_node_hours"] < 1e-6 * s["used_node_hours"]
     produced = (ev.dt * ev.rate.shift(1).fillna(0) - ev.rescale_loss.shift(1).fillna(0) - ev.preempt_loss).sum()
     assert s["samples"] + s["samples_past_pmax"] == pytest.approx(produced, rel=1e-9)
     pool_times = {e.time for e in tl.events}

@@ -19,7 +19,9 @@ def replay_cmd(
     curves: Path = typer.Option(..., "--curves", help="Scaling curves (JNPs CSV: job,Ns,Ps,...)."),
     out: Path = typer.Option(..., "--out", help="Directory for jobs.csv, meta.json, events.csv, job_progress.csv."),
     nodes: int | None = typer.Option(None, "--nodes", help="--idle: the first N nodes of the node order; "
-                                     "--log: machine size (default: the log's peak use)."),
+                                     "--log: machine size (default: the log header's or a known machine's size, "
+                                     "else the log's peak concurrent use; the size used and its source are "
+                                     "printed)."),
     node_order: Path | None = typer.Option(None, "--node-order", help="Node order file (default: node-order.txt "
                                            "beside --idle)."),
     tfwd: float = typer.Option(10.0, "--tfwd", help="Look-ahead window Tfwd, seconds."),
@@ -32,12 +34,18 @@ def replay_cmd(
                                       "submitted (the reference waits for the next pool change)."),
     max_jobs: int = typer.Option(10, "--max-jobs", help="Jobs admitted at once (the reference's maxJ)."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds per MILP decision."),
-    start: float | None = typer.Option(None, "--start", help="Replay start (epoch s); default: first job's submit."),
+    start: float | None = typer.Option(None, "--start", help="Replay start (epoch s); default: the first elastic "
+                                       "submit (--idle), the log's first job start (--log)."),
+    skip_warmup: bool = typer.Option(False, "--skip-warmup", help="--log: start where the log's use first reaches "
+                                     "its typical level (a log lacks the jobs running when it begins)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
 ) -> None:
     """Replay idle nodes harvested by elastic jobs (BFTrainer), one allocator decision per pool change.
 
-    Utilisation is node-seconds used by elastic jobs / idle node-seconds, until the last job completes.
+    Utilisation is node-seconds held by elastic jobs / idle node-seconds until the last job completes
+    (BFTrainer's figure); useful utilisation leaves out nodes held by jobs already past Pmax. The machine
+    size and its source, log rows and jobs left out, a warm-up start and non-optimal decisions are
+    printed on stderr and kept in meta.json; with --json, stdout holds only the JSON object.
     Example: hpcsched replay --idle trace-data/bftrainer/idle-intervals.csv.gz --nodes 40
     --jobs trace-data/bftrainer/hps-shufflenet-Jbnd-10J.csv --curves trace-data/bftrainer/hps-shufflenet-JNPs-10J.csv
     --tfwd 10 --out out/replay40
@@ -60,8 +68,10 @@ def replay_cmd(
     config = ReplayConfig(tfwd=tfwd, solver=solver, objective=objective, accounting=accounting,
                           max_jobs=max_jobs, time_limit=time_limit, predict_tfwd=predict_tfwd,
                           exact_events=exact_events)
+    if skip_warmup and log is None:
+        raise typer.BadParameter("--skip-warmup applies to --log only (idle intervals record the busy nodes)")
     request = ReplayRequest(jobs_file, curves, idle=idle, log=log, nodes=nodes, node_order=node_order, start=start,
-                            config=config)
+                            config=config, skip_warmup=skip_warmup)
     err = Console(stderr=True)
     # the bar pulses while the idle-pool events are built, then counts the replayed events
     with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
@@ -74,13 +84,30 @@ def replay_cmd(
             raise typer.Exit(2) from None
     s, tl = run.summary, run.timeline
     if as_json:
-        print(json.dumps({**s, "nodes": len(tl.nodes), "out": str(out)}))
-        return
-    con = Console()
-    con.print(f"replay on {len(tl.nodes)} nodes, {s['events']} events, {s['jobs_done']}/{s['jobs']} jobs done")
-    con.print(f"idle {s['idle_node_hours']:.1f} node-h, used {s['used_node_hours']:.1f} node-h, "
-              f"utilisation {s['utilization']:.4f}, rescales {s['rescales']}, samples {s['samples']:.4g}")
-    con.print(f"results in {out}")
+        print(json.dumps({**s, "nodes": len(tl.nodes), "machine_nodes_source": tl.notes.get("machine_nodes_source"),
+                          "nonoptimal_by_status": run.result.nonoptimal_by_status, "notes": run.notes,
+                          "warnings": run.warnings, "out": str(out)}))
+    else:
+        con = Console(highlight=False, soft_wrap=True)
+        lines = [
+            f"replay on {len(tl.nodes):,} nodes ({tl.notes.get('machine_nodes_source')}), {s['events']:,} events, "
+            f"{s['jobs_done']}/{s['jobs']} elastic jobs done",
+            f"idle {s['idle_node_hours']:,.1f} node-h; held by the jobs {s['used_node_hours']:,.1f} node-h: "
+            f"utilisation {s['utilization']:.4f} (BFTrainer's: held / idle)",
+            f"useful {s['useful_node_hours']:,.1f} node-h (held less {s['held_past_pmax_node_hours']:,.1f} held past "
+            f"Pmax): useful utilisation {s['useful_utilization']:.4f}",
+            f"rescales {s['rescales']:,}, preemptions {s['preemptions']:,}, samples {s['samples']:.4g} (lost: "
+            f"{s['samples_lost_preemption']:.4g} to preemptions, {s['samples_lost_restart']:.4g} to restarts); "
+            f"{s['decisions']:,} decisions, {s['nonoptimal_decisions']:,} not proven optimal",
+            f"results in {out}",
+        ]
+        for line in lines:
+            con.print(line, markup=False)
+    # stderr in both modes, after the figures: what they need beside them; never mixed into --json's stdout
+    for note in run.notes:
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    for warning in run.warnings:
+        err.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ at the same second, so a node handed from one job to the next never shows as idl
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,12 +244,104 @@ def place_first_fit(runs: list[tuple[float, float, int]], machine: int, cpn: int
     return ff
 
 
-def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | None = None) -> PoolTimeline:
+# Reader anomaly kinds that drop the row; every other kind flags a row that is kept (hpcsched.traces.base).
+DROPPING_KINDS = frozenset({"malformed_row"})
+_FLAG_MEANING = {
+    "unsorted_submit": "submitted before a row above it; order does not matter here",
+    "runtime_over_request": "ran longer than it requested",
+    "unknown_field": "a field is unknown (-1/empty); a job without start, end or size is not replayed",
+    "zero_runtime": "ran 0 s",
+    "negative_runtime": "end before start: its run time became unknown, so it is not replayed",
+    "duplicate_id": "repeated id, renamed id#n",
+    "larger_than_machine": "larger than the machine the reader assumed",
+    "censored": "no end at the log's end",
+}
+WARMUP_RATIO = 0.75  # a start window whose mean use is below this share of the typical use is a warm-up
+WARMUP_MIN_S = 3600.0  # shorter low-use stretches at the start are not worth a warning
+
+
+def split_rows(anomalies: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(dropped, flagged-but-kept) row counts by anomaly kind, from a reader's anomaly counts."""
+    dropped = {k: int(n) for k, n in anomalies.items() if k in DROPPING_KINDS and n}
+    flagged = {k: int(n) for k, n in anomalies.items() if k not in DROPPING_KINDS and n}
+    return dropped, flagged
+
+
+def describe_rows(records: int, anomalies: Mapping[str, int]) -> str:
+    """One sentence that keeps dropped rows and flagged-but-kept rows apart (a flag drops nothing).
+
+    'skipped/flagged rows {'unsorted_submit': 9812}' read as if 9,812 rows were lost; this says
+    '14,374 jobs read, 0 rows dropped; kept but flagged: 9,812 unsorted_submit (submitted before ...)'.
+    """
+    dropped, flagged = split_rows(anomalies)
+    text = f"{records:,} jobs read; rows dropped: "
+    text += ", ".join(f"{n:,} {k} (unparsable)" for k, n in dropped.items()) if dropped else "none"
+    if flagged:
+        text += "; kept but flagged (nothing dropped): " + ", ".join(
+            f"{n:,} {k} ({_FLAG_MEANING.get(k, 'see hpcsched trace inspect')})" for k, n in flagged.items())
+    return text
+
+
+def busy_steps(times: Sequence[float], deltas: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Busy nodes as a step function from (time, -1 busy / +1 idle) marks: ``level[k]`` holds from
+    ``times[k]`` to ``times[k + 1]``; nothing is busy before the first mark."""
+    t = np.asarray(times, dtype=float)
+    if len(t) == 0:
+        return t, np.zeros(0, dtype=np.int64)
+    o = np.argsort(t, kind="stable")
+    t, level = t[o], np.cumsum(-np.asarray(deltas, dtype=np.int64)[o])
+    last = np.r_[t[1:] != t[:-1], True]  # one value per instant: the level after all of its changes
+    return t[last], level[last]
+
+
+def _integral(times: np.ndarray, level: np.ndarray, a: float, b: float) -> float:
+    """Integral of the step function over [a, b] (0 before the first step)."""
+    if b <= a or len(times) == 0:
+        return 0.0
+    edges = np.clip(np.r_[times, max(b, times[-1])], a, b)
+    return float((level * np.diff(edges)).sum())
+
+
+def warmup_check(times: np.ndarray, level: np.ndarray, start: float) -> dict[str, object]:
+    """Does the replay start on a machine far emptier than the log's typical use?
+
+    A log cut out of a longer history lacks the jobs already running when it begins, so its first
+    hours show the machine nearly empty and a replay counts them as a huge idle window. The typical
+    use is the time-weighted median of busy nodes over the whole log; the warm-up lasts from
+    ``start`` until use first reaches it. It is reported (``detected``) when it lasts at least
+    ``WARMUP_MIN_S`` and its mean use is below ``WARMUP_RATIO`` of the typical use.
+    """
+    if len(times) < 2:
+        return {"detected": False, "typical_busy_nodes": 0.0, "warmup_end": start, "warmup_hours": 0.0,
+                "warmup_mean_busy_nodes": 0.0}
+    dur, lv = np.diff(times), level[:-1]
+    order = np.argsort(lv, kind="stable")
+    cum = np.cumsum(dur[order])
+    typical = float(lv[order][min(int(np.searchsorted(cum, cum[-1] / 2)), len(order) - 1)])
+    k = int(np.searchsorted(times, start, side="right")) - 1
+    if k >= 0 and level[k] >= typical:
+        end = start
+    else:
+        later = np.flatnonzero((times > start) & (level >= typical))
+        end = float(times[later[0]]) if len(later) else float(times[-1])
+    mean = _integral(times, level, start, end) / (end - start) if end > start else float(level[max(k, 0)])
+    detected = end - start >= WARMUP_MIN_S and mean < WARMUP_RATIO * typical
+    return {"detected": bool(detected), "typical_busy_nodes": typical, "warmup_end": end,
+            "warmup_hours": (end - start) / 3600.0, "warmup_mean_busy_nodes": mean}
+
+
+def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | None = None, *,
+                      start: float | None = None, skip_warmup: bool = False) -> PoolTimeline:
     """Idle-pool events of a batch log replayed first-fit on a machine of ``machine`` nodes.
 
-    The machine is the log header's (SWF MaxNodes x cores per node) when the reader found one, else
-    the log's peak concurrent use. Jobs smaller than a node share nodes by cores. Jobs without
-    start/end or size, or that find the machine full, are counted in ``notes``.
+    The machine is ``machine`` (``--nodes``) when given, else the size the reader knows (an SWF header's
+    MaxNodes, a known Cobalt machine named in the file name), else the log's peak concurrent use; the
+    size and where it came from are in ``notes`` (``machine_nodes``, ``machine_nodes_source``), since a
+    wrong size silently skips jobs (too small) or invents idle nodes (too large). Jobs smaller than a
+    node share nodes by cores. Jobs without start/end or size, or that find the machine full, are
+    counted in ``notes``, as are the reader's dropped and flagged rows and the warm-up check
+    (``warmup_check``). The replay starts at ``start`` (default: the log's first job start), or with
+    ``skip_warmup`` where the log's use first reaches its typical level.
     """
     from hpcsched.traces import open_trace
 
@@ -263,17 +355,37 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     runs, skipped = log_runs(jobs, cpn)
     if not runs:
         raise InputError(path, "no job in the log has a start, an end and a size: nothing to replay")
-    if machine is None:
-        header = meta.get("machine_nodes")
-        machine = int(header) if isinstance(header, int | float) and header > 0 else -(-peak_use(runs) // cpn)
+    peak_nodes = -(-peak_use(runs) // cpn)
+    header = meta.get("machine_nodes")
+    if machine is not None:
+        if machine < 1:
+            raise InputError(path, f"--nodes {machine}: the machine needs at least 1 node")
+        source = "--nodes"
+    elif isinstance(header, int | float) and header > 0:
+        machine = int(header)
+        source = str(meta.get("machine_nodes_source") or "the log's header")
+    else:
+        machine, source = peak_nodes, "the log's peak concurrent use"
     first = min(s for s, _, _ in runs)
     ff = place_first_fit(runs, machine, cpn, skipped)
+    bt, bl = busy_steps(ff.times, ff.deltas)
+    if start is None:
+        start = first
+    elif start < first or start >= bt[-1]:
+        raise InputError(path, f"--start {start:.0f} is outside the log's replayable span [{first:.0f}, {bt[-1]:.0f})")
+    warm = warmup_check(bt, bl, start)
+    if skip_warmup:
+        warm["skipped_from"] = start
+        start = float(warm["warmup_end"])  # type: ignore[arg-type]
     names = [f"n{k:05d}" for k in range(machine)]
     times = np.concatenate([np.full(machine, first), np.array(ff.times, dtype=float)])
     deltas = np.concatenate([np.ones(machine, dtype=np.int8), np.array(ff.deltas, dtype=np.int8)])
     idx = np.concatenate([np.arange(machine), np.array(ff.nodes, dtype=np.int64)])
-    tl = _timeline(times, deltas, idx, names, first)
-    tl.notes = {"machine_nodes": machine, "cores_per_node": cpn, "log_jobs": len(jobs),
-                "log_jobs_placed": len(runs) - skipped["no_room"]}
+    tl = _timeline(times, deltas, idx, names, start)
+    dropped, flagged = split_rows(trace.report.anomalies)
+    tl.notes = {"machine_nodes": machine, "machine_nodes_source": source, "log_peak_nodes": peak_nodes,
+                "cores_per_node": cpn, "log_jobs": len(jobs), "log_jobs_placed": len(runs) - skipped["no_room"]}
     tl.notes.update({f"skipped_{k}": v for k, v in skipped.items() if k != "truncated"})
+    tl.notes.update({"log_rows_dropped": dropped, "log_rows_flagged": flagged,
+                     "log_rows_summary": describe_rows(len(jobs), trace.report.anomalies), "warmup": warm})
     return tl

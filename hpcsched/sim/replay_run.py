@@ -32,7 +32,9 @@ class ReplayRequest:
     """Everything one replay needs: the jobs, exactly one source of idle nodes, and the allocator's config.
 
     ``nodes`` means the first N names of the node order for ``idle``, and the machine size for ``log``
-    (None: the log's peak use). ``start`` (epoch s) applies to ``idle`` only; None: the first submit.
+    (None: what the log or its machine says, else its peak use). ``start`` (epoch s) is the replay's
+    start; None: the first elastic submit for ``idle``, the log's first job start for ``log``.
+    ``skip_warmup`` (``log`` only) starts where the log's use first reaches its typical level.
     """
 
     jobs_file: Path
@@ -43,21 +45,30 @@ class ReplayRequest:
     node_order: Path | None = None
     start: float | None = None
     config: ReplayConfig = field(default_factory=ReplayConfig)
+    skip_warmup: bool = False
 
     def __post_init__(self) -> None:
         if (self.idle is None) == (self.log is None):
             raise ValueError("give exactly one of idle (idle intervals) or log (a batch job log)")
+        if self.skip_warmup and self.log is None:
+            raise ValueError("skip_warmup applies to a batch log (--log) only: idle intervals record busy nodes")
 
 
 @dataclass
 class ReplayRun:
-    """What ``run_replay`` produced: the replayer's result, the pool it harvested, and what it wrote."""
+    """What ``run_replay`` produced: the replayer's result, the pool it harvested, and what it wrote.
+
+    ``notes`` are facts a reader of the figures needs (machine size and its source, the log's rows);
+    ``warnings`` are conditions that make a figure approximate or partial. Both are in meta.json too.
+    """
 
     result: ReplayResult
     timeline: PoolTimeline
     meta: dict[str, object]
     submit_shift_s: float
     out: Path
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def summary(self) -> dict[str, object]:
@@ -81,6 +92,7 @@ def idle_timeline(idle: Path, nodes: int | None, order_file: Path | None, start:
     """The pool from idle intervals; ``nodes`` keeps the first N names of the node order.
 
     The node order defaults to ``node-order.txt`` beside the idle file (the bundled data's layout).
+    ``notes`` say the machine size and where it came from, as for a log.
     """
     from hpcsched.traces.bftrainer import read_idle_intervals, read_node_order
 
@@ -93,7 +105,14 @@ def idle_timeline(idle: Path, nodes: int | None, order_file: Path | None, start:
         if not 1 <= nodes <= len(names):
             raise InputError(order_file, f"--nodes {nodes}: the node order lists {len(names)} nodes")
         names = names[:nodes]
-    return timeline_from_intervals(read_idle_intervals(idle), names, start)
+        source = f"--nodes {nodes}: the first {nodes} names of {order_file}"
+    elif names is not None:
+        source = f"every node of {order_file}"
+    else:
+        source = f"every node named in {idle}"
+    tl = timeline_from_intervals(read_idle_intervals(idle), names, start)
+    tl.notes = {"machine_nodes": len(tl.nodes), "machine_nodes_source": source}
+    return tl
 
 
 def run_replay(
@@ -123,11 +142,12 @@ def run_replay(
         tl = idle_timeline(request.idle, request.nodes, request.node_order, t0)
     else:
         assert request.log is not None
-        tl = timeline_from_log(request.log, request.nodes)
+        tl = timeline_from_log(request.log, request.nodes, start=request.start, skip_warmup=request.skip_warmup)
         jobs, shift = shift_into_log(jobs, tl.start, tl.end)
     cfg = request.config
     res = replay(tl, jobs, cfg, progress=progress)
     s = res.summary
+    notes, warnings = explain(tl, res, shift, cfg)
     meta: dict[str, object] = {
         "tool": "replay", "policy": f"bftrainer-{cfg.solver}", "trace": str(request.idle or request.log),
         "jobs_file": str(request.jobs_file), "cluster": f"{len(tl.nodes)} nodes", "capacity_nodes": len(tl.nodes),
@@ -135,9 +155,84 @@ def run_replay(
         "tfwd": cfg.tfwd, "objective": str(cfg.objective), "accounting": cfg.accounting,
         "predict_tfwd": cfg.predict_tfwd, "exact_events": cfg.exact_events, "max_jobs": cfg.max_jobs,
         "submit_shift_s": shift, **(meta_extra or {}), **tl.notes, "summary": s,
+        "nonoptimal_by_status": res.nonoptimal_by_status, "notes": notes, "warnings": warnings,
     }
     write_replay(out, res, meta)
-    return ReplayRun(res, tl, meta, shift, out)
+    return ReplayRun(res, tl, meta, shift, out, notes, warnings)
+
+
+def _utc(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _f(v: object) -> float:
+    return float(v)  # type: ignore[arg-type]
+
+
+NONOPTIMAL_MEANING = {
+    "time_limit": "the MILP hit --time-limit and its best incumbent was used",
+    "fallback": "the MILP found no incumbent in time and greedy's answer was used",
+    "heuristic": "a heuristic solver (greedy, equal) decided, without an optimality proof",
+}
+
+
+def explain(tl: PoolTimeline, res: ReplayResult, shift: float, cfg: ReplayConfig) -> tuple[list[str], list[str]]:
+    """The notes and warnings a replay's figures need beside them, as self-contained sentences.
+
+    Each answers a question the figures alone leave open: which machine size and why, which log rows
+    and jobs were left out, whether the start is a warm-up, how much held node-time was past Pmax,
+    and whether every allocator decision was optimal.
+    """
+    n, s = tl.notes, res.summary
+    machine = f"machine: {len(tl.nodes):,} nodes, from {n.get('machine_nodes_source', 'the idle data')}"
+    if "log_peak_nodes" in n:
+        machine += f"; the log's peak concurrent use is {_f(n['log_peak_nodes']):,.0f} nodes"
+    notes, warnings = [machine], []
+    if "log_jobs" in n:
+        notes.append(f"log: {n['log_rows_summary']}")
+        no_room, no_times, no_size = (int(_f(n[f"skipped_{k}"])) for k in ("no_room", "no_times", "no_size"))
+        left, total = no_room + no_times + no_size, int(_f(n["log_jobs"]))
+        if left:
+            parts = [f"{no_room:,} found no room on {len(tl.nodes):,} nodes at their recorded start"
+                     + (" (is the machine size right? --nodes sets it)" if no_room else ""),
+                     f"{no_times:,} had no start or end", f"{no_size:,} had no size"]
+            warnings.append(f"{left:,} of {total:,} log jobs ({100 * left / total:.1f}%) were not replayed, so their "
+                            f"nodes count as idle: {'; '.join(parts)}")
+        warm = n.get("warmup")
+        if isinstance(warm, dict) and "skipped_from" in warm:
+            notes.append(f"warm-up skipped (--skip-warmup): the replay starts at {_utc(tl.start)}, "
+                         f"{(tl.start - _f(warm['skipped_from'])) / 3600:.1f} h after the log's first job start, "
+                         f"where its use first reaches the typical {_f(warm['typical_busy_nodes']):,.0f} busy nodes")
+        elif isinstance(warm, dict) and warm["detected"]:
+            warnings.append(
+                f"the log starts with the machine nearly empty: for {_f(warm['warmup_hours']):.1f} h from the replay "
+                f"start its jobs held {_f(warm['warmup_mean_busy_nodes']):,.0f} nodes on average, against a typical "
+                f"{_f(warm['typical_busy_nodes']):,.0f} (time-weighted median over the log). Jobs already running "
+                "when the log begins are missing from it, so this stretch replays as a huge idle window. "
+                f"--skip-warmup starts where use first reaches the typical level ({_utc(_f(warm['warmup_end']))}); "
+                "--start EPOCH picks a start")
+    if shift:
+        notes.append(f"elastic jobs moved {shift / 86400:+,.1f} days so the first is submitted at the replay start "
+                     "(their file's clock misses the log)")
+    past, held, over = _f(s["held_past_pmax_node_hours"]), _f(s["used_node_hours"]), _f(s["samples_past_pmax"])
+    if past > 1e-6 * held:  # below that it is the rounding of exact completion times
+        line = (f"{past:,.1f} of the {held:,.1f} node-h held were held by jobs that had already reached Pmax "
+                f"({over:.4g} samples computed past Pmax, {over / max(_f(s['samples']), 1e-300):.2f}x what the jobs "
+                "needed): BFTrainer's event rule notices a completion only at the next pool change, and utilisation "
+                f"counts those nodes as used. Useful work: {_f(s['useful_node_hours']):,.1f} node-h, useful "
+                f"utilisation {_f(s['useful_utilization']):.4f}"
+                + ("" if cfg.exact_events else "; --exact-events completes jobs at Pmax"))
+        (warnings if past >= 0.05 * held else notes).append(line)
+    bad = res.nonoptimal_by_status
+    if bad:
+        warnings.append(f"{sum(bad.values()):,} of {int(_f(s['decisions'])):,} allocator decisions were not proven "
+                        "optimal: " + "; ".join(f"{k} {v:,} ({NONOPTIMAL_MEANING.get(k, k)})" for k, v in bad.items()))
+    if not s["finished"]:
+        warnings.append(f"the idle data ran out before every elastic job finished ({s['jobs_done']}/{s['jobs']} "
+                        "done): figures cover the replayed span only")
+    return notes, warnings
 
 
 def _num(v: object) -> object:
@@ -153,6 +248,6 @@ def write_replay(out: Path, res: ReplayResult, meta: dict[str, object]) -> None:
         for row in res.events:
             w.writerow([_num(v) for v in row])
     with open(out / PROGRESS_FILE, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["job_id", "samples", "rescales", "preemptions"])
+        w = csv.DictWriter(f, fieldnames=["job_id", "samples", "rescales", "preemptions", "node_seconds_past_pmax"])
         w.writeheader()
         w.writerows(res.per_job)
