@@ -20,6 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpcsched.allocator import DeclaredPolicy  # noqa: E402
 from hpcsched.cluster_spec import read_cluster_spec  # noqa: E402
 from hpcsched.interleave.grouping import Candidate, GroupingRules, Scorer, _match, form_groups  # noqa: E402
 from hpcsched.interleave.matching import MatchSettings, assign, matching_weight, pair_counts  # noqa: E402
@@ -31,6 +32,7 @@ from hpcsched.interleave.policies import (  # noqa: E402
     attained_gpu_s,
     remaining_gpu_s,
 )
+from hpcsched.policies import get_policy  # noqa: E402
 from hpcsched.sim import simulate  # noqa: E402
 from hpcsched.sim.semantics import SOLO_FACTOR  # noqa: E402
 from hpcsched.traces import read_jobs  # noqa: E402
@@ -171,6 +173,11 @@ def bench_gain() -> None:
         )
 
 
+def as_registered(name: str, fn: InterleavingPolicy) -> DeclaredPolicy:
+    """A variant of a registered policy, run with that policy's hints (its compat loop rules)."""
+    return DeclaredPolicy(name, fn, get_policy(name).hints)
+
+
 def bench_ablation() -> None:
     """Where compat and default differ on trace3 Muri-S (one change at a time), and the reference's blossom."""
     print("== ablation, trace3 n8g8: Muri-S with each engine mode x each period model; avg / p99 JCT, s")
@@ -179,7 +186,7 @@ def bench_ablation() -> None:
     for engine in ("muri", None):
         for rules in (COMPAT_RULES, REFERENCE_RULES):
             policy = InterleavingPolicy("muri-s", remaining_gpu_s, rules, compat_rules=rules)
-            s = simulate(jobs, cluster, policy, engine).summary()
+            s = simulate(jobs, cluster, as_registered("muri-s", policy), engine).summary()
             print(
                 f"engine {'compat' if engine else 'default'}, period model {rules.model.kind}: "
                 f"avg {s['avg_jct']:.2f}, p99 {s['p99_jct']:.2f}",
@@ -194,7 +201,7 @@ def bench_ablation() -> None:
     for name, key in (("muri-s", remaining_gpu_s), ("muri-l", attained_gpu_s)):
         for label, rules in (("ours", COMPAT_RULES), ("reference blossom", ref)):
             policy = InterleavingPolicy(name, key, rules, compat_rules=rules, compat_autopack=name == "muri-l")
-            (res, _, cpu) = timed(simulate, jobs, cluster, policy, "muri")
+            (res, _, cpu) = timed(simulate, jobs, cluster, as_registered(name, policy), "muri")
             s = res.summary()
             avg, p99 = published[name]
             print(

@@ -9,8 +9,9 @@ virtual clock, or the runtime controller) places groups in that order until the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hpcsched.model import ClusterSpec, ResourceProfile
 
@@ -62,3 +63,63 @@ class Group:
 
 Policy = Callable[[Snapshot], list[Group]]
 """Pure function: active jobs in, groups to run out, highest priority first."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyHints:
+    """What a policy promises about its own answers, so an executor may skip work or wake up on time.
+
+    Every default promises nothing: a policy without hints is simply asked at every event. Each promise is
+    checked for every registered policy by the conformance test (tests/test_policy_registry.py): an executor
+    that uses a shortcut must get exactly the answer it would get by calling the policy.
+    """
+
+    # returns every active job as a group of its own, only ordering them: while every active job fits beside
+    # the running ones, the executor need not ask (any order runs them all)
+    runs_every_job: bool = False
+    # the answer is exactly every active job alone, sorted by this key of its view (ties in arrival order),
+    # and a WAITING job's key depends only on its own view: the executor may keep waiting jobs sorted itself.
+    # Implies ``runs_every_job``.
+    order_key: Callable[[JobView], Any] | None = None
+    # ``vector_keys(now, cluster, columns, compat) -> [key arrays]``: the answer is every job alone in the
+    # order of these keys over per-job columns (most significant first, lowest first, ties in arrival order)
+    vector_keys: Callable[..., Any] | None = None
+    # attained GPU-seconds at which a running job's priority changes: the executor wakes up when one is crossed
+    service_thresholds: tuple[float, ...] = ()
+    # under a compat mode, the answer is the jobs sorted by ``JobView.rank_hint`` (the reference's own lists,
+    # which the executor keeps)
+    compat_rank_order: bool = False
+    # per compat mode ("muri"), how the reference's loop ran this policy; opaque to the core, read by the
+    # compat accounting (``hpcsched.compat``)
+    compat: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.order_key is not None and not self.runs_every_job:
+            raise ValueError("a policy with an order_key runs every job: set runs_every_job too")
+
+    def without_shortcuts(self) -> PolicyHints:
+        """The same semantics (wake-ups, compat loop rules) with the ordering shortcuts off: the executor
+        calls the policy itself whenever it needs an order. ``runs_every_job`` stays: it only decides when the
+        policy is asked, and skipping an ask settles progress at other moments (equal to float rounding)."""
+        return replace(self, order_key=None, vector_keys=None, compat_rank_order=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredPolicy:
+    """A policy with its name and its hints: what the registry holds and what executors are given."""
+
+    name: str
+    fn: Policy
+    hints: PolicyHints = PolicyHints()
+
+    def __call__(self, snapshot: Snapshot) -> list[Group]:
+        return self.fn(snapshot)
+
+
+def hints_of(policy: Policy) -> PolicyHints:
+    """A declared policy's hints; a plain function promises nothing."""
+    return policy.hints if isinstance(policy, DeclaredPolicy) else PolicyHints()
+
+
+def policy_name(policy: Policy) -> str:
+    return policy.name if isinstance(policy, DeclaredPolicy) else getattr(policy, "__name__", "custom")

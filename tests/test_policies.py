@@ -70,7 +70,7 @@ def test_tiresias_lower_queue_first_then_running_then_fifo() -> None:
 
 
 def test_tiresias_declares_its_limits_for_wakeups() -> None:
-    assert get_policy("tiresias").service_thresholds == (3250.0, 7200.0)  # type: ignore[attr-defined]
+    assert get_policy("tiresias").hints.service_thresholds == (3250.0, 7200.0)
 
 
 def test_themis_serves_the_worst_finish_time_fairness_first() -> None:

@@ -1,8 +1,8 @@
 """The simulator's ``order_key`` shortcut (engine contract item 9) must give exactly the policy's answer.
 
-Each baseline that declares ``order_key`` is run on the bundled trace3 twice: as registered (the engine
-keeps waiting jobs sorted and never calls it) and wrapped in a plain function without ``order_key``
-(the engine calls it at every event). Every job's start, end and GPU-seconds must be bit-identical.
+Each baseline that declares an ``order_key`` hint is run on the bundled trace3 twice: as registered (the
+engine keeps waiting jobs sorted and never calls it) and declared without its shortcuts (the engine calls it
+at every event). Every job's start, end and GPU-seconds must be bit-identical.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.allocator import Group, Snapshot
+from hpcsched.allocator import DeclaredPolicy, Group, Snapshot
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.model import ClusterSpec
 from hpcsched.policies import get_policy
-from hpcsched.policies._order import runs_every_job
 from hpcsched.sim.engine import simulate
 from hpcsched.traces import read_jobs
 
@@ -37,14 +36,9 @@ def test_order_key_shortcut_is_exact(setup, name: str, compat: str | None) -> No
     the policy orders by ``rank_hint`` from the engine's list positions: both must agree to the bit."""
     jobs, cluster = setup
     policy = get_policy(name)
-    assert getattr(policy, "order_key", None) is not None
-
-    @runs_every_job
-    def called(snapshot: Snapshot) -> list[Group]:
-        return policy(snapshot)
-
-    if hasattr(policy, "service_thresholds"):  # Tiresias: same wake-ups, only the shortcut differs
-        called.service_thresholds = policy.service_thresholds  # type: ignore[attr-defined]
+    assert policy.hints.order_key is not None
+    # the same policy called at every event: the same wake-ups and compat rules, no shortcut
+    called = DeclaredPolicy(name, policy.fn, policy.hints.without_shortcuts())
     fast = simulate(jobs, cluster, policy, compat)
     slow = simulate(jobs, cluster, called, compat)
     assert fast.events == slow.events
@@ -61,10 +55,7 @@ def test_themis_vector_keys_path_is_the_policy(setup, compat: str | None) -> Non
     from hpcsched.policies.themis import themis
 
     jobs, cluster = setup
-
-    @runs_every_job
-    def called(snapshot: Snapshot) -> list[Group]:
-        return themis(snapshot)
+    called = DeclaredPolicy("themis", themis.fn, themis.hints.without_shortcuts())
 
     small = ClusterSpec(1, 2, 8, name="n2g8")  # 16 GPUs: hundreds of jobs wait, past the sorted head
     for spec in (cluster, small):
@@ -76,16 +67,17 @@ def test_themis_vector_keys_path_is_the_policy(setup, compat: str | None) -> Non
 
 def test_themis_matches_its_definition(setup) -> None:
     """themis computes rho as arrays for speed; ranking by the definition, job by job, must agree."""
-    from hpcsched.policies._order import solo
+    from hpcsched.allocator import PolicyHints
+    from hpcsched.policies.ordering import solo
     from hpcsched.policies.themis import finish_time_fairness, themis
 
     jobs, cluster = setup
 
-    @runs_every_job
     def by_definition(snapshot: Snapshot) -> list[Group]:
         ranked = sorted(snapshot.jobs, key=lambda v: -finish_time_fairness(v, snapshot))
         return [solo(v.id) for v in ranked]
 
-    fast, slow = simulate(jobs, cluster, themis), simulate(jobs, cluster, by_definition)
+    slow_policy = DeclaredPolicy("themis", by_definition, PolicyHints(runs_every_job=True))
+    fast, slow = simulate(jobs, cluster, themis), simulate(jobs, cluster, slow_policy)
     key = [(r.job_id, r.start, r.end, r.gpu_seconds) for r in fast.results]
     assert key == [(r.job_id, r.start, r.end, r.gpu_seconds) for r in slow.results]

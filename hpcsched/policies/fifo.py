@@ -4,13 +4,14 @@ cannot). Running jobs are never preempted by later arrivals because they arrived
 from __future__ import annotations
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import orders_by, solo_groups
+from hpcsched.policies import register
+from hpcsched.policies.ordering import ordered_by, solo_groups
 
 
 def _key(v: JobView) -> float:
     return v.submit
 
 
-@orders_by(_key)
+@register("fifo", hints=ordered_by(_key))
 def fifo(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, _key)

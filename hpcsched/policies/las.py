@@ -4,13 +4,14 @@ go first, long jobs sink, which approximates SRSF when lengths are unknown."""
 from __future__ import annotations
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import orders_by, solo_groups
+from hpcsched.policies import register
+from hpcsched.policies.ordering import ordered_by, solo_groups
 
 
 def _key(v: JobView) -> float:
     return v.attained_gpu_s
 
 
-@orders_by(_key)
+@register("las", hints=ordered_by(_key))
 def las(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, _key)

@@ -4,13 +4,14 @@ charges wide jobs for the capacity they hold, which is what lowers average JCT o
 from __future__ import annotations
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import orders_by, remaining_s, solo_groups
+from hpcsched.policies import register
+from hpcsched.policies.ordering import ordered_by, remaining_s, solo_groups
 
 
 def _key(v: JobView) -> float:
     return remaining_s(v) * v.gpus
 
 
-@orders_by(_key)
+@register("srsf", hints=ordered_by(_key))
 def srsf(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, _key)

@@ -4,9 +4,10 @@ average JCT on one machine, but ignores that a 32-GPU job blocks 32x the capacit
 from __future__ import annotations
 
 from hpcsched.allocator import Group, Snapshot
-from hpcsched.policies._order import orders_by, remaining_s, solo_groups
+from hpcsched.policies import register
+from hpcsched.policies.ordering import ordered_by, remaining_s, solo_groups
 
 
-@orders_by(remaining_s)
+@register("srtf", hints=ordered_by(remaining_s))
 def srtf(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, remaining_s)

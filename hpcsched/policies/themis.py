@@ -48,9 +48,11 @@ from typing import Any
 
 import numpy as np
 
-from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.allocator import DeclaredPolicy, Group, JobView, PolicyHints, Snapshot
+from hpcsched.compat.muri import THEMIS_LOOP
 from hpcsched.model import ClusterSpec
-from hpcsched.policies._order import remaining_s, runs_every_job, solo
+from hpcsched.policies import register
+from hpcsched.policies.ordering import remaining_s, solo
 from hpcsched.sim.semantics import SOLO_FACTOR
 
 _log = logging.getLogger(__name__)
@@ -258,29 +260,30 @@ def ecos_keys(
     return _allocation_keys(ecos_allocation(now, cluster.gpus, cols, share), cols)
 
 
-def _solo_in_key_order(keys: Any, name: str, doc: str) -> Any:
+def _solo_in_key_order(keys: Any, name: str, doc: str, **register_as: Any) -> DeclaredPolicy:
     """A Themis policy: every job alone, in the order of ``keys`` (which the engine may also call directly:
-    ``vector_keys``). One body for the closed form and the solver's form, which differ only in their keys."""
+    the ``vector_keys`` hint). One body for the closed form and the solver's form, which differ only in
+    their keys."""
 
-    @runs_every_job
     def policy(snapshot: Snapshot) -> list[Group]:
         jobs = snapshot.jobs
         order = order_by(keys(snapshot.now, snapshot.cluster, columns(jobs), snapshot.compat))
         return [solo(jobs[i].id) for i in order.tolist()]
 
-    policy.__name__ = policy.__qualname__ = name
+    policy.__name__ = policy.__qualname__ = name.replace("-", "_")
     policy.__doc__ = doc
-    policy.vector_keys = keys  # type: ignore[attr-defined]
-    return policy
+    hints = PolicyHints(runs_every_job=True, vector_keys=keys, compat={"muri": THEMIS_LOOP})
+    return register(name, hints=hints, **register_as)(policy)
 
 
 themis = _solo_in_key_order(rho_keys, "themis", "Themis: the worst finish-time fairness first (closed form).")
 themis_ecos = _solo_in_key_order(
-    ecos_keys, "themis_ecos",
+    ecos_keys, "themis-ecos",
     "Themis with the reference's solvers (``--compat muri``; needs ``ecos``, and ``scs`` where ECOS fails); "
-    "the greedy otherwise.")
+    "the greedy otherwise.", requires=("ecos",), extra="cvxpy")
 
 
+@register("themis-cvxpy", requires=("cvxpy",), extra="cvxpy")  # the reference's SRTF loop under compat
 def themis_cvxpy(snapshot: Snapshot) -> list[Group]:
     """The reference's formulation: min max rho over fractional allocations x in [0, 1] (needs cvxpy)."""
     import cvxpy as cp
@@ -303,8 +306,10 @@ def themis_cvxpy(snapshot: Snapshot) -> list[Group]:
     solver = next((s for s in ("ECOS", "CLARABEL", "SCS") if s in solvers), None)  # the reference used ECOS
     try:
         cp.Problem(objective, constraints).solve(solver=solver)
-    except cp.error.SolverError:
-        return themis(snapshot)  # a solver failure must not stop a simulation: fall back to the greedy
+    except cp.error.SolverError as e:  # a solver failure must not stop a simulation: the closed form, said
+        _log.warning("themis-cvxpy: %s failed at t=%.0f (%s); this decision uses the closed form",
+                     solver, snapshot.now, e)
+        return themis(snapshot)
     alloc = [float(a) if a is not None else 0.0 for a in (x.value if x.value is not None else [0.0] * len(views))]
     # the reference: allocation per second received, never-run jobs first
     key = [a * 1e9 if v.executed_s == 0 else a / v.executed_s for a, v in zip(alloc, views, strict=True)]

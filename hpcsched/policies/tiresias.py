@@ -6,7 +6,7 @@ first; inside a queue, running jobs stay ahead of waiting ones (no preemption wi
 then first come, first served. Discretising keeps a job from being preempted every time another
 job's attained service overtakes it, which is what plain LAS suffers from.
 
-``service_thresholds`` tells the simulator to wake up when a running job crosses a limit, so
+Its ``service_thresholds`` hint tells the simulator to wake up when a running job crosses a limit, so
 demotion happens on time and not at the next arrival or completion.
 """
 
@@ -15,7 +15,9 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.policies._order import orders_by, solo_groups
+from hpcsched.compat.muri import TIRESIAS_LOOP
+from hpcsched.policies import register
+from hpcsched.policies.ordering import ordered_by, solo_groups
 
 QUEUE_LIMITS_GPU_S: tuple[float, ...] = (3250.0, 7200.0)
 
@@ -29,14 +31,12 @@ def _key(v: JobView) -> tuple[int, bool, float]:
     return (queue_of(v), not v.running, v.submit)
 
 
-@orders_by(_key)  # in compat mode the simulator keys waiting jobs by the reference's (queue, seq) lists itself
+# compat_rank_order: in compat mode its answer is sorted by rank_hint, so the simulator keeps the reference's
+# (queue, seq) lists itself instead of calling it
+@register("tiresias", hints=ordered_by(_key, service_thresholds=QUEUE_LIMITS_GPU_S, compat_rank_order=True,
+                                        compat={"muri": TIRESIAS_LOOP}))
 def tiresias(snapshot: Snapshot) -> list[Group]:
     if snapshot.compat == "muri" and all(v.rank_hint is not None for v in snapshot.jobs):
         # the reference's lists: queue-major, running first after each event, else history order
         return solo_groups(snapshot, lambda v: v.rank_hint)
     return solo_groups(snapshot, _key)
-
-
-tiresias.service_thresholds = QUEUE_LIMITS_GPU_S  # type: ignore[attr-defined]
-tiresias.compat_rank_order = True  # type: ignore[attr-defined]  # compat answer: sorted by rank_hint, so the
-# simulator may keep the reference's lists itself instead of calling it (engine contract item 9)

@@ -43,7 +43,7 @@ def _fail_policy(e: KeyError) -> None:
 
 
 def _check_compat(compat: str | None) -> None:
-    from hpcsched.sim.semantics import COMPAT_MODES
+    from hpcsched.compat import MODES as COMPAT_MODES
 
     if compat is not None and compat not in COMPAT_MODES:
         print(f"error: unknown --compat {compat!r}; known: {', '.join(COMPAT_MODES)}", file=sys.stderr)

@@ -35,17 +35,18 @@ How a policy's groups are executed (the contract the interleaving policies rely 
    order on an empty cluster, then keeps chosen running groups on their old GPUs where they are
    free and places the rest first fit (or, if fragmentation forbids, uses the fresh placement).
    Whoever ends up on other GPUs pays the restart cost. Compat mode always re-places from scratch.
-8. Policies marked ``runs_every_job`` (the baselines) are not asked at all in default mode while
-   every active job fits beside the running ones: any order would run them all.
-9. Policies that declare ``order_key`` (``hpcsched.policies._order.orders_by``: every active job as a
+8. Policies whose ``PolicyHints`` (``hpcsched.allocator``) promise ``runs_every_job`` (the baselines) are not
+   asked at all in default mode while every active job fits beside the running ones: any order would run
+   them all.
+9. Policies that declare an ``order_key`` hint (``hpcsched.policies.ordering.ordered_by``: every active job as a
    solo group, sorted by that key of its view, ties in arrival order, and a WAITING job's key depends
    only on its own view) are not called in default mode either: the engine keeps the waiting jobs
    sorted by (key, arrival) as they start and stop, sorts only the running ones at each event and
    merges the two lazily, which is exactly the policy's answer without the O(active jobs) sort.
-   In compat mode the same holds, except for a policy marked ``compat_rank_order`` (Tiresias): its
+   In compat mode the same holds, except for a policy whose hints say ``compat_rank_order`` (Tiresias): its
    compat answer is the order of the reference's queue lists, which the engine keeps as (queue, seq)
    keys that never change while a job waits.
-10. Policies that declare ``vector_keys(now, cluster, columns, compat) -> [key arrays]`` (Themis)
+10. Policies that declare a ``vector_keys(now, cluster, columns, compat) -> [key arrays]`` hint (Themis)
    are one numpy function over per-job columns (``_COLS``, active jobs in arrival order) giving sort
    keys, most significant first, lowest first, ties in arrival order. The engine keeps those columns
    in arrays, refreshes only the running jobs' rows at each event, calls that function instead of
@@ -67,19 +68,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hpcsched.allocator import Group, JobView, Policy, Snapshot
+from hpcsched.allocator import Group, JobView, Policy, Snapshot, hints_of, policy_name
+from hpcsched.compat import MODES as COMPAT_MODES
+from hpcsched.compat.muri import CompatRules
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import JobResult
 from hpcsched.sim import placement as pl
 from hpcsched.sim.planner import Planner, _Planned
-from hpcsched.sim.semantics import (
-    COMPAT_MODES,
-    SOLO_FACTOR,
-    CompatRules,
-    compat_rules,
-    group_factor,
-    restart_cost,
-)
+from hpcsched.sim.semantics import SOLO_FACTOR, group_factor, restart_cost
 
 DEFAULT_ITERATION_S = 1.0
 """Iteration length given to jobs whose trace has only a duration (Philly): iterations = duration / 1 s."""
@@ -214,9 +210,10 @@ def simulate(
     if isinstance(policy, str):
         from hpcsched.policies import get_policy
 
-        name, fn = policy, get_policy(policy)
+        fn = get_policy(policy)
     else:
-        name, fn = getattr(policy, "__name__", "custom"), policy
+        fn = policy
+    name = policy_name(fn)
     t0 = time.perf_counter()
     eng = _Engine(jobs, cluster, fn, name, compat, progress, restart_s)
     if group_factors:
@@ -276,26 +273,27 @@ class _Engine(Planner):
         self.compat = compat is not None
         self.gf = {k: group_factor(k) for k in range(2, 5)}  # a group's period multiplier by member count
         self.mode = compat  # told to policies (Snapshot.compat): interleaving follows the speed model
-        self.rules: CompatRules = compat_rules(name) if self.compat else CompatRules()
+        hints = hints_of(policy)
+        self.rules: CompatRules = hints.compat.get(compat, CompatRules()) if compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
         self.jobs = [_J(jobs[i], k, self.compat, restart_s) for k, i in enumerate(order)]
         self.gpn = cluster.gpus_per_node
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
-        self.thresholds = tuple(sorted(getattr(policy, "service_thresholds", ())))
-        self.fast = not self.compat and bool(getattr(policy, "runs_every_job", False))
+        self.thresholds = tuple(sorted(hints.service_thresholds))
+        self.fast = not self.compat and hints.runs_every_job
         # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history.
         # A list is kept as (j.q, j.seq): arrivals and demotions take the next seq at the back, and after
         # each event the running jobs take seqs ahead of every waiting one (``_reseq``)
         self.queued = self.compat and bool(self.thresholds)
         self.front = self.back = 0  # next seq at the lists' front (counts down) / back (counts up)
-        okey = getattr(policy, "order_key", None)
+        okey = hints.order_key
         self.jkey: Callable[[_J], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
-        if okey is not None and (not self.compat or not getattr(policy, "compat_rank_order", False)):
+        if okey is not None and (not self.compat or not hints.compat_rank_order):
             self.jkey = lambda j: okey(j.view or self._view(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
             self.jkey = _list_pos
-        self.vorder: Callable[..., Any] | None = getattr(policy, "vector_keys", None)  # contract item 10
+        self.vorder: Callable[..., Any] | None = hints.vector_keys  # contract item 10
         self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
         # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
         self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many

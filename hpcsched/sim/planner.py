@@ -14,9 +14,9 @@ from hpcsched.allocator import Group
 from hpcsched.sim import placement as pl
 
 if TYPE_CHECKING:
+    from hpcsched.compat.muri import CompatRules
     from hpcsched.model import ClusterSpec
     from hpcsched.sim.engine import _J
-    from hpcsched.sim.semantics import CompatRules
 
 _INF = float("inf")
 

@@ -8,7 +8,7 @@ Two modes share one engine (``hpcsched.sim.engine``):
 - ``compat="muri"`` reproduces the reference simulator (Rivendile/Muri ``simulator/run_sim.py``)
   closely enough to give its published table: the restart cost is subtracted from EVERY running
   job's progress at EVERY event, but completion times are predicted without it (so jobs finish with
-  iterations left), and each policy keeps the reference's own loop quirks (``CompatRules``).
+  iterations left), and each policy keeps the reference's own loop quirks (``hpcsched.compat.muri``).
 
 The speed model is the same in both: a solo job runs one iteration per ``iteration_time x 1.015``;
 an interleaving group of k jobs runs one iteration of every member per ``period_s x GROUP_FACTOR[k]``
@@ -16,8 +16,6 @@ an interleaving group of k jobs runs one iteration of every member per ``period_
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 SOLO_FACTOR = 1.015
 GROUP_FACTOR: dict[int, float] = {1: SOLO_FACTOR, 2: 1.33 / SOLO_FACTOR, 3: 1.5 / SOLO_FACTOR, 4: 1.37 / SOLO_FACTOR}
@@ -51,40 +49,3 @@ def restart_cost(model: str | None, gpus: int) -> float:
 
 def group_factor(k: int) -> float:
     return GROUP_FACTOR[min(max(k, 1), 4)]
-
-
-@dataclass(frozen=True, slots=True)
-class CompatRules:
-    """How the reference's loop for one policy differs from its SRTF loop (``compat="muri"`` only).
-
-    - ``progress``: "iterations" (remaining iterations at the slowed-down period) or "wall"
-      (Tiresias' loop: a job is done after ``duration`` seconds of running, end times truncated to
-      whole seconds, no restart cost in its completion).
-    - ``placement``: "consolidated" or "count" (Tiresias' loop only counts free GPUs).
-    - ``two_pass``: choose groups in priority order, then place the chosen ones largest-first
-      (Themis' and Muri's loops); a chosen group that no longer fits is preempted.
-    - ``new_remaining``: remaining time a never-run job shows its policy: "iterations"
-      (iterations x slowed period) or "duration" (the trace's duration: Muri's loop).
-    - ``group_restart``: a group member's per-event charge is the SUM of its group's restart costs.
-    """
-
-    progress: str = "iterations"
-    placement: str = "consolidated"
-    two_pass: bool = False
-    new_remaining: str = "iterations"
-    group_restart: bool = True
-
-
-_MURI_LOOP = CompatRules(two_pass=True, new_remaining="duration")
-COMPAT_RULES: dict[str, CompatRules] = {
-    "tiresias": CompatRules(placement="count"),
-    "themis": CompatRules(two_pass=True),
-    "themis-ecos": CompatRules(two_pass=True),
-    "muri-s": _MURI_LOOP,
-    "muri-l": _MURI_LOOP,
-}
-COMPAT_MODES = ("muri",)
-
-
-def compat_rules(policy_name: str) -> CompatRules:
-    return COMPAT_RULES.get(policy_name, CompatRules())

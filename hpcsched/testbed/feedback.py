@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from hpcsched.allocator import Group, JobView, Policy, Snapshot
+from hpcsched.allocator import DeclaredPolicy, Group, JobView, Policy, PolicyHints, Snapshot, hints_of
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.sim.engine import SimResult
 from hpcsched.sim.semantics import SOLO_FACTOR
@@ -130,9 +130,7 @@ def as_runtime_runs(policy: Policy, name: str, declared: Mapping[str, ResourcePr
         kept = [u for u in units if young.intersection(u.job_ids)]
         return kept + [u for u in units if not young.intersection(u.job_ids)]
 
-    flat.__name__ = name
-    flat.service_thresholds = getattr(policy, "service_thresholds", ())  # type: ignore[attr-defined]
-    return flat
+    return DeclaredPolicy(name, flat, PolicyHints(service_thresholds=hints_of(policy).service_thresholds))
 
 
 def _shown(v: JobView, declared: ResourceProfile | None) -> JobView:

@@ -1,0 +1,8 @@
+"""Reference-compat accounting: how a peer's simulator ran each policy, kept out of the core contract.
+
+A compat mode is a name (``--compat muri``); a policy declares, in its ``PolicyHints.compat``, the loop rules
+that mode's reference used for it; the simulator's engine reads them only when that mode is on.
+"""
+
+MODES = ("muri",)
+"""The compat modes the simulator knows."""
