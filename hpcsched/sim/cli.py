@@ -87,7 +87,9 @@ def simulate_cmd(
     summary = {"dir": str(out)} | summarize(result.frame(), result.meta) | {"events": result.events,
                                                                             "wall_s": result.wall_s}
     if anomalies:
-        print(f"warning: {trace}: skipped/flagged rows {anomalies}", file=sys.stderr)
+        from hpcsched.sim.replay_events import describe_rows
+
+        print(f"note: {trace}: {describe_rows(len(jobs), anomalies)}", file=sys.stderr)
     if result.rejected:
         print(f"warning: {len(result.rejected)} jobs larger than the cluster never ran (status rejected)",
               file=sys.stderr)
