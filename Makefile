@@ -39,13 +39,18 @@ rpc: $(STAMP)
 	$(GEN_RPC)
 
 # Refresh every lock from pyproject.toml's ranges (the newest releases that satisfy them). A deliberate
-# change: run the whole suite (`make test`) on the new set before committing it.
+# change: run the whole suite (`make test`) on the new set before committing it. The extras are resolved
+# together first (all-extras.lock, never installed as such) and each extra's lock is cut from that one
+# resolution, so extras installed side by side agree on shared packages (cvxpy alone would take a cffi
+# that python-mip's CBC crashes with).
+COMPILE = $(BIN)/pip-compile -q --all-build-deps --generate-hashes --allow-unsafe --strip-extras \
+  --no-emit-index-url --no-emit-find-links
 lock: $(STAMP)
-	$(BIN)/pip-compile -q --extra dev --all-build-deps --generate-hashes --allow-unsafe --strip-extras \
-	  --no-emit-index-url --no-emit-find-links --upgrade -o $(LOCKS)/main.lock pyproject.toml
+	$(COMPILE) --extra dev --upgrade -o $(LOCKS)/main.lock pyproject.toml
+	$(COMPILE) --extra dev $(foreach x,$(EXTRAS),--extra $(x)) --upgrade -c $(LOCKS)/main.lock \
+	  -o $(LOCKS)/all-extras.lock pyproject.toml
 	@for x in $(EXTRAS); do \
-	  $(BIN)/pip-compile -q --extra dev --extra $$x --all-build-deps --generate-hashes --allow-unsafe --strip-extras \
-	    --no-emit-index-url --no-emit-find-links -c $(LOCKS)/main.lock -o $(LOCKS)/$$x.lock pyproject.toml || exit 1; \
+	  $(COMPILE) --extra dev --extra $$x -c $(LOCKS)/all-extras.lock -o $(LOCKS)/$$x.lock pyproject.toml || exit 1; \
 	done
 	cd $(LOCKS) && ../$(BIN)/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
 	  --no-emit-find-links -o horovod.lock horovod.in
