@@ -1,7 +1,13 @@
 """The testbed end to end: 12 jobs of the bundled Muri testbed trace through a real controller and 2 real
 workers (torchrun, gloo on CPU) under an interleaving policy whose job files declare their profiles (so
 muri-s groups jobs from submission and group members take turns per stage), fast-forwarded (5 real steps
-per job between skips), then the simulations and the comparison, with its per-group-size rows."""
+per job between skips), then the simulations and the comparison, with its per-group-size rows.
+
+What it asserts about the group factors is what the fit delivers in sample (``groupfit``): the factor is
+the median of the per-window ratios, recomputable from the run's files and the simulation's own profiles,
+and the simulation reproduces the median window. It no longer asserts that the fitted factor brings the
+pooled median pace closer than sim-trace's: that compared two simulations with different profiles, with a
+statistic the fit does not estimate, and failed 2 runs in 3 (issue 14)."""
 
 from __future__ import annotations
 
@@ -11,10 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from hpcsched.results import read_results
+from hpcsched.sim.semantics import group_factor
+from hpcsched.testbed.groupfit import MIN_WINDOWS, raw_period, read_group_fits
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "trace-data/muri/cluster_trace.csv"
@@ -65,9 +74,10 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
     # fast-forward skipped real-equivalent time: the run's clock ran ahead of the wall clock
     assert meta["fast_forward"] == 5 and meta["jumps"] > 0 and run["skipped_s"] > 0 and meta["startup_probe_s"] > 0
     assert (real["end"].max() - real["submit"].min()) / 2000 > run["wall_s"]
-    # ... and the skipped steps never count as trained ones: measured paces stay near the workloads' own
-    windows = pd.read_csv(out / "iterations.csv")
-    assert (windows["pace_s"] / 2000 > 0.002).all(), windows["pace_s"].min()  # a 1,500-step jump: ~0
+    # ... and the skipped steps never count as trained ones: every measured window spans at most the 5 steps
+    # between reports (a window over a jump would span hundreds), whatever the machine's speed
+    windows = pd.read_csv(out / "iterations.csv", dtype={"job_id": str, "group_members": str})
+    assert windows["steps"].between(1, 5).all(), windows["steps"].max()
 
     # the two simulations ran the same 12 jobs; the comparison covers every job
     for name in ("sim-trace", "sim-measured", "sim-grouped"):
@@ -77,21 +87,36 @@ def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
         assert len(res["jobs"]) == 12 and all(j["error"] is not None for j in res["jobs"])
         assert {"avg JCT", "p99 JCT", "makespan"} <= set(res["summary"])
         assert res["iterations"] and res["iterations"][0]["measured_s"] > 0
-    # jobs ran interleaved (declared profiles): windows of group size >= 2, an interleaved row in
-    # the comparison, and a group factor fitted from them that sim-measured ran its groups at
+    # jobs ran interleaved (declared profiles): windows of group size >= 2, each size fitted where it had
+    # enough windows (else the default, reported as such), and sim-measured ran its groups at those factors
     assert (windows["group_size"] >= 2).any(), windows["group_size"].value_counts()
-    rows = {r["group_size"]: r for r in results["sim-measured"]["groups"]}
-    k = max((r for r in rows.values() if r["group_size"] >= 2), key=lambda r: r["windows"])["group_size"]
-    fitted = pd.read_csv(out / "profile" / "group-factors.csv").set_index("k")["factor"]
-    assert rows[k]["measured_factor"] == pytest.approx(fitted[k], rel=1e-5)
+    fits = {g.k: g for g in read_group_fits(out / "profile" / "group-factors.csv")}
+    sizes = windows.loc[windows["group_size"] >= 2, "group_size"].value_counts()
+    assert {int(k): int(n) for k, n in sizes.items()} == {k: g.windows for k, g in fits.items()}, (sizes, fits)
     sim_meta = json.loads((out / "sim-measured" / "meta.json").read_text())
-    used = sim_meta["group_factors"]
-    assert used[str(k)] == rows[k]["sim_factor"] == pytest.approx(fitted[k], rel=1e-5)
+    for k, g in fits.items():
+        assert g.source == ("fit" if g.windows >= MIN_WINDOWS else "default")
+        assert sim_meta["group_factors"][str(k)] == pytest.approx(g.factor if g.source == "fit" else group_factor(k))
+    # the size with the most windows was fitted (pairs train hundreds of steps together here: 108-183 windows of
+    # 5 steps in the runs of issue 14), and its factor is what the windows and the simulation's own profiles say:
+    # recomputed from iterations.csv and sim-measured/trace.csv, the median pace / raw pipeline period of its
+    # windows is the factor, inside the spread (quartiles) of the per-window ratios the file reports
+    k = max(fits.values(), key=lambda g: g.windows).k
+    assert fits[k].source == "fit", fits[k]
+    prof = pd.read_csv(out / "sim-measured" / "trace.csv", dtype={"job_id": str}).set_index("job_id")
+    stages = {j: tuple(r[f"resource_time_{i}"] / 1e3 for i in range(3)) for j, r in prof.iterrows()}
+    mine = windows[windows["group_size"] == k]
+    ratios = [w.pace_s / raw_period([stages[j] for j in w.group_members.split(";")]) for w in mine.itertuples()]
+    q25, med, q75 = np.quantile(ratios, [0.25, 0.5, 0.75])
+    assert fits[k].factor == pytest.approx(med, rel=1e-3) and q25 <= fits[k].factor <= q75
+    assert (fits[k].q25, fits[k].q75) == (pytest.approx(q25, rel=1e-3), pytest.approx(q75, rel=1e-3))
+    # ... so the comparison's per-window error of that size is ~0 for sim-measured (the speed model reproduces
+    # the median window; a mismatch would mean the fit and the simulation disagree on profiles or factor)
+    row = {r["group_size"]: r for r in results["sim-measured"]["groups"]}[k]
+    assert row["windows"] == fits[k].windows and row["sim_factor"] == pytest.approx(fits[k].factor)
+    assert row["measured_factor"] == pytest.approx(fits[k].factor, rel=1e-5) and abs(row["error"]) < 0.02, row
     # the measured start-up + tear-down per launch is every job's restart cost (wall time), recorded beside it
     assert sim_meta["restart_s"] > 0 and "restart_s" not in json.loads((out / "sim-trace" / "meta.json").read_text())
-    # ... which brings that group size's simulated pace closer to the measured one than the default factor
-    trace_row = {r["group_size"]: r for r in results["sim-trace"]["groups"]}[k]
-    assert abs(rows[k]["error"]) < abs(trace_row["error"]), (rows[k], trace_row)
     # what the runtime's `hpcsched profile` writes is there, one row per job
     assert len((out / "profile" / "profiles.csv").read_text().splitlines()) == 13
     assert "| avg JCT (s) |" in (out / "comparison.md").read_text()

@@ -19,7 +19,13 @@ from hpcsched.sim.engine import simulate
 from hpcsched.sim.semantics import SOLO_FACTOR, group_factor
 from hpcsched.testbed import feedback
 from hpcsched.testbed.compare import ITERATIONS_FILE, compare_runs, render_markdown
-from hpcsched.testbed.groupfit import fit_group_factors, read_group_factors, write_group_factors
+from hpcsched.testbed.groupfit import (
+    MIN_WINDOWS,
+    fit_group_factors,
+    read_group_factors,
+    read_group_fits,
+    write_group_factors,
+)
 from hpcsched.testbed.measure import read_measurements
 
 
@@ -61,22 +67,59 @@ def test_group_size_per_window(grouped: dict) -> None:
     assert d.solo_pace() == pytest.approx(3 / 10)  # not alone on w1, but alone in its group: that window
 
 
+def test_a_mate_still_starting_is_no_group_member(tmp_path: Path) -> None:
+    """A mate launched on the same slots counts for sharing from its launch (its start-up loads the cores), but
+    as a group member only from its first report: before that it takes no stage turn, and its partner trains
+    at its solo pace (issue 14: counting it made a 'pair' run at 0.42 of the pair's pipeline period). a reports
+    at 101, 103, 105, 107; b (a's key) is launched at 101.5 and first reports at 104.5."""
+    store = Store(tmp_path / "state.db")
+    for name, launch, reports in (("a", 100.0, [(101.0, 0), (103.0, 10), (105.0, 20), (107.0, 30)]),
+                                  ("b", 101.5, [(104.5, 0), (106.0, 10)])):
+        jid = store.add_job(parse_job_spec(f"name: {name}\ncommand: [x.py]\nsteps: 30\n", "j.yaml"), launch - 1)
+        store._event(launch, jid, "start", {"generation": 1, "procs": 1, "workers": ["w1"], "group": "j0001"})
+        for t, step in reports:
+            store.add_progress(jid, 1, {"time": t, "step": step, "data_s": 0.05, "compute_s": 0.1, "comm_s": 0.05,
+                                        "world_size": 1})
+    store.close()
+    m = read_measurements(tmp_path / "state.db", {"j0001", "j0002"})
+    # a: mid 102 and 104, b launched but not training yet: sharing 2, alone in its group; mid 106: a pair
+    assert [(w.sharing, w.group_size) for w in m["j0001"].windows] == [(2, 1), (2, 1), (2, 2)]
+    assert m["j0001"].windows[2].members == ("j0001", "j0002")
+    assert [(w.sharing, w.group_size) for w in m["j0002"].windows] == [(2, 2)]  # mid 105.25: a trains
+    # nor are windows beside a starting mate solo ones (its start-up loads the slot): a has none, so its own
+    # stage time per step stands for its solo pace
+    assert [w.starting for w in m["j0001"].windows] == [1, 1, 0] and m["j0001"].solo_windows() == []
+    assert m["j0001"].solo_pace() == pytest.approx(0.2)
+
+
 def test_group_factor_fit(grouped: dict, tmp_path: Path) -> None:
     """Solo stages as the measured simulation has them: a (0.05, 0.1, 0.05) and b (0.1, 0.05, 0.05), each
     / 1.015. Their best 3-slot pipeline (a first): slots max(.05,.05) + max(.1,.1) + max(.05,.05) = 0.2 / 1.015.
-    Windows of group size 2: a at 0.6 s/step, b at 0.4: ratios 3.045 and 2.03, median 2.5375."""
-    fits = fit_group_factors(grouped)
-    assert [(g.k, g.windows) for g in fits] == [(2, 2)]
-    assert fits[0].factor == pytest.approx((0.6 + 0.4) / 2 * SOLO_FACTOR / 0.2)
-    path = write_group_factors(tmp_path / "profile" / "group-factors.csv", fits)
-    assert read_group_factors(path) == {2: pytest.approx(fits[0].factor, rel=1e-6)}
-    assert read_group_factors(tmp_path / "none.csv") == {}
-    path.write_text("k,factor,windows\n2,1.5,3\n7,1.2,1\n")  # the controller may co-locate more than 4
+    Windows of group size 2: a at 0.6 s/step, b at 0.4: ratios 3.045 and 2.03, median 2.5375. Two windows are
+    fewer than MIN_WINDOWS: the default factor is used, and the file says so."""
+    median = (0.6 + 0.4) / 2 * SOLO_FACTOR / 0.2
+    (fit,) = fit_group_factors(grouped, min_windows=2)
+    assert (fit.k, fit.windows, fit.groups, fit.source) == (2, 2, 1, "fit")
+    assert fit.factor == pytest.approx(median) and fit.median == pytest.approx(median)
+    assert fit.q25 == pytest.approx(2.03 + (3.045 - 2.03) / 4) and fit.q75 == pytest.approx(3.045 - (3.045 - 2.03) / 4)
+    (few,) = fit_group_factors(grouped)
+    assert 2 < MIN_WINDOWS and few.source == "default" and few.factor == group_factor(2)
+    assert few.median == pytest.approx(median) and few.windows == 2
+    path = write_group_factors(tmp_path / "profile" / "group-factors.csv", [fit])
+    assert read_group_factors(path) == {2: pytest.approx(fit.factor, rel=1e-6)}
+    write_group_factors(path, [few])
+    assert read_group_factors(path) == {}  # a fallback is reported, not read back as measured
+    assert [(g.k, g.source, g.windows) for g in read_group_fits(path)] == [(2, "default", 2)]
+    assert read_group_factors(tmp_path / "none.csv") == {} and read_group_fits(tmp_path / "none.csv") == []
+    path.write_text("k,factor,windows\n2,1.5,3\n7,1.2,1\n")  # before the fallback; more than 4 co-located
     assert read_group_factors(path) == {2: 1.5, 7: 1.2}
     path.write_text("k,factor,windows\n2,1.5,3\n1,1.2,1\n")
     with pytest.raises(InputError, match="k must be >= 2") as e:
         read_group_factors(path)
     assert e.value.line == 3
+    path.write_text("k,factor,windows,source\n2,1.5,3,guess\n")
+    with pytest.raises(InputError, match="source must be fit or default"):
+        read_group_factors(path)
 
 
 def _results(d: Path, rows: list[tuple[str, float, float, float]], tool: str, meta: dict | None = None) -> Path:
@@ -101,13 +144,21 @@ def test_per_group_size_rows(tmp_path: Path) -> None:
     rows = {r["group_size"]: r for r in compare_runs(sim, real)["groups"]}
     assert rows[1]["measured_s"] == 10 and rows[1]["sim_s"] == pytest.approx(9 * SOLO_FACTOR)
     assert rows[2]["windows"] == 2 and rows[2]["jobs"] == 2 and rows[2]["measured_s"] == 25
-    assert rows[2]["sim_s"] == pytest.approx(25.0) and rows[2]["error"] == pytest.approx(0.0)
-    assert rows[2]["sim_factor"] == 2.5 and rows[2]["measured_factor"] == 2.4
+    # the error is window by window: 25 against 30 and against 20, median (-1/6 + 1/4) / 2; the medians agree
+    assert rows[2]["sim_s"] == pytest.approx(25.0) and rows[2]["error"] == pytest.approx((-1 / 6 + 1 / 4) / 2)
+    assert rows[2]["medians_error"] == pytest.approx(0.0)
+    assert rows[2]["sim_factor"] == 2.5 and rows[2]["measured_factor"] == 2.4 and rows[2]["fit_windows"] == 2
     (sim / "meta.json").write_text(json.dumps({"tool": "simulate", "capacity_gpus": 4}))  # default factors
     res = compare_runs(sim, real)
     assert res["groups"][1]["sim_s"] == pytest.approx(10 * group_factor(2))
     md = render_markdown([res], ["sim"])
     assert "| 2 interleaved | 2 | 25.0 | 2.400 |" in md and "| solo | 1 | 10.0 |" in md
+    # a size with too few windows to fit: its median is shown, with the default the simulation ran instead
+    (real / "profile" / "group-factors.csv").write_text("k,factor,windows,median,q25,q75,groups,source\n"
+                                                        f"2,{group_factor(2)},2,2.4,2.0,2.8,1,default\n")
+    res = compare_runs(sim, real)
+    assert res["groups"][1]["measured_factor"] is None and res["groups"][1]["fit_source"] == "default"
+    assert "| 2 interleaved | 2 | 25.0 | 2.400 (2 windows: default used) |" in render_markdown([res], ["sim"])
 
 
 def test_engine_group_factor_override() -> None:

@@ -4,18 +4,28 @@ The simulator runs an interleaved group of k jobs at ``raw pipeline period x gro
 (``hpcsched.interleave.period``, ``hpcsched.sim.semantics``): the period of the members' best stage
 ordering, times a slowdown Muri measured on its GPUs (1.33, 1.5, 1.37 over its 1.015 solo factor). Nothing
 says that slowdown holds for other hardware, or for CPU workloads whose stages contend for the same cores.
-So it is fitted from the run itself: for every report window in which a job ran interleaved with k - 1 live
-group mates on the same slots, the ratio of its measured pace to the raw pipeline period of the members'
-stage profiles as the measured simulation has them (each member's solo stage split, scaled to sum to its
-solo iteration time, ``feedback.measured_jobs``); ``factor_k`` is the median ratio over those windows. A
-simulation using these factors runs such a group at the pace measured, so what is left of the error is
-the schedule's, not the speed model's.
+So it is fitted from the run itself: for every report window in which a job ran interleaved with k - 1
+group mates that were training on the same slots (``measure``: a mate still starting takes no turn and does
+not count), the ratio of its measured pace to the raw pipeline period of the members' stage profiles as the
+measured simulation has them (each member's solo stage split, scaled to sum to its solo iteration time,
+``feedback.measured_jobs``); ``factor_k`` is the median ratio over those windows. The median, not a
+time-weighted mean: a window that stalls (a checkpoint, a mate's first steps) would pull a mean, and
+windows are equal in steps (one report every N steps), so the median is the typical step's.
+
+A size seen in fewer than ``MIN_WINDOWS`` windows keeps the simulator's default factor: a median of a
+handful of windows is one group's first moments, not a property of the size. ``group-factors.csv`` still
+reports it (``source = default``, its windows and their median), so the fallback is visible.
+
+What the fit delivers, in sample: the simulation's assumed pace of each such window (period x factor)
+matches the measured one for the median window (``compare.group_rows``' per-window error is ~0 for a fitted
+size). It does not make the median of the simulated paces equal the median of the measured ones over
+windows of different groups (medians of different windows), nor does it say that another run's groups of
+that size run at the same factor (the ratios differ from group to group: the spread is in the file).
 """
 
 from __future__ import annotations
 
 import csv
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,17 +35,25 @@ import numpy as np
 from hpcsched.errors import InputError
 from hpcsched.interleave.period import pipeline_periods
 from hpcsched.model import ResourceProfile
-from hpcsched.sim.semantics import SOLO_FACTOR
+from hpcsched.sim.semantics import SOLO_FACTOR, group_factor
 from hpcsched.testbed.measure import Measured
 
 FILE = "group-factors.csv"  # in OUT/profile/
 
 
+MIN_WINDOWS = 10  # fewer windows of a size: the default factor is used (reported as such)
+
+
 @dataclass(frozen=True)
 class GroupFactor:
     k: int  # members
-    factor: float  # median measured pace / raw pipeline period
-    windows: int  # report windows it is the median of
+    factor: float  # the factor the simulations use: the median below, or the default (source "default")
+    windows: int  # report windows the median is over
+    median: float = 0.0  # median measured pace / raw pipeline period over those windows
+    q25: float = 0.0  # quartiles of the per-window ratios: how much groups of this size differ
+    q75: float = 0.0
+    groups: int = 0  # distinct member sets the windows come from
+    source: str = "fit"  # "fit", or "default" when windows < MIN_WINDOWS
 
 
 def solo_stages(m: Measured) -> ResourceProfile | None:
@@ -53,10 +71,12 @@ def raw_period(stages: list[tuple[float, float, float]]) -> float:
     return float(pipeline_periods(np.asarray([stages], dtype=float))[0][0])
 
 
-def fit_group_factors(by_runtime_id: Mapping[str, Measured]) -> list[GroupFactor]:
-    """One factor per group size (2 and up) that occurred, from the windows whose every member was measured."""
+def window_ratios(by_runtime_id: Mapping[str, Measured]) -> dict[int, list[tuple[tuple[str, ...], float]]]:
+    """Per group size (2 and up), each window's (members, pace / raw pipeline period), for the windows whose
+    every member was measured: what the fit takes the median of, kept apart so tests and reports can see the
+    spread behind a factor."""
     stages = {jid: solo_stages(m) for jid, m in by_runtime_id.items()}
-    ratios: dict[int, list[float]] = {}
+    out: dict[int, list[tuple[tuple[str, ...], float]]] = {}
     periods: dict[tuple[str, ...], float] = {}
     for m in by_runtime_id.values():
         for w in m.windows:
@@ -66,32 +86,62 @@ def fit_group_factors(by_runtime_id: Mapping[str, Measured]) -> list[GroupFactor
             if w.members not in periods:
                 periods[w.members] = raw_period([stages[j].stages() for j in w.members])
             if periods[w.members] > 0:
-                ratios.setdefault(k, []).append(w.pace / periods[w.members])
-    return [GroupFactor(k, statistics.median(r), len(r)) for k, r in sorted(ratios.items())]
+                out.setdefault(k, []).append((w.members, w.pace / periods[w.members]))
+    return out
+
+
+def fit_group_factors(by_runtime_id: Mapping[str, Measured], min_windows: int = MIN_WINDOWS) -> list[GroupFactor]:
+    """One factor per group size (2 and up) that occurred: the median ratio where at least ``min_windows``
+    windows back it, else the simulator's default (module docstring)."""
+    fits = []
+    for k, rs in sorted(window_ratios(by_runtime_id).items()):
+        r = [x for _, x in rs]
+        q25, med, q75 = (float(q) for q in np.quantile(r, [0.25, 0.5, 0.75]))
+        fitted = len(r) >= min_windows
+        fits.append(GroupFactor(k, med if fitted else group_factor(k), len(r), med, q25, q75,
+                                len({m for m, _ in rs}), "fit" if fitted else "default"))
+    return fits
+
+
+COLUMNS = ("k", "factor", "windows", "median", "q25", "q75", "groups", "source")
 
 
 def write_group_factors(path: Path, fits: list[GroupFactor]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(("k", "factor", "windows"))
+        w.writerow(COLUMNS)
         for g in fits:
-            w.writerow((g.k, f"{g.factor:.6f}", g.windows))
+            w.writerow((g.k, f"{g.factor:.6f}", g.windows, f"{g.median:.6f}", f"{g.q25:.6f}", f"{g.q75:.6f}",
+                        g.groups, g.source))
     return path
 
 
-def read_group_factors(path: Path) -> dict[int, float]:
-    """{k: factor} from a ``group-factors.csv``; {} when the file is absent (no group ran in that run)."""
+def read_group_fits(path: Path) -> list[GroupFactor]:
+    """Every row of a ``group-factors.csv``, fallbacks included; [] when the file is absent (no group ran).
+    Files written before the fallback (columns k, factor, windows only) read as fits."""
     if not path.is_file():
-        return {}
-    out: dict[int, float] = {}
+        return []
+    out: list[GroupFactor] = []
     with open(path, newline="") as f:
         for line, row in enumerate(csv.DictReader(f), start=2):
             try:
                 k, factor = int(row["k"]), float(row["factor"])
+                windows = int(row.get("windows") or 0)
+                median, q25, q75 = (float(row.get(c) or factor) for c in ("median", "q25", "q75"))
+                groups = int(row.get("groups") or 0)
             except (KeyError, TypeError, ValueError):
                 raise InputError(path, "expected columns k (an integer) and factor (a number)", line) from None
+            source = (row.get("source") or "fit").strip()
             if k < 2 or not factor > 0:
                 raise InputError(path, f"k must be >= 2 and factor > 0, got k={k}, factor={factor}", line)
-            out[k] = factor
+            if source not in ("fit", "default"):
+                raise InputError(path, f"source must be fit or default, got {source!r}", line)
+            out.append(GroupFactor(k, factor, windows, median, q25, q75, groups, source))
     return out
+
+
+def read_group_factors(path: Path) -> dict[int, float]:
+    """{k: factor} of the sizes fitted in that run (a size that fell back to the default is left out, so a
+    simulation reading it keeps its own default); {} when the file is absent (no group ran in that run)."""
+    return {g.k: g.factor for g in read_group_fits(path) if g.source == "fit"}

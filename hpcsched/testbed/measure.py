@@ -9,11 +9,19 @@ Per job and attempt (generation): when the controller launched it (``start`` eve
 - **sharing**: how many of the run's jobs held tasks on the same worker at the middle of a report window
   (1 = alone on its worker). On CPU workers these jobs share the node's cores;
 - **group size**: how many of those had the SAME co-location key (the ``group`` of the controller's
-  ``start`` event; a job launched alone has its own id), i.e. ran interleaved on the same slots
-  (1 = not interleaved). A job is live from its launch to its attempt's last report;
+  ``start`` event; a job launched alone has its own id) and were TRAINING, i.e. ran interleaved on the
+  same slots (1 = not interleaved). For sharing a job is live from its launch to its attempt's last
+  report (a starting process imports torch and loads the cores); as a group mate only from its first
+  report (the one before its first step) to its last: a mate that is still starting takes no stage turn,
+  so its partner trains at its solo pace meanwhile. Counting start-up as interleaving made a "pair" of a
+  job that finished while its mate was still starting (an e2e run of issue 14: 64 such windows, pace /
+  pipeline period 0.42) and made the fitted factors swing between runs of the same set-up (pairs
+  0.68-1.05, groups of 4 0.34-1.03 over 22 runs; 0.95-1.05 and 1.05-1.09 counting training mates only);
 - **solo**: the windows where a job ran alone on its worker; failing that, alone in its group (others
-  on the worker's other slots); a job that only ever ran interleaved has no solo pace, and its own
-  stage times (which exclude waiting for a group mate's turn) stand for it;
+  on the worker's other slots) with no mate starting on its slots either (a start-up, torch import and
+  rendezvous, is the heaviest load a window can see, so such a window says little about the job's own
+  pace; ``starting``); a job that only ever ran beside mates has no solo pace, and its own stage times
+  (which exclude waiting for a group mate's turn) stand for it;
 - **overhead**: launch decision -> first report (process start, torch import, rendezvous) plus last
   report -> recorded completion (exit, teardown, the next heartbeat), per attempt.
 """
@@ -41,7 +49,8 @@ class Window:
     comm_s: float
     sharing: int = 1
     group_size: int = 1
-    members: tuple[str, ...] = ()  # runtime ids of the live members of its group (itself included), sorted
+    members: tuple[str, ...] = ()  # runtime ids of the training members of its group (itself included), sorted
+    starting: int = 0  # mates launched on its slots (same co-location key) that had not reported yet
 
     @property
     def pace(self) -> float:
@@ -62,8 +71,9 @@ class Measured:
     attempts: int = 0
 
     def solo_windows(self) -> list[Window]:
-        """Alone on its worker; else alone in its group; else none (see the module docstring)."""
-        return ([w for w in self.windows if w.sharing == 1] or [w for w in self.windows if w.group_size == 1])
+        """Alone on its worker; else alone on its slots, no mate starting; else none (the module docstring)."""
+        return ([w for w in self.windows if w.sharing == 1]
+                or [w for w in self.windows if w.group_size == 1 and not w.starting])
 
     def solo_pace(self) -> float | None:
         """Median pace of the solo windows; a job that only ran interleaved: its median own stage time."""
@@ -119,14 +129,14 @@ def read_measurements(state: Path, job_ids: set[str]) -> dict[str, Measured]:
     for r in rows:
         if r[0] in out:
             by_attempt.setdefault((r[0], r[1]), []).append(r)
-    spans: list[tuple[str, str, float, float, str]] = []  # job, worker, from, to, co-location key
+    spans: list[tuple[str, str, float, float, float, str]] = []  # job, worker, launch, first, last report, key
     for (jid, gen), rs in by_attempt.items():
         m = out[jid]
         m.attempts += 1
         launched = launches.get((jid, gen))
         if launched is not None:
             m.startup_s.append(max(0.0, rs[0][2] - launched[0]))
-            spans += [(jid, w, launched[0], rs[-1][2], launched[2]) for w in launched[1]]
+            spans += [(jid, w, launched[0], rs[0][2], rs[-1][2], launched[2]) for w in launched[1]]
         for a, b in zip(rs, rs[1:], strict=False):
             if b[3] > a[3] and b[2] > a[2] and (b[4] or b[5] or b[6]):  # a fast-forward jump has no stage times
                 m.windows.append(Window(jid, gen, a[2], b[2], b[3] - a[3], b[4] or 0.0, b[5] or 0.0, b[6] or 0.0))
@@ -136,8 +146,9 @@ def read_measurements(state: Path, job_ids: set[str]) -> dict[str, Measured]:
         for w in m.windows:
             mid = (w.t0 + w.t1) / 2
             _, mine, key = launches.get((w.job_id, w.generation), (0.0, [], w.job_id))
-            live = [(j, k) for j, wk, a, b, k in spans if j != w.job_id and wk in mine and a <= mid <= b]
-            w.sharing = 1 + len({j for j, _ in live})
-            w.members = tuple(sorted({w.job_id} | {j for j, k in live if k == key}))
+            live = [(j, f, k) for j, wk, a, f, b, k in spans if j != w.job_id and wk in mine and a <= mid <= b]
+            w.sharing = 1 + len({j for j, _, _ in live})
+            w.members = tuple(sorted({w.job_id} | {j for j, f, k in live if k == key and f <= mid}))
+            w.starting = len({j for j, f, k in live if k == key and f > mid})
             w.group_size = len(w.members)
     return out
