@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import bftrainer, cobalt, muri, philly, slurm, swf
+from hpcsched.traces import alibaba, bftrainer, cobalt, helios, muri, philly, slurm, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -40,6 +40,7 @@ __all__ = ["FORMATS", "Trace", "TraceFormat", "TraceReport", "detect_format", "n
 
 # Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
 FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
+    philly.TIRESIAS_FORMAT, philly.JOBLOG_FORMAT, *alibaba.FORMATS, helios.FORMAT,  # DL; Tiresias (s) before Muri (ms)
     muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, *slurm.FORMATS, *bftrainer.FORMATS
 )}
 
@@ -47,6 +48,9 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
 ALIASES = {"sacct": "slurm-sacct", "jobcomp": "slurm-jobcomp", "eagle": "slurm-csv", "theta": "cobalt",
            "pbs": "swf-pbs", "wagap": "swf-pbs", "sia": "philly", "idle": "bftrainer-idle",
            "jbnd": "bftrainer-bounds", "jnps": "bftrainer-curves"}
+
+ALIASES |= {"philly-json": "philly-joblog", "cluster_job_log": "philly-joblog", "openb": "alibaba-pod",
+            "alibaba": "alibaba-pod", "pai": "alibaba-pai", "pai-job": "alibaba-pai-job", "sensetime": "helios"}
 
 
 def detect_format(path: str | Path) -> TraceFormat:

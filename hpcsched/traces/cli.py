@@ -11,9 +11,10 @@ import typer
 
 # numpy and rich are imported where used, so that `hpcsched --help` and the other commands do not pay for them.
 from hpcsched.model import Job
-from hpcsched.traces import FORMATS, open_trace
+from hpcsched.traces import FORMATS, generate_cli, open_trace
 
 trace_app = typer.Typer(help="Look inside trace files.", no_args_is_help=True)
+generate_cli.register(trace_app)  # `trace generate` (issue 17), in its own module
 
 _QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
 

@@ -1,0 +1,101 @@
+"""``hpcsched trace generate``: the seeded synthetic traces of issue 17's benchmarks, as a command.
+
+Only typer is imported here; the generators (``hpcsched.traces.synth``) load when the command runs, so
+``hpcsched --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import typer
+
+_DEFAULT_JOBS = {"cobalt": 22500, "philly": 150000}
+_DEFAULT_NODES = {"cobalt": 49152, "swf": 160000}
+_DEFAULT_LOAD = {"cobalt": 0.6, "swf": 0.6, "philly": 0.8}
+
+
+def _cluster_gpus(spec: str) -> int:
+    """GPUs of a cluster given as ``nXgY`` (X nodes x Y GPUs) or as a cluster spec file."""
+    m = re.fullmatch(r"n(\d+)g(\d+)", spec.strip().lower())
+    if m:
+        return int(m.group(1)) * int(m.group(2))
+    from hpcsched.cluster_spec import read_cluster_spec
+
+    return read_cluster_spec(spec).gpus
+
+
+def generate_cmd(
+    kind: str = typer.Argument(..., help="cobalt | swf | philly."),
+    seed: int = typer.Option(..., "--seed", help="Seed: the same seed writes the same bytes."),
+    out: Path = typer.Option(..., "--out", help="Output file (.gz compresses, still byte-for-byte reproducible)."),
+    jobs: int | None = typer.Option(None, "--jobs", help="Jobs (cobalt: 22,500; philly: 150,000)."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Machine nodes (cobalt: 49,152; swf: 160,000)."),
+    days: float = typer.Option(365.0, "--days", help="swf: days of submits."),
+    load: float | None = typer.Option(None, "--load", help="Offered load (cobalt, swf: 0.6 of node-s; philly: 0.8 "
+                                                          "of GPU-s)."),
+    cluster: str = typer.Option("n128g8", "--cluster", help="philly: cluster as nXgY or a cluster spec file."),
+    max_days: float = typer.Option(60.0, "--max-days", help="philly: longest job, days."),
+    start: int = typer.Option(1704067200, "--start", help="cobalt, swf: epoch of the first day (2024-01-01 UTC)."),
+    cores_per_node: int = typer.Option(64, "--cores-per-node", help="cobalt: cpu_num per node (Theta: 64)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Write a seeded synthetic trace: a Cobalt log, a year-long SWF log or a Philly-like DL trace.
+
+    cobalt: Theta-shaped jobs on a 49,152-node machine (Cobalt CSV, read by `trace inspect` / `replay --log`;
+    name the file after a known machine, e.g. mira-synth.csv, or pass --machine-nodes when reading).
+
+    swf: the same job mix for a year on a 160,000-node machine (SWF 2.2 with MaxNodes in the header).
+
+    philly: 150,000 Philly-like jobs for cluster n128g8 with jobs up to 60 days, in the Muri CSV the simulator
+    reads. Distributions and rules: docs/traces.md. Progress with ETA on stderr when it is a TTY.
+    """
+    from hpcsched.traces.synth import KINDS, generate
+
+    kind = kind.lower()
+    if kind not in KINDS:
+        print(f"error: unknown kind {kind!r}; known: {', '.join(KINDS)}", file=sys.stderr)
+        raise typer.Exit(2)
+    options: dict[str, object] = {"load": load if load is not None else _DEFAULT_LOAD[kind]}
+    if kind in ("cobalt", "philly"):
+        options["jobs"] = jobs if jobs is not None else _DEFAULT_JOBS[kind]
+    elif jobs is not None:
+        print("error: swf is generated for --days, not a job count (drop --jobs)", file=sys.stderr)
+        raise typer.Exit(2)
+    if kind in ("cobalt", "swf"):
+        options["nodes"] = nodes if nodes is not None else _DEFAULT_NODES[kind]
+        options["start"] = start
+    if kind == "cobalt":
+        options["cores_per_node"] = cores_per_node
+    if kind == "swf":
+        options["days"] = days
+    if kind == "philly":
+        try:
+            options["cluster_gpus"] = _cluster_gpus(cluster)
+        except (OSError, ValueError) as e:
+            print(f"error: --cluster {cluster}: {e}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        options["max_days"] = max_days
+    progress = not quiet and not as_json and sys.stderr.isatty()
+    try:
+        result = generate(kind, out, seed, progress=progress, **options)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        print(f"error: {out}: cannot write: {e.strerror or e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps({"kind": kind, "seed": seed, "out": str(out), "jobs": result.jobs, "bytes": result.bytes,
+                          "seconds": round(result.seconds, 3), "options": options}))
+    else:
+        print(f"{out}: {result.jobs:,} jobs, {result.bytes:,} bytes, {result.seconds:.1f} s (kind {kind}, seed {seed})")
+
+
+def register(trace_app: typer.Typer) -> None:
+    """Add ``generate`` to the ``trace`` group."""
+    trace_app.command("generate")(generate_cmd)
