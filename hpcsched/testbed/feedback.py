@@ -144,14 +144,14 @@ def _shown(v: JobView, declared: ResourceProfile | None) -> JobView:
 
 def runtime_units(groups: list[Group], views: Mapping[str, JobView], keys: dict[str, str]) -> list[Group]:
     """The policy's groups as the controller runs them, by the controller's own rule
-    (``hpcsched.runtime.scheduler._units``): a running job is never moved to form a group; a group keeps
+    (``hpcsched.core.decide.runnable_units``): a running job is never moved to form a group; a group keeps
     its first running member (the anchor) with the jobs co-located with it, and its queued members join
     when they need no more slots than the anchor; other running members (with their co-located mates) and
     queued ones too big to join run as units of their own right after it. Jobs co-located earlier stay
     together whatever the policy says now. ``keys`` (updated here) holds each job's co-location key, as
     the controller gives it when the job starts. The simulator would otherwise move running jobs together.
     """
-    from hpcsched.runtime.scheduler import JobState, _units
+    from hpcsched.core.decide import JobState, runnable_units
 
     policy_groups = [ids for ids in (tuple(i for i in g.job_ids if i in views) for g in groups) if ids]
     listed = {i for g in policy_groups for i in g}
@@ -160,7 +160,7 @@ def runtime_units(groups: list[Group], views: Mapping[str, JobView], keys: dict[
     by_id = {i: JobState(i, views[i].submit, views[i].running, views[i].gpus, views[i].gpus, views[i].gpus,
                          group=keys.get(i, i) if views[i].running else None) for i in ids}
     out: list[Group] = []
-    for unit in _units(ids, policy_groups, by_id):
+    for unit in runnable_units(ids, policy_groups, by_id):
         running = [i for i in unit if views[i].running]
         key = keys.get(running[0], running[0]) if running else "+".join(unit)
         period = _period([views[i] for i in unit]) if len(unit) > 1 else None

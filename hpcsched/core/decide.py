@@ -1,0 +1,413 @@
+"""One scheduling decision as a pure function: ``decide(DecideRequest) -> Plan``.
+
+The body is a list of named steps over one context, in the order the architecture names:
+
+- ``order``: the policy's groups, highest priority first (a job the policy leaves out is appended, never lost);
+- ``group``: those groups made runnable from where jobs are now (``runnable_units``, rules below);
+- ``admit``: protected units (young attempts, hysteresis) first, then every unit at its minimum footprint
+  while slots are left; the others wait, each with the reason;
+- ``size``: the MILP sizes the elastic jobs that declare a scaling curve, the others grow greedily;
+- ``place``: running elastic Horovod jobs resize in place where they can, pending units are placed
+  consolidated (a group joins its running anchor's slots);
+- ``diff``: what changes against what runs now: starts, stops (preempt / resize), in-place resizes.
+
+No RPC, no database, no clock: the controller builds a ``ClusterState`` under its lock, calls ``decide`` and
+applies the result, so the decision is tested on hand-checkable cases alone. Where executors must differ
+the difference is a named field of ``DecideOptions``, never a copy of a step.
+
+Interleaving groups (a policy's ``Group`` of several jobs, muri-s / muri-l) are honoured: the members run
+co-located on the SAME slots (the worker gives them the same devices), and the group counts once in slot
+accounting, with the footprint max(member procs). Members of a group are rigid (their ``min_procs``);
+only jobs that run alone grow elastically. Jobs already running are not moved to form a group: a group
+whose first running member (the anchor) runs somewhere keeps it there, and its pending members join the
+anchor's slots when they need no more procs than the anchor has and the slots hold fewer than four jobs
+(Muri's largest group: the anchor's co-located mates count, even those the policy has since regrouped);
+running members co-located elsewhere,
+and pending ones too big to join, become units of their own, right after it. Jobs co-located earlier
+stay together whatever the policy says now (they share devices; only a stop separates them).
+
+Hysteresis (``min_runtime_s``): the controller re-plans every tick, and LAS / Tiresias priorities cross
+over continuously while muri-l regroups, so without a brake the order flips back and forth and every flip
+is a checkpoint-stop-restore. Rule: a running job whose current attempt started less than
+``min_runtime_s`` ago is protected: it keeps its slots at its size (its unit is admitted before all
+others) and is neither preempted nor resized. So each job is stopped at most once per ``min_runtime_s``
+and every attempt outlives its restore cost; the policy's order still decides everything else.
+
+Sizes of elastic jobs that declare a scaling curve come from the MILP allocator (``hpcsched.milp``, the
+one the harvesting simulator uses): after admission, the slots left plus those jobs' minimum sizes form
+the pool, each job's value is its throughput over ``tfwd_s`` less its resize cost (BFTrainer's reference
+objective), and the solver picks the counts. Elastic jobs without a curve then grow greedily, in priority
+order, into what is left.
+
+A resize normally stops the job (checkpoint) and places it again at its new size. An elastic Horovod job
+(``in_place``) that runs on one node and whose new size fits there is resized in place instead
+(``Plan.resizes``): the controller sends its worker the new host list and Horovod re-forms the ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hpcsched.allocator import JobView, Policy, Snapshot
+from hpcsched.interleave.period import MAX_GROUP
+from hpcsched.model import ClusterSpec, ElasticJob, ResourceProfile, ScalingCurve
+from hpcsched.sim.placement import place_consolidated
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """What the scheduler sees of one pending or running job."""
+
+    id: str
+    submit: float
+    running: bool
+    procs: int  # current size when running, else 0
+    min_procs: int
+    max_procs: int
+    launcher: str = "torchrun"
+    steps_total: int | None = None
+    steps_done: int = 0
+    iteration_s: float | None = None
+    profile: ResourceProfile | None = None
+    attained_s: float = 0.0
+    executed_s: float = 0.0
+    first_start: float | None = None
+    group: str | None = None  # running: the co-location key of its tasks (jobs sharing slots share it)
+    placement: tuple[tuple[str, int], ...] = ()  # running: (worker, procs) per node, node-rank order
+    attempt_start: float | None = None  # running: when its current attempt was placed
+    curve: ScalingCurve | None = None  # declared throughput by size: the MILP sizes the job
+    resize_s: float = 10.0  # progress a resize costs it (MILP Tup = Tdw)
+    in_place: bool = False  # running elastic Horovod: resizable in place on the node(s) it runs on
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    id: str
+    slots: int
+    launchers: tuple[str, ...] = ("torchrun",)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """``used`` counts the slots held by running and stopping jobs on each live worker."""
+
+    now: float
+    jobs: tuple[JobState, ...]
+    workers: tuple[WorkerState, ...]
+    used: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Plan:
+    """``starts``: job -> [(worker, procs)]; ``stops``: job -> reason ('preempt' or 'resize'); ``resizes``:
+    running job -> its new placement, applied without stopping it."""
+
+    starts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    stops: dict[str, str] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # every admitted job's size this round
+    waiting: dict[str, str] = field(default_factory=dict)  # job -> why it did not start
+    groups: dict[str, str] = field(default_factory=dict)  # started job -> co-location key of its tasks
+    resizes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # job -> new placement, in place
+    # the MILP's status for the jobs it sized this round ("optimal", "time_limit", "fallback", ...); anything
+    # but "optimal" is a decision the controller must report (it counts and logs it, `hpcsched jobs` shows it)
+    sizing: dict[str, str] = field(default_factory=dict)
+
+
+def _views(state: ClusterState) -> tuple[JobView, ...]:
+    out = []
+    for j in state.jobs:
+        size = j.procs if j.running else j.min_procs
+        remaining = None
+        if j.steps_total is not None and j.iteration_s is not None:
+            remaining = max(0, j.steps_total - j.steps_done) * j.iteration_s
+        out.append(JobView(
+            id=j.id, submit=j.submit, gpus=size, iterations_total=j.steps_total, iterations_done=j.steps_done,
+            iteration_time=j.iteration_s, attained_gpu_s=j.attained_s, executed_s=j.executed_s,
+            remaining_s=remaining, profile=j.profile, running=j.running, first_start=j.first_start,
+        ))
+    return tuple(out)
+
+
+def runnable_units(order: list[str], policy_groups: list[tuple[str, ...]], by_id: dict[str, JobState]
+                   ) -> list[list[str]]:
+    """The policy's groups made runnable from where jobs are now (rules in the module docstring): the
+    ``group`` step, public because the testbed's simulations run policies through it too."""
+    pos = {jid: k for k, jid in enumerate(order)}
+    mates: dict[str, list[str]] = {}
+    for j in by_id.values():
+        if j.running and j.group and j.id in pos:
+            mates.setdefault(j.group, []).append(j.id)
+    for m in mates.values():
+        m.sort(key=pos.__getitem__)  # policy order; one sort per group, not a scan of ``order`` per job
+    units: list[list[str]] = []
+    taken: set[str] = set()
+
+    def with_mates(jid: str) -> list[str]:
+        j = by_id[jid]
+        return list(mates.get(j.group or "", ())) if j.running and j.group else [jid]
+
+    def emit(unit: list[str]) -> None:
+        unit = [i for i in unit if i not in taken]
+        if unit:
+            units.append(unit)
+            taken.update(unit)
+
+    for g in policy_groups:
+        members = [i for i in g if i not in taken]
+        running = [i for i in members if by_id[i].running]
+        pending = [i for i in members if not by_id[i].running]
+        if not running:
+            emit(pending)
+            continue
+        anchor = by_id[running[0]]
+        here = with_mates(anchor.id)
+        room = MAX_GROUP - len(here)  # mates the policy has since regrouped still share the slots: count them
+        joiners = [i for i in pending if by_id[i].min_procs <= anchor.procs][:max(0, room)]
+        emit(here + joiners)
+        for r in running[1:]:
+            emit(with_mates(r))
+        for i in pending:
+            emit([i])
+    return units
+
+
+def _footprint(unit: list[str], by_id: dict[str, JobState]) -> int:
+    """Slots a unit needs at least: a lone job its minimum (it may shrink), a running group its anchor's."""
+    running = [by_id[i].procs for i in unit if by_id[i].running]
+    return max(running) if running and len(unit) > 1 else max(by_id[i].min_procs for i in unit)
+
+
+def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[str, JobState],
+                tfwd_s: float) -> tuple[int, str]:
+    """Resize the curve jobs ``ids`` (admitted at ``sizes``) with the MILP over their slots plus ``left``;
+    returns the slots left and how the sizes were reached (the allocator's status, or why it was not used).
+    Keeps the admitted sizes if no solver runs or its answer does not fit."""
+    from hpcsched.milp import JobState as MilpJob
+    from hpcsched.milp import Problem, SolverUnavailable, allocate
+
+    pool_n = left + sum(sizes[i] for i in ids)
+    pool = tuple(f"s{k}" for k in range(pool_n))
+    states, k = [], 0
+    for i in ids:
+        j = by_id[i]
+        held = min(j.procs if j.running else 0, pool_n - k)  # its current count: resizes cost it resize_s
+        ej = ElasticJob(i, j.submit, j.min_procs, j.max_procs, j.curve, 1.0, j.resize_s, j.resize_s)
+        states.append(MilpJob(ej, nodes=pool[k:k + held]))
+        k += held
+    problem = Problem(tuple(states), pool, tfwd=tfwd_s)
+    for solver in ("highs", "dp"):  # HiGHS when installed, else the exact dynamic programme
+        try:
+            d = allocate(problem, solver, time_limit=2.0)
+            break
+        except SolverUnavailable:
+            continue
+    else:
+        return left, "no solver: minimum sizes"
+    new = {i: max(d.counts[i], sizes[i]) for i in ids}  # admitted jobs run: never below their minimum
+    if sum(new.values()) > pool_n:
+        return left, f"{d.solver} {d.status} answer does not fit: minimum sizes"
+    sizes.update(new)
+    return pool_n - sum(new.values()), d.status if d.status == "optimal" else f"{d.solver} {d.status}"
+
+
+@dataclass(frozen=True, slots=True)
+class DecideOptions:
+    """Where executors differ, by name (the defaults are the runtime controller's)."""
+
+    min_runtime_s: float = 0.0  # hysteresis: a unit with an attempt younger than this keeps its slots and size
+    tfwd_s: float = 60.0  # the MILP's look-ahead when sizing elastic jobs (BFTrainer's Tfwd), seconds
+
+
+@dataclass(frozen=True, slots=True)
+class DecideRequest:
+    state: ClusterState  # the jobs, the workers and the slots they hold, now
+    policy: Policy  # orders (and groups) the jobs
+    options: DecideOptions = DecideOptions()
+
+
+@dataclass(slots=True)
+class _Context:
+    """What the steps share within one decision."""
+
+    request: DecideRequest
+    state: ClusterState
+    by_id: dict[str, JobState]
+    workers: list[WorkerState]
+    total: int  # slots of the live workers
+    gpn: int  # slots of the largest worker: consolidated placement's node size
+    out: Plan = field(default_factory=lambda: Plan())
+    order: list[str] = field(default_factory=list)  # job ids, highest priority first
+    groups: list[tuple[str, ...]] = field(default_factory=list)  # the policy's groups, over known jobs only
+    units: list[list[str]] = field(default_factory=list)  # runnable units, protected ones first after admit
+    keep_ids: set[str] = field(default_factory=set)  # first id of each protected unit (units are disjoint)
+    admitted: list[list[str]] = field(default_factory=list)
+    left: int = 0  # slots not yet given to an admitted unit
+    free: dict[str, int] = field(default_factory=dict)  # worker -> free slots, as placement takes them
+
+
+def _order(ctx: _Context) -> None:
+    state = ctx.state
+    spec = ClusterSpec(switches=1, nodes_per_switch=max(1, len(ctx.workers)), gpus_per_node=ctx.gpn)
+    snap = Snapshot(now=state.now, jobs=_views(state), cluster=spec,
+                    free_gpus=max(0, ctx.total - sum(state.used.values())))
+    seen: set[str] = set()
+    for g in ctx.request.policy(snap):
+        ids = tuple(i for i in g.job_ids if i in ctx.by_id and i not in seen)
+        seen.update(ids)
+        if ids:
+            ctx.groups.append(ids)
+    ctx.groups += [(j.id,) for j in state.jobs if j.id not in seen]  # a policy that drops a job must not lose it
+    ctx.order = [i for g in ctx.groups for i in g]
+
+
+def _group(ctx: _Context) -> None:
+    ctx.units = runnable_units(ctx.order, ctx.groups, ctx.by_id)
+
+
+def _admit(ctx: _Context) -> None:
+    by_id, now, young = ctx.by_id, ctx.state.now, ctx.request.options.min_runtime_s
+
+    def protected(unit: list[str]) -> bool:
+        return any(by_id[i].running and by_id[i].attempt_start is not None
+                   and now - by_id[i].attempt_start < young for i in unit)
+
+    kept = [protected(u) for u in ctx.units]
+    ctx.keep_ids = {u[0] for u, k in zip(ctx.units, kept, strict=True) if k}
+    ctx.units = ([u for u, k in zip(ctx.units, kept, strict=True) if k]
+                 + [u for u, k in zip(ctx.units, kept, strict=True) if not k])
+    left, out = ctx.total, ctx.out
+    for unit in ctx.units:  # admit at minimum size, highest priority first; a group needs its footprint once
+        is_kept = unit[0] in ctx.keep_ids
+        fixed = len(unit) > 1 or is_kept  # groups and protected jobs keep their running size
+        need = max(by_id[i].procs for i in unit) if is_kept else _footprint(unit, by_id)
+        if need <= left:
+            ctx.admitted.append(unit)
+            for i in unit:
+                out.sizes[i] = by_id[i].procs if by_id[i].running and fixed else by_id[i].min_procs
+            left -= need
+        else:
+            for i in unit:
+                out.waiting[i] = f"needs {need} slots, {left} left after higher-priority jobs"
+    ctx.left = left
+
+
+def _size(ctx: _Context) -> None:
+    by_id, out = ctx.by_id, ctx.out
+    lone = [u[0] for u in ctx.admitted if len(u) == 1 and u[0] not in ctx.keep_ids]
+    curved = [i for i in lone if by_id[i].curve is not None and by_id[i].max_procs > by_id[i].min_procs]
+    if curved:
+        ctx.left, how = _milp_sizes(curved, out.sizes, ctx.left, by_id, ctx.request.options.tfwd_s)
+        out.sizing = dict.fromkeys(curved, how)
+    for jid in lone:  # then grow elastic jobs without a curve into what is left
+        if jid not in curved and ctx.left > 0:
+            grow = min(by_id[jid].max_procs - out.sizes[jid], ctx.left)
+            out.sizes[jid] += grow
+            ctx.left -= grow
+
+
+def _place(ctx: _Context) -> None:
+    by_id, out = ctx.by_id, ctx.out
+    ctx.free = {w.id: w.slots - ctx.state.used.get(w.id, 0) for w in ctx.workers}
+    _resize_in_place(out, ctx.order, by_id, ctx.free)
+    free, workers = ctx.free, ctx.workers
+    for unit in ctx.admitted:
+        pending = [i for i in unit if not by_id[i].running]
+        if not pending:
+            continue
+        anchor = next((by_id[i] for i in unit if by_id[i].running and _keeps_running(by_id[i], out)), None)
+        if anchor is not None:  # join the anchor's slots: no new slots are used
+            where = list(anchor.placement)
+            key = anchor.group or anchor.id
+            if not where:  # the snapshot does not say where it runs: nothing to join yet
+                for i in pending:
+                    out.waiting[i] = f"its group's running job {anchor.id} has no known placement"
+                continue
+        else:
+            need = max(out.sizes[i] for i in pending)
+            launchers = {by_id[i].launcher for i in pending}
+            able = [w for w in workers if launchers <= set(w.launchers)]
+            got = place_consolidated([max(0, free[w.id]) for w in able], need, ctx.gpn)
+            if got is None:
+                for i in pending:
+                    out.waiting[i] = f"{need} slots do not fit on free slots {free}"
+                continue
+            where = [(able[i].id, k) for i, k in got]
+            for wid, k in where:
+                free[wid] -= k
+            key = "+".join(pending) if len(pending) > 1 else pending[0]
+        for i in pending:
+            out.starts[i] = _prefix(where, out.sizes[i])
+            out.groups[i] = key
+
+
+def _diff(ctx: _Context) -> None:
+    by_id, out = ctx.by_id, ctx.out
+    stops: dict[str, str] = {}
+    for jid in ctx.order:  # running jobs, in priority order
+        j = by_id[jid]
+        if not j.running or jid in out.resizes:
+            continue
+        if jid not in out.sizes:
+            stops[jid] = "preempt"
+        elif out.sizes[jid] != j.procs:
+            stops[jid] = "resize"
+    out.stops = stops
+
+
+_STEPS: tuple[Callable[[_Context], None], ...] = (_order, _group, _admit, _size, _place, _diff)
+
+
+def decide(request: DecideRequest) -> Plan:
+    """Which jobs run, at which size, and where new ones go (the steps in the module docstring)."""
+    state = request.state
+    if not state.jobs:
+        return Plan()
+    workers = sorted(state.workers, key=lambda w: w.id)
+    ctx = _Context(request=request, state=state, by_id={j.id: j for j in state.jobs}, workers=workers,
+                   total=sum(w.slots for w in workers),
+                   gpn=max((w.slots for w in workers), default=1) or 1)
+    for step in _STEPS:
+        step(ctx)
+    return ctx.out
+
+
+def _keeps_running(j: JobState, out: Plan) -> bool:
+    """A running job that this decision neither preempts nor stops to resize (an in-place resize keeps it)."""
+    return j.id in out.resizes or (j.id in out.sizes and out.sizes[j.id] == j.procs)
+
+
+def _resize_in_place(out: Plan, order: list[str], by_id: dict[str, JobState], free: dict[str, int]) -> None:
+    """Resize in place the in-place-capable running jobs whose size changes and that stay on their one node.
+
+    Only a job on one node, staying on it: Horovod starts a grown job's new ranks over ssh on other hosts,
+    which a node-local worker cannot vouch for. A shrink always fits; a grow needs the free slots on that node
+    (taken before pending jobs are placed: the job already runs, its growth was sized before them). Slots a
+    shrink frees are not handed out in this step: the ranks leave only when Horovod re-forms (about 1 s).
+    """
+    for jid in order:  # running jobs admitted at another size, in priority order
+        j = by_id[jid]
+        if not j.running or jid not in out.sizes or out.sizes[jid] == j.procs:
+            continue
+        if not j.in_place or len(j.placement) != 1:
+            continue
+        wid, _ = j.placement[0]
+        grow = out.sizes[jid] - j.procs
+        if grow > free.get(wid, 0):
+            continue
+        out.resizes[jid] = [(wid, out.sizes[jid])]
+        free[wid] -= max(0, grow)
+
+
+def _prefix(where: list[tuple[str, int]], procs: int) -> list[tuple[str, int]]:
+    """The first ``procs`` slots of a group's placement: a smaller member shares part of its slots."""
+    out = []
+    for wid, k in where:
+        if procs <= 0:
+            break
+        out.append((wid, min(k, procs)))
+        procs -= k
+    return out
