@@ -84,6 +84,17 @@ EXPECTED: dict[str, tuple[str, int, dict[str, int]]] = {
     "muri/trace4.csv": ("muri", 2638, {}),
     "muri/trace4_pr.csv": ("muri", 2638, {}),
     "muri/n8g8.csv": ("muri-cluster", 1, {}),
+    # wc -l -> 61 (header + 60)
+    "philly/tiresias-60_job.csv": ("tiresias", 60, {}),
+    # two job objects, one per line
+    "philly/philly-joblog-readme.json": ("philly-joblog", 2, {}),
+    # awk -F, 'NR>1&&$4>0' -> 193 GPU pods; minus 15 Pending (never scheduled) -> 178; Running (censored) -> 101
+    "alibaba/openb_pod_list_default-head200.csv": ("alibaba-pod", 178, {"censored": 101}),
+    # 6 task rows, two of them one job's; 3 rows submitted before the row above
+    "alibaba/pai_task_table-sample.csv": ("alibaba-pai", 5, {"unsorted_submit": 3}),
+    "alibaba/pai_job_table-sample.csv": ("alibaba-pai-job", 6, {"unknown_field": 1, "unsorted_submit": 3}),
+    # wc -l -> 4 (header + 3)
+    "helios/cluster_log-readme.csv": ("helios", 3, {}),
 }
 
 
