@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpcsched.harvest.pool import timeline_from_intervals, timeline_from_log  # noqa: E402
+from hpcsched.harvest.replay import ReplayConfig, replay  # noqa: E402
 from hpcsched.milp import JobState, Objective, Problem, SolverUnavailable, allocate  # noqa: E402
 from hpcsched.model import ElasticJob  # noqa: E402
-from hpcsched.sim.replay import ReplayConfig, replay  # noqa: E402
-from hpcsched.sim.replay_events import timeline_from_intervals, timeline_from_log  # noqa: E402
 from hpcsched.traces.bftrainer import read_elastic_jobs, read_idle_intervals, read_node_order  # noqa: E402
 
 BF = ROOT / "trace-data" / "bftrainer"

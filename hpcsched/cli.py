@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Simulate one policy on a DL trace; write per-job results and the cluster timeline."),
     "compare": ("hpcsched.sim.cli",
                 "Simulate several policies on one trace; print a comparison table and write a JCT CDF plot."),
-    "replay": ("hpcsched.sim.replay_cli",
+    "replay": ("hpcsched.harvest.cli",
                "Replay idle nodes harvested by elastic jobs (BFTrainer), one allocator decision per pool change."),
     "controller": ("hpcsched.runtime.cli",
                    "Run the controller: scheduler, job API and state store. Stops on SIGINT/SIGTERM."),

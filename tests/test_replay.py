@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from hpcsched.harvest.pool import FirstFit, PoolTimeline, timeline_from_intervals, timeline_from_log
+from hpcsched.harvest.replay import ReplayConfig, replay
 from hpcsched.milp import Objective
 from hpcsched.model import ElasticJob, IdleInterval, ScalingCurve
 from hpcsched.results import read_results
-from hpcsched.sim.replay import ReplayConfig, replay
-from hpcsched.sim.replay_events import FirstFit, PoolTimeline, timeline_from_intervals, timeline_from_log
 from hpcsched.traces.bftrainer import read_elastic_jobs, read_idle_intervals, read_node_order
 
 BF = Path("trace-data/bftrainer")
@@ -62,7 +62,7 @@ def test_log_replay_turns_a_small_swf_into_idle_events(tmp_path: Path) -> None:
                                                                 (100, ("n00000",), ())]
     assert tl.notes["skipped_no_room"] == 1
     # elastic jobs from another era are moved to the log's start, then harvest its idle node
-    from hpcsched.sim.replay_run import shift_into_log
+    from hpcsched.harvest.run import shift_into_log
 
     jobs, shift = shift_into_log(read_elastic_jobs(*JOBS10), tl.start, tl.end)
     assert jobs[0].submit == tl.start and shift < 0
@@ -81,7 +81,7 @@ def forty() -> tuple:
 
 
 def _events(res) -> pd.DataFrame:
-    from hpcsched.sim.replay import EVENT_COLUMNS
+    from hpcsched.harvest.replay import EVENT_COLUMNS
 
     return pd.DataFrame(res.events, columns=list(EVENT_COLUMNS))
 

@@ -17,10 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.model import ElasticJob, ScalingCurve
-from hpcsched.results import JobResult, read_results, write_results
-from hpcsched.sim.replay import ReplayConfig, replay
-from hpcsched.sim.replay_events import (
+from hpcsched.harvest.pool import (
     PoolEvent,
     PoolTimeline,
     busy_steps,
@@ -28,6 +25,9 @@ from hpcsched.sim.replay_events import (
     timeline_from_log,
     warmup_check,
 )
+from hpcsched.harvest.replay import ReplayConfig, replay
+from hpcsched.model import ElasticJob, ScalingCurve
+from hpcsched.results import JobResult, read_results, write_results
 
 DATA = Path("trace-data")
 BF = DATA / "bftrainer"

@@ -87,7 +87,7 @@ def simulate_cmd(
     summary = {"dir": str(out)} | summarize(result.frame(), result.meta) | {"events": result.events,
                                                                             "wall_s": result.wall_s}
     if anomalies:
-        from hpcsched.sim.replay_events import describe_rows
+        from hpcsched.harvest.pool import describe_rows
 
         print(f"note: {trace}: {describe_rows(len(jobs), anomalies)}", file=sys.stderr)
     if result.rejected:

@@ -3,7 +3,7 @@
 The harvestable *pool* is every node harvesting may use now: nodes Slurm reports plain idle, plus
 nodes held only by our own jobs (mode (a): our scavenger jobs show as ``allocated``). Each poll
 reads ``sinfo`` and ``squeue`` once and diffs the pool against the previous poll into one
-``hpcsched.sim.replay_events.PoolEvent`` (nodes joined, nodes left): the very event type the idle-node
+``hpcsched.harvest.pool.PoolEvent`` (nodes joined, nodes left): the very event type the idle-node
 replayer produces from a log, so the same allocator decides on both. ``reasons`` keeps, for each
 node of the last event, the state that made it join or leave (``drained``, ``down* (not
 responding)``, ``held by job 12 (batch), allocated``...) for the event log.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hpcsched.sim.replay_events import PoolEvent
+from hpcsched.harvest.pool import PoolEvent
 from hpcsched.slurm import commands
 from hpcsched.slurm.nodes import NodeState, parse_sinfo
 

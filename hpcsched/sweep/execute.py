@@ -81,11 +81,11 @@ def _run_simulate(params: dict[str, Any], root: Path, workdir: Path) -> dict[str
 
 def _run_replay(params: dict[str, Any], root: Path, workdir: Path) -> dict[str, Any]:
     """``hpcsched replay``'s own code path (``run_replay``) with the cell's parameters and arrival scaling."""
+    from hpcsched.harvest.replay import ReplayConfig
+    from hpcsched.harvest.run import ReplayRequest, run_replay
     from hpcsched.metrics import summarize
     from hpcsched.milp import Objective
     from hpcsched.results import read_results
-    from hpcsched.sim.replay import ReplayConfig
-    from hpcsched.sim.replay_run import ReplayRequest, run_replay
 
     try:
         config = ReplayConfig(tfwd=params["tfwd"], solver=params["solver"], objective=Objective(params["objective"]),

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcsched.errors import InputError
+from hpcsched.harvest.pool import PoolTimeline, timeline_from_intervals, timeline_from_log
+from hpcsched.harvest.replay import EVENT_COLUMNS, ReplayConfig, ReplayResult, replay
 from hpcsched.model import ElasticJob
 from hpcsched.results import write_results
-from hpcsched.sim.replay import EVENT_COLUMNS, ReplayConfig, ReplayResult, replay
-from hpcsched.sim.replay_events import PoolTimeline, timeline_from_intervals, timeline_from_log
 
 EVENTS_FILE = "events.csv"
 PROGRESS_FILE = "job_progress.csv"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import typer
 
+from hpcsched.harvest.replay import ACCOUNTING
+
 # The options' help and types need these; the replay runner and rich are imported inside `replay_cmd`.
 from hpcsched.milp import SOLVERS, Objective
-from hpcsched.sim.replay import ACCOUNTING
 
 
 def replay_cmd(
@@ -53,9 +54,9 @@ def replay_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from hpcsched.harvest.replay import ReplayConfig
+    from hpcsched.harvest.run import ReplayRequest, run_replay
     from hpcsched.milp import SolverUnavailable
-    from hpcsched.sim.replay import ReplayConfig
-    from hpcsched.sim.replay_run import ReplayRequest, run_replay
 
     if (idle is None) == (log is None):
         raise typer.BadParameter("give exactly one of --idle FILE or --log FILE")

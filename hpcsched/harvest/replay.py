@@ -39,12 +39,12 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hpcsched.harvest.pool import PoolTimeline
 from hpcsched.milp import JobState, Objective, Problem, solve_counts
 from hpcsched.milp.mapping import map_nodes
 from hpcsched.milp.problem import check_job, job_rate
 from hpcsched.model import ElasticJob
 from hpcsched.results import JobResult
-from hpcsched.sim.replay_events import PoolTimeline
 
 ACCOUNTING = ("reference", "restart")
 NONOPTIMAL = ("time_limit", "fallback", "heuristic")  # Decision.status values that are not proven optimal
