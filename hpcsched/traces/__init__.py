@@ -5,7 +5,7 @@ job log gets (sorted submits, unique ids, sane run times, jobs that fit the mach
 anomaly in the trace's ``TraceReport``.
 
 Conventions for every reader: times are seconds; ``Job.submit`` is epoch seconds where the log ties
-its times to the calendar (SWF with ``UnixStartTime``, PBS/wagap, Cobalt, Slurm, Philly; naive
+its times to the calendar (SWF with ``UnixStartTime``, PBS/wagap, PBS accounting, Cobalt, Slurm, Philly; naive
 datetimes read as UTC), otherwise as the log gives them (Muri: relative); ``report.meta['time_base']``
 says which. Sizes are nodes, processors and GPUs; every conversion is listed in
 ``report.conversions``. Each ``Job.extra['line']`` is the line it came from.
@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import alibaba, bftrainer, cobalt, helios, muri, philly, slurm, swf
+from hpcsched.traces import alibaba, bftrainer, cobalt, helios, muri, pbs, philly, slurm, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -41,13 +41,15 @@ __all__ = ["FORMATS", "Trace", "TraceFormat", "TraceReport", "detect_format", "n
 # Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
 FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
     philly.TIRESIAS_FORMAT, philly.JOBLOG_FORMAT, *alibaba.FORMATS, helios.FORMAT,  # DL; Tiresias (s) before Muri (ms)
-    muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, *slurm.FORMATS, *bftrainer.FORMATS
+    muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, pbs.FORMAT, *slurm.FORMATS,
+    *bftrainer.FORMATS
 )}
 
 # Other names users reach for; ``--format`` accepts them too.
 ALIASES = {"sacct": "slurm-sacct", "jobcomp": "slurm-jobcomp", "eagle": "slurm-csv", "theta": "cobalt",
            "pbs": "swf-pbs", "wagap": "swf-pbs", "sia": "philly", "idle": "bftrainer-idle",
-           "jbnd": "bftrainer-bounds", "jnps": "bftrainer-curves"}
+           "jbnd": "bftrainer-bounds", "jnps": "bftrainer-curves",
+           "openpbs": "pbs-accounting", "pbspro": "pbs-accounting", "pbs-pro": "pbs-accounting"}
 
 ALIASES |= {"philly-json": "philly-joblog", "cluster_job_log": "philly-joblog", "openb": "alibaba-pod",
             "alibaba": "alibaba-pod", "pai": "alibaba-pai", "pai-job": "alibaba-pai-job", "sensetime": "helios"}

@@ -100,7 +100,12 @@ def inspect_cmd(
         None, "--cores-per-node", help="SWF: processors per node for procs -> nodes (default: MaxProcs/MaxNodes)."
     ),
     machine_nodes: int | None = typer.Option(
-        None, "--machine-nodes", help="Machine size in nodes for the larger-than-machine check (overrides headers)."
+        None, "--machine-nodes", "--nodes",
+        help="Machine size in nodes for the larger-than-machine check (overrides headers).",
+    ),
+    delimiter: str | None = typer.Option(
+        None, "--delimiter", help="sacct: the field delimiter (tab, pipe, comma, table, or the characters); "
+        "default: read from the header."
     ),
 ) -> None:
     """Jobs, time span, machine size, size and duration distributions, and anomaly counts.
@@ -116,7 +121,7 @@ def inspect_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    options = {k: v for k, v in (("cores_per_node", cores_per_node), ("machine_nodes", machine_nodes)) if v}
+    options = _options(cores_per_node, machine_nodes, delimiter)
     info = inspect_trace(file, fmt, strict, progress=not as_json, options=options)
     if as_json:
         print(json.dumps(info))
@@ -146,6 +151,88 @@ def inspect_cmd(
         c.print(a)
     else:
         c.print("no anomalies")
+
+
+def _options(cores_per_node: float | None, machine_nodes: int | None, delimiter: str | None) -> dict[str, Any]:
+    """Reader options from the command line (only those given)."""
+    return {k: v for k, v in (("cores_per_node", cores_per_node), ("machine_nodes", machine_nodes),
+                              ("delimiter", delimiter)) if v}
+
+
+@trace_app.command("convert")
+def convert_cmd(
+    file: Path = typer.Argument(..., help="Job trace in any format hpcsched reads (.gz read transparently)."),
+    to: str = typer.Option(..., "--to", help="Target format: swf, muri (the simulator's CSV), slurm-sacct, "
+                           "pbs-accounting."),
+    out: Path | None = typer.Option(None, "--out", help="Output file (.gz compresses); default: stdout."),
+    fmt: str | None = typer.Option(None, "--format", help="Input format (default: detected)."),
+    allow_loss: bool = typer.Option(
+        False, "--allow-loss", help="Drop the jobs the target cannot use (counted) instead of stopping."
+    ),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", min=1, help="--to muri: GPUs = nodes x this, for batch jobs without GPU counts."
+    ),
+    rebase: bool = typer.Option(False, "--rebase", help="--to muri: submit times start at 0."),
+    out_delimiter: str = typer.Option(
+        "|", "--out-delimiter", help="--to slurm-sacct: delimiter (tab, pipe, comma, or characters; 'table': the "
+        "fixed-width table)."
+    ),
+    parsable: bool = typer.Option(False, "--parsable", help="--to slurm-sacct: a delimiter after the last field "
+                                  "too (sacct -p; default: -P)."),
+    cores_per_node: float | None = typer.Option(None, "--cores-per-node", help="SWF input: processors per node."),
+    machine_nodes: int | None = typer.Option(
+        None, "--machine-nodes", "--nodes", help="Machine size in nodes (overrides headers and known machines)."
+    ),
+    delimiter: str | None = typer.Option(None, "--delimiter", help="sacct input: the field delimiter."),
+    strict: bool = typer.Option(False, "--strict", help="Fail on the first anomaly of the input."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no notes on stderr."),
+) -> None:
+    """Convert a job trace to another format: SWF, the simulator's Muri CSV, sacct or PBS accounting.
+
+    What the target has no field for is listed on stderr. A conversion that would leave jobs unusable
+    (no GPU count or run time for the simulator, no size for SWF) stops with an error naming the count
+    and the first line; --allow-loss drops those jobs instead. Progress shows on stderr for big files.
+    """
+    import sys
+
+    from hpcsched.traces.convert import convert_trace
+    from hpcsched.traces.slurm import delimiter_option
+
+    show = not quiet and sys.stderr.isatty()
+    out_d = delimiter_option(out_delimiter) or "|"
+    kwargs: dict[str, Any] = dict(fmt=fmt, options=_options(cores_per_node, machine_nodes, delimiter),
+                                  allow_loss=allow_loss, gpus_per_node=gpus_per_node, rebase=rebase,
+                                  delimiter=out_d, trailing=parsable, strict=strict)
+    if show and file.is_file() and file.stat().st_size > _PROGRESS_BYTES:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeElapsedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(f"reading {file.name}", total=file.stat().st_size)
+
+            def tick(phase: str, done: int, total: int) -> None:
+                bar.update(task, description=f"{phase} {file.name}", completed=done, total=total)
+
+            result = convert_trace(file, to, out, progress=tick, **kwargs)
+    else:
+        result = convert_trace(file, to, out, **kwargs)
+    if not quiet:
+        if result.anomalies:
+            dropped = result.anomalies.get("malformed_row", 0)
+            flagged = ", ".join(f"{n:,} {k}" for k, n in sorted(result.anomalies.items()) if k != "malformed_row")
+            print(f"input: {dropped:,} row(s) dropped as malformed; kept but flagged: {flagged or 'none'} "
+                  "(hpcsched trace inspect shows where)", file=sys.stderr)
+        for loss in result.losses:
+            verb = "dropped (--allow-loss)" if loss.required else "not carried over"
+            print(f"note: {loss.count:,} job(s): {loss.what}: {verb}", file=sys.stderr)
+        for note in result.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(result.summary() + (f" -> {out}" if out else ""), file=sys.stderr)
+
+
+_PROGRESS_BYTES = 4 << 20  # smaller files convert before a bar would be readable
 
 
 def register(app: typer.Typer) -> None:

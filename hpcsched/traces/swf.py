@@ -5,6 +5,17 @@ SWF: 18 whitespace-separated fields per job, ``-1`` = unknown; header lines ``; 
 7 used memory, 8 requested procs, 9 requested time, 10 requested memory, 11 status, 12 user,
 13 group, 14 executable, 15 queue, 16 partition, 17 preceding job, 18 think time.
 
+Every header field SWF 2.2 defines (``HEADER_FIELDS``: Version ... MaxNodes, MaxProcs, UnixStartTime,
+TimeZoneString, Queue, Partition, Note) is kept in ``report.meta['swf_header']``: numbers as numbers,
+Queue/Partition/Note as lists (one per line), indented continuation lines joined to their field, keys
+SWF does not define under ``other``. MaxNodes/MaxProcs give the machine size (``machine_nodes``,
+``machine_procs``).
+
+A log that gives no wait at all (every wait -1 in its first 1,000 rows, at least 20 of them, or fewer
+when a header line says submit times are start times or waits are unknown) has start = submit for those
+rows, each counted as ``unknown_wait`` (flagged, kept), so it can be replayed; option ``swf_waits`` =
+``start`` / ``unknown`` decides instead. Elsewhere a -1 wait leaves the start unknown (``unknown_field``).
+
 The PBS/TORQUE variant (Alea's ``wagap`` log) has no header and 21 fields: field 2 is already an
 epoch time, 10 is bytes, 19 is ``{node id per allocated CPU}``, 20 the queue name and 21 the PBS
 node spec (``8:ppn=8:x86_64``).
@@ -25,6 +36,7 @@ Status 1 -> completed, 0 -> failed, 5 -> cancelled, 2 -> preempted (partial, con
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,15 +70,94 @@ def _number(text: str) -> float:
     return v
 
 
-def _header(line: str, meta: dict[str, str]) -> None:
-    """``; Key: value`` -> meta[key] = value (first occurrence wins; repeated keys like Queue ignored)."""
-    body = line.lstrip(";").strip()
-    key, sep, value = body.partition(":")
-    if sep and key and " " not in key.strip():
-        meta.setdefault(key.strip(), value.strip())
+# Every header field SWF 2.2 defines (the Parallel Workloads Archive's format page), by lower-case name.
+HEADER_FIELDS = ("Version", "Computer", "Installation", "Acknowledge", "Information", "Conversion", "MaxJobs",
+                 "MaxRecords", "Preemption", "UnixStartTime", "TimeZone", "TimeZoneString", "StartTime", "EndTime",
+                 "MaxNodes", "MaxProcs", "MaxRuntime", "MaxMemory", "AllowOveruse", "MaxQueues", "Queues", "Queue",
+                 "MaxPartitions", "Partitions", "Partition", "Note")
+_FIELD_BY_LOWER = {k.lower(): k for k in HEADER_FIELDS}
+_NUMERIC_FIELDS = frozenset({"MaxJobs", "MaxRecords", "UnixStartTime", "TimeZone", "MaxNodes", "MaxProcs", "MaxRuntime",
+                             "MaxMemory", "MaxQueues", "MaxPartitions"})
+_REPEATED_FIELDS = frozenset({"Queue", "Partition", "Note"})  # one line per queue / partition / note
+UNKNOWN_WAIT = "unknown_wait"  # wait -1 in a log without any wait: start taken as the submit time (kept)
+_WAIT_PROBE_ROWS = 1000  # data rows looked at to tell a log without waits from one with a few unknown
+_WAIT_MIN_ROWS = 20  # fewer rows, all without a wait, tell nothing unless the header says so
+_SAYS_NO_WAITS = re.compile(r"submit\w*\s+times?\s+(?:are|is|=)\s+(?:the\s+|actually\s+)?start|"
+                            r"wait\w*(?:\s+times?)?\s+(?:are\s+|is\s+)?(?:unknown|not\s+(?:available|known|recorded))",
+                            re.IGNORECASE)
 
 
-def _header_int(path: Path, header: dict[str, str], key: str) -> int | None:
+class _Header:
+    """The ``; Key: value`` comment block: the first value of each key for the reader, every defined field
+    (repeated ones as lists, continuation lines joined to the field above them) for ``report.meta``."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, str] = {}
+        self.fields: dict[str, object] = {}
+        self.other: dict[str, str] = {}
+        self._last: str | None = None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.first
+
+    def __getitem__(self, key: str) -> str:
+        return self.first[key]
+
+    def add(self, line: str) -> None:
+        raw = line.lstrip()[1:]
+        body = raw.strip()
+        if not body:
+            self._last = None  # a bare ';' ends a field's continuation lines
+            return
+        key, sep, value = body.partition(":")
+        name = _FIELD_BY_LOWER.get(key.strip().lower()) if sep else None
+        if name is None and self._last is not None and raw[:3].isspace():  # an indented line continues a field
+            self._extend(self._last, body)
+            return
+        if name is None:
+            if sep and key.strip() and " " not in key.strip():
+                self.first.setdefault(key.strip(), value.strip())
+                self.other.setdefault(key.strip(), value.strip())
+            self._last = None
+            return
+        value = value.strip()
+        self.first.setdefault(name, value)
+        if name in _REPEATED_FIELDS:
+            self.fields.setdefault(name, [])
+            self.fields[name].append(value)  # type: ignore[union-attr]
+        else:
+            self.fields.setdefault(name, value)
+        self._last = name
+
+    def _extend(self, name: str, more: str) -> None:
+        if name in _REPEATED_FIELDS:
+            items = self.fields[name]
+            items[-1] = f"{items[-1]}\n{more}" if items[-1] else more  # type: ignore[index]
+        elif isinstance(self.fields.get(name), str):
+            self.fields[name] = f"{self.fields[name]}\n{more}" if self.fields[name] else more
+            if self.first.get(name) == "":
+                self.first[name] = more
+
+    def meta(self) -> dict[str, object]:
+        """Defined fields, numbers as numbers where they are numbers (MaxNodes: 100 -> 100)."""
+        out: dict[str, object] = {}
+        for name in HEADER_FIELDS:
+            if name not in self.fields:
+                continue
+            v = self.fields[name]
+            if name in _NUMERIC_FIELDS and isinstance(v, str):
+                try:
+                    f = float(v.split()[0])
+                    v = int(f) if f.is_integer() and abs(f) < 2**63 else f
+                except (ValueError, IndexError, OverflowError):
+                    pass
+            out[name] = v
+        if self.other:
+            out["other"] = dict(self.other)
+        return out
+
+
+def _header_int(path: Path, header: _Header, key: str) -> int | None:
     if key not in header:
         return None
     try:
@@ -76,12 +167,15 @@ def _header_int(path: Path, header: dict[str, str], key: str) -> int | None:
     return v if v > 0 else None
 
 
-def _setup(path: Path, report: TraceReport, header: dict[str, str]) -> tuple[float, float, int]:
+def _setup(path: Path, report: TraceReport, header: _Header) -> tuple[float, float, int]:
     """From the header and options: (time offset, cores per node, unix start) and the stated conversions."""
     max_nodes, max_procs = _header_int(path, header, "MaxNodes"), _header_int(path, header, "MaxProcs")
     start = _header_int(path, header, "UnixStartTime")
+    fields = header.meta()
+    if fields:
+        report.meta["swf_header"] = fields
     if max_nodes:
-        report.meta["machine_nodes"] = max_nodes
+        report.meta["machine_nodes"] = max_nodes  # the replayer states it as "the log's header"
     if max_procs:
         report.meta["machine_procs"] = max_procs
     opt = report.options.get("cores_per_node")
@@ -103,11 +197,44 @@ def _setup(path: Path, report: TraceReport, header: dict[str, str]) -> tuple[flo
     return float(start or 0), cpn, start or 0
 
 
+def _waits_unknown(path: Path, report: TraceReport) -> bool:
+    """Does the log give no wait at all (every wait -1 in its first data rows)? Such logs record start times
+    as submit times (their header says so), so ``start = submit`` instead of an unknown start.
+
+    The ``swf_waits`` option decides instead: ``start`` (submit is start) or ``unknown`` (leave them unknown).
+    """
+    forced = str(report.options.get("swf_waits") or "").lower()
+    if forced in ("start", "unknown"):
+        return forced == "start"
+    seen, says = 0, False
+    try:
+        for _, line in numbered_lines(path):
+            f = line.split()
+            if f and f[0].startswith(";"):
+                says = says or _SAYS_NO_WAITS.search(line) is not None
+                continue
+            if len(f) != 18:
+                continue
+            if f[2] != "-1":
+                return False
+            seen += 1
+            if seen >= _WAIT_PROBE_ROWS:
+                break
+    except InputError:
+        return False  # the main pass reports the damage with its line
+    return seen >= _WAIT_MIN_ROWS or (seen > 0 and says)
+
+
 def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
-    header: dict[str, str] = {}
+    header = _Header()
     unknown: Counter[str] = Counter()
     report.meta.update(unknown_fields=unknown, cancelled_that_ran=0)
     cancelled_ran = 0
+    wait_is_start = _waits_unknown(path, report)
+    if wait_is_start:
+        report.meta["waits_unknown"] = True
+        report.convert("no wait in the log (every wait -1): start = submit, each such job counted as unknown_wait "
+                       "(the log's submit times are start times; swf_waits=unknown keeps starts unknown)")
     setup: tuple[float, float, int] | None = None
     any_text = False
     lim, status_of, unknown_status = _LIMIT, _STATUS.get, JobStatus.UNKNOWN
@@ -118,7 +245,7 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
         any_text = True
         if f[0][0] == ";":
             if setup is None:
-                _header(line, header)
+                header.add(line)
             continue
         if setup is None:
             setup = _setup(path, report, header)
@@ -142,7 +269,7 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
                       status_of(status, unknown_status), f[11] if f[11] != "-1" else None,
                       f[14] if f[14] != "-1" else None, {"line": lineno})
             continue
-        job = _job(f, lineno, offset, cpn, report, unknown)
+        job = _job(f, lineno, offset, cpn, report, unknown, wait_is_start=wait_is_start)
         if job is not None:
             yield job
     if not any_text:
@@ -156,10 +283,11 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
 
 
 def _job(f: list[str], lineno: int, offset: float, cpn: float, report: TraceReport, unknown: Counter[str],
-         pbs: bool = False) -> Job | None:
+         pbs: bool = False, wait_is_start: bool = False) -> Job | None:
     """One Job from SWF fields, every check made; None (counted) for a row that cannot be a job.
 
     ``pbs``: the 21-field variant, whose nodes come from field 19 (or the spec in 21), queue from 20.
+    ``wait_is_start``: the log has no waits, so a -1 wait means start = submit (counted as ``unknown_wait``).
     """
     try:
         submit, wait, run, alloc = _number(f[1]), _number(f[2]), _number(f[3]), _number(f[4])
@@ -175,8 +303,12 @@ def _job(f: list[str], lineno: int, offset: float, cpn: float, report: TraceRepo
     if status == 5 and run > 0:
         report.meta["cancelled_that_ran"] += 1
     queue = f[19 if pbs else 14]
+    if wait_is_start and wait == -1:
+        wait = 0
+        unknown["wait"] += 1
+        report.anomaly(UNKNOWN_WAIT, lineno, "wait -1: start = submit")
     for i, name in _NEEDED:
-        if f[i] == "-1":
+        if f[i] == "-1" and not (i == 2 and wait_is_start):
             unknown[name] += 1
             report.anomaly(UNKNOWN_FIELD, lineno, name)
     procs = int(alloc) if alloc > 0 else (int(req_procs) if req_procs > 0 else 0)
