@@ -95,6 +95,10 @@ EXPECTED: dict[str, tuple[str, int, dict[str, int]]] = {
     "alibaba/pai_job_table-sample.csv": ("alibaba-pai-job", 6, {"unknown_field": 1, "unsorted_submit": 3}),
     # wc -l -> 4 (header + 3)
     "helios/cluster_log-readme.csv": ("helios", 3, {}),
+    # 3 rows: JobID 32650736 and its .batch / .extern steps; its Elapsed 01:00:06 > Timelimit 01:00:00 -> 1
+    "slurm/sacct-allcols-cedar-2019.tsv": ("slurm-sacct", 1, {"runtime_over_request": 1}),
+    # grep -cE ';[ER];' -> 4 (jobs that ended or were requeued)
+    "pbs/casper-pbs-records.log": ("pbs-accounting", 4, {"zero_runtime": 1}),
 }
 
 
