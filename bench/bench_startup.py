@@ -13,6 +13,14 @@ repetitions, of wall time and of the child's CPU time (user + system, the fairer
 machine). The load average is printed before and after. The average JCT of both simulators is
 printed too, to show they simulated the same thing.
 
+Bytecode: by default the children run as Python does out of the box, caching compiled modules, in a
+cache of this run's own (``PYTHONPYCACHEPREFIX`` in the temporary folder, filled by the warm-up, so neither
+this checkout nor the reference's folder gets ``__pycache__`` files); an environment that sets
+``PYTHONDONTWRITEBYTECODE`` (this project's machines do) would otherwise make every run compile the
+project's ~45 modules (and the reference's) from source again, ~0.07 s that no user with a normal
+Python pays after the first run. ``--no-bytecode-cache`` measures that way instead (both simulators alike),
+as the bench did before it chose (its first figures in bench/RESULTS.md were, this environment setting it).
+
 The reference is not part of this repository. Get it once (Muri's SIGCOMM'22 artifact, Rivendile/Muri on
 GitHub; its ``simulator/`` folder) and give it a Python with numpy and cvxpy, e.g.::
 
@@ -22,7 +30,7 @@ GitHub; its ``simulator/`` folder) and give it a Python with numpy and cvxpy, e.
 (``--ref`` defaults to $MURI_REF, else /tmp/muriref/simulator; ``--ref-python`` to $MURI_PYTHON, else
 /tmp/muriref-venv/bin/python.) Without a runnable reference the bench says why and prints our figures.
 
-Run: .venv/bin/python bench/bench_startup.py [--reps 7]
+Run: .venv/bin/python bench/bench_startup.py [--reps 7] [--no-bytecode-cache]
 """
 
 from __future__ import annotations
@@ -53,12 +61,21 @@ def hpcsched_exe() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "hpcsched.cli"]
 
 
-def timed(cmd: Sequence[str], cwd: Path, stdout: Path) -> tuple[float, float]:
+def child_env(work: Path, bytecode_cache: bool) -> dict[str, str]:
+    """The children's environment: Python's default bytecode caching (into ``work``) unless told otherwise."""
+    env = os.environ | {"COLUMNS": "120"}
+    if not bytecode_cache:
+        return env | {"PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env | {"PYTHONPYCACHEPREFIX": str(work / "pycache")}
+
+
+def timed(cmd: Sequence[str], cwd: Path, stdout: Path, env: dict[str, str]) -> tuple[float, float]:
     """Wall and CPU (user + system) seconds of one run of ``cmd``; a failed run stops the bench."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(stdout, "w") as out:
-        p = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "120"})
+        p = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
@@ -100,6 +117,8 @@ def main() -> None:
                     help="the reference's simulator/ folder")
     ap.add_argument("--ref-python", default=os.environ.get("MURI_PYTHON", "/tmp/muriref-venv/bin/python"),
                     help="a Python with numpy and cvxpy for the reference")
+    ap.add_argument("--no-bytecode-cache", dest="bytecode_cache", action="store_false",
+                    help="run every child with PYTHONDONTWRITEBYTECODE=1 (modules compiled from source each run)")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench_startup-"))
@@ -121,15 +140,17 @@ def main() -> None:
 
     load_before = os.getloadavg()
     print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
-          f"({os.cpu_count()} cores); {args.reps} repetitions after 1 warm-up; hpcsched = {' '.join(exe)}",
+          f"({os.cpu_count()} cores); {args.reps} repetitions after 1 warm-up; hpcsched = {' '.join(exe)}; "
+          f"bytecode {'cached (Python default)' if args.bytecode_cache else 'not cached (PYTHONDONTWRITEBYTECODE=1)'}",
           flush=True)
+    env = child_env(work, args.bytecode_cache)
     for label, (cmd, cwd) in commands.items():
         print(f"  {label}: {' '.join(cmd)}  (in {cwd})", flush=True)
     walls: dict[str, list[float]] = {k: [] for k in commands}
     cpus: dict[str, list[float]] = {k: [] for k in commands}
     for rep in range(args.reps + 1):
         for label, (cmd, cwd) in commands.items():
-            wall, cpu = timed(cmd, cwd, work / f"{label.split()[0]}-{label.split()[1]}.out")
+            wall, cpu = timed(cmd, cwd, work / f"{label.split()[0]}-{label.split()[1]}.out", env)
             if rep > 0:
                 walls[label].append(wall)
                 cpus[label].append(cpu)

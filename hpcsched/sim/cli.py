@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
-# The simulator, pandas (metrics) and rich are imported inside the commands, so that `hpcsched --help` and the
-# other commands do not pay for them.
+# The simulator, metrics and rich are imported inside the commands, so that `hpcsched --help` and the other
+# commands do not pay for them; `simulate` does not import pandas at all (summarize_results), `compare` does (its plot).
 
 _BAR_MIN_JOBS = 2000  # smaller traces finish before a bar would be readable
 
@@ -70,7 +70,7 @@ def simulate_cmd(
     --policy srsf --out out/srsf --compat muri
     """
     from hpcsched.cluster_spec import read_cluster_spec
-    from hpcsched.metrics import summarize
+    from hpcsched.metrics import summarize_results
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
     _check_compat(compat)
@@ -84,8 +84,8 @@ def simulate_cmd(
     except KeyError as e:
         _fail_policy(e)
     write_run(out, result)
-    summary = {"dir": str(out)} | summarize(result.frame(), result.meta) | {"events": result.events,
-                                                                            "wall_s": result.wall_s}
+    summary = ({"dir": str(out)} | summarize_results(result.results, result.meta)
+               | {"events": result.events, "wall_s": result.wall_s})
     if anomalies:
         from hpcsched.harvest.pool import describe_rows
 

@@ -63,10 +63,9 @@ import time
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from hpcsched.allocator import Group, JobView, Policy, Snapshot, hints_of, policy_name
 from hpcsched.compat import MODES as COMPAT_MODES
@@ -76,6 +75,9 @@ from hpcsched.results import JobResult
 from hpcsched.sim import placement as pl
 from hpcsched.sim.planner import Planner, _Planned
 from hpcsched.sim.semantics import SOLO_FACTOR, group_factor, restart_cost
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_ITERATION_S = 1.0
 """Iteration length given to jobs whose trace has only a duration (Philly): iterations = duration / 1 s."""
@@ -153,26 +155,54 @@ def _iterations(job: Job) -> tuple[float, float]:
     raise ValueError(f"job {job.id}: needs iterations with an iteration time, or a duration > 0")
 
 
+TIMELINE_COLUMNS = ("time", "busy_gpus", "running_jobs", "queued_jobs")
+"""The timeline's columns, one row per event."""
+
+
 @dataclass
 class SimResult:
-    """What one simulation produced: per-job results, the cluster timeline and run statistics."""
+    """What one simulation produced: per-job results, the cluster timeline and run statistics.
+
+    The timeline is kept as plain numbers (``timeline_values``, ``timeline_rows``); ``timeline`` builds the
+    DataFrame on first use, so that a run that only writes its files (``hpcsched simulate``) never imports
+    pandas (issue 14: its import was the largest part of the command's start-up).
+    """
 
     results: list[JobResult]
-    timeline: pd.DataFrame  # time, busy_gpus, running_jobs, queued_jobs (one row per event)
+    timeline_values: list[float]  # TIMELINE_COLUMNS of every event, row after row (flat: what the engine appends)
     meta: dict[str, Any]
     iterations_done: dict[str, float]
     iterations_total: dict[str, float]
     events: int
     wall_s: float
     rejected: list[str] = field(default_factory=list)
+    _timeline: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """time, busy_gpus, running_jobs, queued_jobs (floats), one row per event; built once, on first use."""
+        if self._timeline is None:
+            import pandas as pd
+
+            values = np.array(self.timeline_values, dtype=float).reshape(-1, len(TIMELINE_COLUMNS))
+            self._timeline = pd.DataFrame(values, columns=list(TIMELINE_COLUMNS))
+        return self._timeline
+
+    def timeline_rows(self) -> list[tuple[float, ...]]:
+        """The timeline as one tuple per event (``TIMELINE_COLUMNS``), without pandas."""
+        it = iter(self.timeline_values)
+        return list(zip(*[it] * len(TIMELINE_COLUMNS), strict=True))
 
     def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame([_row(r) for r in self.results], columns=list(JobResult.__slots__))
 
     def summary(self) -> dict[str, Any]:
-        from hpcsched.metrics import summarize
+        """``hpcsched.metrics.summarize`` of ``frame()``, computed from the records (no pandas)."""
+        from hpcsched.metrics import summarize_results
 
-        return summarize(self.frame(), self.meta)
+        return summarize_results(self.results, self.meta)
 
 
 def _row(r: JobResult) -> dict[str, Any]:
@@ -235,10 +265,7 @@ def simulate(
         meta["group_factors"] = {str(k): v for k, v in eng.gf.items()}
     return SimResult(
         results=[_result(j) for j in eng.jobs],
-        timeline=pd.DataFrame(
-            np.array(eng.timeline, dtype=float).reshape(-1, 4),
-            columns=["time", "busy_gpus", "running_jobs", "queued_jobs"],
-        ),
+        timeline_values=eng.timeline,
         meta=meta,
         iterations_done={j.id: j.done for j in eng.jobs},
         iterations_total={j.id: j.total for j in eng.jobs},

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job
-from hpcsched.results import write_results
-from hpcsched.sim.engine import SimResult, _iterations, simulate
+from hpcsched.results import write_csv, write_results
+from hpcsched.sim.engine import TIMELINE_COLUMNS, SimResult, _iterations, simulate
 
 TIMELINE_FILE = "timeline.csv"
 
@@ -58,7 +58,10 @@ def run_policy(
 
 
 def write_run(out_dir: str | Path, result: SimResult) -> Path:
-    """jobs.csv + meta.json (the schema ``hpcsched calc`` reads) and timeline.csv."""
+    """jobs.csv + meta.json (the schema ``hpcsched calc`` reads) and timeline.csv.
+
+    Without pandas (``write_csv``: the bytes its ``to_csv`` wrote), so that writing a run costs no import.
+    """
     out = write_results(out_dir, result.results, result.meta | {"wall_s": round(result.wall_s, 4)})
-    result.timeline.to_csv(out / TIMELINE_FILE, index=False, float_format="%.6f")
+    write_csv(out / TIMELINE_FILE, TIMELINE_COLUMNS, result.timeline_rows(), all_float=True)
     return out
