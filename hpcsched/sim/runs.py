@@ -49,11 +49,16 @@ def run_policy(
     progress: Callable[[int, int], None] | None = None,
     restart_s: float | None = None,
 ) -> SimResult:
-    """``simulate`` with a policy name, turning an unknown name into a clear error."""
-    from hpcsched.policies import REGISTRY
+    """``simulate`` with a policy name, turning an unknown name into a clear error.
 
-    if policy not in REGISTRY.names():
-        raise KeyError(f"unknown policy {policy!r}; known: {', '.join(REGISTRY.names())}")
+    The name is looked up on its own (``get_policy``: "unknown policy ...; known: ...", or why a registered one
+    cannot run here) before the run, so that a KeyError from inside the simulation is never taken for a bad
+    name; and not by listing every name, which would load every policy module (issue 14: a registry that loads
+    only the module of the name asked for keeps `hpcsched simulate --policy srsf` off numpy and rustworkx).
+    """
+    from hpcsched.policies import get_policy
+
+    get_policy(policy)
     return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace, restart_s=restart_s)
 
 
