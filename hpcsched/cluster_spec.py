@@ -10,8 +10,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import yaml
-
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 
@@ -58,6 +56,8 @@ def _from_csv(p: Path, text: str) -> ClusterSpec:
 
 
 def _from_yaml(p: Path, text: str) -> ClusterSpec:
+    import yaml  # only YAML specs need it: a CSV spec (simulate's usual case) starts faster without
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -126,3 +126,15 @@ def test_the_simulator_shortcuts_give_the_policy_answer(name: str, compat: str |
 def test_hints_are_consistent() -> None:
     with pytest.raises(ValueError, match="runs_every_job"):
         PolicyHints(order_key=lambda v: v.submit)
+
+
+def test_a_policy_named_after_its_module_loads_alone() -> None:
+    """``simulate --policy srsf`` imports srsf's module, not the interleaving policies and rustworkx."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hpcsched.policies import get_policy; get_policy('srsf'); "
+            "print(sorted(m for m in ('hpcsched.policies.muri', 'hpcsched.policies.themis', 'rustworkx') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"

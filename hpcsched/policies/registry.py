@@ -57,7 +57,16 @@ class Registry:
                 importlib.import_module(f"{self.package}.{mod.name}")
 
     def get(self, name: str) -> DeclaredPolicy:
-        self._load()
+        """The policy registered as ``name``. A policy whose module is named after it (``srsf`` in
+        ``srsf.py``, ``oldest-small-first`` in ``oldest_small_first.py``) is found by importing that module
+        alone, so a run of one policy does not import every other's dependencies; any other name loads the
+        whole package first."""
+        if name not in self._items and not self._loaded:
+            module = f"{self.package}.{name.replace('-', '_')}"
+            if importlib.util.find_spec(module) is not None:
+                importlib.import_module(module)
+        if name not in self._items:
+            self._load()
         try:
             return self._items[name]
         except KeyError:
