@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcsched.allocator import DeclaredPolicy  # noqa: E402
 from hpcsched.cluster_spec import read_cluster_spec  # noqa: E402
+from hpcsched.core.speed import SOLO_FACTOR  # noqa: E402
 from hpcsched.interleave.grouping import Candidate, GroupingRules, Scorer, _match, form_groups  # noqa: E402
 from hpcsched.interleave.matching import MatchSettings, assign, matching_weight, pair_counts  # noqa: E402
 from hpcsched.interleave.period import PeriodModel  # noqa: E402
@@ -34,7 +35,6 @@ from hpcsched.interleave.policies import (  # noqa: E402
 )
 from hpcsched.policies import get_policy  # noqa: E402
 from hpcsched.sim import simulate  # noqa: E402
-from hpcsched.sim.semantics import SOLO_FACTOR  # noqa: E402
 from hpcsched.traces import read_jobs  # noqa: E402
 
 MURI = ROOT / "trace-data/muri"

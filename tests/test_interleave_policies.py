@@ -10,10 +10,10 @@ import pytest
 
 from hpcsched.allocator import Group, JobView, Snapshot
 from hpcsched.cluster_spec import read_cluster_spec
+from hpcsched.core.speed import GROUP_FACTOR, SOLO_FACTOR, restart_cost
 from hpcsched.interleave.policies import muri_l, muri_s, muri_s_plus
 from hpcsched.model import ClusterSpec, ResourceProfile
 from hpcsched.sim import simulate
-from hpcsched.sim.semantics import GROUP_FACTOR, SOLO_FACTOR, restart_cost
 from hpcsched.traces import read_jobs
 
 ROOT = Path(__file__).resolve().parents[1]

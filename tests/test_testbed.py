@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 from hpcsched.results import JobResult, write_results
 from hpcsched.runtime.config import parse_job_spec
 from hpcsched.runtime.store import Store
 from hpcsched.sim.runs import load_jobs
-from hpcsched.sim.semantics import SOLO_FACTOR
 from hpcsched.testbed import feedback
 from hpcsched.testbed.compare import ITERATIONS_FILE, compare_runs, render_markdown
 from hpcsched.testbed.mapping import (

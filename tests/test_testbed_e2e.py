@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from hpcsched.core.speed import group_factor
 from hpcsched.results import read_results
-from hpcsched.sim.semantics import group_factor
 from hpcsched.testbed.groupfit import MIN_WINDOWS, raw_period, read_group_fits
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.core.speed import SOLO_FACTOR, group_factor
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.results import JobResult, write_results
 from hpcsched.runtime.config import parse_job_spec
 from hpcsched.runtime.store import Store
 from hpcsched.sim.engine import simulate
-from hpcsched.sim.semantics import SOLO_FACTOR, group_factor
 from hpcsched.testbed import feedback
 from hpcsched.testbed.compare import ITERATIONS_FILE, compare_runs, render_markdown
 from hpcsched.testbed.groupfit import (

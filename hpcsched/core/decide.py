@@ -51,9 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hpcsched.allocator import JobView, Policy, Snapshot
+from hpcsched.core.placement import place_consolidated
 from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.model import ClusterSpec, ElasticJob, ResourceProfile, ScalingCurve
-from hpcsched.sim.placement import place_consolidated
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(engine, name)
     if name == "place_consolidated":
-        from hpcsched.sim.placement import place_consolidated
+        from hpcsched.core.placement import place_consolidated
 
         return place_consolidated
     raise AttributeError(name)

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.allocator import Group
-from hpcsched.sim import placement as pl
+from hpcsched.core import placement as pl
 
 if TYPE_CHECKING:
     from hpcsched.compat.muri import CompatRules

@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
+from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.errors import InputError
 from hpcsched.metrics import summarize
 from hpcsched.results import read_results
-from hpcsched.sim.semantics import SOLO_FACTOR
 
 ITERATIONS_FILE = "iterations.csv"
 
@@ -90,8 +90,8 @@ def group_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
     """Measured vs simulated seconds per iteration (trace scale), by interleaved group size (module docstring)."""
     import json
 
+    from hpcsched.core.speed import group_factor
     from hpcsched.interleave.period import MAX_GROUP
-    from hpcsched.sim.semantics import group_factor
     from hpcsched.testbed.groupfit import FILE, raw_period, read_group_fits
 
     it_file, trace = real_dir / ITERATIONS_FILE, sim_dir / "trace.csv"

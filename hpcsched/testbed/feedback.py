@@ -23,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcsched.allocator import DeclaredPolicy, Group, JobView, Policy, PolicyHints, Snapshot, hints_of
+from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.sim.engine import SimResult
-from hpcsched.sim.semantics import SOLO_FACTOR
 from hpcsched.testbed.groupfit import raw_period
 from hpcsched.testbed.mapping import ScaledJob, sim_job
 from hpcsched.testbed.measure import Measured
