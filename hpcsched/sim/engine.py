@@ -72,85 +72,21 @@ from hpcsched.core import placement as pl
 from hpcsched.core.speed import SOLO_FACTOR, group_factor, restart_cost
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import JobResult
-from hpcsched.sim.planner import Planner, _Planned
+from hpcsched.sim.jobrun import JobRun
+from hpcsched.sim.planner import Planned, Planner
 
 if TYPE_CHECKING:
     import pandas as pd
 
-DEFAULT_ITERATION_S = 1.0
-"""Iteration length given to jobs whose trace has only a duration (Philly): iterations = duration / 1 s."""
-
 _INF = math.inf
-
-
-class _J:
-    """Mutable per-run state of one job (the Job record itself stays frozen)."""
-
-    __slots__ = (
-        "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
-        "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
-        "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since",
-        "wake", "hint", "solo", "wkey", "q", "seq",
-    )  # fmt: skip
-
-    def __init__(self, job: Job, idx: int, compat: bool, restart_s: float | None = None) -> None:
-        self.job, self.id, self.idx = job, job.id, idx
-        self.gpus = job.gpus
-        self.model = job.model
-        it, total = _iterations(job)
-        if compat:  # the reference reads milliseconds as integers: reproduce its rounding exactly
-            it = round(it * 1000) / 1000 if job.iteration_time is not None else it
-            self.submit = round(job.submit * 1000) / 1000
-            self.dur = round((job.duration or total * it) * 1000) / 1000
-        else:
-            self.submit = job.submit
-            self.dur = job.duration if job.duration is not None else total * it
-        self.total, self.it = total, it
-        self.restart = restart_s if restart_s is not None and not compat else restart_cost(job.model, job.gpus)
-        self.done = self.executed = self.attained = self.gpu_s = 0.0
-        self.first_start: float | None = None
-        self.end: float | None = None
-        self.running = False
-        self.place: tuple[tuple[int, int], ...] | None = None
-        self.period = it * SOLO_FACTOR
-        self.charge = 0.0  # compat: seconds lost per event
-        self.warm = 0.0  # default: restart seconds still to pay
-        self.share = float(job.gpus)  # GPUs accounted to this job while running
-        self.group: tuple[str, ...] = ()
-        self.predicted = _INF
-        self.view: JobView | None = None
-        self.ever_ran = False
-        self.status = "pending"
-        self.since = 0.0  # default mode: progress is settled lazily up to this time
-        self.wake = _INF  # default mode: when attained service crosses the next policy threshold
-        self.hint: int | None = None  # compat queue policies: rank in the reference's queue lists
-        self.solo = Group((job.id,))  # the job as a group of one (built once: order_key policies)
-        self.wkey: tuple[Any, int] | None = None  # (order key, idx) while waiting, order_key policies
-        self.q = 0  # compat queue policies: the reference's queue list this job is in
-        self.seq = 0  # ... and its position there (lists are ordered by seq; see _Engine._reseq)
-
 
 _COLS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
 """The per-job columns a ``vector_keys`` policy reads (contract item 10)."""
 
 
-def _list_pos(j: _J) -> tuple[int, int]:
+def _list_pos(j: JobRun) -> tuple[int, int]:
     """Compat queue policies: a job's place in the reference's lists (queue, then position in it)."""
     return j.q, j.seq
-
-
-def _iterations(job: Job) -> tuple[float, float]:
-    """(solo seconds per iteration, total iterations); duration-only jobs get 1-s iterations."""
-    if job.iterations is not None and job.iterations > 0:
-        if job.iteration_time is not None and job.iteration_time > 0:
-            return job.iteration_time, float(job.iterations)
-        if job.duration is not None and job.duration > 0:
-            return job.duration / job.iterations, float(job.iterations)
-    if job.duration is not None and job.duration > 0:
-        it = job.iteration_time if job.iteration_time and job.iteration_time > 0 else DEFAULT_ITERATION_S
-        n = max(1.0, math.ceil(job.duration / it))
-        return job.duration / n, n
-    raise ValueError(f"job {job.id}: needs iterations with an iteration time, or a duration > 0")
 
 
 TIMELINE_COLUMNS = ("time", "busy_gpus", "running_jobs", "queued_jobs")
@@ -274,7 +210,7 @@ def simulate(
     )
 
 
-def _result(j: _J) -> JobResult:
+def _result(j: JobRun) -> JobResult:
     status = "completed" if j.end is not None else ("rejected" if j.status == "rejected" else "unfinished")
     return JobResult(j.id, j.submit, j.first_start, j.end, j.gpus, 0, j.gpu_s, 0.0, status)
 
@@ -303,7 +239,7 @@ class _Engine(Planner):
         self.rules: CompatRules = hints.compat.get(compat, CompatRules()) if compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
-        self.jobs = [_J(jobs[i], k, self.compat, restart_s) for k, i in enumerate(order)]
+        self.jobs = [JobRun(jobs[i], k, self.compat, restart_s) for k, i in enumerate(order)]
         self.gpn = cluster.gpus_per_node
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(hints.service_thresholds))
@@ -314,7 +250,7 @@ class _Engine(Planner):
         self.queued = self.compat and bool(self.thresholds)
         self.front = self.back = 0  # next seq at the lists' front (counts down) / back (counts up)
         okey = hints.order_key
-        self.jkey: Callable[[_J], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
+        self.jkey: Callable[[JobRun], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
         if okey is not None and (not self.compat or not hints.compat_rank_order):
             self.jkey = lambda j: okey(j.view or self._view(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
@@ -323,8 +259,8 @@ class _Engine(Planner):
         self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
         # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
         self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many
-        self.active: dict[int, _J] = {}  # arrival order
-        self.running: dict[int, _J] = {}
+        self.active: dict[int, JobRun] = {}  # arrival order
+        self.running: dict[int, JobRun] = {}
         self.free = [self.gpn] * cluster.nodes  # GPUs not held by running placements
         self.busy = 0.0
         self.active_gpus = 0
@@ -333,7 +269,7 @@ class _Engine(Planner):
         self.now = 0.0
         self.events = 0
         self.timeline: list[float] = []
-        self.by_id: dict[str, _J] = {}
+        self.by_id: dict[str, JobRun] = {}
         self.finished = 0
         # vector_keys policies only (numpy is imported for them alone: a baseline run starts faster without):
         self.vmask: Any = None  # active jobs, a bool per job
@@ -451,7 +387,7 @@ class _Engine(Planner):
                     j.attained = thr
             self._push_wake(j)
 
-    def _push_wake(self, j: _J) -> None:
+    def _push_wake(self, j: JobRun) -> None:
         j.wake = _INF
         for thr in self.thresholds:
             if j.attained < thr:
@@ -470,7 +406,7 @@ class _Engine(Planner):
             j.done += max(dt - j.charge, 0.0) / j.period
             j.view = None
 
-    def _sync(self, j: _J, t: float) -> None:
+    def _sync(self, j: JobRun, t: float) -> None:
         """Default mode: settle one running job's progress up to ``t``."""
         dt = t - j.since
         if dt > 0:
@@ -511,14 +447,14 @@ class _Engine(Planner):
         self.finished += len(ended)
         return bool(ended)
 
-    def _wait(self, j: _J) -> None:
+    def _wait(self, j: JobRun) -> None:
         """Book-keep a job that starts waiting (arrived or preempted): its GPU demand, and its key."""
         self.wsizes[j.gpus] = self.wsizes.get(j.gpus, 0) + 1
         if self.jkey is not None:
             j.wkey = (self.jkey(j), j.idx)
             insort(self.wsorted.setdefault(j.gpus, []), j.wkey)
 
-    def _unwait(self, j: _J) -> None:
+    def _unwait(self, j: JobRun) -> None:
         """Undo ``_wait`` for a job that starts running."""
         c = self.wsizes[j.gpus] - 1
         if c:
@@ -530,7 +466,7 @@ class _Engine(Planner):
             del lst[bisect_left(lst, j.wkey)]
             j.wkey = None
 
-    def _release(self, j: _J, finished: bool = False) -> None:
+    def _release(self, j: JobRun, finished: bool = False) -> None:
         """Stop a job; its GPUs go back unless another member of its group still runs on them."""
         j.running = False
         j.status = "pending"
@@ -582,7 +518,7 @@ class _Engine(Planner):
             self._schedule_end(j, t, started=True)
         return True
 
-    def _view(self, j: _J) -> JobView:
+    def _view(self, j: JobRun) -> JobView:
         v = j.view
         if v is None:
             remaining = self._remaining(j)
@@ -593,7 +529,7 @@ class _Engine(Planner):
             j.view = v
         return v
 
-    def _remaining(self, j: _J) -> float:
+    def _remaining(self, j: JobRun) -> float:
         """Solo seconds left as a policy sees them (``JobView.remaining_s``)."""
         if self.compat and not j.ever_ran and self.rules.new_remaining == "duration":
             return j.dur
@@ -716,14 +652,14 @@ class _Engine(Planner):
 
         return order
 
-    def _fill(self, j: _J) -> None:
+    def _fill(self, j: JobRun) -> None:
         """Write one job's changing columns (the numbers its JobView would show), without the view."""
         i, cols = j.idx, self.cols
         cols["remaining_s"][i] = self._remaining(j)
         cols["iterations_done"][i] = j.done
         cols["executed_s"][i] = j.executed
 
-    def _start(self, m: _J, t: float) -> None:
+    def _start(self, m: JobRun, t: float) -> None:
         if not m.running:
             self._unwait(m)
             m.running = True
@@ -733,9 +669,9 @@ class _Engine(Planner):
             if m.first_start is None:
                 m.first_start = t
 
-    def _apply(self, plan: list[_Planned], t: float) -> None:
+    def _apply(self, plan: list[Planned], t: float) -> None:
         compat = self.compat
-        now_running: list[_J] = []
+        now_running: list[JobRun] = []
         for g, members, need, p in plan:
             k = len(members)
             if k == 1:
@@ -790,7 +726,7 @@ class _Engine(Planner):
                 j.since = t
                 self._schedule_end(j, t, started)
 
-    def _schedule_end(self, j: _J, t: float, started: bool) -> None:
+    def _schedule_end(self, j: JobRun, t: float, started: bool) -> None:
         """Default mode: (re)arm a running job's completion and, if it just started, its next wake-up."""
         pred = t + j.warm + max(j.total - j.done, 0.0) * j.period
         if pred != j.predicted:

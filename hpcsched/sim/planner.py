@@ -16,15 +16,15 @@ from hpcsched.core import placement as pl
 if TYPE_CHECKING:
     from hpcsched.compat.muri import CompatRules
     from hpcsched.model import ClusterSpec
-    from hpcsched.sim.engine import _J
+    from hpcsched.sim.jobrun import JobRun
 
 _INF = float("inf")
 
-_Planned = tuple[Group, tuple["_J", ...], int, Any]
+Planned = tuple[Group, tuple["JobRun", ...], int, Any]
 """(group, member states, GPUs it needs, placement or None for count-only)."""
 
 
-def _taken(sizes: dict[int, int], members: tuple[_J, ...], min_need: float) -> float:
+def _taken(sizes: dict[int, int], members: tuple[JobRun, ...], min_need: float) -> float:
     """Count ``members`` as placed in ``sizes`` (GPU demand -> jobs still to place); the smallest
     demand left, so a placement loop stops as soon as nothing left can fit (inf: nothing left)."""
     for m in members:
@@ -61,12 +61,12 @@ class Planner:
     nps: int | None
     compat: bool
     rules: CompatRules
-    by_id: dict[str, _J]
-    running: dict[int, _J]
+    by_id: dict[str, JobRun]
+    running: dict[int, JobRun]
     wsizes: dict[int, int]
     free: list[int]
 
-    def _members(self, g: Group) -> tuple[tuple[_J, ...], int]:
+    def _members(self, g: Group) -> tuple[tuple[JobRun, ...], int]:
         try:
             members = tuple(self.by_id[i] for i in g.job_ids)
         except KeyError as e:
@@ -77,7 +77,7 @@ class Planner:
             raise ValueError(f"policy {self.name!r}: group {g.job_ids} of {len(members)} jobs has no period_s")
         return members, max((m.gpus for m in members), default=0)
 
-    def _place_in_place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[_Planned] | None:
+    def _place_in_place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[Planned] | None:
         """Default mode, the common case: running groups stay where they are and new ones fit beside.
 
         Walks the groups in priority order; an unchanged running group keeps its GPUs, a new group
@@ -92,7 +92,7 @@ class Planner:
         room = self.cluster.gpus  # GPUs not claimed by the groups planned so far (running or new)
         unclaimed = len(self.running)
         used: set[str] = set()
-        plan: list[_Planned] = []
+        plan: list[Planned] = []
         sizes = dict(self.wsizes)  # GPU demands of the waiting jobs not placed yet
         stuck: bool | None = None  # nothing waiting can fit in avail any more (None: check after a miss)
         checked = False  # a check said "not stuck" and nothing was placed since: a miss cannot change that
@@ -151,14 +151,14 @@ class Planner:
             _taken(sizes, members, 0)
         return plan if unclaimed == 0 else None
 
-    def _place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[_Planned]:
+    def _place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[Planned]:
         """Take the policy's groups in order while GPUs are left; each is checked as it is considered."""
         by_id, name = self.by_id, self.name
         count = self.rules.placement == "count"  # compat Tiresias: counting only, no nodes
         free = [self.gpn] * self.cluster.nodes
         left = self.cluster.gpus
         used: set[str] = set()
-        first: list[_Planned] = []
+        first: list[Planned] = []
         sizes = dict(self.wsizes)  # GPU demands of the active jobs not chosen yet
         for j in self.running.values():
             sizes[j.gpus] = sizes.get(j.gpus, 0) + 1
@@ -183,7 +183,7 @@ class Planner:
                         dead.add(need)
                     stuck = stuck if checked else None
                     continue
-                members: tuple[_J, ...] = (j,)
+                members: tuple[JobRun, ...] = (j,)
             else:
                 members, need = self._members(g)
                 if not members:
@@ -226,7 +226,7 @@ class Planner:
             return out
         return self._sticky(first)
 
-    def _sticky(self, first: list[_Planned]) -> list[_Planned]:
+    def _sticky(self, first: list[Planned]) -> list[Planned]:
         """Keep running groups on their GPUs where possible; fall back to the fresh plan."""
         free = [self.gpn] * self.cluster.nodes
         out: list[Any] = [None] * len(first)

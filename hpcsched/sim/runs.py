@@ -13,7 +13,8 @@ from pathlib import Path
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import write_csv, write_results
-from hpcsched.sim.engine import TIMELINE_COLUMNS, SimResult, _iterations, simulate
+from hpcsched.sim.engine import TIMELINE_COLUMNS, SimResult, simulate
+from hpcsched.sim.jobrun import iterations_of
 
 TIMELINE_FILE = "timeline.csv"
 
@@ -34,7 +35,7 @@ def load_jobs(path: str | Path, fmt: str | None = None) -> tuple[list[Job], dict
         if job.gpus <= 0:
             raise InputError(path, f"job {job.id}: needs >= 1 GPU to be simulated, got {job.gpus}", line)
         try:
-            _iterations(job)
+            iterations_of(job)
         except ValueError as e:
             raise InputError(path, str(e), line) from None
     return jobs, dict(trace.report.anomalies)
