@@ -92,7 +92,7 @@ endif
 PYTEST_ARGS ?=
 test: $(STAMP) $(EXTRAS_STAMP)
 	@echo "test order: random, seed $(SEED) (rerun this order: make test SEED=$(SEED))"
-	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=15 $(PYTEST_ARGS)
 
 # For development: everything but the tests marked slow (real Slurm, real training, long runs); CI runs all.
 test-fast: $(STAMP)
