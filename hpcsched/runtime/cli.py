@@ -120,20 +120,23 @@ def submit(
     as_json: bool = typer.Option(False, "--json", help="print {job_id} as JSON"),
 ) -> None:
     """Submit a training job; relative paths in its command resolve from the job file's folder."""
-    import yaml
+    import dataclasses
 
     from hpcsched.runtime.client import ClientError
-    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.config import job_spec_yaml, parse_job_spec, read_job_file
 
+    # The whole file is validated here, with file:line errors, before any RPC (the controller checks again).
+    spec = parse_job_spec(read_job_file(job_file), str(job_file))
+    # The workdir as the user sees it (from the file's folder); sent in the normalised form, which parses back to
+    # this very spec: the controller checks what was checked here, not a re-reading of the user's YAML.
+    spec = dataclasses.replace(spec, workdir=str((job_file.resolve().parent / spec.workdir).resolve()))
+    text = job_spec_yaml(spec)
     try:
-        text = job_file.read_text()
-    except OSError as e:
-        raise InputError(job_file, f"cannot read: {e.strerror or e}") from None
-    parse_job_spec(text, str(job_file))  # fail here, with the line, before any RPC
-    doc = yaml.safe_load(text) or {}
-    doc["workdir"] = str((job_file.resolve().parent / str(doc.get("workdir", "."))).resolve())  # as the user sees it
+        parse_job_spec(text, str(job_file))
+    except InputError as e:  # only the resolved workdir can newly fail (its length)
+        raise InputError(job_file, f"with its workdir resolved to {spec.workdir[:80]!r}...: {e.message}") from None
     try:
-        job_id = _client(controller, address_file, token_file, tls_ca).submit(yaml.safe_dump(doc), str(job_file))
+        job_id = _client(controller, address_file, token_file, tls_ca).submit(text, str(job_file))
     except ClientError as e:
         _fail(e)
     print(json.dumps({"job_id": job_id}) if as_json else job_id)
@@ -148,6 +151,7 @@ def jobs(
 ) -> None:
     """List jobs with their state, size, progress and loss."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from hpcsched.runtime.client import ClientError
@@ -162,13 +166,15 @@ def jobs(
                            for v in [getattr(j, k)]} for j in rows], indent=1))
         return
     t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "interleaved with",
-              "sized by")
+              "sized by", "message")
     for j in rows:
         steps = f"{j.steps_done}/{j.steps_total}" if j.steps_total else str(j.steps_done)
         sized = "" if not j.sizing else "MILP" if j.sizing == "optimal" else f"[yellow]{j.sizing} (not optimal)[/]"
-        t.add_row(j.job_id, j.name, j.state, str(j.procs), steps,
+        # Names and messages are the user's and the programs' text: escaped, so "[rank0]: ..." is not rich markup.
+        t.add_row(j.job_id, escape(j.name), j.state, str(j.procs), steps,
                   f"{j.first_loss:.3f} -> {j.last_loss:.3f}" if j.steps_done else "", str(j.last_checkpoint_step),
-                  str(j.restarts), ",".join(j.workers), ",".join(j.interleaved_with), sized)
+                  str(j.restarts), ",".join(j.workers), ",".join(j.interleaved_with), sized,
+                  escape(j.message))
     Console().print(t)
 
 

@@ -8,6 +8,7 @@ taken relative to the file that names them, so a config works from any current d
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,28 +20,118 @@ from hpcsched.errors import InputError
 
 LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
 
+# Limits of a job file (docs/runtime.md, "Job files: validated completely, with limits"). Each is far above
+# what a real job needs and keeps one job's cost bounded: a 3.9 MB file cost the controller ~100 s of CPU and
+# ~1 GB, and two 3 MB names pushed every listing past gRPC's 4 MB message limit. Integers are bounded by what
+# the wire and the store hold.
+MAX_JOB_FILE_BYTES = 64 * 1024
+MAX_NAME_CHARS = 128
+MAX_ARGS = 1024  # command arguments
+MAX_COMMAND_CHARS = 16 * 1024  # all arguments together
+MAX_ENV_VARS = 256
+MAX_ENV_CHARS = 16 * 1024  # all names and values together
+MAX_PATH_CHARS = 4096  # workdir (Linux PATH_MAX)
+MAX_CURVE_POINTS = 256
+INT32_MAX = 2**31 - 1  # procs, min_procs, max_procs, scaling sizes: int32 in the proto (LaunchTask.nprocs, ...)
+INT64_MAX = 2**63 - 1  # steps: int64 in the proto (JobInfo.steps_total, Progress.step) and SQLite's INTEGER
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX: what execve and every shell accept
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~20x faster, same errors and marks
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _compose(text: str, source: str) -> tuple[yaml.Node | None, Any]:
+    """Parse YAML into its node tree (the line of every value) and its data. Refused here: anything that is not
+    YAML, duplicate keys (YAML's last-one-wins silently dropped settings), anchors / aliases and merge keys
+    (an alias bomb expands a small file into billions of values), and values that do not construct."""
+    loader = _Loader(text)
+    node = None
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_tree(node, source)
+        data = loader.construct_document(node) if node is not None else None
+    except (ValueError, OverflowError) as e:  # a scalar that does not construct, e.g. a date that does not exist
+        raise InputError(source, f"not valid YAML: {e}", _unconstructible(loader, node)) from None
+    except yaml.reader.ReaderError as e:
+        line = text[: e.position].count("\n") + 1 if isinstance(e.position, int) else None
+        ch = chr(e.character) if isinstance(e.character, int) else e.character  # libyaml gives the code point
+        raise InputError(source, f"not valid YAML: character {ch!r}: {e.reason}", line) from None
+    except yaml.MarkedYAMLError as e:
+        problem, line = e.problem or str(e), e.problem_mark.line + 1 if e.problem_mark else None
+        if e.context and e.context_mark is not None and e.context_mark.line + 1 != line:
+            problem += f" ({e.context} that starts at line {e.context_mark.line + 1})"
+        elif e.context:
+            problem += f" ({e.context})"
+        raise InputError(source, f"not valid YAML: {problem}", line) from None
+    except (yaml.YAMLError, RecursionError) as e:
+        raise InputError(source, f"not valid YAML: {e}") from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+def _unconstructible(loader: Any, root: yaml.Node | None) -> int | None:
+    """The line of the first scalar that fails to construct (the constructor's errors carry no mark)."""
+    todo = [root] if root is not None else []
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                loader.construct_object(node, deep=True)
+            except (ValueError, OverflowError, yaml.YAMLError):
+                return _line(node)
+        elif isinstance(node, yaml.MappingNode):
+            todo += [n for kv in node.value for n in kv]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += node.value
+    return None
+
+
+def _check_tree(root: yaml.Node, source: str) -> None:
+    seen: set[int] = set()
+    todo = [root]
+    while todo:  # iterative: the depth is the parser's to bound, not Python's stack
+        node = todo.pop()
+        if id(node) in seen:
+            raise InputError(source, "anchors and aliases (&name, *name) are not supported here; write the value out",
+                             _line(node))
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: dict[str, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    if k.tag == "tag:yaml.org,2002:merge":
+                        raise InputError(source, "merge keys (<<) are not supported here", _line(k))
+                    if k.value in keys:
+                        raise InputError(source, f"{k.value}: duplicate key (first at line {keys[k.value]}); "
+                                                 "YAML would silently keep only the last one", _line(k))
+                    keys[k.value] = _line(k)
+                todo += [k, v]
+        elif isinstance(node, yaml.SequenceNode):
+            todo += node.value
+
 
 class _Doc:
     """A YAML mapping plus the line of each top-level key, for errors that point at the right line."""
 
     def __init__(self, text: str, source: str) -> None:
         self.source = source
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = mark.line + 1 if mark else None
-            raise InputError(source, f"not valid YAML: {getattr(e, 'problem', e)}", line) from None
+        node, data = _compose(text, source)
         if data is None:
             data, node = {}, None
         if not isinstance(data, dict):
             raise InputError(source, "expected a mapping of key: value at the top level", 1)
         self.data: dict[str, Any] = data
         self.lines: dict[str, int] = {}
+        self.nodes: dict[str, yaml.Node] = {}  # the value node of each top-level key
         if isinstance(node, yaml.MappingNode):
-            for k, _v in node.value:
+            for k, v in node.value:
                 self.lines[str(k.value)] = k.start_mark.line + 1
+                self.nodes[str(k.value)] = v
 
     def fail(self, key: str, message: str) -> InputError:
         return InputError(self.source, f"{key}: {message}", self.lines.get(key))
@@ -244,7 +335,61 @@ SCALING_KEYS = {"procs", "rates", "resize_s"}
 PROFILE_KEYS = ("data_s", "compute_s", "comm_s")
 
 
-def _profile(doc: _Doc) -> dict[str, Any]:
+class _JobDoc(_Doc):
+    """A job file's reader: every value checked for type, range, length and what the OS accepts, with the line
+    of the offending value (nested ones too: an env entry, a command argument)."""
+
+    def node_fail(self, key: str, node: yaml.Node | None, message: str) -> InputError:
+        return InputError(self.source, f"{key}: {message}", _line(node) if node is not None else self.lines.get(key))
+
+    def text(self, key: str, node: yaml.Node, what: str) -> str:
+        """A scalar as the user wrote it (``0777`` stays 0777, ``yes`` stays yes: YAML 1.1 would make them 511 and
+        True), refused when it is not a scalar, null, not encodable or holds a NUL byte."""
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.node_fail(key, node, f"{what} must be a single value (a string or number), not a "
+                                            f"{'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}")
+        if node.tag == "tag:yaml.org,2002:null":
+            raise self.node_fail(key, node, f"{what} is empty (null); quote it (\"\") if you mean an empty string")
+        if node.tag not in _TEXT_TAGS:
+            raise self.node_fail(key, node, f"{what} has type {node.tag.rsplit(':', 1)[-1]}; quote it")
+        return self.clean(key, node, node.value, what)
+
+    def clean(self, key: str, node: yaml.Node | None, value: str, what: str) -> str:
+        if "\0" in value:
+            raise self.node_fail(key, node, f"{what} contains a NUL byte, which no command line or environment "
+                                            "can hold")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise self.node_fail(key, node, f"{what} is not valid UTF-8 text (a lone surrogate escape?)") from None
+        return value
+
+    def integer(self, key: str, default: int | None, lo: int, hi: int, why: str) -> int | None:
+        if key not in self.data:
+            return default
+        v = self.data[key]
+        if v is None:
+            if default is None:
+                return None
+            raise self.fail(key, "is empty (null); give a whole number or leave the key out")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.fail(key, f"expected a whole number, got {_short(v)}")
+        if v < lo:
+            raise self.fail(key, f"must be >= {lo}, got {v}")
+        if v > hi:
+            raise self.fail(key, f"must be at most {hi} ({why}), got {_short(v)}")
+        return v
+
+
+_TEXT_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool")}
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    r = repr(v) if not isinstance(v, int) else str(v) if v.bit_length() < 200 else f"a {len(str(v))}-digit number"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _profile(doc: _JobDoc) -> dict[str, Any]:
     """``profile: {data_s: 0.02, compute_s: 0.015, comm_s: 0.005}``: the seconds one step spends loading data,
     computing and synchronising. Declared so policies know the job before it has reported any step: an
     interleaving policy (muri-s, muri-l) can group it, and duration-aware ones (srtf, srsf) rank it by the
@@ -256,64 +401,185 @@ def _profile(doc: _Doc) -> dict[str, Any]:
         raise doc.fail("profile", "expected {data_s: seconds, compute_s: seconds, comm_s: seconds}")
     try:
         vals = tuple(float(pr.get(k, 0.0)) for k in PROFILE_KEYS)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise doc.fail("profile", "stage times must be numbers (seconds per step)") from None
-    if not all(math.isfinite(v) and v >= 0 for v in vals) or sum(vals) <= 0:
+    if not all(math.isfinite(v) and v >= 0 for v in vals) or not 0 < sum(vals) < math.inf:
         raise doc.fail("profile", "stage times must be finite, >= 0, and not all 0")
     return {"profile": vals}
 
 
-def _scaling(doc: _Doc) -> dict[str, Any]:
+def _scaling(doc: _JobDoc) -> dict[str, Any]:
     """``scaling: {procs: [1, 2, 4], rates: [100, 180, 300], resize_s: 8}`` -> JobSpec fields."""
     if "scaling" not in doc.data:
         return {}
     sc = doc.data["scaling"]
     if not isinstance(sc, dict) or set(sc) - SCALING_KEYS or not {"procs", "rates"} <= set(sc):
         raise doc.fail("scaling", "expected {procs: [sizes], rates: [samples/s at each size], resize_s: seconds}")
+    if not isinstance(sc["procs"], list) or not isinstance(sc["rates"], list):
+        raise doc.fail("scaling", "procs and rates must be lists")
+    if len(sc["procs"]) > MAX_CURVE_POINTS:
+        raise doc.fail("scaling", f"at most {MAX_CURVE_POINTS} points, got {len(sc['procs'])}")
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in sc["procs"]):
+        raise doc.fail("scaling", "sizes (procs) must be whole numbers")
     try:
         from hpcsched.model import ScalingCurve
 
-        procs, rates = tuple(int(p) for p in sc["procs"]), tuple(float(r) for r in sc["rates"])
+        procs, rates = tuple(sc["procs"]), tuple(float(r) for r in sc["rates"])
         ScalingCurve(procs, rates)  # validates: same lengths, increasing sizes, finite rates >= 0
         resize = float(sc.get("resize_s", 10.0))
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise doc.fail("scaling", str(e)) from None
-    if resize < 0 or not procs or procs[0] < 1:
-        raise doc.fail("scaling", "sizes must be >= 1 and resize_s >= 0")
+    if not procs or procs[0] < 1 or procs[-1] > INT32_MAX:
+        raise doc.fail("scaling", f"sizes must be between 1 and {INT32_MAX}")
+    if not 0 <= resize < math.inf:
+        raise doc.fail("scaling", "resize_s must be finite and >= 0")
     return {"curve_procs": procs, "curve_rates": rates, "resize_s": resize}
 
 
-def parse_job_spec(text: str, source: str) -> JobSpec:
-    doc = _Doc(text, source)
-    doc.check_keys(JOB_KEYS)
+def _command(doc: _JobDoc) -> tuple[str, ...]:
     if "command" not in doc.data:
-        raise InputError(source, "command: missing (the program to run, e.g. [workloads/ddp_train.py, --steps, 100])")
-    cmd = doc.data["command"]
-    if isinstance(cmd, str):
-        cmd = shlex.split(cmd)
-    if not isinstance(cmd, list) or not cmd or not all(isinstance(c, str | int | float) for c in cmd):
+        raise InputError(doc.source, "command: missing (the program to run, e.g. [workloads/ddp_train.py, --steps, "
+                                     "100])")
+    node = doc.nodes["command"]
+    if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:str":
+        line = doc.clean("command", node, node.value, "the command line")
+        try:
+            cmd = shlex.split(line)
+        except ValueError as e:  # "No closing quotation", "No escaped character"
+            raise doc.node_fail("command", node, f"cannot split this command line: {e}; close the quote, or write "
+                                                 "the command as a list [program, arg, ...]") from None
+    elif isinstance(node, yaml.SequenceNode):
+        if len(node.value) > MAX_ARGS:
+            raise doc.node_fail("command", node, f"at most {MAX_ARGS} arguments, got {len(node.value)}")
+        cmd = [doc.text("command", n, f"argument {i + 1}") for i, n in enumerate(node.value)]
+    else:
         raise doc.fail("command", "expected a non-empty list of strings or one command line")
+    if not cmd or not cmd[0]:
+        raise doc.node_fail("command", node, "the program (first argument) is empty")
+    if len(cmd) > MAX_ARGS:
+        raise doc.node_fail("command", node, f"at most {MAX_ARGS} arguments, got {len(cmd)}")
+    if (n := sum(len(c) for c in cmd)) > MAX_COMMAND_CHARS:
+        raise doc.node_fail("command", node, f"{n} characters; the limit is {MAX_COMMAND_CHARS} for all arguments "
+                                             "together (pass large inputs in a file)")
+    return tuple(cmd)
+
+
+def _env(doc: _JobDoc) -> dict[str, str]:
+    node = doc.nodes.get("env")
+    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        raise doc.fail("env", "expected a mapping of NAME: value")
+    if len(node.value) > MAX_ENV_VARS:
+        raise doc.node_fail("env", node, f"at most {MAX_ENV_VARS} variables, got {len(node.value)}")
+    env: dict[str, str] = {}
+    for k, v in node.value:
+        name = doc.text("env", k, "a variable name")
+        if not ENV_NAME.fullmatch(name):
+            raise doc.node_fail("env", k, f"{_short(name)} is not a valid variable name: letters, digits and _, "
+                                          "not starting with a digit")
+        env[name] = doc.text("env", v, f"the value of {name}")
+    if (n := sum(len(k) + len(v) for k, v in env.items())) > MAX_ENV_CHARS:
+        raise doc.node_fail("env", node, f"{n} characters; the limit is {MAX_ENV_CHARS} for all names and values "
+                                         "together")
+    return env
+
+
+def _name(doc: _JobDoc, source: str) -> str:
+    if "name" in doc.data:
+        name = doc.text("name", doc.nodes["name"], "the name")
+    else:
+        name = doc.clean("name", None, Path(source).stem, "the name (from the file name)")
+    if not name.strip():
+        raise doc.fail("name", "is empty")
+    if len(name) > MAX_NAME_CHARS:
+        raise doc.fail("name", f"{len(name)} characters; the limit is {MAX_NAME_CHARS}")
+    if not name.isprintable():
+        raise doc.fail("name", f"{_short(name)} holds a line break or control character")
+    return name
+
+
+def _workdir(doc: _JobDoc) -> str:
+    if "workdir" not in doc.data:
+        return "."
+    wd = doc.text("workdir", doc.nodes["workdir"], "the working directory")
+    if not wd:
+        raise doc.fail("workdir", "is empty")
+    if len(wd) > MAX_PATH_CHARS:
+        raise doc.fail("workdir", f"{len(wd)} characters; the limit is {MAX_PATH_CHARS}")
+    return wd
+
+
+def parse_job_spec(text: str, source: str) -> JobSpec:
+    """Validate a job file completely (every key, type, range and length; docs/runtime.md lists the limits)
+    and return its JobSpec; any mistake is an InputError with the file and line. Run by ``hpcsched submit``
+    before it calls the controller, and by the controller again before it stores anything."""
+    size = len(text.encode("utf-8", "surrogatepass")) if len(text) * 4 > MAX_JOB_FILE_BYTES else len(text)
+    if size > MAX_JOB_FILE_BYTES:
+        raise InputError(source, f"the job file is {size} bytes; the limit is {MAX_JOB_FILE_BYTES} "
+                                 f"({MAX_JOB_FILE_BYTES // 1024} KiB)")
+    doc = _JobDoc(text, source)
+    doc.check_keys(JOB_KEYS)
+    command = _command(doc)
     launcher = doc.get("launcher", str, "torchrun")
     if launcher not in LAUNCHERS:
-        raise doc.fail("launcher", f"unknown launcher {launcher!r}; expected one of {', '.join(LAUNCHERS)}")
-    procs = doc.positive("procs", int, 1)
-    lo = doc.positive("min_procs", int, procs)
-    hi = doc.positive("max_procs", int, procs)
+        raise doc.fail("launcher", f"unknown launcher {_short(launcher)}; expected one of {', '.join(LAUNCHERS)}")
+    wire = "int32 on the wire"
+    procs = doc.integer("procs", 1, 1, INT32_MAX, wire)
+    lo = doc.integer("min_procs", procs, 1, INT32_MAX, wire)
+    hi = doc.integer("max_procs", procs, 1, INT32_MAX, wire)
     if not lo <= procs <= hi:
         raise doc.fail("procs", f"need min_procs <= procs <= max_procs, got {lo} <= {procs} <= {hi}")
-    env = doc.get("env", dict, {})
-    if not all(isinstance(k, str) and isinstance(v, str | int | float) for k, v in env.items()):
-        raise doc.fail("env", "expected a mapping of NAME: value")
     return JobSpec(
-        name=doc.get("name", str, Path(source).stem),
-        command=tuple(str(c) for c in cmd),
+        name=_name(doc, source),
+        command=command,
         launcher=launcher,
         procs=procs,
         min_procs=lo,
         max_procs=hi,
-        steps=doc.positive("steps", int, None),
-        workdir=doc.get("workdir", str, "."),
-        env={k: str(v) for k, v in env.items()},
+        steps=doc.integer("steps", None, 1, INT64_MAX, "int64 on the wire and in the store"),
+        workdir=_workdir(doc),
+        env=_env(doc),
         **_scaling(doc),
         **_profile(doc),
     )
+
+
+def read_job_file(path: str | Path) -> str:
+    """A job file's text: at most MAX_JOB_FILE_BYTES, UTF-8 (a byte that is not names its line and column)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_JOB_FILE_BYTES + 1)
+    except OSError as e:
+        raise InputError(p, f"cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_JOB_FILE_BYTES:
+        raise InputError(p, f"the job file is over {MAX_JOB_FILE_BYTES} bytes; the limit is {MAX_JOB_FILE_BYTES} "
+                            f"({MAX_JOB_FILE_BYTES // 1024} KiB)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(p, f"not UTF-8 text: byte 0x{data[e.start]:02x} at column {col}; save the file as UTF-8",
+                         line) from None
+
+
+def job_spec_yaml(spec: JobSpec) -> str:
+    """A validated JobSpec as a job file that parses back to the same JobSpec: what ``hpcsched submit`` sends
+    (its workdir made absolute), so the controller checks exactly what the client checked."""
+    doc: dict[str, Any] = {"name": spec.name, "launcher": spec.launcher, "procs": spec.procs,
+                           "min_procs": spec.min_procs, "max_procs": spec.max_procs}
+    if spec.steps is not None:
+        doc["steps"] = spec.steps
+    doc["workdir"] = spec.workdir
+    doc["command"] = list(spec.command)
+    if spec.env:
+        doc["env"] = dict(spec.env)
+    if spec.curve_procs:
+        doc["scaling"] = {"procs": list(spec.curve_procs), "rates": list(spec.curve_rates), "resize_s": spec.resize_s}
+    if spec.profile is not None:
+        doc["profile"] = dict(zip(PROFILE_KEYS, spec.profile, strict=True))
+    # ASCII only: every other character escaped, as YAML would otherwise read some back changed (a raw U+0085 is
+    # a line break to a YAML reader, folded into a space).
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=False, width=1 << 30)

@@ -5,9 +5,11 @@ Workers are reconciled declaratively on every heartbeat: the database says which
 reply carries the difference. Nothing else is queued in memory, so a controller restarted after
 ``kill -9`` resends what a worker never confirmed and kills what it no longer wants, from the tables alone.
 
-A job attempt ends when every task of its generation has exited: all exit codes 0 means completed; a
-non-zero exit or a dead worker fails the attempt, which is retried (from the last checkpoint, by the
-program itself) until ``max_restarts``. Preempt and resize stop a job with SIGTERM so it checkpoints;
+A job attempt ends when every task of its generation has exited: all exit codes 0 (and, for a job that
+declares ``steps``, that step reported, or the program's ``done``) means completed; a non-zero exit, a task
+that could not start, an exit 0 short of the declared steps or a dead worker fails the attempt, with the
+reason in the job's message, and it is retried (from the last checkpoint, by the program itself) until
+``max_restarts``. Preempt and resize stop a job with SIGTERM so it checkpoints;
 a resized job is placed again at its new size and the time from the stop to its first progress report
 at the new size is recorded as ``last_resize_s``.
 
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import horovod_elastic, scheduler
-from hpcsched.runtime.config import ControllerConfig, JobSpec, parse_job_spec
+from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, JobSpec, parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
 
@@ -39,6 +42,9 @@ _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
 IN_PLACE = "in-place"  # stop_reason of a running job whose in-place resize has not reported its new size yet
 IN_PLACE_TIMEOUT_S = 60.0  # an in-place resize not seen at its new size by then falls back to stop/relaunch
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
+MAX_MESSAGE_CHARS = 500  # a job's message (a failure reason from a worker, a waiting note): one bounded line
+_WAITING = re.compile(r"(?:^|; )waiting: [^;]*$")  # the note a job that no live worker set can hold carries
+_INT64_MAX = 2**63 - 1
 
 
 class Controller:
@@ -129,7 +135,7 @@ class Controller:
                 self.store.set_worker_alive(wid, False)
                 for a in self.store.allocations(worker_id=wid):
                     self.store.set_alloc_state(a.task_id, "exited", -9)
-                    self._task_exited(self.store.job(a.job_id), a, -9)
+                    self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} left while it ran")
             self.store.event(None, "worker_left" if req.final else "worker_draining", worker=wid)
         log.info("worker %s %s (%d jobs stopping)", wid, "left" if req.final else "is leaving", stopping)
         self.wakeup.set()
@@ -147,7 +153,7 @@ class Controller:
             reply.forget.append(t.task_id)
             if a is not None and a.state != "exited":
                 self.store.set_alloc_state(a.task_id, "exited", t.exit_code)
-                self._task_exited(self.store.job(a.job_id), a, t.exit_code)
+                self._task_exited(self.store.job(a.job_id), a, t.exit_code, t.reason)
                 return True
             return False
         if not current or a.state == "exited" or job.state not in ("running", "stopping"):
@@ -183,7 +189,7 @@ class Controller:
             return False
         # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
         self.store.set_alloc_state(a.task_id, "exited", -1)
-        self._task_exited(job, a, -1)
+        self._task_exited(job, a, -1, f"lost: worker {a.worker_id} no longer runs it (restarted?)")
         return True
 
     def _apply_progress(self, job: JobRow, p: pb.Progress) -> None:
@@ -222,7 +228,9 @@ class Controller:
         self.store.update_job(job.id, **f)
 
     # ------------------------------------------------------------------------------------ job state
-    def _task_exited(self, job: JobRow, a: AllocRow, code: int) -> None:
+    def _task_exited(self, job: JobRow, a: AllocRow, code: int, reason: str = "") -> None:
+        """A task ended. A non-zero code (a rank's exit, a signal, a task that could not start, a lost worker)
+        fails the attempt, with the worker's ``reason`` (or the code) as the job's message."""
         if a.node_rank == 0 and job.spec.launcher in ("mpirun", "horovodrun"):
             # One launcher on node 0 ran every rank; the other nodes only held slots: they end with it.
             for hold in self.store.allocations(job_id=job.id):
@@ -230,9 +238,10 @@ class Controller:
                     self.store.set_alloc_state(hold.task_id, "exited", code)
         if job.state == "running" and code != 0:
             log.warning("job %s task %s exited with %d: stopping the attempt", job.id, a.task_id, code)
+            why = _clip(reason or f"exited with {code}", 400)  # room for the retry count after it, within 500
             self.store.update_job(job.id, state="stopping", stop_reason="failed", stop_time=time.time(),
-                                  message=f"task {a.task_id} exited with {code}")
-            self.store.event(job.id, "task_failed", task=a.task_id, exit_code=code)
+                                  message=f"task {a.task_id} {why}")
+            self.store.event(job.id, "task_failed", task=a.task_id, exit_code=code, reason=_clip(reason))
         self._check_stopped(self.store.job(job.id))
 
     def _check_stopped(self, job: JobRow) -> None:
@@ -243,22 +252,37 @@ class Controller:
                  if a.generation == job.generation]
         now = time.time()
         reason = job.stop_reason
+        # A program that declares steps and exits 0 short of them (and without reporting itself done) did not
+        # finish: a rank that died before its first step exited 0 under a launcher that lost its code, and the
+        # job was "completed at step 0".
+        short = job.state == "running" and bool(job.spec.steps) and not job.done and job.steps_done < job.spec.steps
         # Done = every task exited 0 on its own, or the program reported its last step (checkpointed) before a
         # preempt / resize stop landed: a launcher stopped by SIGTERM exits non-zero even then.
-        if (all(c == 0 for c in codes) and (job.state == "running" or job.done)) or \
+        if (all(c == 0 for c in codes) and (job.state == "running" or job.done) and not short) or \
                 (job.done and job.state == "stopping" and reason in ("preempt", "resize")):
             self.store.update_job(job.id, state="completed", procs=0, end_time=now, message="done")
             self.store.event(job.id, "completed", steps=job.steps_done)
             log.info("job %s completed at step %d", job.id, job.steps_done)
             return
+        message = job.message
+        if short:
+            reason = "failed"
+            message = f"exited 0 at step {job.steps_done} of {job.spec.steps}"
+            self.store.event(job.id, "task_failed", exit_code=0, reason=message)
+            log.warning("job %s: %s", job.id, message)
         if reason == "cancel":
             self.store.update_job(job.id, state="cancelled", procs=0, end_time=now)
         elif reason == "failed":
             restarts = job.restarts + 1
             if restarts > self.cfg.max_restarts:
-                self.store.update_job(job.id, state="failed", procs=0, end_time=now, restarts=restarts)
+                message = _clip(f"{message}; failed {restarts} attempt{'s' if restarts > 1 else ''}, no retries left")
+                self.store.update_job(job.id, state="failed", procs=0, end_time=now, restarts=restarts,
+                                      message=message)
+                log.warning("job %s failed: %s", job.id, message)
             else:
-                self.store.update_job(job.id, state="pending", procs=0, restarts=restarts, stop_reason=None)
+                message = _clip(f"{message}; retry {restarts} of {self.cfg.max_restarts}")
+                self.store.update_job(job.id, state="pending", procs=0, restarts=restarts, stop_reason=None,
+                                      message=message)
         else:  # preempt or resize: back to the queue, resumes from its checkpoint
             keep = {"stop_reason": reason, "stop_time": job.stop_time} if reason == "resize" else \
                 {"stop_reason": None}
@@ -266,7 +290,9 @@ class Controller:
         self.store.event(job.id, "stopped", reason=reason)
 
     def submit(self, spec_yaml: str, source: str) -> str:
-        spec = parse_job_spec(spec_yaml, source or "<submitted job>")
+        """Validate a job file completely (``config.parse_job_spec``: types, ranges, lengths, names, encodings)
+        before anything is stored: the client checked it too, but a controller trusts no client."""
+        spec = parse_job_spec(spec_yaml, _clip(source or "<submitted job>", 200))
         with self.lock:
             job_id = self.store.add_job(spec, time.time())
         log.info("job %s submitted (%s, %d procs)", job_id, spec.name, spec.procs)
@@ -340,7 +366,43 @@ class Controller:
         self.store.accrue_service(now - self._last_tick)
         self._last_tick = now
         workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
+        self._note_waiting(jobs, workers)
         return (now, jobs, workers, *self._slot_use(), dict(self.attempt_start))
+
+    def _note_waiting(self, jobs: list[JobRow], workers: list[WorkerRow]) -> None:
+        """Say why a pending job cannot start whatever the policy does: it needs more procs than the live
+        workers that have its launcher hold in total, or none has its launcher. Such a job waited with an
+        empty message (``procs: 1000000``). The note goes when workers that can hold it arrive; a job's
+        failure reason, if it has one, is kept in front of it. Written only when it changes."""
+        slots: dict[str, int] = {}
+        count: dict[str, int] = {}
+        for w in workers:
+            for name in w.launchers:
+                slots[name] = slots.get(name, 0) + w.slots
+                count[name] = count.get(name, 0) + 1
+        for j in jobs:
+            if j.state != "pending":
+                continue
+            launcher, need = j.spec.launcher, j.spec.min_procs
+            if not workers:
+                note = "waiting: no live worker"
+            elif launcher not in slots:
+                note = f"waiting: no live worker has the {launcher} launcher"
+            elif need > slots[launcher]:
+                n = count[launcher]
+                note = (f"waiting: needs {need} procs, and the {n} live worker{'s' if n > 1 else ''} with {launcher} "
+                        f"{'have' if n > 1 else 'has'} {slots[launcher]} slot{'s' if slots[launcher] > 1 else ''} "
+                        "in total")
+            else:
+                note = ""
+            if (note and (j.message == note or j.message.endswith("; " + note))) or \
+                    (not note and "waiting: " not in j.message):
+                continue  # unchanged (nearly every job at nearly every step: this runs under the lock)
+            base = _WAITING.sub("", j.message)  # the note has no ';': only the last part is a note
+            message = _clip(f"{base}; {note}" if base and note else base or note)
+            if message != j.message:
+                self.store.update_job(j.id, message=message)
+                j.message = message
 
     @staticmethod
     def _cluster_state(now: float, jobs: list[JobRow], workers: list[WorkerRow], used: dict[str, int],
@@ -433,7 +495,7 @@ class Controller:
             log.warning("worker %s silent for %.1f s: lost", wid, now - seen)
             for a in self.store.allocations(worker_id=wid):
                 self.store.set_alloc_state(a.task_id, "exited", -9)
-                self._task_exited(self.store.job(a.job_id), a, -9)
+                self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s")
 
     def _apply_resizes(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], now: float) -> None:
         hosts = {w.id: w.host for w in workers}
@@ -519,11 +581,13 @@ class Controller:
         for jid, key in groups.items():
             members.setdefault(key, []).append(jid)
         return [pb.JobInfo(
-            job_id=j.id, name=j.name, state=j.state, procs=j.procs, steps_done=j.steps_done,
-            steps_total=j.spec.steps or 0, generation=j.generation, workers=where.get(j.id, []),
+            job_id=j.id, name=j.name[:MAX_NAME_CHARS], state=j.state, procs=j.procs, steps_done=j.steps_done,
+            # A state file from before submits were validated may hold steps past int64: listing must not fail.
+            steps_total=min(j.spec.steps or 0, _INT64_MAX), generation=j.generation, workers=where.get(j.id, []),
             submit_time=j.submit_time, start_time=j.start_time or 0, end_time=j.end_time or 0,
             last_loss=j.last_loss or 0, first_loss=j.first_loss or 0, last_checkpoint_step=j.ckpt_step,
-            launcher=j.spec.launcher, message=j.message, last_resize_s=j.last_resize_s or 0, restarts=j.restarts,
+            launcher=j.spec.launcher, message=j.message[:MAX_MESSAGE_CHARS], last_resize_s=j.last_resize_s or 0,
+            restarts=j.restarts,
             group=groups.get(j.id, ""),
             interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
             sizing=self.sizing.get(j.id, ""),
@@ -560,3 +624,10 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
 def in_place_capable(spec: JobSpec) -> bool:
     """Elastic Horovod: launched with a discovery script, so a new host list resizes it without a restart."""
     return spec.launcher == "horovodrun" and spec.min_procs < spec.max_procs
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """One printable line of at most ``limit`` characters: a reason comes from a worker, and from a program's
+    output before that, so it may be long or hold control codes (a forged log line, ANSI escapes)."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -10,7 +10,8 @@ node reported free), every rank knows RANK and WORLD_SIZE from the launch.
 
 What it keeps of torchrun's agent: SIGTERM (the runtime's checkpoint-and-stop) is forwarded to every
 rank; one rank failing tears the others down (SIGTERM, then SIGKILL after ``--grace``), and the node's
-task exits with the failing rank's code; the ranks die with the supervisor (parent-death signal through
+task exits with the failing rank's code (128 + N for a rank killed by signal N, 127 for one that cannot start;
+0 only when every rank exited 0); the ranks die with the supervisor (parent-death signal through
 ``setpriv``, as the worker starts its tasks). What it leaves out: restarts in place (the controller
 restarts a failed attempt from its checkpoint anyway) and elastic membership changes (a resize here is a
 stop and a relaunch at the new size).
@@ -55,6 +56,20 @@ def rank_env(base: dict[str, str], local_rank: int, nprocs: int, rank_offset: in
 
 def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
+
+
+def describe(code: int) -> str:
+    """A rank's end in words, for the task log (the worker passes the log's last lines on as the reason)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with {code}"
+
+
+CANNOT_START = 127  # as a shell reports a command it cannot run
 
 
 class Forked:
@@ -131,29 +146,42 @@ def supervise(argv: list[str], nprocs: int, rank_offset: int, grace_s: float,
     signal.signal(signal.SIGINT, forward)
     python_file = len(argv) >= 2 and argv[1].endswith(".py") and \
         os.path.realpath(shutil.which(argv[0]) or argv[0]) == os.path.realpath(sys.executable)
-    for local in range(nprocs):
-        env = rank_env(dict(os.environ), local, nprocs, rank_offset)
-        if python_file and forkable is not None and forkable():
-            procs.append(fork_rank(argv[1], argv[2:], env))
-        else:
-            procs.append(subprocess.Popen([*prefix, *argv], env=env))
     failed = 0
     kill_at: float | None = None
-    while any(p.poll() is None for p in procs):
-        for p in procs:
-            code = p.poll()
+    for local in range(nprocs):
+        try:
+            env = rank_env(dict(os.environ), local, nprocs, rank_offset)
+            if python_file and forkable is not None and forkable():
+                procs.append(fork_rank(argv[1], argv[2:], env))
+            else:
+                procs.append(subprocess.Popen([*prefix, *argv], env=env))
+        except (OSError, ValueError) as e:  # no such program, bad environment, out of processes: the task fails
+            print(f"ranks: cannot start rank {rank_offset + local}: {e} (stopping the others)", file=sys.stderr,
+                  flush=True)
+            failed = CANNOT_START
+            forward(signal.SIGTERM, None)
+            kill_at = time.monotonic() + grace_s
+            break
+    # Every exit code is read in the same pass that decides whether all ranks are gone: deciding that from a
+    # second poll let a rank that ended between the two (a lone rank, always) leave the loop unread, and the
+    # task exited 0 whatever the rank's code.
+    while True:
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
             if code not in (None, 0) and not failed:
                 failed = _exit_code(code)
                 if not stopping:  # one rank failed: the others cannot finish their collectives
-                    print(f"ranks: a rank exited with {code}; stopping the others", file=sys.stderr, flush=True)
+                    print(f"ranks: rank {rank_offset + rank} {describe(code)} (stopping the others)", file=sys.stderr,
+                          flush=True)
                     forward(signal.SIGTERM, None)
                 kill_at = time.monotonic() + grace_s
+        if all(c is not None for c in codes):
+            return failed
         if kill_at is not None and time.monotonic() > kill_at:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
         time.sleep(0.05)
-    return failed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -191,10 +219,14 @@ def warm(ap: argparse.ArgumentParser, preload: list[str]) -> int:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # no rank inherits the worker's pipe
     os.close(null)
-    if launch.get("cwd"):
-        os.chdir(launch["cwd"])
-    os.environ.clear()
-    os.environ.update(launch["env"])
+    try:
+        if launch.get("cwd"):
+            os.chdir(launch["cwd"])
+        os.environ.clear()
+        os.environ.update(launch["env"])
+    except (OSError, ValueError) as e:  # no such directory, a variable the OS refuses: the task fails, told why
+        print(f"ranks: cannot start: {e}", file=sys.stderr, flush=True)
+        return CANNOT_START
     return _run(ap, launch["args"], forkable=single_threaded)
 
 

@@ -57,6 +57,7 @@ class Task:
     devices: list[int]
     offset: int = 0
     exit_code: int | None = None
+    reason: str = ""  # how it ended, when badly: sent with its exit (the job's message on the controller)
     term_at: float | None = None
     grace_s: float = DEFAULT_GRACE_S
     pending: list[pb.Progress] = field(default_factory=list)
@@ -255,20 +256,29 @@ class Worker:
         for tid, t in self.tasks.items():
             req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
                                            running=t.exit_code is None, exit_code=t.exit_code or 0,
-                                           progress=t.pending))
+                                           progress=t.pending, reason=t.reason if t.exit_code is not None else ""))
         return req
 
     def _apply(self, reply: pb.HeartbeatReply) -> None:
+        """Carry out the controller's orders. Nothing in one order may stop the daemon: a launch that cannot
+        start is a failed task (``launch``), and anything else unexpected is logged and left for the next
+        reconciliation. A worker that died on a bad order died again on its resend after every restart."""
         for tid in reply.forget:
             self.tasks.pop(tid, None)
         for k in reply.kill:
-            self.kill(k.task_id, k.checkpoint, k.grace_s or DEFAULT_GRACE_S)
+            try:
+                self.kill(k.task_id, k.checkpoint, k.grace_s or DEFAULT_GRACE_S)
+            except Exception:
+                log.exception("task %s: kill failed", k.task_id)
         for launch in reply.launch:
             t = self.tasks.get(launch.task_id)
-            if t is None:
-                self.launch(launch)
-            elif t.exit_code is None and list(launch.hosts) != list(t.launch.hosts):
-                self._resize(t, launch)  # the controller resized it in place: the same task, a new host list
+            try:
+                if t is None:
+                    self.launch(launch)
+                elif t.exit_code is None and list(launch.hosts) != list(t.launch.hosts):
+                    self._resize(t, launch)  # the controller resized it in place: the same task, a new host list
+            except Exception:
+                log.exception("task %s: order failed", launch.task_id)
 
     def _resize(self, t: Task, launch: pb.LaunchTask) -> None:
         """Apply an in-place resize the controller decided. It re-sends the LaunchTask until the program reports
@@ -292,6 +302,29 @@ class Worker:
 
     # ----------------------------------------------------------------------------------------- tasks
     def launch(self, t: pb.LaunchTask) -> None:
+        """Start one node's task. A task that cannot start (a variable the OS refuses, a NUL byte, no such
+        program or directory, any other error on the way) is recorded as exited with 127 and the reason, so the
+        controller fails the attempt (and retries or fails the job) instead of the daemon dying on it."""
+        try:
+            self._launch(t)
+        except Exception as e:  # never the daemon: the task fails, with the reason
+            log.exception("task %s: cannot start", t.task_id)
+            self._cannot_start(t, f"{type(e).__name__}: {e}")
+
+    def _cannot_start(self, t: pb.LaunchTask, why: str) -> None:
+        reason = _clip(f"cannot start: {why}")
+        log.error("task %s: %s", t.task_id, reason)
+        old = self.tasks.get(t.task_id)
+        if old is not None and old.proc is not None and old.exit_code is None:
+            return  # it did start (the error came after): its exit will be reported as usual
+        self.tasks[t.task_id] = Task(t, None, self.cfg.work_dir / t.task_id / "progress.jsonl", [],
+                                     exit_code=CANNOT_START, reason=reason)
+
+    def _launch(self, t: pb.LaunchTask) -> None:
+        problem = launch_problem(t)
+        if problem:
+            self._cannot_start(t, problem)
+            return
         run_dir = self.cfg.work_dir / t.task_id
         run_dir.mkdir(parents=True, exist_ok=True)
         devices = self._devices(t)
@@ -308,17 +341,20 @@ class Worker:
             ckpt = Path(t.checkpoint_dir)
             ckpt.mkdir(parents=True, exist_ok=True)
             (ckpt / "generation").write_text(f"{t.generation}\n")
+        cwd = t.env.get("HPCSCHED_WORKDIR") or None
+        if argv is not None and cwd is not None and not os.path.isdir(cwd):
+            self._cannot_start(t, f"the job's workdir {cwd} is not a directory on this worker")
+            return
         if argv is not None and t.launcher == "direct" and self.warm is not None:
-            proc = self.warm.take(argv, dict(os.environ) | env, t.env.get("HPCSCHED_WORKDIR") or None,
+            proc = self.warm.take(argv, dict(os.environ) | env, cwd,
                                   run_dir / "output.log")
             how = ", warm start" if proc is not None else ""
         if argv is not None and proc is None:
             with open(run_dir / "output.log", "ab") as out:
                 try:
-                    proc = spawn(argv, dict(os.environ) | env, t.env.get("HPCSCHED_WORKDIR") or None, out)
-                except OSError as e:
-                    log.error("task %s: cannot start %s: %s", t.task_id, argv[0], e)
-                    self.tasks[t.task_id] = Task(t, None, progress, devices, exit_code=127)
+                    proc = spawn(argv, dict(os.environ) | env, cwd, out)
+                except (OSError, ValueError) as e:
+                    self._cannot_start(t, str(e))
                     return
         self.tasks[t.task_id] = Task(t, proc, progress, devices)
         log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding")
@@ -376,7 +412,11 @@ class Worker:
                     news = True
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(t.proc.pid, signal.SIGKILL)  # leftovers of the tree
-                    log.info("task %s exited with %d", t.launch.task_id, code)
+                    if code != 0:
+                        t.reason = exit_reason(code, self.cfg.work_dir / t.launch.task_id / "output.log")
+                        log.warning("task %s %s", t.launch.task_id, t.reason)
+                    else:
+                        log.info("task %s exited with 0", t.launch.task_id)
                 elif t.term_at is not None and (time.time() - t.term_at > t.grace_s or _orphaned_launcher(t.proc.pid)):
                     # Past the grace, or the launcher's programs have checkpointed and gone while the
                     # launcher itself is still tearing down (torchrun: 3-5 s): nothing left to wait for.
@@ -389,13 +429,15 @@ class Worker:
             with open(t.progress_path, "rb") as f:
                 f.seek(t.offset)
                 data = f.read()
-        except FileNotFoundError:
+        except OSError:  # not there yet, or made unreadable by the task: no reports, and never the daemon's end
             return
         end = data.rfind(b"\n") + 1
         t.offset += end
         for line in data[:end].splitlines():
             try:
                 d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise TypeError(f"expected a JSON object, got {type(d).__name__}")
                 t.pending.append(pb.Progress(**{k: v for k, v in d.items() if k in _PROGRESS_FIELDS}))
             except (ValueError, TypeError) as e:
                 log.warning("task %s: bad progress line %r: %s", t.launch.task_id, line[:80], e)
@@ -406,6 +448,74 @@ class Worker:
         if self.warm is not None:
             self.warm.close()
         self.channel.close()
+
+
+CANNOT_START = 127  # the exit code of a task that never started, as a shell reports a command it cannot run
+MAX_REASON_CHARS = 300
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The last line of a Python traceback ("OSError: [Errno 98] Address already in use"): the best one-line reason.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b.*")
+
+
+def launch_problem(t: pb.LaunchTask) -> str:
+    """Why the OS would refuse this task's command line or environment ('' when it would not). The controller
+    refuses such job files at submit; this is the worker's own check, as it must not trust what it is sent
+    (an older controller, a state file from before the check): Popen raises on them, and that killed the daemon."""
+    for k, v in t.env.items():
+        if not _ENV_NAME.fullmatch(k):
+            return f"environment variable name {k!r} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)"
+        if "\0" in v:
+            return f"environment variable {k} contains a NUL byte"
+    for a in t.command:
+        if "\0" in a:
+            return f"command argument {a!r} contains a NUL byte"
+    if not t.command:
+        return "empty command"
+    return ""
+
+
+def exit_reason(code: int, output: Path) -> str:
+    """'exited with 1: OSError: [Errno 98] Address already in use': how a task ended and the line of its output
+    that most likely says why (a traceback's last line, else the last line), bounded and free of control codes."""
+    if code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    elif 128 < code <= 128 + 64:
+        try:
+            how = f"exited with {code} (a process killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            how = f"exited with {code}"
+    else:
+        how = f"exited with {code}"
+    line = _telling_line(output)
+    return _clip(f"{how}: {line}" if line else how)
+
+
+def _telling_line(output: Path) -> str:
+    try:
+        with open(output, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    own = [ln for ln in lines if not ln.startswith("ranks: ")]  # the program's, not the direct supervisor's
+    for ln in reversed(own):
+        if _EXCEPTION_LINE.match(ln):
+            return ln
+    if own:
+        return own[-1]
+    # Nothing from the program: only the supervisor's "cannot start rank N: why" adds to the exit code.
+    start = [ln for ln in lines if ln.startswith("ranks: cannot start")]
+    return start[-1].removeprefix("ranks: ") if start else ""
+
+
+def _clip(text: str) -> str:
+    """One printable line of at most MAX_REASON_CHARS (a program's output may hold anything, ANSI codes too)."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
 def interleave_dir(work_dir: Path, worker: str, group: str) -> Path:
