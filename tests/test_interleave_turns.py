@@ -3,6 +3,7 @@ of a group in the same stage at once (Muri's executor), while different stages a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -103,6 +104,7 @@ def test_worker_gives_a_group_one_lock_dir(tmp_path: Path) -> None:
         w.shutdown()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (the runtime's extra)")
 def test_two_trainers_in_a_group_take_turns_and_report_their_own_stage_times(tmp_path: Path) -> None:
     """Two real ddp_train.py processes, data-bound (30 ms of emulated storage a step), in one group: their data
     stages run one at a time, so each steps at about twice its storage time; the data stage they report is
