@@ -1,0 +1,137 @@
+"""Gavel's throughput table: steps/s of each job type on each GPU type, alone and co-located with another.
+
+The heterogeneity-aware policies need a job's speed on every GPU type (and, for space sharing, the pair's
+speeds when two jobs share a GPU); Gavel measured them and ships them as ``simulation_throughputs.json``
+(bundled as ``trace-data/gavel/simulation_throughputs.json.gz``, MIT). Layout of that JSON::
+
+    {gpu_type: {"('ResNet-18 (batch size 16)', 1)": {"null": steps/s alone,
+                                                     "('A3C', 1)": [steps/s of this job, of the other], ...}}}
+
+The key is the Python ``str`` of a ``(job type, scale factor)`` tuple; ``null`` is the isolated throughput
+and each other key a co-location partner. GPU types are lower case (``v100``, ``p100``, ``k80``, and
+``*_unconsolidated`` for multi-GPU jobs spread over servers).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcsched.errors import InputError
+
+BUNDLED = Path(__file__).resolve().parents[2] / "trace-data" / "gavel" / "simulation_throughputs.json.gz"
+_KEY = re.compile(r"""\(\s*(['"])(?P<type>.*)\1\s*,\s*(?P<scale>\d+)\s*\)""")
+
+JobKey = tuple[str, int]  # (job type, scale factor)
+
+
+def parse_key(text: str) -> JobKey:
+    """``"('ResNet-18 (batch size 16)', 1)"`` -> ``('ResNet-18 (batch size 16)', 1)``; ValueError otherwise."""
+    m = _KEY.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"not a (job type, scale factor) key: {text!r}")
+    return m.group("type"), int(m.group("scale"))
+
+
+@dataclass(frozen=True)
+class ThroughputTable:
+    """Steps/s per (GPU type, job type, scale factor), isolated and per co-located pair.
+
+    Lookups raise KeyError naming what the table lacks and what it has, because a misspelt job type
+    would otherwise surface as a bare KeyError deep inside a policy.
+    """
+
+    isolated_rates: Mapping[str, Mapping[JobKey, float]]
+    colocated_rates: Mapping[str, Mapping[tuple[JobKey, JobKey], tuple[float, float]]] = field(repr=False)
+    source: str = ""
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(self.isolated_rates)
+
+    def job_types(self, gpu_type: str = "v100") -> tuple[str, ...]:
+        """Job types (scale factor 1) the table has for ``gpu_type``, in the file's order."""
+        return tuple(t for t, s in self._rates(gpu_type) if s == 1)
+
+    def scale_factors(self, job_type: str, gpu_type: str = "v100") -> tuple[int, ...]:
+        return tuple(s for t, s in self._rates(gpu_type) if t == job_type)
+
+    def isolated(self, job_type: str, gpu_type: str, scale_factor: int = 1) -> float:
+        """Steps/s of ``job_type`` at ``scale_factor`` GPUs of ``gpu_type``, alone on them."""
+        rates = self._rates(gpu_type)
+        try:
+            return rates[(job_type, scale_factor)]
+        except KeyError:
+            raise KeyError(self._missing(job_type, scale_factor, gpu_type)) from None
+
+    def colocated(self, job_type_a: str, job_type_b: str, gpu_type: str, scale_factor: int = 1) -> tuple[float, float]:
+        """(steps/s of a, steps/s of b) when a and b share the same ``gpu_type`` GPU(s)."""
+        pairs = self.colocated_rates.get(gpu_type)
+        if pairs is None:
+            raise KeyError(f"GPU type {gpu_type!r} not in the throughput table (it has {', '.join(self.gpu_types)})")
+        key = ((job_type_a, scale_factor), (job_type_b, scale_factor))
+        try:
+            return pairs[key]
+        except KeyError:
+            for jt in (job_type_a, job_type_b):
+                if (jt, scale_factor) not in self.isolated_rates[gpu_type]:
+                    raise KeyError(self._missing(jt, scale_factor, gpu_type)) from None
+            raise KeyError(f"no co-located throughput for {job_type_a!r} with {job_type_b!r} "
+                           f"(scale factor {scale_factor}) on {gpu_type!r}") from None
+
+    def _rates(self, gpu_type: str) -> Mapping[JobKey, float]:
+        rates = self.isolated_rates.get(gpu_type)
+        if rates is None:
+            raise KeyError(f"GPU type {gpu_type!r} not in the throughput table (it has {', '.join(self.gpu_types)})")
+        return rates
+
+    def _missing(self, job_type: str, scale_factor: int, gpu_type: str) -> str:
+        rates = self.isolated_rates[gpu_type]
+        if any(t == job_type for t, _ in rates):
+            have = ", ".join(str(s) for s in self.scale_factors(job_type, gpu_type))
+            return f"job type {job_type!r} has no scale factor {scale_factor} on {gpu_type!r} (it has {have})"
+        return f"job type {job_type!r} not in the throughput table for {gpu_type!r} (it has {len(rates)} types, " \
+               f"e.g. {', '.join(repr(t) for t in self.job_types(gpu_type)[:3])})"
+
+
+def load_throughputs(path: str | Path = BUNDLED) -> ThroughputTable:
+    """Read Gavel's throughput JSON (``.gz`` or plain); a malformed file is an InputError naming the bad key."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        data = json.loads(raw)
+    except FileNotFoundError:
+        raise InputError(p, "no such throughput file") from None
+    except (OSError, EOFError, ValueError) as e:
+        raise InputError(p, f"not a Gavel throughput JSON: {e}") from None
+    if not isinstance(data, dict) or not data:
+        raise InputError(p, "not a Gavel throughput JSON: expected an object of GPU types")
+    isolated: dict[str, dict[JobKey, float]] = {}
+    colocated: dict[str, dict[tuple[JobKey, JobKey], tuple[float, float]]] = {}
+    for gpu_type, jobs in data.items():
+        if not isinstance(jobs, dict):
+            raise InputError(p, f"{gpu_type}: expected an object of job types")
+        iso = isolated[gpu_type] = {}
+        col = colocated[gpu_type] = {}
+        for key_text, entry in jobs.items():
+            where = f"{gpu_type} / {key_text}"
+            try:
+                key = parse_key(key_text)
+                if not isinstance(entry, dict) or "null" not in entry:
+                    raise ValueError("no isolated ('null') throughput")
+                iso[key] = float(entry["null"])
+                for other_text, pair in entry.items():
+                    if other_text == "null":
+                        continue
+                    if not (isinstance(pair, list) and len(pair) == 2):
+                        raise ValueError(f"{other_text}: expected [steps/s of this job, of the other]")
+                    col[(key, parse_key(other_text))] = (float(pair[0]), float(pair[1]))
+            except (ValueError, TypeError) as e:
+                raise InputError(p, f"{where}: {e}") from None
+    return ThroughputTable(isolated, colocated, str(p))
