@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import alibaba, bftrainer, cobalt, helios, muri, pbs, philly, slurm, swf
+from hpcsched.traces import alibaba, bftrainer, cobalt, gavel, helios, muri, pbs, philly, slurm, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -40,6 +40,7 @@ __all__ = ["FORMATS", "Trace", "TraceFormat", "TraceReport", "detect_format", "n
 
 # Sniffing tries formats in this order: specific headers first, loose sniffers (node lists) last.
 FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
+    gavel.FORMAT,  # strict: 10 typed tab-separated fields, no header
     philly.TIRESIAS_FORMAT, philly.JOBLOG_FORMAT, *alibaba.FORMATS, helios.FORMAT,  # DL; Tiresias (s) before Muri (ms)
     muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, pbs.FORMAT, *slurm.FORMATS,
     *bftrainer.FORMATS
