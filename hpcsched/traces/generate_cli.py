@@ -29,7 +29,7 @@ def _cluster_gpus(spec: str) -> int:
 
 
 def generate_cmd(
-    kind: str = typer.Argument(..., help="cobalt | swf | philly."),
+    kind: str = typer.Argument(..., help="cobalt | swf | philly | gavel."),
     seed: int = typer.Option(..., "--seed", help="Seed: the same seed writes the same bytes."),
     out: Path = typer.Option(..., "--out", help="Output file (.gz compresses, still byte-for-byte reproducible)."),
     jobs: int | None = typer.Option(None, "--jobs", help="Jobs (cobalt: 22,500; philly: 150,000)."),
@@ -41,6 +41,8 @@ def generate_cmd(
     max_days: float = typer.Option(60.0, "--max-days", help="philly: longest job, days."),
     start: int = typer.Option(1704067200, "--start", help="cobalt, swf: epoch of the first day (2024-01-01 UTC)."),
     cores_per_node: int = typer.Option(64, "--cores-per-node", help="cobalt: cpu_num per node (Theta: 64)."),
+    rate: float = typer.Option(0.5, "--rate", help="gavel: arrivals, jobs per hour (Poisson)."),
+    max_scale: int = typer.Option(8, "--max-scale", help="gavel: cap on GPUs per job (1, 2, 4 or 8)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
@@ -53,10 +55,16 @@ def generate_cmd(
 
     philly: 150,000 Philly-like jobs for cluster n128g8 with jobs up to 60 days, in the Muri CSV the simulator
     reads. Distributions and rules: docs/traces.md. Progress with ETA on stderr when it is a TTY.
+
+    gavel: Gavel's own generator (hpcsched/hetero/workload.py), in its 10-field tab trace; seed 0, 120 jobs,
+    --rate 0.5 writes Gavel's trace byte for byte. Default --jobs 120.
     """
+    kind = kind.lower()
+    if kind == "gavel":
+        _generate_gavel(out, seed, jobs if jobs is not None else 120, rate, max_scale, as_json)
+        return
     from hpcsched.traces.synth import KINDS, generate
 
-    kind = kind.lower()
     if kind not in KINDS:
         print(f"error: unknown kind {kind!r}; known: {', '.join(KINDS)}", file=sys.stderr)
         raise typer.Exit(2)
@@ -94,6 +102,29 @@ def generate_cmd(
                           "seconds": round(result.seconds, 3), "options": options}))
     else:
         print(f"{out}: {result.jobs:,} jobs, {result.bytes:,} bytes, {result.seconds:.1f} s (kind {kind}, seed {seed})")
+
+
+def _generate_gavel(out: Path, seed: int, jobs: int, rate: float, max_scale: int, as_json: bool) -> None:
+    """Gavel's workload: a separate generator because it reproduces Gavel's random-number sequence exactly."""
+    import time
+
+    from hpcsched.hetero.workload import generate, write_trace
+
+    t0 = time.perf_counter()
+    try:
+        n_bytes = write_trace(generate(jobs, rate, seed, max_scale=max_scale), out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        print(f"error: {out}: cannot write: {e.strerror or e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    seconds = time.perf_counter() - t0
+    if as_json:
+        print(json.dumps({"kind": "gavel", "seed": seed, "out": str(out), "jobs": jobs, "bytes": n_bytes,
+                          "seconds": round(seconds, 3), "options": {"rate": rate, "max_scale": max_scale}}))
+    else:
+        print(f"{out}: {jobs:,} jobs, {n_bytes:,} bytes, {seconds:.1f} s (kind gavel, seed {seed})")
 
 
 def register(trace_app: typer.Typer) -> None:
