@@ -29,8 +29,18 @@ FIELDS = ("job_type", "command", "working_directory", "num_steps_arg", "needs_da
           "scale_factor", "priority_weight", "SLO", "arrival_time")
 
 
+def _count(text: str, name: str) -> int:
+    try:
+        return count_field(text.strip(), name)
+    except ValueError as e:
+        raise ValueError(str(e) if str(e).startswith(name) else f"{name}: not a whole number: {text!r}") from None
+
+
 def _number(text: str, name: str) -> float:
-    v = float(text)
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"{name}: not a number: {text!r}") from None
     if not math.isfinite(v):
         raise ValueError(f"{name}: not a finite number: {text!r}")
     return v
@@ -62,7 +72,7 @@ def parse_line(line: str) -> GavelLine:
         raise ValueError("job_type: empty")
     if needs.strip() not in ("0", "1"):
         raise ValueError(f"needs_data_dir: expected 0 or 1, got {needs!r}")
-    scale_factor = count_field(scale.strip(), "scale_factor")
+    scale_factor = _count(scale, "scale_factor")
     if scale_factor < 1:
         raise ValueError(f"scale_factor: must be >= 1, got {scale!r}")
     priority = _number(weight, "priority_weight")
@@ -73,7 +83,7 @@ def parse_line(line: str) -> GavelLine:
         raise ValueError(f"arrival_time: must be >= 0, got {arrival!r}")
     slo_v = _number(slo, "SLO")
     return GavelLine(job_type, command, workdir, steps_arg, needs.strip() == "1",
-                     count_field(steps.strip(), "total_steps"), scale_factor, priority,
+                     _count(steps, "total_steps"), scale_factor, priority,
                      slo_v if slo_v >= 0 else None, arrival_s)
 
 
