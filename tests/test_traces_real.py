@@ -99,6 +99,11 @@ EXPECTED: dict[str, tuple[str, int, dict[str, int]]] = {
     "slurm/sacct-allcols-cedar-2019.tsv": ("slurm-sacct", 1, {"runtime_over_request": 1}),
     # grep -cE ';[ER];' -> 4 (jobs that ended or were requeued)
     "pbs/casper-pbs-records.log": ("pbs-accounting", 4, {"zero_runtime": 1}),
+    # awk -F'\t' 'NF==10&&$7>=1' gavel/A_120jobs_0.5jph_seed0.trace | wc -l -> 120 (cut -f7: 80/17/16/7)
+    # sorted arrivals: awk -F'\t' 'NR>1&&$10<p{u++}{p=$10}END{print u+0}' -> 0 ; zero steps: awk -F'\t' '$6==0' -> 0
+    "gavel/A_120jobs_0.5jph_seed0.trace": ("gavel", 120, {}),
+    # the same one-liners on gavel/A4_120jobs_0.5jph_seed0_sfmax4.trace -> 120, 0, 0 (scale factors 80/17/23)
+    "gavel/A4_120jobs_0.5jph_seed0_sfmax4.trace": ("gavel", 120, {}),
 }
 
 
