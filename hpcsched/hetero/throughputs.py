@@ -2,7 +2,8 @@
 
 The heterogeneity-aware policies need a job's speed on every GPU type (and, for space sharing, the pair's
 speeds when two jobs share a GPU); Gavel measured them and ships them as ``simulation_throughputs.json``
-(bundled as ``trace-data/gavel/simulation_throughputs.json.gz``, MIT). Layout of that JSON::
+(bundled as ``hpcsched/hetero/simulation_throughputs.json.gz``, MIT; see trace-data/SOURCES.md).
+Layout of that JSON::
 
     {gpu_type: {"('ResNet-18 (batch size 16)', 1)": {"null": steps/s alone,
                                                      "('A3C', 1)": [steps/s of this job, of the other], ...}}}
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from hpcsched.errors import InputError
 
-BUNDLED = Path(__file__).resolve().parents[2] / "trace-data" / "gavel" / "simulation_throughputs.json.gz"
+# Beside this module, not in trace-data/: every file there is read as a trace by the real-trace tests.
+BUNDLED = Path(__file__).resolve().parent / "simulation_throughputs.json.gz"
 _KEY = re.compile(r"""\(\s*(['"])(?P<type>.*)\1\s*,\s*(?P<scale>\d+)\s*\)""")
 
 JobKey = tuple[str, int]  # (job type, scale factor)
