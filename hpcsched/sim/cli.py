@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+
+from hpcsched.progress import progress_bar, wanted
 
 # The simulator, metrics and rich are imported inside the commands, so that `hpcsched --help` and the other
 # commands do not pay for them; `simulate` does not import pandas at all (summarize_results), `compare` does (its plot).
@@ -21,20 +21,6 @@ CLUSTER_OPT = typer.Option(..., "--cluster", help="Cluster spec: Muri CSV (clust
 COMPAT_OPT = typer.Option(
     None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers)."
 )
-
-
-@contextmanager
-def _bar(label: str, total: int, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda done, n: bar.update(task, completed=done, total=n)
 
 
 def _fail_policy(e: KeyError) -> None:
@@ -79,7 +65,7 @@ def simulate_cmd(
     spec = read_cluster_spec(cluster)
     jobs, anomalies = load_jobs(trace)
     try:
-        with _bar(f"simulate {policy}", len(jobs), len(jobs) >= _BAR_MIN_JOBS) as cb:
+        with progress_bar(f"simulate {policy}", len(jobs), wanted(as_json) and len(jobs) >= _BAR_MIN_JOBS) as cb:
             result = run_policy(jobs, spec, policy, compat, str(trace), cb, restart_s)
     except KeyError as e:
         _fail_policy(e)
@@ -128,7 +114,7 @@ def compare_cmd(
     spec = read_cluster_spec(cluster)
     jobs, _ = load_jobs(trace)
     summaries, runs = [], []
-    with _bar("compare", len(names), True) as cb:
+    with progress_bar("compare", len(names), wanted(as_json)) as cb:
         for i, name in enumerate(names):
             result = run_policy(jobs, spec, name, compat, str(trace))
             write_run(out / name, result)

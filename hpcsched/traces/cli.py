@@ -11,6 +11,7 @@ import typer
 
 # numpy and rich are imported where used, so that `hpcsched --help` and the other commands do not pay for them.
 from hpcsched.model import Job
+from hpcsched.progress import wanted
 from hpcsched.traces import FORMATS, generate_cli, open_trace
 
 trace_app = typer.Typer(help="Look inside trace files.", no_args_is_help=True)
@@ -37,8 +38,7 @@ def inspect_trace(
     Sizes and durations are kept in compact float arrays (8 bytes a job) for the quantiles, so a
     450k-job log costs a few MB beyond the reader's own streaming state.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from hpcsched.progress import progress_bar
 
     trace = open_trace(path, fmt, strict, options)
     count = 0
@@ -46,15 +46,13 @@ def inspect_trace(
     sizes: array[float] = array("d")
     durations: array[float] = array("d")
     nodes_max = gpus_max = 0
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-               TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"reading {path.name}", total=path.stat().st_size if path.is_file() else None)
-        trace.report.progress = lambda done, total: bar.update(task, completed=done, total=total)
+    with progress_bar(f"reading {path.name}", path.stat().st_size if path.is_file() else None, progress) as bar:
+        if bar is not None:
+            trace.report.progress = bar
         for rec in trace:
             count += 1
-            if count % 20000 == 0:
-                bar.update(task, description=f"reading {path.name}: {count:,} records")
+            if bar is not None and count % 20000 == 0:
+                bar(label=f"reading {path.name}: {count:,} records")
             t = getattr(rec, "submit", None)
             if t is None:
                 t = getattr(rec, "start", None)
@@ -122,7 +120,7 @@ def inspect_cmd(
     from rich.table import Table
 
     options = _options(cores_per_node, machine_nodes, delimiter)
-    info = inspect_trace(file, fmt, strict, progress=not as_json, options=options)
+    info = inspect_trace(file, fmt, strict, progress=wanted(as_json), options=options)
     if as_json:
         print(json.dumps(info))
         return
@@ -204,16 +202,12 @@ def convert_cmd(
                                   allow_loss=allow_loss, gpus_per_node=gpus_per_node, rebase=rebase,
                                   delimiter=out_d, trailing=parsable, strict=strict)
     if show and file.is_file() and file.stat().st_size > _PROGRESS_BYTES:
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from hpcsched.progress import progress_bar
 
-        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                   TimeElapsedColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task(f"reading {file.name}", total=file.stat().st_size)
+        with progress_bar(f"reading {file.name}", file.stat().st_size, True) as bar:
 
             def tick(phase: str, done: int, total: int) -> None:
-                bar.update(task, description=f"{phase} {file.name}", completed=done, total=total)
+                bar(done, total, f"{phase} {file.name}")  # type: ignore[misc]
 
             result = convert_trace(file, to, out, progress=tick, **kwargs)
     else:
