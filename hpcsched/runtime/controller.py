@@ -32,6 +32,7 @@ import time
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import horovod_elastic, scheduler
 from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, JobSpec, parse_job_spec
+from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
 
@@ -39,8 +40,6 @@ log = logging.getLogger("hpcsched.runtime.controller")
 
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
 _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
-IN_PLACE = "in-place"  # stop_reason of a running job whose in-place resize has not reported its new size yet
-IN_PLACE_TIMEOUT_S = 60.0  # an in-place resize not seen at its new size by then falls back to stop/relaunch
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
 MAX_MESSAGE_CHARS = 500  # a job's message (a failure reason from a worker, a waiting note): one bounded line
 _WAITING = re.compile(r"(?:^|; )waiting: [^;]*$")  # the note a job that no live worker set can hold carries
@@ -124,7 +123,7 @@ class Controller:
             self.leaving.add(wid)
             for a in self.store.allocations(worker_id=wid):
                 job = self.store.job(a.job_id)
-                if job.state == "running":
+                if next_state(job.state, Event.STOP)[1] is Action.STOP:
                     self.store.update_job(job.id, state="stopping", stop_reason="preempt", stop_time=now,
                                           message=f"worker {wid} left")
                     self.store.event(job.id, "stop", reason="preempt", worker_left=wid)
@@ -135,7 +134,8 @@ class Controller:
                 self.store.set_worker_alive(wid, False)
                 for a in self.store.allocations(worker_id=wid):
                     self.store.set_alloc_state(a.task_id, "exited", -9)
-                    self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} left while it ran")
+                    self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} left while it ran",
+                                      lost=True)
             self.store.event(None, "worker_left" if req.final else "worker_draining", worker=wid)
         log.info("worker %s %s (%d jobs stopping)", wid, "left" if req.final else "is leaving", stopping)
         self.wakeup.set()
@@ -175,7 +175,8 @@ class Controller:
                 return True
         if seen is not None:
             if seen.running and job.state == "running" and job.stop_reason == IN_PLACE:
-                if job.stop_time is not None and time.time() - job.stop_time > IN_PLACE_TIMEOUT_S:
+                if job.stop_time is not None and time.time() - job.stop_time > IN_PLACE_TIMEOUT_S and \
+                        next_state(job.state, Event.STOP)[1] is Action.STOP:
                     # The worker could not resize it in place (it logged why): stop it and relaunch it at the new
                     # size, counting the resize from the original decision.
                     self.store.update_job(job.id, state="stopping", stop_reason="resize")
@@ -189,7 +190,7 @@ class Controller:
             return False
         # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
         self.store.set_alloc_state(a.task_id, "exited", -1)
-        self._task_exited(job, a, -1, f"lost: worker {a.worker_id} no longer runs it (restarted?)")
+        self._task_exited(job, a, -1, f"lost: worker {a.worker_id} no longer runs it (restarted?)", lost=True)
         return True
 
     def _apply_progress(self, job: JobRow, p: pb.Progress) -> None:
@@ -228,15 +229,15 @@ class Controller:
         self.store.update_job(job.id, **f)
 
     # ------------------------------------------------------------------------------------ job state
-    def _task_exited(self, job: JobRow, a: AllocRow, code: int, reason: str = "") -> None:
+    def _task_exited(self, job: JobRow, a: AllocRow, code: int, reason: str = "", lost: bool = False) -> None:
         """A task ended. A non-zero code (a rank's exit, a signal, a task that could not start, a lost worker)
-        fails the attempt, with the worker's ``reason`` (or the code) as the job's message."""
+        fails the attempt, with the worker's ``reason`` (or the code) as the job's message (``lifecycle``)."""
         if a.node_rank == 0 and job.spec.launcher in ("mpirun", "horovodrun"):
             # One launcher on node 0 ran every rank; the other nodes only held slots: they end with it.
             for hold in self.store.allocations(job_id=job.id):
                 if hold.generation == a.generation:
                     self.store.set_alloc_state(hold.task_id, "exited", code)
-        if job.state == "running" and code != 0:
+        if next_state(job.state, exit_event(code, lost))[1] is Action.STOP_FAILED:
             log.warning("job %s task %s exited with %d: stopping the attempt", job.id, a.task_id, code)
             why = _clip(reason or f"exited with {code}", 400)  # room for the retry count after it, within 500
             self.store.update_job(job.id, state="stopping", stop_reason="failed", stop_time=time.time(),
@@ -245,45 +246,41 @@ class Controller:
         self._check_stopped(self.store.job(job.id))
 
     def _check_stopped(self, job: JobRow) -> None:
-        """Finish a job attempt once none of its tasks is left."""
+        """Finish a job attempt once none of its tasks is left: ``lifecycle.attempt_end`` says how it ended,
+        ``lifecycle.next_state`` what follows."""
         if job.state not in ("running", "stopping") or self.store.allocations(job_id=job.id):
             return
         codes = [a.exit_code for a in self.store.allocations(job_id=job.id, live_only=False)
                  if a.generation == job.generation]
         now = time.time()
-        reason = job.stop_reason
-        # A program that declares steps and exits 0 short of them (and without reporting itself done) did not
-        # finish: a rank that died before its first step exited 0 under a launcher that lost its code, and the
-        # job was "completed at step 0".
-        short = job.state == "running" and bool(job.spec.steps) and not job.done and job.steps_done < job.spec.steps
-        # Done = every task exited 0 on its own, or the program reported its last step (checkpointed) before a
-        # preempt / resize stop landed: a launcher stopped by SIGTERM exits non-zero even then.
-        if (all(c == 0 for c in codes) and (job.state == "running" or job.done) and not short) or \
-                (job.done and job.state == "stopping" and reason in ("preempt", "resize")):
+        event, short = attempt_end(job.state, job.stop_reason, codes, bool(job.done), job.spec.steps, job.steps_done,
+                                   job.restarts, self.cfg.max_restarts)
+        _, action = next_state(job.state, event)
+        if action is Action.COMPLETE:
             self.store.update_job(job.id, state="completed", procs=0, end_time=now, message="done")
             self.store.event(job.id, "completed", steps=job.steps_done)
             log.info("job %s completed at step %d", job.id, job.steps_done)
             return
+        reason = job.stop_reason
         message = job.message
         if short:
             reason = "failed"
             message = f"exited 0 at step {job.steps_done} of {job.spec.steps}"
             self.store.event(job.id, "task_failed", exit_code=0, reason=message)
             log.warning("job %s: %s", job.id, message)
-        if reason == "cancel":
+        restarts = job.restarts + 1
+        if action is Action.END_CANCELLED:
             self.store.update_job(job.id, state="cancelled", procs=0, end_time=now)
-        elif reason == "failed":
-            restarts = job.restarts + 1
-            if restarts > self.cfg.max_restarts:
-                message = _clip(f"{message}; failed {restarts} attempt{'s' if restarts > 1 else ''}, no retries left")
-                self.store.update_job(job.id, state="failed", procs=0, end_time=now, restarts=restarts,
-                                      message=message)
-                log.warning("job %s failed: %s", job.id, message)
-            else:
-                message = _clip(f"{message}; retry {restarts} of {self.cfg.max_restarts}")
-                self.store.update_job(job.id, state="pending", procs=0, restarts=restarts, stop_reason=None,
-                                      message=message)
-        else:  # preempt or resize: back to the queue, resumes from its checkpoint
+        elif action is Action.GIVE_UP:
+            message = _clip(f"{message}; failed {restarts} attempt{'s' if restarts > 1 else ''}, no retries left")
+            self.store.update_job(job.id, state="failed", procs=0, end_time=now, restarts=restarts,
+                                  message=message)
+            log.warning("job %s failed: %s", job.id, message)
+        elif action is Action.RETRY:
+            message = _clip(f"{message}; retry {restarts} of {self.cfg.max_restarts}")
+            self.store.update_job(job.id, state="pending", procs=0, restarts=restarts, stop_reason=None,
+                                  message=message)
+        else:  # REQUEUE after a preempt or resize: back to the queue, resumes from its checkpoint
             keep = {"stop_reason": reason, "stop_time": job.stop_time} if reason == "resize" else \
                 {"stop_reason": None}
             self.store.update_job(job.id, state="pending", procs=0, **keep)
@@ -304,11 +301,12 @@ class Controller:
             job = self.store.job(job_id)
             if job is None:
                 return False, f"no job {job_id!r}"
-            if job.state == "pending":
+            _, action = next_state(job.state, Event.CANCEL)
+            if action is Action.DROP:
                 self.store.update_job(job_id, state="cancelled", end_time=time.time())
-            elif job.state == "running":
+            elif action is Action.STOP:  # a running job is cancelled through stopping: its tasks exit first
                 self.store.update_job(job_id, state="stopping", stop_reason="cancel", stop_time=time.time())
-            elif job.state == "stopping":
+            elif action is Action.RETARGET:
                 self.store.update_job(job_id, stop_reason="cancel")
             else:
                 return False, f"job {job_id} is already {job.state}"
@@ -495,7 +493,8 @@ class Controller:
             log.warning("worker %s silent for %.1f s: lost", wid, now - seen)
             for a in self.store.allocations(worker_id=wid):
                 self.store.set_alloc_state(a.task_id, "exited", -9)
-                self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s")
+                self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s",
+                                  lost=True)
 
     def _apply_resizes(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], now: float) -> None:
         hosts = {w.id: w.host for w in workers}
