@@ -30,8 +30,9 @@ import threading
 import time
 
 from hpcsched.model import ResourceProfile, ScalingCurve
-from hpcsched.runtime import horovod_elastic, scheduler
-from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, JobSpec, parse_job_spec
+from hpcsched.runtime import scheduler
+from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, parse_job_spec
+from hpcsched.runtime.launch import in_place_capable, launch_tasks, resized_launch, slot_use
 from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
@@ -464,23 +465,9 @@ class Controller:
 
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's
-        co-location key and its placement (node-rank order), from the live allocations."""
-        peak: dict[tuple[str, str], int] = {}
-        groups: dict[str, str] = {}
-        where: dict[str, list[tuple[int, str, int]]] = {}
-        known, self._groups = self._groups, {}  # only live tasks stay cached
-        for a in self.store.allocations():
-            key = known.get(a.task_id)
-            if key is None:  # a task's co-location key never changes (an in-place resize keeps it): parse it once
-                key = pb.LaunchTask.FromString(a.launch).group or a.job_id
-            self._groups[a.task_id] = key
-            groups[a.job_id] = key
-            peak[a.worker_id, key] = max(peak.get((a.worker_id, key), 0), a.nprocs)
-            where.setdefault(a.job_id, []).append((a.node_rank, a.worker_id, a.nprocs))
-        used: dict[str, int] = {}
-        for (wid, _), k in peak.items():
-            used[wid] = used.get(wid, 0) + k
-        return used, groups, {j: [(w, k) for _, w, k in sorted(v)] for j, v in where.items()}
+        co-location key and its placement (node-rank order), from the live allocations (``launch.slot_use``)."""
+        used, groups, where, self._groups = slot_use(self.store.allocations(), self._groups)
+        return used, groups, where
 
     def _reap_dead_workers(self, now: float) -> None:
         for wid, seen in list(self.last_seen.items()):
@@ -510,11 +497,7 @@ class Controller:
                       job.id, len(tasks), where)
             return
         (a,), ((wid, procs),) = tasks, where
-        msg = pb.LaunchTask.FromString(a.launch)
-        msg.nprocs = msg.world_size = procs
-        del msg.hosts[:]
-        msg.hosts.append(f"{hosts[wid]}:{procs}")
-        self.store.resize_allocation(a.task_id, procs, msg.SerializeToString())
+        self.store.resize_allocation(a.task_id, procs, resized_launch(a.launch, hosts[wid], procs))
         self.store.update_job(job.id, procs=procs, target_procs=procs, stop_reason=IN_PLACE, stop_time=now)
         self.store.event(job.id, "resize", resize_kind=IN_PLACE, from_procs=job.procs, procs=procs, worker=wid)
         self.attempt_start[job.id] = now  # hysteresis: the new size must run min_runtime_s before the next change
@@ -527,27 +510,10 @@ class Controller:
             return
         gen = job.generation + 1
         size = sum(k for _, k in placement)
-        spec: JobSpec = job.spec
         ckpt = self.cfg.checkpoint_root.resolve() / job.id
-        host_list = [f"{hosts[w]}:{k}" for w, k in placement]
-        env = dict(spec.env) | {"HPCSCHED_JOB_ID": job.id, "HPCSCHED_GENERATION": str(gen),
-                                "HPCSCHED_CHECKPOINT_DIR": str(ckpt)}
-        if spec.steps:
-            env["HPCSCHED_STEPS"] = str(spec.steps)
-        if in_place_capable(spec):  # Horovod's elastic mode: the worker resizes it without a restart
-            env |= {horovod_elastic.MIN_ENV: str(spec.min_procs), horovod_elastic.MAX_ENV: str(spec.max_procs)}
-        offset = 0
-        for rank, (wid, k) in enumerate(placement):
-            task_id = f"{job.id}.g{gen}.n{rank}"
-            msg = pb.LaunchTask(
-                task_id=task_id, job_id=job.id, generation=gen, launcher=spec.launcher, command=list(spec.command),
-                env=env | {"HPCSCHED_WORKDIR": spec.workdir}, node_rank=rank, nnodes=len(placement), nprocs=k,
-                world_size=size, master_addr=hosts[master], master_port=port, checkpoint_dir=str(ckpt),
-                hosts=host_list, rank_offset=offset, group=group,
-            )
-            offset += k
-            self.store.add_allocation(AllocRow(task_id, job.id, gen, wid, rank, k, "launching", None,
-                                               msg.SerializeToString()))
+        for wid, msg in launch_tasks(job.id, gen, job.spec, placement, hosts, port, ckpt, group):
+            self.store.add_allocation(AllocRow(msg.task_id, job.id, gen, wid, msg.node_rank, msg.nprocs, "launching",
+                                               None, msg.SerializeToString()))
         self.attempt_start[job.id] = time.time()
         self.store.update_job(job.id, state="running", procs=size, generation=gen, target_procs=size,
                               start_time=job.start_time or time.time(), done=0)
@@ -618,11 +584,6 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
         curve=ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None,
         resize_s=j.spec.resize_s, in_place=j.state == "running" and in_place_capable(j.spec),
     )
-
-
-def in_place_capable(spec: JobSpec) -> bool:
-    """Elastic Horovod: launched with a discovery script, so a new host list resizes it without a restart."""
-    return spec.launcher == "horovodrun" and spec.min_procs < spec.max_procs
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
