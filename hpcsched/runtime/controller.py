@@ -30,7 +30,7 @@ import threading
 import time
 
 from hpcsched.model import ResourceProfile, ScalingCurve
-from hpcsched.runtime import scheduler
+from hpcsched.runtime import reconcile, scheduler
 from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, parse_job_spec
 from hpcsched.runtime.launch import in_place_capable, launch_tasks, resized_launch, slot_use
 from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
@@ -143,91 +143,60 @@ class Controller:
         return pb.LeaveReply(stopping_jobs=stopping)
 
     def _reconcile_reported(self, t: pb.TaskStatus, reply: pb.HeartbeatReply) -> bool:
+        """Act on one reported task (``reconcile.reported``); True when a job's state may have changed."""
         a = self.store.alloc(t.task_id)
         job = self.store.job(t.job_id)
-        current = a is not None and job is not None and a.generation == job.generation
-        if current:
+        if reconcile.is_current(a, job):
             for p in t.progress:
                 self._apply_progress(job, p)
                 job = self.store.job(t.job_id)  # the next report must see what this one changed
-        if not t.running:
+        verdict = reconcile.reported(t.running, a, job)
+        if verdict in (reconcile.Reported.EXITED, reconcile.Reported.FORGET):
             reply.forget.append(t.task_id)
-            if a is not None and a.state != "exited":
-                self.store.set_alloc_state(a.task_id, "exited", t.exit_code)
-                self._task_exited(self.store.job(a.job_id), a, t.exit_code, t.reason)
-                return True
-            return False
-        if not current or a.state == "exited" or job.state not in ("running", "stopping"):
+        if verdict is reconcile.Reported.EXITED:
+            self.store.set_alloc_state(a.task_id, "exited", t.exit_code)
+            self._task_exited(self.store.job(a.job_id), a, t.exit_code, t.reason)
+            return True
+        if verdict is reconcile.Reported.STALE:
             reply.kill.append(pb.KillTask(task_id=t.task_id, checkpoint=False))  # stale: nobody wants it
-        elif a.state == "launching":
+        elif verdict is reconcile.Reported.CONFIRMED:
             self.store.set_alloc_state(a.task_id, "running")
         return False
 
     def _reconcile_expected(self, a: AllocRow, seen: pb.TaskStatus | None, reply: pb.HeartbeatReply) -> bool:
+        """Act on one live allocation of the reporting worker (``reconcile.expected``); True when a job's state
+        may have changed."""
         job = self.store.job(a.job_id)
-        if job.state == "stopping":
-            if seen is not None and seen.running:
-                reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=job.stop_reason != "failed",
-                                              grace_s=self.cfg.stop_grace_s))
-                return False
-            if seen is None and a.state == "launching":  # never started: nothing to stop
-                self.store.set_alloc_state(a.task_id, "exited", -1)
-                self._check_stopped(self.store.job(a.job_id))
-                return True
-        if seen is not None:
-            if seen.running and job.state == "running" and job.stop_reason == IN_PLACE:
-                if job.stop_time is not None and time.time() - job.stop_time > IN_PLACE_TIMEOUT_S and \
-                        next_state(job.state, Event.STOP)[1] is Action.STOP:
-                    # The worker could not resize it in place (it logged why): stop it and relaunch it at the new
-                    # size, counting the resize from the original decision.
-                    self.store.update_job(job.id, state="stopping", stop_reason="resize")
-                    self.store.event(job.id, "resize", resize_kind="relaunch", reason="in-place resize timed out")
-                    reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=True, grace_s=self.cfg.stop_grace_s))
-                else:
-                    reply.launch.append(pb.LaunchTask.FromString(a.launch))  # until it reports at the new size
-            return False
-        if a.state == "launching":
-            reply.launch.append(pb.LaunchTask.FromString(a.launch))
-            return False
-        # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
-        self.store.set_alloc_state(a.task_id, "exited", -1)
-        self._task_exited(job, a, -1, f"lost: worker {a.worker_id} no longer runs it (restarted?)", lost=True)
-        return True
+        verdict = reconcile.expected(a, job, seen, time.time(), IN_PLACE_TIMEOUT_S)
+        if verdict is reconcile.Expected.STOP:
+            reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=job.stop_reason != "failed",
+                                          grace_s=self.cfg.stop_grace_s))
+        elif verdict is reconcile.Expected.NEVER_STARTED:  # never started: nothing to stop
+            self.store.set_alloc_state(a.task_id, "exited", -1)
+            self._check_stopped(self.store.job(a.job_id))
+            return True
+        elif verdict is reconcile.Expected.RESIZE_TIMED_OUT:
+            # The worker could not resize it in place (it logged why): stop it and relaunch it at the new
+            # size, counting the resize from the original decision.
+            self.store.update_job(job.id, state="stopping", stop_reason="resize")
+            self.store.event(job.id, "resize", resize_kind="relaunch", reason="in-place resize timed out")
+            reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=True, grace_s=self.cfg.stop_grace_s))
+        elif verdict in (reconcile.Expected.RESEND_RESIZE, reconcile.Expected.LAUNCH):
+            reply.launch.append(pb.LaunchTask.FromString(a.launch))  # a resize: until it reports at the new size
+        elif verdict is reconcile.Expected.LOST:
+            # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
+            self.store.set_alloc_state(a.task_id, "exited", -1)
+            self._task_exited(job, a, -1, f"lost: worker {a.worker_id} no longer runs it (restarted?)", lost=True)
+            return True
+        return False
 
     def _apply_progress(self, job: JobRow, p: pb.Progress) -> None:
-        row = {"time": p.time, "step": p.step, "loss": p.loss, "samples_per_s": p.samples_per_s, "data_s": p.data_s,
-               "compute_s": p.compute_s, "comm_s": p.comm_s, "world_size": p.world_size,
-               "checkpoint": p.checkpoint, "resumed_from": p.resumed_from if p.resumed_from >= 0 else None}
-        self.store.add_progress(job.id, job.generation, row)
-        f: dict[str, object] = {"steps_done": p.step}
-        if not p.first:  # a process's first report comes before its first step: it has no loss yet
-            f["last_loss"] = p.loss
-            if job.first_loss is None:
-                f["first_loss"] = p.loss
-        if p.checkpoint:
-            f["ckpt_step"], f["ckpt_path"] = p.step, p.checkpoint
-        if p.data_s + p.compute_s + p.comm_s > 0:
-            f.update(iteration_s=p.data_s + p.compute_s + p.comm_s, data_s=p.data_s, compute_s=p.compute_s,
-                     comm_s=p.comm_s)
-        if p.done:
-            f["done"] = 1
-        if p.first:
-            if p.resumed_from >= 0:
-                self.store.event(job.id, "resume", generation=job.generation, resumed_from=p.resumed_from,
-                                 last_checkpoint=job.ckpt_step)
-            # A resize ends at the first report of the attempt placed after the stop (the job is running
-            # again). The first report of the attempt being stopped (slow to start: stopped before it ever
-            # reported) arrives while the job is still stopping and is no resize.
-            if job.stop_reason == "resize" and job.stop_time is not None and job.state == "running":
-                f["last_resize_s"] = time.time() - job.stop_time
-                f["stop_reason"], f["stop_time"] = None, None
-                self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs, resize_kind="relaunch")
-        if job.stop_reason == IN_PLACE and job.stop_time is not None and job.state == "running" \
-                and p.world_size == job.procs:
-            f["last_resize_s"] = time.time() - job.stop_time
-            f["stop_reason"], f["stop_time"] = None, None
-            self.store.event(job.id, "resized", seconds=f["last_resize_s"], procs=job.procs, resize_kind=IN_PLACE)
-        self.store.update_job(job.id, **f)
+        """Write one progress report of the job's current attempt (``reconcile.progress_update``)."""
+        u = reconcile.progress_update(job, p, time.time())
+        self.store.add_progress(job.id, job.generation, u.row)
+        for kind, detail in u.events:
+            self.store.event(job.id, kind, **detail)
+        self.store.update_job(job.id, **u.fields)
 
     # ------------------------------------------------------------------------------------ job state
     def _task_exited(self, job: JobRow, a: AllocRow, code: int, reason: str = "", lost: bool = False) -> None:
