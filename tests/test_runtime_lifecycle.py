@@ -118,3 +118,87 @@ def test_attempt_end(state: State, reason: str | None, codes: list[int], done: b
                      steps_done: int, restarts: int, event: Event, short: bool) -> None:
     """How an attempt whose tasks have all exited ended."""
     assert attempt_end(state, reason, codes, done, steps, steps_done, restarts, max_restarts=2) == (event, short)
+
+
+def _job(state: str, generation: int = 1, stop_reason: str | None = None, stop_time: float | None = None):
+    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.store import JobRow
+
+    spec = parse_job_spec("command: [t.py]\nsteps: 10\n", "j.yaml")
+    return JobRow("j0001", 1, "j", spec, state, 1, 1, generation, 0, None, None, -1, None, 0.0, None, None, 0, "",
+                  stop_reason, stop_time, None, 0.0, 0.0, None, None, None, None, 0)
+
+
+def _alloc(state: str, generation: int = 1):
+    from hpcsched.runtime.store import AllocRow
+
+    return AllocRow("j0001.g1.n0", "j0001", generation, "w0", 0, 1, state, None, b"")
+
+
+@pytest.mark.parametrize(("running", "alloc", "job", "verdict"), [
+    (False, "running", "running", "exited"),
+    (False, "exited", "stopping", "forget"),  # already known as exited
+    (False, None, None, "forget"),  # unknown to the store
+    (True, None, "running", "stale"),  # unknown task
+    (True, "running", "pending", "stale"),  # its job is no longer active on it
+    (True, "exited", "running", "stale"),
+    (True, "launching", "running", "confirmed"),
+    (True, "running", "stopping", "running"),
+])
+def test_reconcile_reported(running: bool, alloc: str | None, job: str | None, verdict: str) -> None:
+    """A reported task against its allocation and job."""
+    from hpcsched.runtime import reconcile
+
+    a = _alloc(alloc) if alloc else None
+    j = _job(job) if job else None
+    assert reconcile.reported(running, a, j) == verdict
+
+
+def test_reconcile_reported_stale_generation() -> None:
+    """A task of an earlier attempt that still runs is killed."""
+    from hpcsched.runtime import reconcile
+
+    assert reconcile.reported(True, _alloc("running", generation=1), _job("running", generation=2)) == "stale"
+
+
+@pytest.mark.parametrize(("alloc", "job", "seen", "stop_time", "verdict"), [
+    ("running", "stopping", True, None, "stop"),
+    ("launching", "stopping", None, None, "never_started"),
+    ("running", "stopping", None, None, "lost"),
+    ("running", "stopping", False, None, "ok"),  # exited: the reported side handles it
+    ("launching", "running", None, None, "launch"),
+    ("running", "running", None, None, "lost"),  # the worker restarted without it
+    ("running", "running", True, None, "ok"),
+    ("running", "in-place", True, 95.0, "resend_resize"),
+    ("running", "in-place", True, 30.0, "resize_timed_out"),
+])
+def test_reconcile_expected(alloc: str, job: str, seen: bool | None, stop_time: float | None, verdict: str) -> None:
+    """A live allocation against what its worker reported of it (now = 100, timeout 60 s)."""
+    from hpcsched.runtime import reconcile
+    from hpcsched.runtime.lifecycle import IN_PLACE
+    from hpcsched.runtime.rpc import pb
+
+    j = _job("running", stop_reason=IN_PLACE, stop_time=stop_time) if job == "in-place" else _job(job)
+    status = None if seen is None else pb.TaskStatus(task_id="j0001.g1.n0", running=seen)
+    assert reconcile.expected(_alloc(alloc), j, status, now=100.0, timeout_s=60.0) == verdict
+
+
+def test_launch_tasks_and_in_place_rewrite(tmp_path) -> None:
+    """Two nodes: node 0 is the rendezvous, ranks are offset by the earlier nodes' procs, the env says who the
+    task is; an in-place resize rewrites only the size and host list."""
+    from hpcsched.runtime import launch
+    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.rpc import pb
+
+    spec = parse_job_spec("command: [t.py]\nsteps: 10\nlauncher: horovodrun\nmin_procs: 1\nmax_procs: 4\n", "j.yaml")
+    tasks = launch.launch_tasks("j0007", 3, spec, [("w0", 2), ("w1", 1)], {"w0": "a", "w1": "b"}, 4242,
+                                tmp_path / "ck", "j0007")
+    assert [(w, t.task_id, t.node_rank, t.nprocs, t.rank_offset) for w, t in tasks] == [
+        ("w0", "j0007.g3.n0", 0, 2, 0), ("w1", "j0007.g3.n1", 1, 1, 2)]
+    t0 = tasks[0][1]
+    assert (t0.world_size, t0.master_addr, t0.master_port, list(t0.hosts)) == (3, "a", 4242, ["a:2", "b:1"])
+    assert t0.env["HPCSCHED_STEPS"] == "10" and t0.env["HPCSCHED_GENERATION"] == "3"
+    assert launch.in_place_capable(spec) and "HPCSCHED_MIN_PROCS" in t0.env
+    r = pb.LaunchTask.FromString(launch.resized_launch(t0.SerializeToString(), "a", 1))
+    assert (r.nprocs, r.world_size, list(r.hosts), r.task_id, r.group) == (1, 1, ["a:1"], t0.task_id, "j0007")
+    assert launch.group_key(t0.SerializeToString(), "j0007") == "j0007"

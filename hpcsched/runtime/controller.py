@@ -19,6 +19,11 @@ new size and host list at once, the job stays running (same generation, no check
 LaunchTask is sent again on every heartbeat of its worker until a report at the new size arrives; the worker,
 seeing a LaunchTask for a task it runs with another host list, rewrites the task's discovery file. The time
 from the decision to that report is ``last_resize_s`` too (event ``resized``, kind ``in-place``).
+
+The rules live beside it, named for what they are, as functions this class calls: ``lifecycle`` (the job state
+machine as a transition table), ``reconcile`` (what a heartbeat's tasks mean against the store), ``launch``
+(LaunchTasks from a placement, co-location accounting). This class keeps the lock, the store, liveness, the
+scheduling tick (``scheduler.plan``) and the queries, and does every write and log line.
 """
 
 from __future__ import annotations
