@@ -40,23 +40,27 @@ def replay_cmd(
     skip_warmup: bool = typer.Option(False, "--skip-warmup", help="--log: start where the log's use first reaches "
                                      "its typical level (a log lacks the jobs running when it begins)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar (shown on stderr only when it is a "
+                               "terminal, never with --json)."),
 ) -> None:
     """Replay idle nodes harvested by elastic jobs (BFTrainer), one allocator decision per pool change.
 
     Utilisation is node-seconds held by elastic jobs / idle node-seconds until the last job completes
     (BFTrainer's figure); useful utilisation leaves out nodes held by jobs already past Pmax. The machine
     size and its source, log rows and jobs left out, a warm-up start and non-optimal decisions are
-    printed on stderr and kept in meta.json; with --json, stdout holds only the JSON object.
+    printed on stderr and kept in meta.json; with --json, stdout holds only the JSON object. A progress bar
+    with ETA over the pool events shows on stderr when it is a terminal (not with --json or --quiet).
     Example: hpcsched replay --idle trace-data/bftrainer/idle-intervals.csv.gz --nodes 40
     --jobs trace-data/bftrainer/hps-shufflenet-Jbnd-10J.csv --curves trace-data/bftrainer/hps-shufflenet-JNPs-10J.csv
     --tfwd 10 --out out/replay40
     """
+
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from hpcsched.harvest.replay import ReplayConfig
     from hpcsched.harvest.run import ReplayRequest, run_replay
     from hpcsched.milp import SolverUnavailable
+    from hpcsched.progress import progress_bar, wanted
 
     if (idle is None) == (log is None):
         raise typer.BadParameter("give exactly one of --idle FILE or --log FILE")
@@ -74,12 +78,14 @@ def replay_cmd(
     request = ReplayRequest(jobs_file, curves, idle=idle, log=log, nodes=nodes, node_order=node_order, start=start,
                             config=config, skip_warmup=skip_warmup)
     err = Console(stderr=True)
-    # the bar pulses while the idle-pool events are built, then counts the replayed events
-    with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err, transient=True) as bar:
-        task = bar.add_task("replay", total=None)
+    source = idle if idle is not None else log
+    assert source is not None
+    # pulses while the log or idle data becomes pool events (seconds, even at 160,000 nodes), then counts the
+    # replayed events with an ETA; the replay may stop early, once every elastic job is done
+    with progress_bar(f"replay: reading {source.name}", None, wanted(as_json, quiet)) as update:
+        progress = None if update is None else (lambda k, n: update(done=k, total=n, label="replay"))
         try:
-            run = run_replay(request, out, progress=lambda k, n: bar.update(task, completed=k, total=max(n, 1)))
+            run = run_replay(request, out, progress=progress)
         except SolverUnavailable as e:  # a missing extra or Gurobi's size-limited licence: say which
             err.print(f"error: {e}", markup=False, highlight=False)
             raise typer.Exit(2) from None

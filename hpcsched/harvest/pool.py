@@ -8,26 +8,37 @@ From a job log (SWF, Slurm, Cobalt, ... via ``hpcsched.traces.open_trace``) the 
 machine of its size: each job takes the lowest-numbered free nodes (first fit) from its recorded
 start to its recorded end; every node not running a log job is idle. Ends are applied before starts
 at the same second, so a node handed from one job to the next never shows as idle.
+
+Node sets are runs of node indices (``hpcsched.milp.mapping.NodeRuns``), never one object per node:
+first fit keeps the free nodes as runs (``RangeFirstFit``), an event holds the runs that joined and
+left, and the timeline stores every event's runs in flat arrays (``RangeEvents``). A 49,152-node
+machine costs what its jobs and events cost, not what its nodes do. ``FirstFit``/``place_first_fit``
+are the node-by-node original, kept as the reference the tests compare the runs against.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
 from hpcsched.errors import InputError
+from hpcsched.milp.mapping import NodeRuns, Run, Spans
 from hpcsched.model import IdleInterval, Job
 
 
 @dataclass(frozen=True, slots=True)
 class PoolEvent:
+    """Nodes that joined and left the idle pool at ``time``: tuples of names (a live Slurm's poll) or
+    ``NodeRuns`` (a replayed log), which compare equal to the tuples they stand for."""
+
     time: float
-    joined: tuple[str, ...]
-    left: tuple[str, ...]
+    joined: Sequence[str]
+    left: Sequence[str]
 
 
 @dataclass(slots=True)
@@ -35,11 +46,152 @@ class PoolTimeline:
     """The idle pool at ``start`` and every change after it, in time order."""
 
     start: float
-    initial: tuple[str, ...]
-    events: list[PoolEvent]
-    nodes: tuple[str, ...]  # every node the machine has, in its numbering order
+    initial: Sequence[str]
+    events: Sequence[PoolEvent]
+    nodes: Sequence[str]  # every node the machine has, in its numbering order
     end: float  # last instant the data covers
     notes: dict[str, object] = field(default_factory=dict)
+
+
+class NumberedNodes(Sequence[str]):
+    """The names ``n00000``, ``n00001``, ... of a machine replayed from a log, made on demand.
+
+    A tuple of 160,000 names would be the one per-node structure left in a log replay; this answers
+    ``len``, indexing and ``index`` by arithmetic.
+    """
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> tuple[str, ...]: ...
+
+    def __getitem__(self, k: int | slice) -> str | tuple[str, ...]:
+        if isinstance(k, slice):
+            return tuple(f"n{i:05d}" for i in range(*k.indices(self.size)))
+        if k < 0:
+            k += self.size
+        if not 0 <= k < self.size:
+            raise IndexError("node index out of range")
+        return f"n{k:05d}"
+
+    def index(self, name: str, start: int = 0, stop: int | None = None) -> int:
+        k = int(name[1:]) if name[:1] == "n" and name[1:].isdigit() else -1
+        if 0 <= k < self.size and self[k] == name and start <= k < (self.size if stop is None else stop):
+            return k
+        raise ValueError(f"{name!r} is not a node of this {self.size}-node machine")
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self.index(str(name))
+        except ValueError:
+            return False
+        return isinstance(name, str)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, NumberedNodes):
+            return other.size == self.size
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(other) == self.size and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"NumberedNodes({self.size})"
+
+
+class RangeEvents(Sequence[PoolEvent]):
+    """Events stored as flat arrays: times, and per event the offsets of its joined and left runs.
+
+    Memory is a few numbers per event and per run; a ``PoolEvent`` (with ``NodeRuns``) is made only
+    when one is read, so a replay walking 100,000 events holds one at a time.
+    """
+
+    def __init__(self, times: np.ndarray, joined: tuple[np.ndarray, np.ndarray, np.ndarray],
+                 left: tuple[np.ndarray, np.ndarray, np.ndarray], names: Sequence[str]) -> None:
+        self.times = times
+        self.joined = joined  # (offsets, run starts, run ends): event k's runs are [off[k], off[k + 1])
+        self.left = left
+        self.names = names
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    @staticmethod
+    def _runs(part: tuple[np.ndarray, np.ndarray, np.ndarray], k: int) -> list[Run]:
+        off, lo, hi = part
+        a, b = int(off[k]), int(off[k + 1])
+        return list(zip(lo[a:b].tolist(), hi[a:b].tolist(), strict=True))
+
+    def runs(self, k: int) -> tuple[float, list[Run], list[Run]]:
+        """Event k as (time, joined runs, left runs), without making names."""
+        return float(self.times[k]), self._runs(self.joined, k), self._runs(self.left, k)
+
+    @overload
+    def __getitem__(self, k: int) -> PoolEvent: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> RangeEvents: ...
+
+    def __getitem__(self, k: int | slice) -> PoolEvent | RangeEvents:
+        if isinstance(k, slice):
+            a, b, step = k.indices(len(self))
+            if step != 1:
+                raise ValueError("RangeEvents slices take consecutive events")
+            b = max(a, b)
+            return RangeEvents(self.times[a:b], (self.joined[0][a:b + 1], *self.joined[1:]),
+                               (self.left[0][a:b + 1], *self.left[1:]), self.names)
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError("event index out of range")
+        t, joined, left = self.runs(k)
+        return PoolEvent(t, NodeRuns(joined, self.names), NodeRuns(left, self.names))
+
+    def __iter__(self) -> Iterator[PoolEvent]:
+        for k in range(len(self)):
+            yield self[k]
+
+    @classmethod
+    def build(cls, times: Sequence[float], joined: Sequence[Sequence[Run]], left: Sequence[Sequence[Run]],
+              names: Sequence[str]) -> RangeEvents:
+        def flat(parts: Sequence[Sequence[Run]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            off = np.zeros(len(parts) + 1, dtype=np.int64)
+            off[1:] = np.cumsum([len(p) for p in parts])
+            pairs = np.array([r for p in parts for r in p], dtype=np.int64).reshape(-1, 2)
+            return off, pairs[:, 0].copy(), pairs[:, 1].copy()
+
+        return cls(np.asarray(times, dtype=float), flat(joined), flat(left), names)
+
+
+def _index_runs(t: np.ndarray, x: np.ndarray, event_times: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Node indices ``x`` at times ``t`` (sorted by time, then index) as runs per event time: a run breaks
+    where the time changes or the index is not the previous one + 1."""
+    if len(x) == 0:
+        return np.zeros(len(event_times) + 1, dtype=np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    head = np.ones(len(x), dtype=bool)
+    head[1:] = (t[1:] != t[:-1]) | (x[1:] != x[:-1] + 1)
+    starts = np.flatnonzero(head)
+    ends = np.r_[starts[1:], len(x)] - 1
+    off = np.searchsorted(t[starts], event_times, side="left")
+    return np.r_[off, len(starts)].astype(np.int64), x[starts].astype(np.int64), x[ends].astype(np.int64) + 1
+
+
+def _sorted_runs(x: np.ndarray) -> list[Run]:
+    """Ascending distinct indices as runs, vectorised."""
+    if len(x) == 0:
+        return []
+    cut = np.flatnonzero(np.diff(x) != 1) + 1
+    return list(zip(x[np.r_[0, cut]].tolist(), (x[np.r_[cut - 1, len(x) - 1]] + 1).tolist(), strict=True))
 
 
 def _timeline(times: np.ndarray, deltas: np.ndarray, node_idx: np.ndarray, names: Sequence[str],
@@ -48,13 +200,15 @@ def _timeline(times: np.ndarray, deltas: np.ndarray, node_idx: np.ndarray, names
 
     Vectorised: deltas are summed per (node, second), a per-node running sum gives the idle level
     before and after each second, and a node joins or leaves the pool only where that level crosses 0.
+    One delta per node change, so this is for data that is per node anyway (idle intervals) and for
+    the node-by-node reference of a log replay; the events it returns are runs.
     """
     if start is None:
         start = float(times.min()) if len(times) else 0.0
     order = np.lexsort((times, node_idx))
     t, d, x = times[order], deltas[order].astype(np.int64), node_idx[order]
     if len(t) == 0:
-        return PoolTimeline(start, (), [], tuple(names), start)
+        return PoolTimeline(start, NodeRuns((), names), [], names, start)
     head = np.ones(len(t), dtype=bool)
     head[1:] = (x[1:] != x[:-1]) | (t[1:] != t[:-1])
     starts = np.flatnonzero(head)
@@ -69,19 +223,15 @@ def _timeline(times: np.ndarray, deltas: np.ndarray, node_idx: np.ndarray, names
     up, was = after > 0, before > 0
     pre = gt <= start
     last_pre = pre & np.append((gx[1:] != gx[:-1]) | ~pre[1:], True)
-    initial = tuple(names[k] for k in np.sort(gx[last_pre & up]))
+    initial = NodeRuns(_sorted_runs(np.sort(gx[last_pre & up])), names)
     change = ~pre & (up != was)
     ct, cx, cj = gt[change], gx[change], up[change]
     o = np.lexsort((cx, ct))
     ct, cx, cj = ct[o], cx[o], cj[o]
-    cuts = np.flatnonzero(np.diff(ct)) + 1
-    events = []
-    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ct)], strict=True):
-        if hi <= lo:
-            continue
-        xs, js = cx[lo:hi], cj[lo:hi]
-        events.append(PoolEvent(float(ct[lo]), tuple(names[k] for k in xs[js]), tuple(names[k] for k in xs[~js])))
-    return PoolTimeline(start, initial, events, tuple(names), max(float(t.max()), start))
+    event_times = np.unique(ct)
+    events = RangeEvents(event_times, _index_runs(ct[cj], cx[cj], event_times),
+                         _index_runs(ct[~cj], cx[~cj], event_times), names)
+    return PoolTimeline(start, initial, events, names, max(float(t.max()), start))
 
 
 def timeline_from_intervals(
@@ -109,7 +259,7 @@ def timeline_from_intervals(
             times.append(iv.end)
             deltas.append(-1)
             idx.append(k)
-    names = list(index)
+    names = tuple(index)
     return _timeline(np.array(times, dtype=float), np.array(deltas, dtype=np.int8), np.array(idx, dtype=np.int64),
                      names, start)
 
@@ -120,17 +270,22 @@ def log_runs(jobs: Iterable[Job], cores_per_node: int) -> tuple[list[tuple[float
     Sizes are in cores (``procs``) when the machine has several cores per node, so small jobs can
     share a node as they did on the real machine; otherwise in nodes.
     """
+    return _sized_runs(((j.start, j.end, j.nodes, j.procs) for j in jobs), cores_per_node)
+
+
+def _sized_runs(records: Iterable[tuple[float | None, float | None, int, int]],
+                cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
     runs = []
     skipped = {"no_times": 0, "no_size": 0, "no_room": 0, "truncated": 0}
-    for j in jobs:
-        if j.start is None or j.end is None or j.end <= j.start:
+    for start, end, nodes, procs in records:
+        if start is None or end is None or end <= start:
             skipped["no_times"] += 1
             continue
-        size = (j.procs or j.nodes * cores_per_node) if cores_per_node > 1 else (j.nodes or j.procs)
+        size = (procs or nodes * cores_per_node) if cores_per_node > 1 else (nodes or procs)
         if size <= 0:
             skipped["no_size"] += 1
             continue
-        runs.append((j.start, j.end, size))
+        runs.append((start, end, size))
     return runs, skipped
 
 
@@ -145,7 +300,9 @@ def peak_use(runs: Sequence[tuple[float, float, int]]) -> int:
 
 
 class FirstFit:
-    """Nodes of ``cpn`` cores; a job takes whole free nodes lowest-numbered first, and a remainder of
+    """The node-by-node reference of ``RangeFirstFit`` (O(nodes) per job: tests only).
+
+    Nodes of ``cpn`` cores; a job takes whole free nodes lowest-numbered first, and a remainder of
     fewer than ``cpn`` cores goes to the lowest-numbered node with that many cores free.
 
     Per-free-count heaps (lazily cleaned) keep each placement O(cpn log nodes). A node is idle when
@@ -220,7 +377,8 @@ class FirstFit:
 
 def place_first_fit(runs: list[tuple[float, float, int]], machine: int, cpn: int,
                     skipped: dict[str, int]) -> FirstFit:
-    """Replay the log's runs on the machine; runs that do not fit are counted (the log overlaps itself)."""
+    """Replay the log's runs on the machine; runs that do not fit are counted (the log overlaps itself).
+    The node-by-node reference of ``place_ranges``."""
     runs.sort(key=lambda r: r[0])
     ff = FirstFit(machine, cpn)
     ending: list[tuple[float, int]] = []
@@ -242,6 +400,168 @@ def place_first_fit(runs: list[tuple[float, float, int]], machine: int, cpn: int
         for node, c in held[i]:
             ff.release(node, c, t_end)
     return ff
+
+
+class RangeFirstFit:
+    """``FirstFit``'s placements with the free nodes kept as runs: the same nodes for every job, at a cost
+    per run instead of per node.
+
+    Wholly free nodes are a ``Spans`` of indices (a job's whole nodes are the lowest of them: a prefix of
+    the runs); nodes with some cores in use are few (at most one per running job with a remainder) and
+    keep ``FirstFit``'s per-free-count heaps. ``marks`` records each change of idle nodes as
+    (time, +1 idle / -1 busy, lo, hi) for the node run [lo, hi).
+    """
+
+    def __init__(self, nodes: int, cpn: int) -> None:
+        self.cpn = cpn
+        self.free = Spans([(0, nodes)] if nodes > 0 else [])  # nodes with every core free
+        self.whole = nodes
+        self.partial: dict[int, int] = {}  # node -> free cores, for 0 < free < cpn
+        self.heaps: list[list[int]] = [[] for _ in range(cpn)]  # heaps[f]: partial nodes with f free (lazy)
+        self.marks: list[tuple[float, int, int, int]] = []
+
+    def _top(self, f: int) -> int | None:
+        h = self.heaps[f]
+        while h and self.partial.get(h[0]) != f:
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    def _nth_free(self, k: int) -> int | None:
+        """The k-th (0-based) wholly free node, lowest first."""
+        for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
+            if k < hi - lo:
+                return lo + k
+            k -= hi - lo
+        return None
+
+    def place(self, cores: int, now: float) -> tuple[list[Run], tuple[int, int] | None] | None:
+        """(whole-node runs, (node, cores) of the remainder or None), or None when the job does not fit."""
+        whole, rest = divmod(cores, self.cpn)
+        if whole > self.whole:
+            return None
+        best = None
+        if rest:  # the lowest node with room for the remainder once the whole nodes are taken
+            for f in range(rest, self.cpn):
+                n = self._top(f)
+                if n is not None and (best is None or n < best):
+                    best = n
+            nxt = self._nth_free(whole)
+            if nxt is not None and (best is None or nxt < best):
+                best = nxt
+            if best is None:
+                return None
+        got: list[Run] = []
+        k = whole
+        while k > 0:
+            lo, hi = self.free.lo[0], self.free.hi[0]
+            b = min(hi, lo + k)
+            got.append((lo, b))
+            self.free.remove(lo, b)
+            k -= b - lo
+        self.whole -= whole
+        for lo, hi in got:
+            self.marks.append((now, -1, lo, hi))
+        if best is None:
+            return got, None
+        left = self.partial.pop(best, None)
+        if left is None:  # a wholly free node
+            self.free.remove(best, best + 1)
+            self.whole -= 1
+            self.marks.append((now, -1, best, best + 1))
+            left = self.cpn
+        left -= rest
+        if left > 0:
+            self.partial[best] = left
+            heapq.heappush(self.heaps[left], best)
+        return got, (best, rest)
+
+    def release(self, whole: Sequence[Run], rest: tuple[int, int] | None, now: float) -> None:
+        for lo, hi in whole:
+            self.free.add(lo, hi)
+            self.whole += hi - lo
+            self.marks.append((now, 1, lo, hi))
+        if rest is not None:
+            node, cores = rest
+            left = self.partial.pop(node, 0) + cores
+            if left == self.cpn:
+                self.free.add(node, node + 1)
+                self.whole += 1
+                self.marks.append((now, 1, node, node + 1))
+            else:
+                self.partial[node] = left
+                heapq.heappush(self.heaps[left], node)
+
+
+def place_ranges(runs: list[tuple[float, float, int]], machine: int, cpn: int,
+                 skipped: dict[str, int]) -> RangeFirstFit:
+    """``place_first_fit`` with ``RangeFirstFit``: the same jobs placed on the same nodes, marks as runs."""
+    runs.sort(key=lambda r: r[0])
+    ff = RangeFirstFit(machine, cpn)
+    ending: list[tuple[float, int]] = []
+    held: list[tuple[list[Run], tuple[int, int] | None] | None] = []
+    for s, e, k in runs:
+        while ending and ending[0][0] <= s:
+            t_end, i = heapq.heappop(ending)
+            got = held[i]
+            assert got is not None
+            ff.release(*got, t_end)
+            held[i] = None
+        placed = ff.place(k, s)
+        if placed is None:
+            skipped["no_room"] += 1
+            continue
+        held.append(placed)
+        heapq.heappush(ending, (e, len(held) - 1))
+    while ending:
+        t_end, i = heapq.heappop(ending)
+        got = held[i]
+        assert got is not None
+        ff.release(*got, t_end)
+    return ff
+
+
+def _events_from_marks(marks: Sequence[tuple[float, int, int, int]], machine: int, first: float, start: float,
+                       names: Sequence[str]) -> tuple[NodeRuns, RangeEvents]:
+    """The idle pool at ``start`` and the netted events after it, from run marks (every node idle at ``first``).
+
+    At one second a node may be released by one job and taken by the next: it never left. So per second
+    the joined nodes are the released runs less the taken ones, the left nodes the reverse.
+    """
+    idle = Spans()
+    times: list[float] = []
+    joined_all: list[list[Run]] = []
+    left_all: list[list[Run]] = []
+    seconds = [(first, [(0, machine)], [])] if machine > 0 else []
+    i = 0
+    while i < len(marks):
+        t = marks[i][0]
+        up: list[Run] = []
+        down: list[Run] = []
+        while i < len(marks) and marks[i][0] == t:
+            _, sign, lo, hi = marks[i]
+            (up if sign > 0 else down).append((lo, hi))
+            i += 1
+        if seconds and seconds[-1][0] == t:
+            seconds[-1][1].extend(up)
+            seconds[-1][2].extend(down)
+        else:
+            seconds.append((t, up, down))
+    for t, up, down in seconds:
+        ups, downs = Spans(up), Spans(down)
+        if len(ups) != sum(hi - lo for lo, hi in up) or len(downs) != sum(hi - lo for lo, hi in down):
+            raise RuntimeError(f"first fit changed a node twice the same way at t={t}: a placement bug")
+        joined = [r for a, b in ups.runs() for r in downs.minus(a, b)]
+        left = [r for a, b in downs.runs() for r in ups.minus(a, b)]
+        if t <= start:
+            for a, b in left:
+                idle.remove(a, b)
+            for a, b in joined:
+                idle.add(a, b)
+        elif joined or left:
+            times.append(t)
+            joined_all.append(joined)
+            left_all.append(left)
+    return NodeRuns(idle.runs(), names), RangeEvents.build(times, joined_all, left_all, names)
 
 
 # Reader anomaly kinds that drop the row; every other kind flags a row that is kept (hpcsched.traces.base).
@@ -342,17 +662,22 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     counted in ``notes``, as are the reader's dropped and flagged rows and the warm-up check
     (``warmup_check``). The replay starts at ``start`` (default: the log's first job start), or with
     ``skip_warmup`` where the log's use first reaches its typical level.
+
+    The log is read in one streaming pass that keeps four numbers per job; placement and events are
+    runs of node indices (``RangeFirstFit``), so neither time nor memory grows with the machine's size.
     """
     from hpcsched.traces import open_trace
 
     trace = open_trace(path, fmt)
     if trace.format.kind != "jobs":
         raise InputError(path, f"--log needs a job log; {trace.format.name} holds {trace.format.kind} records")
-    jobs = list(trace)
+    records = [(j.start, j.end, j.nodes, j.procs) for j in trace]  # the Job objects are not kept
+    n_jobs = len(records)
     meta = trace.report.meta
     cpn_raw = meta.get("cores_per_node")
     cpn = int(cpn_raw) if isinstance(cpn_raw, int | float) and cpn_raw >= 1 and cpn_raw == int(cpn_raw) else 1
-    runs, skipped = log_runs(jobs, cpn)
+    runs, skipped = _sized_runs(records, cpn)
+    del records
     if not runs:
         raise InputError(path, "no job in the log has a start, an end and a size: nothing to replay")
     peak_nodes = -(-peak_use(runs) // cpn)
@@ -367,8 +692,10 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     else:
         machine, source = peak_nodes, "the log's peak concurrent use"
     first = min(s for s, _, _ in runs)
-    ff = place_first_fit(runs, machine, cpn, skipped)
-    bt, bl = busy_steps(ff.times, ff.deltas)
+    n_runs = len(runs)
+    ff = place_ranges(runs, machine, cpn, skipped)
+    marks = sorted(ff.marks, key=lambda m: m[0])  # already in time order; stable, so releases stay first
+    bt, bl = busy_steps([m[0] for m in marks], [m[1] * (m[3] - m[2]) for m in marks])
     if start is None:
         start = first
     elif start < first or start >= bt[-1]:
@@ -377,15 +704,14 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     if skip_warmup:
         warm["skipped_from"] = start
         start = float(warm["warmup_end"])  # type: ignore[arg-type]
-    names = [f"n{k:05d}" for k in range(machine)]
-    times = np.concatenate([np.full(machine, first), np.array(ff.times, dtype=float)])
-    deltas = np.concatenate([np.ones(machine, dtype=np.int8), np.array(ff.deltas, dtype=np.int8)])
-    idx = np.concatenate([np.arange(machine), np.array(ff.nodes, dtype=np.int64)])
-    tl = _timeline(times, deltas, idx, names, start)
+    names = NumberedNodes(machine)
+    initial, events = _events_from_marks(marks, machine, first, start, names)
+    end = max(first, start, marks[-1][0] if marks else first)
+    tl = PoolTimeline(start, initial, events, names, end)
     dropped, flagged = split_rows(trace.report.anomalies)
     tl.notes = {"machine_nodes": machine, "machine_nodes_source": source, "log_peak_nodes": peak_nodes,
-                "cores_per_node": cpn, "log_jobs": len(jobs), "log_jobs_placed": len(runs) - skipped["no_room"]}
+                "cores_per_node": cpn, "log_jobs": n_jobs, "log_jobs_placed": n_runs - skipped["no_room"]}
     tl.notes.update({f"skipped_{k}": v for k, v in skipped.items() if k != "truncated"})
     tl.notes.update({"log_rows_dropped": dropped, "log_rows_flagged": flagged,
-                     "log_rows_summary": describe_rows(len(jobs), trace.report.anomalies), "warmup": warm})
+                     "log_rows_summary": describe_rows(n_jobs, trace.report.anomalies), "warmup": warm})
     return tl

@@ -29,19 +29,27 @@ unseeded; ours is the allocator's, like every later one), and two optional exten
 - ``exact_events``: a job completes the moment it reaches Pmax and is admitted the moment it is
   submitted, each with a re-solve, instead of waiting for the next pool change (where the reference
   keeps a finished job's nodes busy and counts them as used).
+
+Node identity matters only where nodes leave (whose job loses them) and where a decision maps counts to
+nodes, so the pool and every job's nodes are runs of node indices (``_Pool``, ``hpcsched.milp.mapping``),
+counts go to ``solve_counts_sized`` and ``map_runs`` hands out the same nodes the node-by-node replayer did:
+no step's cost grows with the machine's node count, and results are bit for bit those of that replayer
+(tests/test_replay_scale.py).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from hpcsched.harvest.pool import PoolTimeline
-from hpcsched.milp import JobState, Objective, Problem, solve_counts
-from hpcsched.milp.mapping import map_nodes
+from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
+from hpcsched.milp import JobState, Objective
+from hpcsched.milp.allocate import solve_counts_sized
+from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of
 from hpcsched.milp.problem import check_job, job_rate
 from hpcsched.model import ElasticJob
 from hpcsched.results import JobResult
@@ -76,7 +84,8 @@ class ReplayConfig:
 @dataclass(slots=True)
 class _Run:
     job: ElasticJob
-    held: tuple[str, ...] = ()
+    held: list[Run] = field(default_factory=list)  # node index runs, oldest first (shrinking drops the newest)
+    n: int = 0  # nodes held
     samples: float = 0.0
     rate: float = 0.0
     pending_loss: float = 0.0  # samples lost to the last decision's restart, charged at the next event
@@ -100,22 +109,168 @@ class ReplayResult:
 
 
 class _MedianWindow:
-    """Median of the last ``size`` idle-stretch lengths: the causal Tfwd predictor."""
+    """Median of the last ``size`` idle-stretch lengths: the causal Tfwd predictor.
+
+    A preemption can end thousands of stretches of one length at once (a big log job takes the nodes
+    that joined together), so lengths are kept as (length, count) runs: ``add(x, count)`` is exactly
+    ``count`` single adds, at a cost per run.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.order: deque[float] = deque()
-        self.sorted: list[float] = []
+        self.order: deque[list[float | int]] = deque()  # [length, count], oldest first
+        self.counts: dict[float, int] = {}
+        self.keys: list[float] = []  # distinct lengths held, sorted
+        self.total = 0
+        self._median: float | None = None
+        self._stale = False
 
-    def add(self, x: float) -> None:
-        self.order.append(x)
-        bisect.insort(self.sorted, x)
-        if len(self.order) > self.size:
-            old = self.order.popleft()
-            del self.sorted[bisect.bisect_left(self.sorted, old)]
+    def add(self, x: float, count: int = 1) -> None:
+        if count <= 0:
+            return
+        self.order.append([x, count])
+        self._count(x, count)
+        self.total += count
+        while self.total > self.size:
+            head = self.order[0]
+            drop = min(int(head[1]), self.total - self.size)
+            self._count(float(head[0]), -drop)
+            self.total -= drop
+            head[1] = int(head[1]) - drop
+            if head[1] == 0:
+                self.order.popleft()
+        self._stale = True
+
+    def _count(self, x: float, d: int) -> None:
+        n = self.counts.get(x, 0) + d
+        if n == 0:
+            del self.counts[x]
+            del self.keys[bisect.bisect_left(self.keys, x)]
+            return
+        if x not in self.counts:
+            bisect.insort(self.keys, x)
+        self.counts[x] = n
 
     def median(self) -> float | None:
-        return self.sorted[len(self.sorted) // 2] if len(self.sorted) >= 10 else None
+        if self.total < 10:
+            return None
+        if self._stale:
+            k, seen = self.total // 2, 0
+            for x in self.keys:
+                seen += self.counts[x]
+                if seen > k:
+                    self._median = x
+                    break
+            self._stale = False
+        return self._median
+
+
+class _Pool:
+    """The idle pool as runs of node indices, in the order decisions hand nodes out: longest idle first.
+
+    Each event's joined runs form a batch appended at the end (dict order is join order); nodes that
+    leave are cut out of their runs wherever they are. Runs are found by bisecting their sorted starts,
+    so an event costs per run it touches and a decision walks only the front of the pool: nothing is
+    per node, whatever the machine's size.
+    """
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []  # every run's first index, sorted
+        self.run: dict[int, tuple[int, int]] = {}  # first index -> (end, batch)
+        self.batches: dict[int, list[int]] = {}  # batch -> first indices of its runs, in hand-out order
+        self.ordered: dict[int, bool] = {}  # batch -> its runs are in index order (bisect) or as given
+        self.joined_at: dict[int, float | None] = {}  # batch -> time it joined (None: idle at the start)
+        self.size = 0
+        self._next = 0
+
+    def add(self, runs: Sequence[Run], now: float | None, names: Sequence[str]) -> None:
+        """A batch of nodes joining at ``now``, handed out after every node already idle."""
+        if not runs:
+            return
+        batch, los = self._next, []
+        self._next += 1
+        for lo, hi in runs:
+            k = bisect.bisect_right(self.starts, lo)
+            if (k > 0 and self.run[self.starts[k - 1]][0] > lo) or (k < len(self.starts) and self.starts[k] < hi):
+                clash = next(x for x in range(lo, hi) if self.covers(x, x + 1))
+                raise ValueError(f"node {names[clash]} joins the idle pool at {now} but is already in it")
+            self.starts.insert(k, lo)
+            self.run[lo] = (hi, batch)
+            los.append(lo)
+            self.size += hi - lo
+        self.batches[batch] = los
+        self.ordered[batch] = all(a < b for a, b in zip(los, los[1:], strict=False))
+        self.joined_at[batch] = now
+
+    def remove(self, a: int, b: int) -> list[tuple[int, int, float | None]]:
+        """Cut [a, b) out of the pool; the pieces cut, ascending, with the time each joined."""
+        cut: list[tuple[int, int, float | None]] = []
+        k = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        while k < len(self.starts) and self.starts[k] < b:
+            lo = self.starts[k]
+            hi, batch = self.run[lo]
+            if hi <= a:
+                k += 1
+                continue
+            c, d = max(lo, a), min(hi, b)
+            cut.append((c, d, self.joined_at[batch]))
+            pieces = [(x, y) for x, y in ((lo, c), (d, hi)) if y > x]
+            del self.run[lo]
+            self.starts[k:k + 1] = [x for x, _ in pieces]
+            for x, y in pieces:
+                self.run[x] = (y, batch)
+            los = self.batches[batch]
+            i = bisect.bisect_left(los, lo) if self.ordered[batch] else los.index(lo)
+            los[i:i + 1] = [x for x, _ in pieces]
+            if not los:
+                del self.batches[batch], self.ordered[batch], self.joined_at[batch]
+            self.size -= d - c
+            k += len(pieces)
+        return cut
+
+    def covers(self, a: int, b: int) -> bool:
+        """Is every node of [a, b) in the pool?"""
+        k = bisect.bisect_right(self.starts, a) - 1
+        while a < b:
+            if k < 0 or k >= len(self.starts) or self.starts[k] > a:
+                return False
+            hi = self.run[self.starts[k]][0]
+            if hi <= a:
+                return False
+            a, k = hi, k + 1
+        return True
+
+    def walk(self) -> Iterator[Run]:
+        """Every idle node in hand-out order, as runs."""
+        for los in self.batches.values():
+            for lo in los:
+                yield lo, self.run[lo][0]
+
+    def nodes(self, names: Sequence[str]) -> NodeRuns:
+        return NodeRuns(self.walk(), names)
+
+
+class _Progress:
+    """``progress(done, total)`` in event units, at most four times a second.
+
+    The replay stops at the last event or once every elastic job is done, whichever comes first, so
+    ``done`` is the events replayed or, when further along, the share of the jobs' samples done scaled to
+    the events: an ETA from events alone said a minute for a replay that ended five seconds later.
+    """
+
+    def __init__(self, progress: Callable[[int, int], None] | None, total: int, state: _Replay) -> None:
+        self.progress, self.total, self.state = progress, total, state
+        self.need = sum(j.total_samples for j in state.queue) or 1.0
+        self.shown = 0
+        self.last = -math.inf
+
+    def __call__(self, k: int) -> None:
+        if self.progress is None or (now := time.monotonic()) - self.last < 0.25:
+            return
+        self.last = now
+        work = max(sum(r.samples for r in self.state.runs.values()), 0.0) / self.need
+        self.shown = max(self.shown, k, min(int(work * self.total), self.total))
+        self.progress(self.shown, self.total)
 
 
 class _Replay:
@@ -128,10 +283,12 @@ class _Replay:
         for j in jobs:
             check_job(j)
         self.tl, self.cfg = timeline, config
+        self.names = timeline.nodes
+        self._index: dict[str, int] | None = None
         self.queue = sorted(jobs, key=lambda j: j.submit)  # stable: file order among equal submits
         self.runs = {j.id: _Run(j) for j in self.queue}
-        self.pool: dict[str, None] = dict.fromkeys(timeline.initial)  # insertion order: longest idle first
-        self.joined_at: dict[str, float] = {}
+        self.pool = _Pool()
+        self.pool.add(self._runs_of(timeline.initial), None, self.names)
         self.history = _MedianWindow(config.history)
         self.active: list[_Run] = []
         self.admitted = self.done = self.rescales = self.preemptions = self.hits = 0
@@ -140,6 +297,28 @@ class _Replay:
         self.used_ns = self.idle_ns = self.solve_s = self.overshoot = self.past_pmax_ns = 0.0
         self.lost_preempt = self.lost_restart = 0.0
         self.statuses: Counter[str] = Counter()  # status of every decision applied (cached ones included)
+
+    def _runs_of(self, nodes: Sequence[str]) -> list[Run]:
+        """Node names as index runs in their order: free for ``NodeRuns`` of this machine; named nodes
+        (a hand-made timeline) are looked up in ``timeline.nodes``."""
+        if isinstance(nodes, NodeRuns) and nodes.names is self.names:
+            return list(nodes.runs)
+        if isinstance(self.names, NumberedNodes):
+            return runs_of(self.names.index(x) for x in nodes)
+        if self._index is None:
+            self._index = {x: k for k, x in enumerate(self.names)}
+        try:
+            return runs_of(self._index[x] for x in nodes)
+        except KeyError as e:
+            raise ValueError(f"node {e.args[0]} is not in the timeline's node list") from None
+
+    def _event(self, k: int) -> tuple[float, list[Run], list[Run]]:
+        """Event k as (time, joined runs, left runs); a ``RangeEvents`` of this machine gives them as stored."""
+        events = self.tl.events
+        if isinstance(events, RangeEvents) and events.names is self.names:
+            return events.runs(k)
+        ev: PoolEvent = events[k]
+        return ev.time, self._runs_of(ev.joined), self._runs_of(ev.left)
 
     def admit(self, now: float) -> None:
         """FCFS up to max_jobs: the reference's maxJ queue limit."""
@@ -150,47 +329,70 @@ class _Replay:
 
     def progress(self, dt: float) -> None:
         """Work at the last decision's rates, minus that decision's restart losses."""
-        self.idle_ns += dt * len(self.pool)
+        self.idle_ns += dt * self.pool.size
         for r in self.active:
             gained = dt * r.rate - r.pending_loss
             r.step_past_ns = 0.0
-            if r.held and r.rate > 0 and r.samples + gained - r.job.total_samples > 1e-9 * r.job.total_samples:
+            if r.n and r.rate > 0 and r.samples + gained - r.job.total_samples > 1e-9 * r.job.total_samples:
                 # Pmax was reached inside this step (beyond rounding); the nodes held after that did no work
                 reached = (r.job.total_samples - r.samples + r.pending_loss) / r.rate
-                r.step_past_ns = len(r.held) * (dt - min(max(reached, 0.0), dt))
+                r.step_past_ns = r.n * (dt - min(max(reached, 0.0), dt))
             r.samples += gained
             self.lost_restart += r.pending_loss
             r.pending_loss = 0.0
-            r.node_seconds += dt * len(r.held)
-            self.used_ns += dt * len(r.held)
+            r.node_seconds += dt * r.n
+            self.used_ns += dt * r.n
 
-    def preempt(self, now: float, left: Sequence[str]) -> tuple[dict[str, set[str]], float]:
-        """The batch scheduler takes ``left`` back; jobs on them lose those nodes (charged once each)."""
-        owner = {x: r for r in self.active for x in r.held} if left else {}
-        lost: dict[str, set[str]] = {}
+    def preempt(self, now: float, left: Sequence[Run]) -> tuple[dict[str, list[Run]], float]:
+        """The batch scheduler takes ``left`` back; jobs on them lose those nodes (charged once each).
+
+        Charged in the order of each job's first lost node in ``left``, as the node-by-node replay did,
+        so float sums come out bit for bit the same.
+        """
+        lost: dict[str, list[Run]] = {}
+        if not left:
+            return lost, 0.0
+        gone = 0
+        for a, b in left:
+            for lo, hi, joined in self.pool.remove(a, b):
+                gone += hi - lo
+                if joined is not None:
+                    self.history.add(now - joined, hi - lo)
+        if gone != runs_len(left):
+            raise ValueError(f"{runs_len(left) - gone} node(s) leave the idle pool at {now} but were not in it")
+        where = Spans(left)
+        order, pos = [], 0  # (first index, position in the event's order) of each left run
+        for a, b in left:
+            order.append((a, pos))
+            pos += b - a
+        order.sort()
+        firsts = [a for a, _ in order]
+
+        def position(x: int) -> int:
+            a, p = order[bisect.bisect_right(firsts, x) - 1]
+            return p + x - a
+
+        hit: list[tuple[int, _Run, list[Run]]] = []
+        for r in self.active:
+            mine = [p for lo, hi in r.held for p in where.intersect(lo, hi)]
+            if mine:
+                hit.append((min(position(lo) for lo, _ in mine), r, mine))
         loss = 0.0
-        for x in left:
-            self.pool.pop(x, None)
-            if x in self.joined_at:
-                self.history.add(now - self.joined_at.pop(x))
-            r = owner.get(x)
-            if r is None:
-                continue
-            if r.job.id not in lost:
-                lost[r.job.id] = set()
-                r.preemptions += 1
-                if self.cfg.accounting == "reference":
-                    r.samples -= r.job.scale_down_s * r.rate
-                    loss += r.job.scale_down_s * r.rate
-            lost[r.job.id].add(x)
+        for _, r, mine in sorted(hit, key=lambda h: h[0]):
+            lost[r.job.id] = mine
+            r.preemptions += 1
+            if self.cfg.accounting == "reference":
+                r.samples -= r.job.scale_down_s * r.rate
+                loss += r.job.scale_down_s * r.rate
         for r in self.active:
             if r.job.id in lost:
-                r.held = tuple(x for x in r.held if x not in lost[r.job.id])
+                r.held = [p for lo, hi in r.held for p in where.minus(lo, hi)]
+                r.n = runs_len(r.held)
         self.preemptions += len(lost)
         self.lost_preempt += loss
         return lost, loss
 
-    def complete(self, now: float, lost: dict[str, set[str]]) -> None:
+    def complete(self, now: float, lost: dict[str, list[Run]]) -> None:
         # a relative tolerance: an exact completion event lands on Pmax only up to rounding (epoch-second
         # times carry ~1e-7 s of error, i.e. a few samples at these rates)
         finished = [r for r in self.active if r.samples >= r.job.total_samples * (1 - 1e-9)]
@@ -200,45 +402,53 @@ class _Replay:
             self.past_pmax_ns += r.step_past_ns
             r.samples = r.job.total_samples
             r.end = now
-            r.held, r.rate = (), 0.0
+            r.held, r.n, r.rate = [], 0, 0.0
             lost.pop(r.job.id, None)
         self.done += len(finished)
         if finished:
             self.active[:] = [r for r in self.active if r.end is None]
 
-    def decide(self, now: float, lost: dict[str, set[str]], first: bool) -> tuple[int, float, float, str, float]:
-        """Re-solve and apply: (rescales, restart loss, Tfwd used, solver status, seconds)."""
+    def decide(self, now: float, lost: dict[str, list[Run]], first: bool) -> tuple[int, float, float, str, float]:
+        """Re-solve and apply: (rescales, restart loss, Tfwd used, solver status, seconds).
+
+        The seconds cover the whole decision (states, counts or their cache, node mapping): what one
+        decision costs the replay.
+        """
         cfg = self.cfg
-        tfwd = (self.history.median() or cfg.tfwd) if cfg.predict_tfwd else cfg.tfwd
-        states = tuple(JobState(r.job, r.held, frozenset(lost.get(r.job.id, ()))) for r in self.active)
-        problem = Problem(states, tuple(self.pool), tfwd, cfg.objective)
-        # counts depend only on who holds how many, who was preempted, the pool size and Tfwd
-        key = (tuple((s.job.id, s.count, s.preempted) for s in states), len(self.pool), tfwd)
         t0 = time.perf_counter()
+        tfwd = (self.history.median() or cfg.tfwd) if cfg.predict_tfwd else cfg.tfwd
+        for r in self.active:  # what Problem checked per node, per run: held nodes are idle nodes
+            if not all(self.pool.covers(lo, hi) for lo, hi in r.held):
+                raise RuntimeError(f"replay state broken: job {r.job.id} holds nodes that are not idle at {now}")
+        # counts depend only on who holds how many, who was preempted, the pool size and Tfwd
+        key = (tuple((r.job.id, r.n, r.job.id in lost) for r in self.active), self.pool.size, tfwd)
         hit = self.cache.get(key)
         if hit is None:
-            counts, status, _ = solve_counts(problem, cfg.solver, cfg.time_limit)
+            states = tuple(JobState(r.job, NodeRuns(r.held, self.names), NodeRuns(lost.get(r.job.id, ()), self.names))
+                           for r in self.active)
+            counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
+                                                   cfg.time_limit)
             if len(self.cache) > 100_000:
                 self.cache.clear()
             self.cache[key] = (counts, status)
         else:
             counts, status = hit
             self.hits += 1
-        nodes = map_nodes(states, problem.pool, counts)
+        new_runs = map_runs([r.held for r in self.active], [lost.get(r.job.id, []) for r in self.active],
+                            [r.job.jmin for r in self.active], counts, self.pool.walk())
         secs = time.perf_counter() - t0
         self.statuses[status] += 1
         self.solve_s += secs
         rescales, loss = 0, 0.0
-        for r, s in zip(self.active, states, strict=True):
-            new = nodes[r.job.id]
-            c, n = s.count, len(new)
+        for r, new in zip(self.active, new_runs, strict=True):
+            c, n = r.n, runs_len(new)
             new_rate = job_rate(r.job, n)
             if n != c:
                 rescales += 1
                 r.rescales += 1
-            r.pending_loss = self._restart_loss(r.job, s.preempted, c, n, new_rate, first)
+            r.pending_loss = self._restart_loss(r.job, r.job.id in lost, c, n, new_rate, first)
             loss += r.pending_loss
-            r.held, r.rate, r.max_nodes = new, new_rate, max(r.max_nodes, n)
+            r.held, r.n, r.rate, r.max_nodes = new, n, new_rate, max(r.max_nodes, n)
             if n > 0 and r.start is None:
                 r.start = now
         self.rescales += rescales
@@ -258,30 +468,32 @@ class _Replay:
         return 0.0
 
     def _held(self) -> int:
-        return sum(len(r.held) for r in self.active)
+        return sum(r.n for r in self.active)
 
     def run(self, progress: Callable[[int, int], None] | None) -> float | None:
         """Walk the events; the time every job was done, or None if the data ran out first."""
         tl = self.tl
         self.admit(tl.start)
         resc, loss, tfwd, status, secs = self.decide(tl.start, {}, True)
-        self.events.append((tl.start, 0.0, len(self.pool), len(self.pool), 0, self._held(), len(self.active), 0, 0,
+        size = self.pool.size
+        self.events.append((tl.start, 0.0, size, size, 0, self._held(), len(self.active), 0, 0,
                             0.0, resc, loss, sum(r.rate for r in self.active), tfwd, secs, status))
         t_prev = tl.start
-        for k, ev in enumerate(tl.events):
+        total = len(tl.events)
+        report = _Progress(progress, total, self)
+        for k in range(total):
+            now, joined, left = self._event(k)
             if self.cfg.exact_events:
-                t_prev, done_at = self.internal_events(t_prev, ev.time)
+                t_prev, done_at = self.internal_events(t_prev, now)
                 if done_at is not None:
                     return done_at
-            now, dt = ev.time, ev.time - t_prev
+            dt = now - t_prev
             self.progress(dt)
-            lost, preempt_loss = self.preempt(now, ev.left)
+            lost, preempt_loss = self.preempt(now, left)
             self.complete(now, lost)
-            for x in ev.joined:
-                self.pool[x] = None
-                self.joined_at[x] = now
+            self.pool.add(joined, now, self.names)
             self.admit(now)
-            head = (now, dt, len(self.pool), len(ev.joined), len(ev.left))
+            head = (now, dt, self.pool.size, runs_len(joined), runs_len(left))
             if not self.active and self.admitted == len(self.queue):
                 self.events.append((*head, 0, 0, self.done, len(lost), preempt_loss, 0, 0.0, 0.0, 0.0, 0.0,
                                     "finished"))
@@ -290,8 +502,7 @@ class _Replay:
             self.events.append((*head, self._held(), len(self.active), self.done, len(lost), preempt_loss, resc,
                                 loss, sum(r.rate for r in self.active), tfwd, secs, status))
             t_prev = now
-            if progress is not None and k % 200 == 0:
-                progress(k, len(tl.events))
+            report(k)
         return None
 
     def _next_internal(self, after: float, before: float) -> float | None:
@@ -312,7 +523,7 @@ class _Replay:
             self.progress(dt)
             self.complete(now, {})
             self.admit(now)
-            head = (now, dt, len(self.pool), 0, 0)
+            head = (now, dt, self.pool.size, 0, 0)
             if not self.active and self.admitted == len(self.queue):
                 self.events.append((*head, 0, 0, self.done, 0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, "finished"))
                 return now, now
@@ -372,7 +583,7 @@ def replay(
     config: ReplayConfig,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Run the replay; ``progress(done, total)`` is called every few hundred events."""
+    """Run the replay; ``progress(done, total)`` follows it in event units (``_Progress``), ending at (total, total)."""
     state = _Replay(timeline, jobs, config)
     stopped_at = state.run(progress)
     if progress is not None:

@@ -9,7 +9,9 @@ incumbent returns greedy's (status ``fallback``): the reference returns an empty
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hpcsched.milp.backends import BACKENDS, SolverUnavailable
@@ -17,7 +19,7 @@ from hpcsched.milp.baselines import equal_share, greedy
 from hpcsched.milp.dp import solve_dp
 from hpcsched.milp.formulation import build
 from hpcsched.milp.mapping import map_nodes
-from hpcsched.milp.problem import Problem, job_values, objective_value
+from hpcsched.milp.problem import JobState, JobValue, Objective, Problem, job_values, objective_value
 
 SOLVERS = (*BACKENDS, "dp", "greedy", "equal")  # the MILP backends, then the solvers that need no package
 
@@ -41,18 +43,34 @@ def solve_counts(problem: Problem, solver: str = "highs", time_limit: float = 10
     Counts depend only on the jobs, their current counts, who was preempted, the pool size and Tfwd,
     so callers that see the same situation again (a long replay) may cache this and only re-map nodes.
     """
+    return solve_counts_sized(problem.jobs, len(problem.pool), problem.tfwd, problem.objective, solver, time_limit)
+
+
+def solve_counts_sized(jobs: Sequence[JobState], pool_size: int, tfwd: float = 10.0,
+                       objective: Objective = Objective.REFERENCE, solver: str = "highs",
+                       time_limit: float = 10.0) -> tuple[list[int], str, int]:
+    """``solve_counts`` from the pool's size alone, without naming its nodes.
+
+    The decision needs only counts (each ``JobState``'s ``count`` and ``preempted``), so a caller that
+    keeps the pool as runs of node indices (the replayer on a 49,152-node machine) decides without
+    listing, hashing or validating every idle node; it is the same code path as ``solve_counts``.
+    """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose from {', '.join(SOLVERS)}")
-    values = job_values(problem)
-    size = len(problem.pool)
-    if not problem.jobs:
+    if not (tfwd > 0 and math.isfinite(tfwd)):
+        raise ValueError(f"Tfwd must be a finite number > 0, got {tfwd!r}")
+    size = pool_size
+    values = [JobValue(s, tfwd, objective, min(s.job.jmax, size)) for s in jobs]
+    if not jobs:
         return [], "empty", 0
     if solver == "greedy":
         return greedy(values, size), "heuristic", 0
     if solver == "equal":
         return equal_share(values, size), "heuristic", 0
     if solver == "dp":
-        return solve_dp(values, size), "optimal", 0
+        # no job takes more than its cap, so capacity past the caps' sum changes nothing (the DP's picks at
+        # every saturated capacity are the same floats): without this the DP's arrays grow with the pool
+        return solve_dp(values, min(size, sum(v.cap for v in values))), "optimal", 0
     model = build(values, size)
     g = greedy(values, size, from_current=True)  # warm start, and the answer if the solver has none
     sol = BACKENDS[solver](model, time_limit, model.vector(g))
@@ -83,4 +101,4 @@ def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) 
     )
 
 
-__all__ = ["Decision", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts"]
+__all__ = ["Decision", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts", "solve_counts_sized"]
