@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from first_fit_oracle import FirstFit
 
-from hpcsched.harvest.pool import FirstFit, PoolTimeline, timeline_from_intervals, timeline_from_log
+from hpcsched.harvest.pool import PoolTimeline, timeline_from_intervals, timeline_from_log
 from hpcsched.harvest.replay import ReplayConfig, replay
 from hpcsched.milp import Objective
 from hpcsched.model import ElasticJob, IdleInterval, ScalingCurve

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from first_fit_oracle import place_first_fit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,6 @@ from hpcsched.harvest.pool import (
     _timeline,
     busy_steps,
     log_runs,
-    place_first_fit,
     place_ranges,
     timeline_from_intervals,
     timeline_from_log,
