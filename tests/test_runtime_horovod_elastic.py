@@ -106,6 +106,7 @@ def test_elastic_command_and_host_list(tmp_path: Path) -> None:
         horovod_elastic.host_lines(["127.0.0.1"])
 
 
+@pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
 def test_horovod_job_shrinks_and_grows_in_place(tmp_path: Path) -> None:

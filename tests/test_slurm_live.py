@@ -30,7 +30,8 @@ from hpcsched.slurm.source import SlurmIdleSource
 from hpcsched.slurm.spec import ElasticSpec, elastic_spec
 
 WHY_NOT = commands.available()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}")]
 
 NODES = ("n1", "n2", "n3", "n4")
 GRACE_S = 5  # scavenger partition's GraceTime in deploy/slurm/slurm.conf

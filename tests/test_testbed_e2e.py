@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "trace-data/muri/cluster_trace.csv"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (the runtime's extra)")
 def test_twelve_jobs_through_the_real_runtime(tmp_path: Path) -> None:
     from hpcsched.model import ClusterSpec

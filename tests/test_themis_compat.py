@@ -165,6 +165,7 @@ def _summary(trace: str, policy: str, cluster) -> dict[str, float]:
     return simulate(read_jobs(ROOT / f"trace-data/muri/{trace}.csv"), cluster, policy, compat="muri").summary()
 
 
+@pytest.mark.slow
 def test_trace3_pr_average_comes_from_the_solvers_point(n8g8) -> None:
     """Every job submitted at 0: the least allocation (closed form) gives 2.5x the published 1,502,768 s
     average; ECOS's interior point brings it to +18% (allowed: 25%; docs/simulator.md has all eight traces)."""
