@@ -614,3 +614,30 @@ def test_a_sizing_that_is_not_optimal_is_counted_logged_and_listed(tmp_path: Pat
     c.tick()
     assert c.nonoptimal_decisions == 2
     c.store.close()
+
+
+def test_a_wall_clock_step_does_not_lose_healthy_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Liveness runs on the monotonic clock (issue 15): a +30 s step of the wall clock declared both healthy
+    workers lost; now only real silence, as the monotonic clock measures it, loses a worker."""
+    import time as time_module
+
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    mono = [1000.0]
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", worker_timeout_s=3),
+                   clock=lambda: mono[0])
+    c.started()
+    for w in ("w0", "w1"):
+        c.register(pb.RegisterRequest(worker_id=w, host="127.0.0.1", slots=1, launchers=["torchrun"]))
+        _beat(c, w)
+    wall = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: wall() + 30.0)  # an NTP or operator step
+    c.tick()
+    assert sorted(c.last_seen) == ["w0", "w1"]
+    assert all(w.alive for w in c.list_workers())
+    mono[0] += 10.0  # ten real seconds without a heartbeat
+    c.tick()
+    assert c.last_seen == {}
+    assert not any(w.alive for w in c.list_workers())
+    c.store.close()

@@ -33,6 +33,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
@@ -55,17 +56,20 @@ _INT64_MAX = 2**63 - 1
 class Controller:
     """All decisions and state; the gRPC layer (``server.py``) only translates messages."""
 
-    def __init__(self, cfg: ControllerConfig) -> None:
+    def __init__(self, cfg: ControllerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: the monotonic clock liveness and service accrual run on (injectable for tests): a step of
+        the wall clock (NTP, an operator) must neither declare healthy workers lost nor add service."""
         self.cfg = cfg
+        self.mono = clock
         self.store = Store(cfg.state)
         self.lock = threading.RLock()
         self.wakeup = threading.Event()
         scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
-        self.last_seen: dict[str, float] = {}
+        self.last_seen: dict[str, float] = {}  # worker -> its last heartbeat, on the monotonic clock
         self.spare_port: dict[str, int] = {}
         self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
         self.attempt_start: dict[str, float] = {}  # job -> when its current attempt was placed (hysteresis)
-        self._last_tick = time.time()
+        self._last_tick = self.mono()
         self._stale = 0  # consecutive plans dropped by tick()'s check
         self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
         self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
@@ -75,13 +79,13 @@ class Controller:
         """Called once the server listens. Liveness is in memory only: after a restart every worker
         the database knows gets one timeout of grace to come back before its tasks count as lost."""
         with self.lock:
-            now = time.time()
+            now, mono = time.time(), self.mono()
             for w in self.store.workers():
                 if w.alive:
-                    self.last_seen.setdefault(w.id, now)
+                    self.last_seen.setdefault(w.id, mono)
             for j in self.store.jobs(("running",)):  # not durable: a restart counts as the attempt's start
                 self.attempt_start.setdefault(j.id, now)
-            self._last_tick = now
+            self._last_tick = mono
 
     # ---------------------------------------------------------------------------------------- workers
     def register(self, req: pb.RegisterRequest) -> pb.RegisterReply:
@@ -91,7 +95,7 @@ class Controller:
             self.store.upsert_worker(w)
             self.leaving.discard(w.id)
             self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots)
-            self.last_seen[w.id] = time.time()
+            self.last_seen[w.id] = self.mono()
         log.info("worker %s registered (%s, %d slots)", req.worker_id, req.host, req.slots)
         self.wakeup.set()
         return pb.RegisterReply(heartbeat_interval_s=self.cfg.heartbeat_interval_s)
@@ -103,8 +107,7 @@ class Controller:
             if wid not in self.last_seen:
                 reply.reregister = True
                 return reply
-            now = time.time()
-            self.last_seen[wid] = now
+            self.last_seen[wid] = self.mono()
             if req.spare_port:
                 self.spare_port[wid] = req.spare_port
             reported = {t.task_id: t for t in req.tasks}
@@ -333,11 +336,11 @@ class Controller:
     def _read(self) -> tuple:
         """Read what a step needs (under the lock); building the scheduler's view of it is left to
         ``_cluster_state``, which needs no lock."""
-        now = time.time()
-        self._reap_dead_workers(now)
+        now, mono = time.time(), self.mono()
+        self._reap_dead_workers(mono)
         jobs = self.store.jobs(("pending", "running", "stopping"))
-        self.store.accrue_service(now - self._last_tick)
-        self._last_tick = now
+        self.store.accrue_service(mono - self._last_tick)
+        self._last_tick = mono
         workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
         self._note_waiting(jobs, workers)
         return (now, jobs, workers, *self._slot_use(), dict(self.attempt_start))
@@ -532,11 +535,15 @@ class Controller:
             sizing=self.sizing.get(j.id, ""),
         ) for j in jobs]
 
+    def _wall(self, mono: float | None) -> float:
+        """A monotonic reading as wall-clock seconds (for display): 0 when there is none."""
+        return 0.0 if mono is None else time.time() - (self.mono() - mono)
+
     def list_workers(self) -> list[pb.WorkerInfo]:
         with self.lock:
             used = self._slot_use()[0]
             return [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0),
-                                  alive=w.id in self.last_seen, last_seen=self.last_seen.get(w.id, 0))
+                                  alive=w.id in self.last_seen, last_seen=self._wall(self.last_seen.get(w.id)))
                     for w in self.store.workers()]
 
 
