@@ -61,7 +61,7 @@ class Controller:
         the wall clock (NTP, an operator) must neither declare healthy workers lost nor add service."""
         self.cfg = cfg
         self.mono = clock
-        self.store = Store(cfg.state)
+        self.store = Store(cfg.state, owner=True)  # one controller per state file
         self.lock = threading.RLock()
         self.wakeup = threading.Event()
         scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job

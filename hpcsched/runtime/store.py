@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from hpcsched.errors import InputError
 from hpcsched.runtime.config import JobSpec
 
 log = logging.getLogger("hpcsched.runtime.store")
@@ -145,12 +147,35 @@ def _spec_from_json(text: str) -> JobSpec:
     return JobSpec(**d)
 
 
+def _take_owner_lock(path: Path) -> int:
+    """An exclusive, non-blocking ``flock`` on ``PATH.lock`` holding our pid; InputError if it is held."""
+    import fcntl
+
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise InputError(path, f"another controller (pid {holder}) holds this state (lock {lock}); run one "
+                               "controller per state file, or stop that one first") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 class Store:
     """Typed access to the tables. Each public method is one transaction."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, owner: bool = False) -> None:
+        """``owner``: this process is the controller of ``path``. Two controllers on one state fought over it
+        (each re-planning the other's jobs), so the owner takes an exclusive lock on ``PATH.lock`` for as
+        long as the store is open (the OS drops it when the process dies, even by kill -9); a second owner
+        is refused with the holder's pid. Readers (``hpcsched profile``) open the store without it."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self._lock_fd: int | None = _take_owner_lock(path) if owner else None
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -189,6 +214,9 @@ class Store:
             self._ckpt_thread.join(timeout=10)
             self._ckpt_thread = None
         self.db.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the lock
+            self._lock_fd = None
 
     def tx(self) -> _Tx:
         return _Tx(self.db)
