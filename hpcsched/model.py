@@ -93,6 +93,11 @@ class ScalingCurve:
         return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
 
 
+DEFAULT_ITERATION_S = 1.0
+"""Iteration length given to a job whose trace has only a duration (Philly): iterations = duration / 1 s. One
+rule for the simulator and for converting such traces to the simulator's CSV."""
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """One job as a trace or a user describes it.

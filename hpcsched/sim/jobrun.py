@@ -8,12 +8,10 @@ from typing import Any
 
 from hpcsched.allocator import Group, JobView
 from hpcsched.core.speed import SOLO_FACTOR, restart_cost
-from hpcsched.model import Job
+from hpcsched.model import DEFAULT_ITERATION_S, Job
 
 _INF = math.inf
 
-DEFAULT_ITERATION_S = 1.0
-"""Iteration length given to jobs whose trace has only a duration (Philly): iterations = duration / 1 s."""
 
 class JobRun:
     """Mutable per-run state of one job (the Job record itself stays frozen)."""

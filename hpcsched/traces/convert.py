@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcsched.errors import InputError
-from hpcsched.model import Job, JobStatus
+from hpcsched.model import DEFAULT_ITERATION_S, Job, JobStatus
 from hpcsched.traces.hostlist import compress_hostlist
 
 __all__ = ["TARGETS", "ConvertResult", "Loss", "convert_trace", "losses", "write_jobs"]
@@ -39,7 +39,6 @@ __all__ = ["TARGETS", "ConvertResult", "Loss", "convert_trace", "losses", "write
 TARGETS = ("swf", "muri", "slurm-sacct", "pbs-accounting")
 _TARGET_ALIASES = {"sacct": "slurm-sacct", "pbs": "pbs-accounting", "openpbs": "pbs-accounting",
                    "pbspro": "pbs-accounting", "simulator": "muri", "tiresias": "muri"}
-DEFAULT_ITERATION_S = 1.0  # as the simulator's rule for jobs with a duration only (hpcsched.sim.engine)
 
 
 @dataclass(frozen=True)
