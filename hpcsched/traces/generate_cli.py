@@ -88,7 +88,9 @@ def generate_cmd(
             print(f"error: --cluster {cluster}: {e}", file=sys.stderr)
             raise typer.Exit(2) from None
         options["max_days"] = max_days
-    progress = not quiet and not as_json and sys.stderr.isatty()
+    from hpcsched.progress import wanted
+
+    progress = wanted(as_json, quiet)
     try:
         result = generate(kind, out, seed, progress=progress, **options)
     except ValueError as e:
