@@ -69,7 +69,8 @@ def worker(
     name: str = typer.Option(None, "--name", help="worker id (default: the host name)"),
     slots: int = typer.Option(None, "--slots", help="processes this node runs at once (default: GPUs, else 1)"),
     gpus: int = typer.Option(None, "--gpus", help="GPUs offered (default: what torch sees)"),
-    host: str = typer.Option(None, "--host", help="address other nodes reach this node at (default 127.0.0.1)"),
+    host: str = typer.Option(None, "--host", help="address other nodes reach this node at (default: the address "
+                             "its traffic to the controller leaves from; 127.0.0.1 for a controller on loopback)"),
     token_file: Path = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)"),
     tls_ca: Path = typer.Option(None, "--tls-ca", help="CA certificate: talk TLS to the controller"),
     work_dir: Path = typer.Option(None, "--work-dir", help="task logs and progress files"),
@@ -97,6 +98,10 @@ def worker(
         kw["gpus"] = _visible_gpus()
     kw.setdefault("slots", kw["gpus"] or 1)
     kw.setdefault("name", socket.gethostname())
+    if "host" not in kw:  # the node's address on the controller's network, not an assumed 127.0.0.1
+        from hpcsched.runtime.hostaddr import address_towards
+
+        kw["host"] = address_towards(kw["controller"])
     kw.setdefault("work_dir", Path("hpcsched-worker") / kw["name"])
     cfg = WorkerConfig(token=token, cpus=os.cpu_count() or 1, **kw)
     Worker(cfg).run(_until_signal())

@@ -22,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from hpcsched.runtime import hostaddr
 from hpcsched.runtime.rpc import pb
 
 Launch = tuple[list[str] | None, dict[str, str]]
@@ -59,8 +60,24 @@ def _program(command: list[str], python: str) -> list[str]:
     return [python, *command] if command[0].endswith(".py") else list(command)
 
 
+def own_host(t: pb.LaunchTask) -> str:
+    """This node's address as the controller placed it (its entry in the task's host list)."""
+    if not t.hosts:
+        return t.master_addr
+    return t.hosts[min(t.node_rank, len(t.hosts) - 1)].rpartition(":")[0]
+
+
+def interface(t: pb.LaunchTask) -> str | None:
+    """The interface that carries this node's placed address: where Gloo, MPI and Horovod must talk. Left to
+    them (None) when no interface here holds it (a host name, IPv6)."""
+    return hostaddr.interface_of(own_host(t))
+
+
 def _env(t: pb.LaunchTask, devices: str) -> dict[str, str]:
     env = dict(t.env)
+    nic = interface(t)
+    if nic and "GLOO_SOCKET_IFNAME" not in env:  # else Gloo uses the host name's address, or falls back to lo
+        env["GLOO_SOCKET_IFNAME"] = nic
     env.update({
         "MASTER_ADDR": t.master_addr, "MASTER_PORT": str(t.master_port), "WORLD_SIZE": str(t.world_size),
         "HPCSCHED_NODE_RANK": str(t.node_rank), "CUDA_VISIBLE_DEVICES": devices,
@@ -112,8 +129,8 @@ def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     if t.node_rank != 0:
         return None, env
     exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
-    cmd = [exe, "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts)), "--gloo",
-           "--network-interface", os.environ.get("HPCSCHED_NETWORK_INTERFACE", "lo")]
+    nic = os.environ.get("HPCSCHED_NETWORK_INTERFACE") or interface(t) or "lo"
+    cmd = [exe, "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts)), "--gloo", "--network-interface", nic]
     return [*cmd, *_program(list(t.command), python)], env
 
 

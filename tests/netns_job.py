@@ -1,0 +1,142 @@
+"""A torch-free multi-host job for the network-namespace tests: every step sums one number per rank across
+all ranks (over TCP to MASTER_ADDR:MASTER_PORT with ``--comm tcp``, by MPI Allreduce with ``--comm mpi``),
+and rank 0 records, in ``result.json``, the host name and address every rank ran at. So a test can check
+that the ranks really ran on different hosts and talked over their namespace addresses.
+
+The runtime's contract as the real workloads keep it: progress lines, a checkpoint every
+``--checkpoint-every`` steps and on SIGTERM (agreed by all ranks in the same sum), resume from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
+from _common import Reporter, StopFlag, atomic_write, checkpoint_dir, superseded, total_steps, write_result  # noqa: E402
+
+
+class TcpSum:
+    """A star all-reduce: rank 0 listens at MASTER_ADDR:MASTER_PORT, the others connect to it."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        self.peers: list[socket.socket] = []
+        me = {"rank": rank, "hostname": socket.gethostname()}
+        if rank == 0:
+            srv = socket.create_server((addr, port))
+            srv.settimeout(120)
+            me["addr"] = addr
+            self.hosts = [me]
+            for _ in range(world - 1):
+                conn, peer = srv.accept()
+                hello = json.loads(self._recv_line(conn))
+                self.hosts.append(hello | {"addr": peer[0]})
+                self.peers.append(conn)
+            srv.close()
+            self.hosts.sort(key=lambda h: h["rank"])
+        else:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    conn = socket.create_connection((addr, port), timeout=5)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            conn.sendall((json.dumps(me) + "\n").encode())
+            self.peers = [conn]
+            self.hosts = []
+
+    @staticmethod
+    def _recv_line(conn: socket.socket) -> str:
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = conn.recv(1)
+            if not chunk:
+                raise ConnectionError("peer closed during hello")
+            buf += chunk
+        return buf.decode()
+
+    @staticmethod
+    def _recv(conn: socket.socket, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("peer closed")
+            buf += chunk
+        return buf
+
+    def sum(self, values: tuple[float, float]) -> tuple[float, float]:
+        if self.rank == 0:
+            total = list(values)
+            for c in self.peers:
+                a, b = struct.unpack("!dd", self._recv(c, 16))
+                total[0] += a
+                total[1] += b
+            for c in self.peers:
+                c.sendall(struct.pack("!dd", *total))
+            return total[0], total[1]
+        self.peers[0].sendall(struct.pack("!dd", *values))
+        a, b = struct.unpack("!dd", self._recv(self.peers[0], 16))
+        return a, b
+
+
+class MpiSum:
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+        me = {"rank": self.rank, "hostname": socket.gethostname(), "addr": os.environ.get("HPCSCHED_TEST_ADDR", "")}
+        self.hosts = self.comm.gather(me, root=0) or []
+
+    def sum(self, values: tuple[float, float]) -> tuple[float, float]:
+        a, b = self.comm.allreduce(values[0]), self.comm.allreduce(values[1])
+        return a, b
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--comm", choices=("tcp", "mpi"), default="tcp")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--step-ms", type=float, default=50.0)
+    args = ap.parse_args()
+    stop = StopFlag()
+    comm = MpiSum() if args.comm == "mpi" else TcpSum(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    rank, world = comm.rank, comm.world
+    steps = args.steps or total_steps(100)
+    ckpt_dir = checkpoint_dir("checkpoints/netns")
+    ckpt = ckpt_dir / "ckpt.json"
+    step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+    rep = Reporter(rank, world, step if ckpt.exists() else -1)
+    rep.report(step, loss=0.0)
+    while step < steps:
+        time.sleep(args.step_ms / 1e3)
+        total, stopping = comm.sum((float(rank + 1), float(stop.requested or superseded(ckpt_dir))))
+        assert total == world * (world + 1) / 2, (total, world)  # every rank took part
+        step += 1
+        saved = ""
+        if rank == 0 and (step % args.checkpoint_every == 0 or step == steps or stopping) and not superseded(ckpt_dir):
+            atomic_write(ckpt, lambda p, s=step: p.write_text(json.dumps({"step": s})))
+            saved = str(ckpt)
+        rep.report(step, loss=1.0 / step, checkpoint=saved, done=step == steps)
+        if stopping:
+            return 0
+    if rank == 0:
+        write_result(ckpt_dir, {"steps": step, "world_size": world, "hosts": comm.hosts})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

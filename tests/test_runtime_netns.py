@@ -1,0 +1,120 @@
+"""The runtime across hosts that are not localhost: a controller and three workers, each in its own network
+namespace with its own address and host name (``tests/netns_hosts.py``), real processes, real gRPC.
+
+Jobs that span the three workers must find each other at the namespace addresses the controller hands out:
+a ``direct`` job (torch-free TCP sums), a ``torchrun`` job (Gloo), an ``mpirun`` job whose remote daemons
+are started by the hpcsched rsh agent through the workers (no ssh). Each job's ranks record the host name
+and address they ran at, so a rank that fell back to loopback or to one host fails the test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from netns_hosts import NetnsHosts, NsClient, why_not
+from runtime_procs import ROOT, TOKEN, controller_config, wait_for
+
+WHY_NOT = why_not()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=f"no namespace hosts: {WHY_NOT}")]
+HOSTS = ("h1", "h2", "h3")
+
+
+@dataclass
+class Cluster:
+    hosts: NetnsHosts
+    client: NsClient
+    address: str
+    dir: Path
+
+    def job(self, name: str, launcher: str, procs: int, command: str, steps: int) -> str:
+        p = self.dir / f"{name}.yaml"
+        p.write_text(f"name: {name}\nlauncher: {launcher}\nprocs: {procs}\nsteps: {steps}\nworkdir: {ROOT}\n"
+                     f"command: [{command}]\n")
+        return self.client.submit(p)
+
+    def finished(self, jid: str, timeout: float) -> dict:
+        return wait_for(f"job {jid} to end", lambda: (j := self.client.jobs()[jid])["state"] in (
+            "completed", "failed", "cancelled") and j, timeout, poll=0.5)
+
+    def result(self, jid: str) -> dict:
+        return json.loads((self.dir / "run" / "ckpt" / jid / "result.json").read_text())
+
+    def ran_on(self, jid: str) -> set[str]:
+        """The hosts whose worker ran (or held slots for) a task of the job: their work dirs have its task dir."""
+        return {h for h in HOSTS if any((self.dir / "run" / h).glob(f"{jid}.g*"))}
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.dir.glob("*.log")))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    d = tmp_path_factory.mktemp("netns")
+    with NetnsHosts(len(HOSTS)) as hosts:
+        cfg = controller_config(d, listen=f"{hosts.hub_addr}:0")
+        hosts.popen("hub", [sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(cfg)],
+                    d / "controller.log", cwd=d)
+        addr_file = d / "run" / "controller.addr"
+        wait_for("the controller's address", addr_file.exists, 60, poll=0.1)
+        address = addr_file.read_text().strip()
+        env = os.environ | {"HPCSCHED_TOKEN": TOKEN}
+        for h in HOSTS:  # no --name, no --host: the host name and the route to the controller say
+            hosts.popen(h, [sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", address, "--slots",
+                            "1", "--gpus", "0", "--work-dir", str(d / "run" / h)], d / f"{h}.log", cwd=d, env=env)
+        c = NsClient(hosts, "hub", address, TOKEN, d / "client.log")
+        cl = Cluster(hosts, c, address, d)
+        try:
+            wait_for("3 workers", lambda: sum(w["alive"] for w in c.workers()) == 3, 60)
+            yield cl
+        except BaseException:
+            print(cl.logs())
+            raise
+
+
+def test_workers_register_with_their_own_names_and_addresses(cluster: Cluster) -> None:
+    got = {w["worker_id"]: w["host"] for w in cluster.client.workers()}
+    assert got == {h: cluster.hosts.addr[h] for h in HOSTS}
+
+
+def _assert_spread(cluster: Cluster, result: dict, world: int) -> None:
+    hosts = result["hosts"]
+    assert len(hosts) == world
+    assert sorted(h["hostname"] for h in hosts) == sorted(HOSTS), hosts
+    assert {h["addr"] for h in hosts} == {cluster.hosts.addr[h] for h in HOSTS}, hosts
+
+
+def test_direct_job_spans_three_hosts(cluster: Cluster) -> None:
+    """A torch-free ``direct`` job on the three hosts: ranks meet at the controller-given MASTER_ADDR (node 0's
+    namespace address) and each rank's connection comes from its own host's address."""
+    jid = cluster.job("direct3", "direct", 3, "tests/netns_job.py, --comm, tcp", steps=60)
+    j = cluster.finished(jid, 120)
+    assert j["state"] == "completed", (j["message"], cluster.logs())
+    assert int(j["steps_done"]) == 60
+    result = cluster.result(jid)
+    assert result["steps"] == 60 and result["world_size"] == 3
+    _assert_spread(cluster, result, 3)
+    assert cluster.ran_on(jid) == set(HOSTS)
+
+
+torch_missing = importlib.util.find_spec("torch") is None
+
+
+@pytest.mark.skipif(torch_missing, reason="torch is not installed in this venv (pip install -e '.[torch]')")
+def test_torchrun_job_spans_three_hosts(cluster: Cluster) -> None:
+    """``torchrun`` with Gloo across the three hosts: the rendezvous is node 0's namespace address, and Gloo is
+    pointed at the interface that carries it (it would fall back to loopback: the host names do not resolve)."""
+    jid = cluster.job("ddp3", "torchrun", 3, "workloads/ddp_train.py, --model, cnn, --batch, '48', "
+                      "--checkpoint-every, '10'", steps=30)
+    j = cluster.finished(jid, 240)
+    assert j["state"] == "completed", (j["message"], cluster.logs())
+    result = cluster.result(jid)
+    assert result["steps"] == 30 and result["world_size"] == 3
+    assert result["final_loss"] < result["first_loss"]
+    assert cluster.ran_on(jid) == set(HOSTS)
