@@ -203,28 +203,6 @@ def test_compare_cli_and_bad_input(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "--cluster" in missing.stderr and "Traceback" not in missing.stderr
 
 
-def test_runtime_view_groups_only_jobs_the_controller_has_measured() -> None:
-    """The controller knows a job's profile only once it has run: as the runtime runs muri-s, two
-    complementary jobs that never ran stay apart; once both have run, they are grouped (co-located)."""
-    from hpcsched.allocator import JobView, Snapshot
-    from hpcsched.model import ResourceProfile
-    from hpcsched.policies import get_policy
-
-    one_gpu = ClusterSpec(1, 1, 1, name="g1")
-
-    def view(i: str, prof: ResourceProfile, started: float | None) -> JobView:
-        return JobView(id=i, submit=0.0, gpus=1, iterations_total=100, iterations_done=0.0, iteration_time=1.0,
-                       attained_gpu_s=0.0, executed_s=0.0, remaining_s=100.0, profile=prof, running=False,
-                       first_start=started, model="m" + i)
-
-    data_heavy, gpu_heavy = ResourceProfile(0.9, 0.05, 0.05), ResourceProfile(0.05, 0.9, 0.05)
-    policy = feedback.as_runtime_runs(get_policy("muri-s"), "muri-s")
-    never_ran = Snapshot(10.0, (view("a", data_heavy, None), view("b", gpu_heavy, None)), one_gpu, 1)
-    assert all(len(g.job_ids) == 1 for g in policy(never_ran))
-    both_ran = Snapshot(10.0, (view("a", data_heavy, 1.0), view("b", gpu_heavy, 2.0)), one_gpu, 1)
-    assert sorted(len(g.job_ids) for g in policy(both_ran)) == [2]
-
-
 def test_profiles_learned_from_an_earlier_run(tmp_path: Path) -> None:
     from hpcsched.testbed.driver import Replay, write_real
     from hpcsched.testbed.profiles import learn, predicted_jobs

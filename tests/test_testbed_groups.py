@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.allocator import Group, JobView, Snapshot
+from hpcsched.allocator import Group, Snapshot
 from hpcsched.core.speed import SOLO_FACTOR, group_factor
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
@@ -179,77 +179,6 @@ def test_engine_group_factor_override() -> None:
     assert ends["a"] == pytest.approx(70.0) and ends["b"] == pytest.approx(70.0 + 10 * 3 * SOLO_FACTOR)
     assert r.meta["group_factors"] == {"2": 2.0, "3": group_factor(3), "4": group_factor(4)}
     assert "group_factors" not in simulate(jobs, ClusterSpec(1, 1, 1), pair).meta
-
-
-def _view(i: str, prof: ResourceProfile | None, started: float | None = None, running: bool = False,
-          gpus: int = 1) -> JobView:
-    return JobView(id=i, submit=0.0, gpus=gpus, iterations_total=100, iterations_done=0.0, iteration_time=1.0,
-                   attained_gpu_s=0.0, executed_s=0.0, remaining_s=100.0, profile=prof, running=running,
-                   first_start=started, model="m" + i)
-
-
-def test_declared_profiles_group_jobs_that_never_ran() -> None:
-    """As the runtime runs muri-s: two complementary jobs that never ran stay apart unless their job files
-    declared profiles; then they group at once, and the group's period comes from their real stages."""
-    from hpcsched.interleave.period import pipeline_period
-    from hpcsched.policies import get_policy
-
-    one_gpu = ClusterSpec(1, 1, 1, name="g1")
-    data_heavy, gpu_heavy = ResourceProfile(0.9, 0.05, 0.05), ResourceProfile(0.05, 0.9, 0.05)
-    real_a, real_b = ResourceProfile(0.5, 0.3, 0.2), ResourceProfile(0.2, 0.6, 0.2)
-    snap = Snapshot(10.0, (_view("a", real_a), _view("b", real_b)), one_gpu, 1)
-    hidden = feedback.as_runtime_runs(get_policy("muri-s"), "muri-s")
-    assert all(len(g.job_ids) == 1 for g in hidden(snap))
-    declared = feedback.as_runtime_runs(get_policy("muri-s"), "muri-s", {"a": data_heavy, "b": gpu_heavy})
-    (g,) = [g for g in declared(snap) if len(g.job_ids) > 1]
-    assert sorted(g.job_ids) == ["a", "b"]
-    assert g.period_s == pytest.approx(pipeline_period([p.stages() for p in (real_a, real_b)])[0])
-
-
-def test_runtime_units_follow_the_controller() -> None:
-    """The controller keeps a group's first running member where it is; queued members that fit join it, and
-    once co-located they stay together whatever the policy says later. Running jobs are never moved together."""
-    p = ResourceProfile(0.3, 0.5, 0.2)
-    views = {v.id: v for v in (_view("a", p, 1.0, True), _view("b", p), _view("c", p, 1.0, True),
-                                _view("d", p, gpus=2))}
-    keys: dict[str, str] = {}
-    units = feedback.runtime_units([Group(("b", "a"), 9.0)], views, keys)
-    assert [u.job_ids for u in units] == [("a", "b"), ("c",), ("d",)]  # the unlisted c and d are not lost
-    from hpcsched.interleave.period import pipeline_period
-
-    assert units[0].period_s == pytest.approx(pipeline_period([p.stages()] * 2)[0]) and keys["b"] == "a"
-    both = dict(views, b=_view("b", p, 2.0, True))  # b started on a's slots
-    units = feedback.runtime_units([Group(("b",)), Group(("c",)), Group(("a",)), Group(("d",))], both, keys)
-    assert [u.job_ids for u in units] == [("b", "a"), ("c",), ("d",)]  # the policy split them; they stay
-    assert [u.job_ids for u in feedback.runtime_units([Group(("a", "c"), 2.0)], views, {})][:2] == [("a",), ("c",)]
-    assert [u.job_ids for u in feedback.runtime_units([Group(("a", "d"), 2.0)], views, {})][:2] == [("a",), ("d",)]
-    assert [u.job_ids for u in feedback.runtime_units([Group(("b", "d"), 2.0)], views, {})][0] == ("b", "d")
-
-
-def test_the_controllers_hysteresis_keeps_a_young_attempt_running(tmp_path: Path) -> None:
-    """As the runtime runs SRTF with declared profiles, on one slot: A (100 iterations) starts at 0; B and C (10
-    each, declared) arrive at 1 and 6. The controller protects an attempt for min_runtime_s (5 s here): at 1 A
-    keeps its slot; at 6 B takes it. Without the hysteresis B preempts A at once."""
-    from hpcsched.policies import get_policy
-    from hpcsched.sim.runs import load_jobs
-
-    trace = tmp_path / "t.csv"
-    jobs = [Job(i, submit=t, gpus=1, iterations=n, iteration_time=1.0, duration=float(n),
-                profile=ResourceProfile(0.5, 0.3, 0.2), model="toy") for i, t, n in (("A", 0, 100), ("B", 1, 10),
-                                                                                   ("C", 6, 10))]
-    loaded, _ = load_jobs(feedback.write_muri_trace(trace, jobs))
-    declared = {"B": ResourceProfile(0.5, 0.3, 0.2), "C": ResourceProfile(0.5, 0.3, 0.2)}
-    one = ClusterSpec(1, 1, 1, name="g1")
-
-    def ends(hold: float) -> dict[str, float]:
-        policy = feedback.as_runtime_runs(get_policy("srtf"), "srtf", declared, min_runtime_s=hold)
-        return {r.job_id: r.end for r in simulate(loaded, one, policy, restart_s=0.0).results}
-
-    b_end = 6 + 10 * SOLO_FACTOR
-    held = ends(5.0)
-    assert held["B"] == pytest.approx(b_end) and held["C"] == pytest.approx(b_end + 10 * SOLO_FACTOR)
-    assert held["A"] == pytest.approx(held["C"] + 100 * SOLO_FACTOR - 6)  # 6 s of A's work were done before B
-    assert ends(0.0)["B"] == pytest.approx(1 + 10 * SOLO_FACTOR)  # no brake: B preempts A at its arrival
 
 
 def test_learned_profiles_of_jobs_that_only_ran_interleaved(tmp_path: Path) -> None:

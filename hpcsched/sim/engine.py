@@ -78,6 +78,8 @@ from hpcsched.sim.planner import Planned, Planner
 if TYPE_CHECKING:
     import pandas as pd
 
+    from hpcsched.sim.core_decisions import AsController, CoreDecider, Decision
+
 _INF = math.inf
 
 _COLS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
@@ -110,6 +112,7 @@ class SimResult:
     events: int
     wall_s: float
     rejected: list[str] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # as_controller runs: every start and stop decided
     _timeline: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -154,6 +157,7 @@ def simulate(
     trace: str = "",
     group_factors: Mapping[int, float] | None = None,
     restart_s: float | None = None,
+    as_controller: AsController | None = None,
 ) -> SimResult:
     """Run ``jobs`` on ``cluster`` under ``policy`` (a registry name or a Policy function).
 
@@ -165,11 +169,16 @@ def simulate(
     ``restart_s`` (default mode only; compat keeps the reference's table) is every job's restart cost in
     seconds instead of the per-model table: a measured start-up + tear-down per launch is a property of the
     machine, not of the model, and must be paid as wall-clock time, not as iterations at a group's pace.
+    ``as_controller`` (default mode only) takes every decision through the shared decision core as the
+    runtime's controller does (``hpcsched.sim.core_decisions``): what it knows of jobs, its hysteresis, its
+    rule that running jobs are never moved to form groups; the decisions are returned (``SimResult.decisions``).
     ``progress(completed, total)`` is called now and then for a progress bar.
     Raises ValueError for jobs that cannot be simulated (no size or length) or a bad policy answer.
     """
     if compat is not None and compat not in COMPAT_MODES:
         raise ValueError(f"unknown compat mode {compat!r}; known: {', '.join(COMPAT_MODES)}")
+    if as_controller is not None and compat is not None:
+        raise ValueError("as_controller runs the controller's rules; compat modes run the reference's: pick one")
     if restart_s is not None and not (restart_s >= 0 and math.isfinite(restart_s)):
         raise ValueError(f"restart_s must be a finite number of seconds >= 0, got {restart_s}")
     if isinstance(policy, str):
@@ -180,7 +189,7 @@ def simulate(
         fn = policy
     name = policy_name(fn)
     t0 = time.perf_counter()
-    eng = _Engine(jobs, cluster, fn, name, compat, progress, restart_s)
+    eng = _Engine(jobs, cluster, fn, name, compat, progress, restart_s, as_controller)
     if group_factors:
         eng.gf |= {int(k): float(f) for k, f in group_factors.items() if int(k) >= 2}
     eng.run()
@@ -198,6 +207,10 @@ def simulate(
         meta["restart_s"] = restart_s
     if group_factors:  # the factors groups ran at (a size not listed takes 4's)
         meta["group_factors"] = {str(k): v for k, v in eng.gf.items()}
+    if as_controller is not None:
+        meta["executor"] = "controller"
+        meta["min_runtime_s"] = as_controller.options.min_runtime_s
+        meta["declared_profiles"] = len(as_controller.declared)
     return SimResult(
         results=[_result(j) for j in eng.jobs],
         timeline_values=eng.timeline,
@@ -207,6 +220,7 @@ def simulate(
         events=eng.events,
         wall_s=time.perf_counter() - t0,
         rejected=[j.id for j in eng.jobs if j.status == "rejected"],
+        decisions=eng.core.log if eng.core is not None else [],
     )
 
 
@@ -231,6 +245,7 @@ class _Engine(Planner):
         compat: str | None,
         progress: Callable[[int, int], None] | None,
         restart_s: float | None = None,
+        as_controller: AsController | None = None,
     ) -> None:
         self.compat = compat is not None
         self.gf = {k: group_factor(k) for k in range(2, 5)}  # a group's period multiplier by member count
@@ -289,6 +304,12 @@ class _Engine(Planner):
         for j in self.jobs:
             if j.gpus <= 0 or j.gpus > cluster.gpus:
                 j.status = "rejected"  # cannot ever run here; reported, not dropped
+        self.core: CoreDecider | None = None
+        if as_controller is not None:  # every decision through the core: none of the planner's shortcuts
+            from hpcsched.sim.core_decisions import CoreDecider  # imported here: the core needs numpy
+
+            self.core = CoreDecider(as_controller, policy, cluster.nodes, self.gpn)
+            self.fast, self.jkey, self.vorder = False, None, None
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -541,6 +562,9 @@ class _Engine(Planner):
         if not self.compat:
             for j in self.running.values():
                 self._sync(j, t)
+        if self.core is not None:
+            self._decide_core(t)
+            return
         if self.queued:
             self._demote()
         if self.jkey is not None:
@@ -571,6 +595,21 @@ class _Engine(Planner):
         groups = self.policy(snap)
         plan = None if self.compat else self._place_in_place(groups)
         self._apply(plan if plan is not None else self._place(groups), t)
+
+    def _decide_core(self, t: float) -> None:
+        """Decide through the shared core until a decision stops nothing (rules in ``sim.core_decisions``)."""
+        from hpcsched.sim.core_decisions import MAX_ROUNDS
+
+        core = self.core
+        assert core is not None
+        for _ in range(MAX_ROUNDS):
+            active = list(self.active.values())
+            plan = core.plan(core.state(active, self.free, t))
+            self._apply(core.apply(plan, active, t), t)
+            if not plan.stops:
+                return
+        raise RuntimeError(f"policy {self.name!r}: the decision core kept stopping jobs at t={t:g} "
+                           f"({MAX_ROUNDS} decisions with no time passing)")
 
     def _ordered(self, run: list[tuple[Any, int]], dead: set[int]) -> Iterator[Group]:
         """An ``order_key`` policy's answer, lazily: the running jobs keyed now (``run``, sorted),

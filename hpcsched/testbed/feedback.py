@@ -19,14 +19,11 @@ from __future__ import annotations
 import csv
 import statistics
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 
-from hpcsched.allocator import DeclaredPolicy, Group, JobView, Policy, PolicyHints, Snapshot, hints_of
 from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.sim.engine import SimResult
-from hpcsched.testbed.groupfit import raw_period
 from hpcsched.testbed.mapping import ScaledJob, sim_job
 from hpcsched.testbed.measure import Measured
 
@@ -87,122 +84,29 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
 
 
-def as_runtime_runs(policy: Policy, name: str, declared: Mapping[str, ResourceProfile] | None = None,
-                    min_runtime_s: float = 0.0) -> Policy:
-    """The policy as the runtime executes it: it sees only what the controller knows.
-
-    The controller learns a job's iteration time and stage profile from the job's own progress
-    reports (``hpcsched.runtime.controller._job_state``): a job that has never run shows the policy
-    no iteration time, no remaining time and no profile, so duration-aware policies (SRTF, SRSF,
-    Muri-S) rank it last. The simulator would otherwise rank it by the trace's duration. With
-    ``declared`` (job id -> the profile its job file declares, trace seconds: ``testbed
-    --declare-profiles``) such a job shows the controller's view instead: the declared profile, an
-    iteration time of its total and the remaining time that gives, so Muri-S can group it at once.
-
-    Groups are kept as the controller can run them (``runtime_units``). Each unit's period is computed
-    here from the jobs' own profiles (what the simulation says they are), not from what the policy was
-    shown: a declared profile decides the grouping, the job's real stages decide how fast the group runs.
-
-    ``min_runtime_s`` (trace seconds) is the controller's hysteresis (``scheduler.plan``): a unit with a
-    member whose current attempt started less than that long ago is admitted before all others, so it is
-    not preempted. An attempt starts at the decision that launched it (the previous call, as the engine
-    starts what a call places). The controller re-plans every tick, so it may preempt the moment the
-    protection ends; here the next event after that does.
-    """
-    keys: dict[str, str] = {}  # co-location key a job got when its unit was last emitted (as the controller)
-    started: dict[str, float] = {}  # running job -> when its current attempt was launched
-    prev_t, prev_running = [0.0], set[str]()  # the previous call's time and running jobs
-
-    def flat(snapshot: Snapshot) -> list[Group]:
-        true = {v.id: v for v in snapshot.jobs}
-        views = tuple(v if v.first_start is not None else _shown(v, (declared or {}).get(v.id))
-                      for v in snapshot.jobs)
-        units = runtime_units(policy(replace(snapshot, jobs=views)), true, keys)
-        running = {v.id for v in snapshot.jobs if v.running}
-        for i in running - prev_running:
-            started[i] = prev_t[0]
-        prev_t[0] = snapshot.now
-        prev_running.clear()
-        prev_running.update(running)
-        if min_runtime_s <= 0:
-            return units
-        young = {i for i in running if snapshot.now - started[i] < min_runtime_s}
-        kept = [u for u in units if young.intersection(u.job_ids)]
-        return kept + [u for u in units if not young.intersection(u.job_ids)]
-
-    return DeclaredPolicy(name, flat, PolicyHints(service_thresholds=hints_of(policy).service_thresholds))
-
-
-def _shown(v: JobView, declared: ResourceProfile | None) -> JobView:
-    """A job that has not run yet as the controller shows it: its declared profile, else nothing."""
-    if declared is None or declared.total_s <= 0:
-        return replace(v, iteration_time=None, remaining_s=None, profile=None)
-    it = declared.total_s
-    left = None if v.iterations_total is None else max(0.0, v.iterations_total - v.iterations_done) * it
-    return replace(v, iteration_time=it, remaining_s=left, profile=declared)
-
-
-def runtime_units(groups: list[Group], views: Mapping[str, JobView], keys: dict[str, str]) -> list[Group]:
-    """The policy's groups as the controller runs them, by the controller's own rule
-    (``hpcsched.core.decide.runnable_units``): a running job is never moved to form a group; a group keeps
-    its first running member (the anchor) with the jobs co-located with it, and its queued members join
-    when they need no more slots than the anchor; other running members (with their co-located mates) and
-    queued ones too big to join run as units of their own right after it. Jobs co-located earlier stay
-    together whatever the policy says now. ``keys`` (updated here) holds each job's co-location key, as
-    the controller gives it when the job starts. The simulator would otherwise move running jobs together.
-    """
-    from hpcsched.core.decide import JobState, runnable_units
-
-    policy_groups = [ids for ids in (tuple(i for i in g.job_ids if i in views) for g in groups) if ids]
-    listed = {i for g in policy_groups for i in g}
-    policy_groups += [(i,) for i in views if i not in listed]  # as the controller: a dropped job is not lost
-    ids = [i for g in policy_groups for i in g]
-    by_id = {i: JobState(i, views[i].submit, views[i].running, views[i].gpus, views[i].gpus, views[i].gpus,
-                         group=keys.get(i, i) if views[i].running else None) for i in ids}
-    out: list[Group] = []
-    for unit in runnable_units(ids, policy_groups, by_id):
-        running = [i for i in unit if views[i].running]
-        key = keys.get(running[0], running[0]) if running else "+".join(unit)
-        period = _period([views[i] for i in unit]) if len(unit) > 1 else None
-        if len(unit) > 1 and period is None:  # a member without a profile: the group cannot be timed
-            out += [Group((i,)) for i in unit]
-            continue
-        out.append(Group(tuple(unit), period))
-        for i in unit:
-            if not views[i].running:
-                keys[i] = key
-    return out
-
-
-def _period(members: list[JobView]) -> float | None:
-    """The raw pipeline period of a unit (``groupfit.raw_period``). The controller caps a co-located group at 4
-    jobs; runs recorded before that cap may hold larger groups, which the same pipeline model times with k
-    slots and the engine runs at their own measured factor, else the 4-member one."""
-    if any(v.profile is None or v.profile.total_s <= 0 for v in members):
-        return None
-    return raw_period([v.profile.stages() for v in members])
-
-
 def run_sim(jobs: list[Job], cluster: ClusterSpec, policy: str, out: Path, trace_name: str, *,
             flatten: bool = True, declared: Mapping[str, ResourceProfile] | None = None,
             group_factors: Mapping[int, float] | None = None, restart_s: float | None = None,
             min_runtime_s: float = 0.0) -> SimResult:
     """Simulate ``jobs`` (read back from the Muri CSV written beside the results, so the CLI on that file
-    gives the same jobs); ``flatten`` runs the policy as the runtime does (see ``as_runtime_runs``, with
-    ``declared`` and the controller's ``min_runtime_s``, trace seconds); ``group_factors`` replace the
-    simulator's default group slowdowns (measured ones);
-    ``restart_s`` (trace seconds, recorded in ``meta.json``) replaces the per-model restart table."""
+    gives the same jobs). ``flatten``: decide as the runtime's controller does, through the shared decision
+    core (``hpcsched.sim.core_decisions``: what the controller knows of jobs, with ``declared`` profiles, its
+    hysteresis ``min_runtime_s`` in trace seconds, running jobs never moved to form groups); otherwise the
+    simulator's own planner with full knowledge. ``group_factors`` replace the simulator's default group
+    slowdowns (measured ones); ``restart_s`` (trace seconds, recorded in ``meta.json``) replaces the per-model
+    restart table."""
+    from hpcsched.core.decide import DecideOptions
     from hpcsched.runtime.scheduler import resolve_policy
+    from hpcsched.sim.core_decisions import AsController
     from hpcsched.sim.engine import simulate
     from hpcsched.sim.runs import load_jobs, write_run
 
     trace = write_muri_trace(out / "trace.csv", jobs)
     loaded, _ = load_jobs(trace)
     fn = resolve_policy(policy)
-    runs = as_runtime_runs(fn, policy, declared, min_runtime_s) if flatten else fn
-    result = simulate(loaded, cluster, runs, trace=trace_name, group_factors=group_factors, restart_s=restart_s)
+    core = AsController(DecideOptions(min_runtime_s=min_runtime_s), dict(declared or {})) if flatten else None
+    result = simulate(loaded, cluster, fn, trace=trace_name, group_factors=group_factors, restart_s=restart_s,
+                      as_controller=core)
     result.meta["knowledge"] = "what the controller knows" if flatten else "the whole trace"
-    if flatten and min_runtime_s > 0:
-        result.meta["min_runtime_s"] = min_runtime_s
     write_run(out, result)
     return result
