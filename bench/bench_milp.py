@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_milp.py extensions    # what window objective / restart accounting / predicted Tfwd buy
     .venv/bin/python bench/bench_milp.py full [--solver dp]  # 14.9 days, 4,734 nodes, 1,000 jobs
     .venv/bin/python bench/bench_milp.py ricc          # the 447,794-job RICC log -> idle events
+    .venv/bin/python bench/bench_milp.py symmetric     # 300 identical / 300 mixed jobs: per-job vs class model
 
 Prints markdown rows for bench/RESULTS.md. Times are wall seconds (and CPU seconds where the
 shared machine's load makes wall time misleading).
@@ -24,7 +25,11 @@ sys.path.insert(0, str(ROOT))
 
 from hpcsched.harvest.pool import timeline_from_intervals, timeline_from_log  # noqa: E402
 from hpcsched.harvest.replay import ReplayConfig, replay  # noqa: E402
-from hpcsched.milp import JobState, Objective, Problem, SolverUnavailable, allocate  # noqa: E402
+from hpcsched.milp import JobState, Objective, Problem, SolverUnavailable, allocate, job_values  # noqa: E402
+from hpcsched.milp.backends import solve_highs  # noqa: E402
+from hpcsched.milp.baselines import greedy  # noqa: E402
+from hpcsched.milp.formulation import build  # noqa: E402
+from hpcsched.milp.problem import objective_value  # noqa: E402
 from hpcsched.model import ElasticJob  # noqa: E402
 from hpcsched.traces.bftrainer import read_elastic_jobs, read_idle_intervals, read_node_order  # noqa: E402
 
@@ -148,11 +153,67 @@ def ricc() -> None:
           f"{time.process_time() - c0:.1f} s CPU; {tl.notes}")
 
 
+def _symmetric_cases() -> dict[str, Problem]:
+    """Issue 17's busy decision: 300 identical shufflenet jobs waiting on 2,000 idle nodes; and 300 jobs in a
+    few classes (shufflenet and the first two ImageNet models, waiting or running at 4/8/16 nodes, plus five
+    distinct ImageNet jobs) on 3,000 nodes. The same instances as tests/test_milp.py's."""
+    shuffle = _jobs(10)[0]
+    imagenet = read_elastic_jobs(BF / "ImageNet-imgps-Jbnd-1001J.csv", BF / "ImageNet-imgps-JNPs-1001J.csv")
+
+    def clone(t: ElasticJob, name: str) -> ElasticJob:
+        return ElasticJob(name, 0.0, t.jmin, t.jmax, t.curve, t.total_samples, t.scale_up_s, t.scale_down_s)
+
+    identical = Problem(tuple(JobState(clone(shuffle, f"j{i}")) for i in range(300)),
+                        tuple(f"n{k}" for k in range(2000)), 10.0)
+    pool = [f"n{k}" for k in range(3000)]
+    free, states = list(pool), []
+    templates = [shuffle, imagenet[0], imagenet[1]]
+    for i in range(295):
+        c = (0, 0, 4, 8, 16)[(i // 3) % 5]
+        states.append(JobState(clone(templates[i % 3], f"m{i}"), tuple(free[:c])))
+        free = free[c:]
+    for i, j in enumerate(imagenet[10:15]):
+        states.append(JobState(j, tuple(free[:i + 1])))
+        free = free[i + 1:]
+    mixed = Problem(tuple(states), tuple(pool), 10.0)
+    return {"300 identical, 2,000 nodes": identical, "300 mixed, 3,000 nodes": mixed}
+
+
+def symmetric(time_limit: float) -> None:
+    """Before/after on one command: the per-job model (as before issue 17, ``per_job_up_to`` past the job
+    count) and the class model (the default), both through ``solve_highs`` with the greedy warm start as
+    ``allocate`` does; then ``allocate`` itself with HiGHS and the DP."""
+    print("| decision | model | classes | variables | status | objective | = DP | wall s (median of 3) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, p in _symmetric_cases().items():
+        values, size = job_values(p), len(p.pool)
+        dp = allocate(p, "dp")
+        for label, per_job in (("per job (before)", 10**9), ("classes (after)", None)):
+            model = build(values, size) if per_job is None else build(values, size, per_job_up_to=per_job)
+            runs = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                sol = solve_highs(model, time_limit, model.vector(greedy(values, size, from_current=True)))
+                runs.append((time.perf_counter() - t0, sol))
+            sol = runs[0][1]
+            obj = objective_value(values, model.counts(sol.x)) if sol is not None else float("nan")
+            status = "none" if sol is None else "optimal" if sol.optimal else "time_limit"
+            print(f"| {name} | {label} | {len(model.classes)} | {model.n_vars} | {status} | {obj:,.0f} | "
+                  f"{abs(obj - dp.objective) <= 1e-9 * abs(dp.objective)} | "
+                  f"{statistics.median(r[0] for r in runs):.3f} |", flush=True)
+        for solver in ("highs", "dp"):
+            t0 = time.perf_counter()
+            d = allocate(p, solver, time_limit=time_limit)
+            print(f"| {name} | allocate({solver}) | | {d.n_vars or '-'} | {d.status} | {d.objective:,.0f} | "
+                  f"{abs(d.objective - dp.objective) <= 1e-9 * abs(dp.objective)} | {time.perf_counter() - t0:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["decision", "replay40", "extensions", "full", "ricc"])
+    ap.add_argument("part", choices=["decision", "replay40", "extensions", "full", "ricc", "symmetric"])
     ap.add_argument("--solver", default="highs")
     ap.add_argument("--tfwd", type=float, default=10.0)
+    ap.add_argument("--time-limit", type=float, default=10.0, help="symmetric: HiGHS's limit per solve (s)")
     a = ap.parse_args()
     if a.part == "decision":
         decision()
@@ -162,6 +223,8 @@ def main() -> None:
         extensions(a.solver)
     elif a.part == "full":
         full(a.solver, a.tfwd)
+    elif a.part == "symmetric":
+        symmetric(a.time_limit)
     else:
         ricc()
 

@@ -257,3 +257,113 @@ def test_vectorised_value_table_equals_the_scalar_definition() -> None:
             for n in range(jv.cap + 1):
                 assert jv.table[n] == pytest.approx(jv.value(n), rel=1e-12, abs=1e-9) or (
                     math.isinf(jv.table[n]) and math.isinf(jv.value(n)))
+
+
+# Issue 17: many identical jobs. Interchangeable jobs are one class in the model (formulation.job_classes).
+
+
+def _identical_decision(n_jobs: int = 300, pool: int = 2000) -> Problem:
+    """The busy-replay shape that timed out: n identical shufflenet jobs waiting at 0 nodes."""
+    return Problem(tuple(JobState(_job(i)) for i in range(n_jobs)), tuple(f"n{k}" for k in range(pool)), 10.0)
+
+
+def _mixed_decision() -> Problem:
+    """300 jobs in a few classes: three curves (shufflenet and two ImageNet models, each with its own bounds
+    and rescale costs), waiting at 0 or running at 4, 8 or 16 nodes, plus five jobs that differ from all."""
+    imagenet = read_elastic_jobs(BF + "ImageNet-imgps-Jbnd-1001J.csv", BF + "ImageNet-imgps-JNPs-1001J.csv")
+    templates = [_job(0), imagenet[0], imagenet[1]]
+    pool = [f"n{k}" for k in range(3000)]
+    free, states = list(pool), []
+    for i in range(295):
+        t = templates[i % 3]
+        c = (0, 0, 4, 8, 16)[(i // 3) % 5]
+        job = ElasticJob(f"m{i}", 0.0, t.jmin, t.jmax, t.curve, t.total_samples, t.scale_up_s, t.scale_down_s)
+        states.append(JobState(job, tuple(free[:c])))
+        free = free[c:]
+    for i, j in enumerate(imagenet[10:15]):
+        states.append(JobState(j, tuple(free[:i + 1])))
+        free = free[i + 1:]
+    return Problem(tuple(states), tuple(pool), 10.0)
+
+
+@pytest.mark.parametrize("make", [_identical_decision, _mixed_decision], ids=["300-identical", "300-mixed"])
+def test_many_identical_jobs_solve_optimal_quickly_and_equal_the_dp(make) -> None:
+    p = make()
+    classes = build(job_values(p), len(p.pool)).classes
+    assert len(classes) <= 20  # a few classes, not one per job
+    d = allocate(p, "highs", time_limit=10.0)
+    # job by job this took HiGHS past its 10 s limit (status time_limit); as classes it takes ~0.03 s
+    assert d.status == "optimal"
+    assert d.seconds < 3.0
+    dp = allocate(p, "dp")
+    assert d.objective == pytest.approx(dp.objective, rel=1e-9)
+    assert sum(d.counts.values()) <= len(p.pool)
+    for s in p.jobs:
+        n = d.counts[s.job.id]
+        assert n == 0 or s.job.jmin <= n <= s.job.jmax
+    for members in classes:  # larger counts to earlier jobs of a class: one deterministic order
+        got = [d.counts[p.jobs[j].job.id] for j in members]
+        assert got == sorted(got, reverse=True)
+    assert allocate(p, "highs").counts == d.counts  # reproducible
+
+
+def _random_duplicated_problem(rng: random.Random) -> Problem:
+    """Small instances where jobs repeat (same curve, bounds, costs and count), some preempted alike."""
+    pool = [f"n{k}" for k in range(rng.randint(0, 11))]
+    free, states = list(pool), []
+    for t in range(rng.randint(1, 2)):
+        xs = sorted(rng.sample(range(0, 12), rng.randint(2, 5)))
+        curve = ScalingCurve(tuple(float(x) for x in xs), tuple(rng.uniform(0, 100) for _ in xs))
+        jmin = rng.randint(1, 4)
+        jmax, up, dw = rng.randint(jmin, 9), rng.uniform(0, 30), rng.uniform(0, 30)
+        c = rng.randint(0, 2)
+        lost = frozenset({"gone"}) if rng.random() < 0.3 else frozenset()
+        for k in range(rng.randint(1, 2)):
+            job = ElasticJob(f"t{t}-{k}", 0.0, jmin, jmax, curve, 1e8, up, dw)
+            held = tuple(free[:c]) if len(free) >= c else ()
+            free = free[len(held):]
+            states.append(JobState(job, held, lost))
+    return Problem(tuple(states), tuple(pool), rng.choice([1.0, 10.0, 60.0]), rng.choice(list(Objective)))
+
+
+def test_class_model_is_exact_against_brute_force() -> None:
+    """Forced to use classes (``per_job_up_to=0``), the model reaches the brute-force optimum and its
+    counts are feasible; a class's counts go in descending order to its jobs."""
+    from hpcsched.milp.backends import solve_highs
+
+    rng = random.Random(17)
+    merged = 0
+    for _ in range(120):
+        p = _random_duplicated_problem(rng)
+        values = job_values(p)
+        model = build(values, len(p.pool), per_job_up_to=0)
+        merged += model.n_jobs - len(model.classes)
+        sol = solve_highs(model, 10.0)
+        assert sol is not None and sol.optimal
+        counts = model.counts(sol.x)
+        assert objective_value(values, counts) == pytest.approx(_brute_force(p), rel=1e-7, abs=1e-6), p
+        assert sum(counts) <= len(p.pool)
+        assert all(math.isfinite(v.value(n)) for v, n in zip(values, counts, strict=True))
+        for members in model.classes:
+            got = [counts[j] for j in members]
+            assert got == sorted(got, reverse=True)
+        # a count vector and its model vector round-trip (the warm start), up to order within a class
+        again = model.counts(model.vector(counts))
+        assert again == counts
+    assert merged >= 60  # the instances did put jobs together
+
+
+def test_classes_group_only_interchangeable_jobs_and_small_decisions_stay_per_job() -> None:
+    a, b = _job(0), _job(1)
+    other = _job(2, up=19)
+    pool = tuple(f"n{k}" for k in range(40))
+    states = (JobState(a, ("n0",)), JobState(b, ("n1",)), JobState(other, ("n2",)),
+              JobState(_job(3), ("n3", "n4")), JobState(_job(4), ("n5",), frozenset({"x"})), JobState(_job(5)))
+    from hpcsched.milp.formulation import job_classes
+
+    # same everything and the same count: one class; another Tup, count or preemption: its own
+    assert job_classes(job_values(Problem(states, pool, 10.0))) == ((0, 1), (2,), (3,), (4,), (5,))
+    ten = Problem(tuple(JobState(_job(i)) for i in range(10)), pool, 10.0)
+    eleven = Problem(tuple(JobState(_job(i)) for i in range(11)), pool, 10.0)
+    assert build(job_values(ten), 40).classes == tuple((j,) for j in range(10))  # as before issue 17
+    assert build(job_values(eleven), 40).classes == (tuple(range(11)),)

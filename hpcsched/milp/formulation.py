@@ -12,6 +12,28 @@ piece per job (a multiple-choice, "disaggregated" formulation):
 Because a piece is affine on its integer points, this is exact (no SOS2, no interpolation error),
 portable (binaries and integers only; HiGHS has no SOS constraints), and tiny: ~10 pieces per job
 on BFTrainer curves, independent of the pool size. Single-point pieces carry no ``m`` variable.
+
+Identical jobs are one class (issue 17). Jobs with the same value table, current count and
+preemption flag are interchangeable: any permutation of their counts is worth the same and maps
+the same way. Modelled one by one, k such jobs give k! equivalent branch-and-bound subtrees, and
+HiGHS ran into its 10 s limit on ~270 waiting shufflenet jobs. A class of k jobs is therefore
+modelled by counts instead of choices:
+
+    y_p integer in [0, k]            jobs of the class on piece p,     sum_{p of class} y_p = k
+    m_p integer in [0, (b_p - a_p) y_p]   extra nodes of those jobs together
+
+which is exact: any y_p jobs can share any m_p in that range, each taking at most b_p - a_p extra
+nodes, and the value is linear in m_p. ``Model.counts`` turns (y, m) back into one count per job
+deterministically (pieces filled one job at a time, larger counts to earlier jobs of the class,
+i.e. the order constraint n_i >= n_{i+1}). A class of one is literally the per-job model above
+(y_p binary), so a decision in which every job differs builds the same model as before.
+
+Decisions of at most ``PER_JOB_UP_TO`` jobs keep one class per job. Their symmetry is cheap (at most
+10! orderings; 10 identical shufflenet jobs solve in < 0.05 s either way), and the class model,
+although it has the same optimum, leads HiGHS to other optima among ties: the published BFTrainer
+replays (maxJ 10, bench/RESULTS.md) would follow other trajectories (utilisation 0.8735 instead of
+0.8715 at Tfwd 1). Past that size classes are always used: 64 identical jobs already took 3.4 s job
+by job and 100 hit the time limit, against 0.02 s as classes.
 """
 
 from __future__ import annotations
@@ -23,11 +45,12 @@ import numpy as np
 from hpcsched.milp.problem import JobValue
 
 _REL_TOL = 1e-9
+PER_JOB_UP_TO = 10  # decisions with at most this many jobs are modelled job by job (see the module doc)
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    job: int  # index into the problem's jobs
+    job: int  # index of the job class (``Model.classes``); the job itself when every job differs
     lo: int  # first count of the piece
     hi: int  # last count (== lo for a single point)
     v_lo: float  # value at lo
@@ -43,32 +66,50 @@ class Model:
     ub: np.ndarray
     rows: list[tuple[list[int], list[float], float, float]]  # (indices, coefficients, lo, hi)
     pieces: list[Piece]
-    z_index: list[int]  # variable index of each piece's selector
+    z_index: list[int]  # variable index of each piece's job count y_p (a 0/1 selector for a class of one)
     m_index: list[int]  # variable index of each piece's extra count, -1 for single-point pieces
     n_jobs: int
+    classes: tuple[tuple[int, ...], ...] = ()  # job indices of each class, ascending; () = one class per job
 
     @property
     def n_vars(self) -> int:
         return len(self.c)
 
-    def counts(self, x: np.ndarray) -> list[int]:
-        """Node counts per job from a solution vector (rounded: solvers return integers up to tolerance)."""
-        out = [0] * self.n_jobs
-        for p, zi, mi in zip(self.pieces, self.z_index, self.m_index, strict=True):
-            if x[zi] > 0.5:
-                out[p.job] = p.lo + (int(round(x[mi])) if mi >= 0 else 0)
-        return out
+    def _classes(self) -> tuple[tuple[int, ...], ...]:
+        return self.classes or tuple((j,) for j in range(self.n_jobs))
 
+    def counts(self, x: np.ndarray) -> list[int]:
+        """Node counts per job from a solution vector (rounded: solvers return integers up to tolerance).
+
+        Within a class each piece's y_p jobs are filled one at a time (b_p - a_p extra nodes each until
+        m_p is spent), and the counts go in descending order to the class's jobs in problem order: one
+        deterministic answer among the equivalent permutations, so a replay is reproducible."""
+        per_class: list[list[int]] = [[] for _ in self._classes()]
+        for p, zi, mi in zip(self.pieces, self.z_index, self.m_index, strict=True):
+            k = int(round(x[zi]))
+            extra = int(round(x[mi])) if mi >= 0 else 0
+            for _ in range(k):
+                e = min(extra, p.hi - p.lo)
+                per_class[p.job].append(p.lo + e)
+                extra -= e
+        out = [0] * self.n_jobs
+        for members, got in zip(self._classes(), per_class, strict=True):
+            if len(got) != len(members):
+                raise ValueError(f"solution gives {len(got)} counts to a class of {len(members)} jobs")
+            for j, n in zip(members, sorted(got, reverse=True), strict=True):
+                out[j] = n
+        return out
 
     def vector(self, counts: list[int]) -> np.ndarray:
         """The solution vector of a count vector (a warm start for the solver)."""
         x = np.zeros(self.n_vars)
         for p, zi, mi in zip(self.pieces, self.z_index, self.m_index, strict=True):
-            n = counts[p.job]
-            if p.lo <= n <= p.hi:
-                x[zi] = 1.0
-                if mi >= 0:
-                    x[mi] = float(n - p.lo)
+            for j in self._classes()[p.job]:
+                n = counts[j]
+                if p.lo <= n <= p.hi:
+                    x[zi] += 1.0
+                    if mi >= 0:
+                        x[mi] += float(n - p.lo)
         return x
 
 
@@ -102,28 +143,48 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= _REL_TOL * max(1.0, abs(a), abs(b))
 
 
-def build(values: list[JobValue], pool_size: int) -> Model:
-    pieces = [p for j, jv in enumerate(values) for p in pieces_of(j, jv)]
+def job_classes(values: list[JobValue]) -> tuple[tuple[int, ...], ...]:
+    """Indices of interchangeable jobs, grouped, in order of each class's first job.
+
+    Two jobs are interchangeable when every count is worth the same to both (equal value tables, which
+    covers curve, Jmin/Jmax, cap, Tup/Tdw, Tfwd and objective) and they hold the same number of nodes
+    and were or were not preempted alike, so that swapping their counts changes neither the objective
+    nor how nodes move. Tables are compared bit for bit: no tolerance can merge two jobs that differ.
+    """
+    groups: dict[tuple[bytes, int, bool], list[int]] = {}
+    for j, jv in enumerate(values):
+        key = (jv.table.tobytes(), jv.state.count, jv.state.preempted)
+        groups.setdefault(key, []).append(j)
+    return tuple(tuple(g) for g in groups.values())
+
+
+def build(values: list[JobValue], pool_size: int, per_job_up_to: int = PER_JOB_UP_TO) -> Model:
+    """The count model of one decision, with interchangeable jobs as one class once the decision holds
+    more than ``per_job_up_to`` jobs (see the module doc); 0 always uses classes."""
+    classes = job_classes(values) if len(values) > per_job_up_to else tuple((j,) for j in range(len(values)))
+    pieces = [p for g, members in enumerate(classes) for p in pieces_of(g, values[members[0]])]
     c: list[float] = []
     ub: list[float] = []
     z_index, m_index = [], []
     for p in pieces:
+        k = len(classes[p.job])
         z_index.append(len(c))
         c.append(p.v_lo)
-        ub.append(1.0)
+        ub.append(float(k))
         if p.hi > p.lo:
             m_index.append(len(c))
             c.append(p.slope)
-            ub.append(float(p.hi - p.lo))
+            ub.append(float((p.hi - p.lo) * k))
         else:
             m_index.append(-1)
     rows: list[tuple[list[int], list[float], float, float]] = []
-    per_job: list[list[int]] = [[] for _ in values]
+    per_class: list[list[int]] = [[] for _ in classes]
     for i, p in enumerate(pieces):
-        per_job[p.job].append(i)
-    for idxs in per_job:  # exactly one piece per job
-        rows.append(([z_index[i] for i in idxs], [1.0] * len(idxs), 1.0, 1.0))
-    for i, p in enumerate(pieces):  # m_p <= (hi - lo) z_p
+        per_class[p.job].append(i)
+    for g, idxs in enumerate(per_class):  # one piece per job: k jobs of the class spread over its pieces
+        k = float(len(classes[g]))
+        rows.append(([z_index[i] for i in idxs], [1.0] * len(idxs), k, k))
+    for i, p in enumerate(pieces):  # m_p <= (hi - lo) y_p
         if m_index[i] >= 0:
             rows.append(([m_index[i], z_index[i]], [1.0, -float(p.hi - p.lo)], -np.inf, 0.0))
     cap_idx, cap_coef = [], []
@@ -136,4 +197,4 @@ def build(values: list[JobValue], pool_size: int) -> Model:
             cap_coef.append(1.0)
     rows.append((cap_idx, cap_coef, -np.inf, float(pool_size)))
     n = len(c)
-    return Model(np.array(c), np.zeros(n), np.array(ub), rows, pieces, z_index, m_index, len(values))
+    return Model(np.array(c), np.zeros(n), np.array(ub), rows, pieces, z_index, m_index, len(values), classes)
