@@ -290,19 +290,30 @@ class FinishTimeFairnessPerf(GavelPolicy):
         m, n = thr.shape
         x_iso = np.tile(inp.gpus / m, (m, 1)) / sf[:, None]
         x = x_iso / np.maximum(x_iso.sum(axis=1), 1.0)[:, None]
-        rho = rho_of(x)  # the isolated share is feasible: an upper bound
-        for _ in range(60):
-            need = rem / (rho * e_iso - since)  # steps/s each job needs to finish by rho
-            x_new = np.clip(_max_min(self, thr / need[:, None], sf, inp.gpus), 0.0, 1.0)
-            new = rho_of(x_new)
-            if not new <= rho:  # an LP that fell short: keep the last allocation that met rho
-                self._count("ftf_no_progress", "finish-time fairness: an LP did not improve rho; stopping there")
+        hi = rho_of(x)  # the isolated share is feasible: an upper bound
+        best_alone = (thr * np.minimum(1.0, inp.gpus[None, :] / sf[:, None])).max(axis=1)
+        lo = float(np.max((since + rem / best_alone) / e_iso))  # each job alone on its best type: a lower bound
+        cand, last = hi, None
+        for _ in range(50):
+            if hi - lo <= 1e-9 * hi:
                 break
-            x, moved, rho = x_new, rho - new, new
-            if moved <= 1e-10 * rho:
-                break
+            need = rem / (cand * e_iso - since)  # steps/s each job needs to finish by rho = cand
+            x_c = np.clip(_max_min(self, thr / need[:, None], sf, inp.gpus), 0.0, 1.0)
+            lam = float(((thr * x_c).sum(axis=1) / need).min())
+            if lam >= 1.0:
+                x, hi = x_c, min(cand, rho_of(x_c))
+            else:
+                lo = max(lo, cand)
+            # lambda is close to linear in rho while the bottleneck jobs stay the same: secant to lambda = 1,
+            # kept inside the bracket (bisection otherwise)
+            nxt = hi if last is None else cand + (1.0 - lam) * (cand - last[0]) / (lam - last[1]) \
+                if lam != last[1] else 0.5 * (lo + hi)
+            last = (cand, lam)
+            cand = nxt if lo < nxt <= hi else 0.5 * (lo + hi)
+            if cand == last[0]:
+                cand = 0.5 * (lo + hi)
         else:
-            self._count("ftf_not_converged", "finish-time fairness: rho still moving after 60 LPs")
+            self._count("ftf_not_converged", "finish-time fairness: rho not within 1e-9 after 50 LPs")
         return x
 
 
