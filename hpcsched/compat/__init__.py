@@ -2,7 +2,8 @@
 
 A compat mode is a name (``--compat muri``); a policy declares, in its ``PolicyHints.compat``, the loop rules
 that mode's reference used for it; the simulator's engine reads them only when that mode is on.
+``--compat gavel`` is its own loop (``hpcsched.hetero.rounds``): Gavel's policies and round mechanism.
 """
 
-MODES = ("muri",)
+MODES = ("muri", "gavel")
 """The compat modes the simulator knows."""

@@ -42,8 +42,6 @@ from typing import TYPE_CHECKING
 from hpcsched.hetero.cluster import HeteroCluster
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from hpcsched.hetero.policies import AllocationInput, GavelPolicy
     from hpcsched.hetero.throughputs import ThroughputTable
 
@@ -117,8 +115,6 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
     speed in Gavel's simulator either). Raises ValueError when a job can never run (it needs more GPUs
     than any type has, or has no throughput anywhere): Gavel's own loop spins forever on such a trace.
     """
-    import numpy as np
-
     t0 = time.perf_counter()
     order = [t for t in MECHANISM_ORDER if t in cluster.types] + [t for t in cluster.types
                                                                   if t not in MECHANISM_ORDER]
@@ -274,7 +270,6 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         elif ptr >= len(jobs) and not need_update:
             stuck = ", ".join(str(j) for j in sorted(active))
             raise ValueError(f"no job can run and none will arrive (jobs {stuck}): Gavel's loop spins forever here")
-    _ = np  # numpy is imported for the policies' arrays; keep the import local to a run
     return RoundsResult(list(jobs), end, first_start, t, rounds, allocations, gpu_seconds,
                         time.perf_counter() - t0, dict(policy.stats))
 

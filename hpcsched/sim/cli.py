@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from hpcsched.hetero.cluster import looks_hetero
 from hpcsched.progress import progress_bar, wanted
 
 # The simulator, metrics and rich are imported inside the commands, so that `hpcsched --help` and the other
@@ -19,7 +20,8 @@ _BAR_MIN_JOBS = 2000  # smaller traces finish before a bar would be readable
 TRACE_OPT = typer.Option(..., "--trace", help="DL job trace (Muri/Tiresias CSV, Philly CSV, ...).")
 CLUSTER_OPT = typer.Option(..., "--cluster", help="Cluster spec: Muri CSV (cluster_spec/n8g8.csv) or YAML.")
 COMPAT_OPT = typer.Option(
-    None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers)."
+    None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers); 'gavel': "
+                           "Gavel's policies and round mechanism on a type=count cluster (docs/hetero.md)."
 )
 
 
@@ -40,7 +42,8 @@ def simulate_cmd(
     trace: Path = TRACE_OPT,
     cluster: Path = CLUSTER_OPT,
     policy: str = typer.Option(..., "--policy", help="Policy name (fifo, srtf, srsf, las, tiresias, themis, ...)."),
-    out: Path = typer.Option(..., "--out", help="Result directory: jobs.csv, meta.json, timeline.csv."),
+    out: Path | None = typer.Option(None, "--out", help="Result directory: jobs.csv, meta.json, timeline.csv "
+                                    "(required but with --compat gavel)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (keys as `hpcsched calc --json`)."),
     compat: str | None = COMPAT_OPT,
     restart_s: float | None = typer.Option(
@@ -60,6 +63,13 @@ def simulate_cmd(
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
     _check_compat(compat)
+    if compat == "gavel" or looks_hetero(str(cluster)):  # Gavel's policies and round mechanism (issue 19)
+        from hpcsched.hetero.simulate import simulate_command
+
+        simulate_command(trace, str(cluster), policy, out, as_json)
+        return
+    if out is None:
+        raise typer.BadParameter("required (but with --compat gavel)", param_hint="--out")
     if restart_s is not None and not math.isfinite(restart_s):
         raise typer.BadParameter(f"must be a finite number of seconds, got {restart_s}", param_hint="--restart-s")
     spec = read_cluster_spec(cluster)

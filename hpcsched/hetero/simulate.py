@@ -1,0 +1,108 @@
+"""``hpcsched simulate --compat gavel``: a Gavel trace, a ``type=count`` cluster and one of Gavel's policies.
+
+Glue between the command line and the round mechanism: reads the trace (Gavel's 10-column format, or any
+format whose jobs carry a model the throughput table knows and a step count), runs
+``hpcsched.hetero.rounds.simulate_rounds`` and summarises the run with the keys ``simulate --json`` prints
+for every other run (``avg_jct``, ``makespan``, ...), plus what is particular to Gavel's accounting:
+``rounds``, ``allocations``, ``gavel_total_duration`` (its printed "Total duration": the clock at the
+last end, counted from 0 rather than from the first arrival) and ``solver`` (counters of LP solves and of
+any trouble, also said on stderr).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hpcsched.errors import InputError
+from hpcsched.hetero.cluster import parse_hetero_cluster
+from hpcsched.hetero.rounds import ROUND_S, RoundJob, RoundsResult, simulate_rounds
+
+
+def load_round_jobs(trace: str | Path) -> list[RoundJob]:
+    """The trace's jobs in file order, ids 0.. as Gavel numbers them; InputError names the file and line."""
+    from hpcsched.traces import open_trace
+
+    jobs: list[RoundJob] = []
+    for i, j in enumerate(open_trace(trace)):
+        line = j.extra.get("line") if j.extra else None
+        if not j.model or j.iterations is None or j.gpus < 1:
+            raise InputError(trace, f"job {j.id}: Gavel's mechanism needs a job type, total steps and a scale "
+                                    "factor (a Gavel trace has them)", line if isinstance(line, int) else None)
+        weight = j.extra.get("priority_weight", 1.0) if j.extra else 1.0
+        jobs.append(RoundJob(i, j.model, int(j.iterations), j.gpus, float(j.submit),
+                             float(weight) if isinstance(weight, int | float) else 1.0))
+    return jobs
+
+
+def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, round_s: float = ROUND_S,
+              throughputs: str | Path | None = None, out: str | Path | None = None) -> dict[str, Any]:
+    """Simulate ``policy`` on ``trace`` with Gavel's accounting; returns the summary ``--json`` prints.
+
+    With ``out``, also writes ``jobs.csv`` and ``meta.json`` there (what ``hpcsched calc`` reads).
+    """
+    from hpcsched.hetero.policies import make_policy
+    from hpcsched.hetero.throughputs import load_throughputs
+    from hpcsched.metrics import summarize_results
+    from hpcsched.results import JobResult, write_results
+
+    try:
+        spec = parse_hetero_cluster(cluster)
+    except ValueError as e:
+        raise InputError(None, f"--cluster {cluster!r}: {e}") from None
+    if any(g != 1 for g in spec.gpus_per_server):
+        raise InputError(None, f"--cluster {cluster!r}: Gavel's accounting (--compat gavel) has one GPU per server "
+                               "(type=count)")
+    table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()
+    jobs = load_round_jobs(trace)
+    pol = make_policy(policy, seed)
+    try:
+        res = simulate_rounds(jobs, spec, pol, table, round_s=round_s, seed=seed)
+    except KeyError as e:  # a job type or scale factor the throughput table lacks
+        raise InputError(trace, f"throughput table {table.source}: {e.args[0]}") from None
+    except ValueError as e:
+        raise InputError(trace, str(e)) from None
+    results = [JobResult(job_id=str(j.id), submit=j.arrival, start=s, end=e, gpus=j.scale_factor,
+                         gpu_seconds=g, status="completed" if e is not None else "failed")
+               for j, s, e, g in zip(res.jobs, res.first_start, res.end, res.gpu_seconds, strict=True)]
+    meta = _meta(res, str(trace), cluster, policy, seed, round_s, spec.total_gpus)
+    if out is not None:
+        write_results(out, results, meta)
+    summary = summarize_results(results, meta)
+    return ({"dir": str(out)} if out is not None else {}) | summary | {
+        "policy": policy, "compat": "gavel", "rounds": res.rounds, "allocations": res.allocations,
+        "gavel_total_duration": res.makespan, "gavel_avg_jct": res.avg_jct, "solver": res.solver,
+        "events": res.rounds, "wall_s": res.wall_s}
+
+
+def _meta(res: RoundsResult, trace: str, cluster: str, policy: str, seed: int, round_s: float,
+          gpus: int) -> dict[str, Any]:
+    return {"trace": trace, "cluster": cluster, "policy": policy, "compat": "gavel", "seed": seed,
+            "round_s": round_s, "capacity_gpus": gpus, "rounds": res.rounds, "allocations": res.allocations,
+            "solver": res.solver}
+
+
+def simulate_command(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool) -> None:
+    """``hpcsched simulate`` with ``--compat gavel``: print the summary (JSON or a line), exit 2 on bad input."""
+    import json
+    import sys
+
+    import typer
+
+    from hpcsched.hetero.policies import POLICIES
+
+    if policy not in POLICIES:
+        print(f"error: unknown policy {policy!r} for --compat gavel; known: {', '.join(POLICIES)}", file=sys.stderr)
+        raise typer.Exit(2)
+    try:
+        summary = run_gavel(trace, cluster, policy, out=out)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(summary))
+        return
+    print(f"hpcsched simulate {policy} (compat gavel): {trace} on {cluster}: avg JCT {summary['avg_jct']:.3f} s, "
+          f"makespan {summary['makespan']:.3f} s, {summary['jobs']} jobs ({summary['unfinished']} failed), "
+          f"{summary['rounds']} rounds, {summary['allocations']} allocations in {summary['wall_s']:.2f} s"
+          + (f"; results in {out}" if out is not None else ""))
