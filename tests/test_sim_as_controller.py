@@ -117,3 +117,24 @@ def test_testbed_simulation_decides_through_the_core(tmp_path: Path) -> None:
     r = run_sim(jobs, ONE_GPU, "srtf", tmp_path / "sim", "toy", min_runtime_s=2.0)
     assert r.meta["executor"] == "controller" and r.meta["knowledge"] == "what the controller knows"
     assert [d.job for d in r.decisions if d.kind == "start"] == ["a", "b"]  # b's length is unknown: no preemption
+
+
+def test_cli_simulate_as_controller_writes_its_decisions(tmp_path: Path) -> None:
+    """`hpcsched simulate --as-controller`: the run's meta says how it decided, decisions.jsonl holds every start
+    and stop; with --compat it is refused with the reason, no traceback."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    base = [sys.executable, "-m", "hpcsched.cli", "simulate", "--trace", str(root / "trace-data/muri/trace3.csv"),
+            "--cluster", str(root / "cluster_spec/n8g8.csv"), "--policy", "las", "--out", str(tmp_path / "run")]
+    done = subprocess.run([*base, "--as-controller", "--min-runtime-s", "30", "--json"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["executor"] == "controller" and meta["min_runtime_s"] == 30.0
+    decisions = [json.loads(x) for x in (tmp_path / "run" / "decisions.jsonl").read_text().splitlines()]
+    assert {d["kind"] for d in decisions} == {"start", "stop"} and len({d["job"] for d in decisions}) == 992
+    bad = subprocess.run([*base, "--as-controller", "--compat", "muri"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "pick one" in bad.stderr and "Traceback" not in bad.stderr

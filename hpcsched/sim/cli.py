@@ -52,6 +52,16 @@ def simulate_cmd(
              "per-model table: a measured start-up + tear-down per launch, e.g. a testbed run's median from "
              "profile/overheads.csv x its time scale (a testbed simulation's meta.json has it as restart_s). "
              "Ignored with --compat (the reference's table)."),
+    as_controller: bool = typer.Option(
+        False, "--as-controller",
+        help="Decide as the runtime's controller does (the shared decision core): it knows a job's length and "
+             "profile only once the job has run, never moves running jobs to form groups, and keeps an attempt "
+             "for --min-runtime-s. What `hpcsched controller` would do with this policy; each start and stop is "
+             "written to decisions.jsonl. Not with --compat."),
+    min_runtime_s: float = typer.Option(
+        10.0, "--min-runtime-s", min=0.0, metavar="SECONDS",
+        help="With --as-controller: the controller's hysteresis (its config's min_runtime_s; 10 by default), "
+             "in trace seconds."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
@@ -72,11 +82,23 @@ def simulate_cmd(
         raise typer.BadParameter("required (but with --compat gavel)", param_hint="--out")
     if restart_s is not None and not math.isfinite(restart_s):
         raise typer.BadParameter(f"must be a finite number of seconds, got {restart_s}", param_hint="--restart-s")
+    if as_controller and compat is not None:
+        raise typer.BadParameter("--as-controller decides by the controller's rules, --compat by the reference's: "
+                                 "pick one", param_hint="--as-controller")
+    if not math.isfinite(min_runtime_s):
+        raise typer.BadParameter(f"must be a finite number of seconds, got {min_runtime_s}",
+                                 param_hint="--min-runtime-s")
+    core = None
+    if as_controller:
+        from hpcsched.core.decide import DecideOptions
+        from hpcsched.sim.core_decisions import AsController
+
+        core = AsController(DecideOptions(min_runtime_s=min_runtime_s))
     spec = read_cluster_spec(cluster)
     jobs, anomalies = load_jobs(trace)
     try:
         with progress_bar(f"simulate {policy}", len(jobs), wanted(as_json) and len(jobs) >= _BAR_MIN_JOBS) as cb:
-            result = run_policy(jobs, spec, policy, compat, str(trace), cb, restart_s)
+            result = run_policy(jobs, spec, policy, compat, str(trace), cb, restart_s, core)
     except KeyError as e:
         _fail_policy(e)
     write_run(out, result)
@@ -92,7 +114,8 @@ def simulate_cmd(
     if as_json:
         print(json.dumps(summary))
         return
-    _table([summary], f"hpcsched simulate {policy}: {_subject(trace, spec, compat)}")
+    how = f", decided as the controller (min_runtime_s {min_runtime_s:g})" if as_controller else ""
+    _table([summary], f"hpcsched simulate {policy}: {_subject(trace, spec, compat)}{how}")
     print(f"{result.events} events in {result.wall_s:.2f} s; results in {out}")
 
 

@@ -7,8 +7,11 @@ cannot be simulated into an ``InputError`` naming the file and line, and writes 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job
@@ -16,7 +19,11 @@ from hpcsched.results import write_csv, write_results
 from hpcsched.sim.engine import TIMELINE_COLUMNS, SimResult, simulate
 from hpcsched.sim.jobrun import iterations_of
 
+if TYPE_CHECKING:
+    from hpcsched.sim.core_decisions import AsController
+
 TIMELINE_FILE = "timeline.csv"
+DECISIONS_FILE = "decisions.jsonl"
 
 
 def load_jobs(path: str | Path, fmt: str | None = None) -> tuple[list[Job], dict[str, int]]:
@@ -49,6 +56,7 @@ def run_policy(
     trace: str,
     progress: Callable[[int, int], None] | None = None,
     restart_s: float | None = None,
+    as_controller: AsController | None = None,
 ) -> SimResult:
     """``simulate`` with a policy name, turning an unknown name into a clear error.
 
@@ -60,14 +68,19 @@ def run_policy(
     from hpcsched.policies import get_policy
 
     get_policy(policy)
-    return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace, restart_s=restart_s)
+    return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace, restart_s=restart_s,
+                    as_controller=as_controller)
 
 
 def write_run(out_dir: str | Path, result: SimResult) -> Path:
-    """jobs.csv + meta.json (the schema ``hpcsched calc`` reads) and timeline.csv.
+    """jobs.csv + meta.json (the schema ``hpcsched calc`` reads), timeline.csv, and decisions.jsonl for a run
+    that decided as the controller does.
 
     Without pandas (``write_csv``: the bytes its ``to_csv`` wrote), so that writing a run costs no import.
     """
     out = write_results(out_dir, result.results, result.meta | {"wall_s": round(result.wall_s, 4)})
     write_csv(out / TIMELINE_FILE, TIMELINE_COLUMNS, result.timeline_rows(), all_float=True)
+    if result.decisions:  # runs that decided as the controller: each start and stop, as its event log has them
+        with open(out / DECISIONS_FILE, "w") as f:
+            f.writelines(json.dumps(asdict(d)) + "\n" for d in result.decisions)
     return out
