@@ -61,19 +61,49 @@ def calc(
     result_dirs: list[Path] = typer.Argument(..., help="Result directories (each holds jobs.csv, meta.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list for several dirs)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a JCT CDF of all given runs to this PNG."),
+    isolated: Path | None = typer.Option(
+        None, "--isolated", help="Baseline result dir for finish-time fairness: rho = JCT / JCT in this run "
+        "(Gavel: its isolated policy, each job on 1/N of the cluster)."),
+    trace: Path | None = typer.Option(
+        None, "--trace", help="Job trace to take each job's user from, for GPU-hours and cost per user, "
+        "when jobs.csv has no user or project column."),
+    price: str | None = typer.Option(
+        None, "--price", help="Price per GPU-hour: one number, or TYPE=P,... per GPU type (v100=2.48,k80=0.45)."),
 ) -> None:
     """Report avg / p50 / p95 / p99 JCT, makespan, span, queueing delay and utilisation.
 
     p99_jct is Muri's sorted(jct)[int(0.99 n)]; p99_jct_interp is the interpolated percentile.
     makespan (= span) is the last end minus the first submit, in seconds; first_submit and last_end
     are the trace-clock times behind it. Runs sharing a policy name are labelled by what differs.
+    Fairness: finish-time fairness rho against --isolated (worst, p50/p90/p99, mean), Jain's index of
+    the jobs' shares, GPU-hours and cost per user or project; a figure whose inputs the results do not
+    hold is listed under "unavailable" with the reason.
     """
     from rich.console import Console
     from rich.table import Table
 
-    from hpcsched.metrics import METRIC_UNITS, plot_jct_cdf, run_labels, runs_subject, summarize
+    from hpcsched.errors import InputError
+    from hpcsched.metrics import (
+        FAIRNESS_UNITS,
+        METRIC_UNITS,
+        entities_from_trace,
+        fairness_metrics,
+        parse_prices,
+        plot_jct_cdf,
+        run_labels,
+        runs_subject,
+        summarize,
+    )
     from hpcsched.results import read_results
 
+    try:
+        prices = parse_prices(price) if price is not None else None
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--price") from None
+    baseline = read_results(isolated)[0] if isolated is not None else None
+    if trace is not None and not trace.is_file():
+        raise InputError(trace, "no such trace file (--trace)")
+    entities = entities_from_trace(trace) if trace is not None else None
     frames = []
     metas = []
     summaries = []
@@ -82,7 +112,10 @@ def calc(
         frames.append(df)
         metas.append(meta | {"dir": str(d)})
         summary = {"dir": str(d)} | summarize(df, meta)
-        summaries.append(summary | {k: v for k, v in harvest_metrics(meta).items() if k not in summary})
+        summary |= {k: v for k, v in harvest_metrics(meta).items() if k not in summary}
+        fair = fairness_metrics(df, meta, baseline, str(isolated) if isolated else None, entities,
+                                str(trace) if trace else None, prices)
+        summaries.append(summary | {k: v for k, v in fair.items() if k not in summary})
     labels = run_labels(metas)
     subject = runs_subject(metas)
     for s, label in zip(summaries, labels, strict=True):
@@ -96,6 +129,9 @@ def calc(
     keys = ["jobs", "unfinished", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "p99_jct_interp",
             "makespan", "span", "avg_queue", "utilization", "harvested_node_hours", "preemptions", "max_lost_steps"]
     keys += [k for k in HARVEST_KEYS if k not in keys]
+    keys += ["ftf_rho_max", "ftf_rho_worst_job", "ftf_rho_p50", "ftf_rho_p90", "ftf_rho_p99", "ftf_rho_mean",
+             "ftf_jobs", "ftf_unmatched", "jain_share", "jain_jobs", "gpu_hours", "cost", "jain_entity_gpu_hours"]
+    units = METRIC_UNITS | FAIRNESS_UNITS
     if any(s.get("first_submit") for s in summaries):  # a trace on a calendar clock: show the times behind makespan
         keys[keys.index("span") + 1:keys.index("span") + 1] = ["first_submit", "last_end"]
     table = Table(title=f"hpcsched calc: {subject}")
@@ -104,8 +140,21 @@ def calc(
         table.add_column(s["label"], justify="right")
     for k in keys:
         if any(k in s for s in summaries):
-            table.add_row(f"{k} ({METRIC_UNITS[k]})" if k in METRIC_UNITS else k, *(_fmt(s.get(k)) for s in summaries))
+            table.add_row(f"{k} ({units[k]})" if units.get(k) else k, *(_fmt(s.get(k)) for s in summaries))
     console.print(table)
+    for s in summaries:
+        tag = f"{s['label']}: " if len(summaries) > 1 else ""
+        if s.get("ftf_baseline"):
+            console.print(f"{tag}rho = JCT / JCT in {s['ftf_baseline']}")
+        if "gpu_hours_by_entity" in s:
+            cost = s.get("cost_by_entity", {})
+            parts = [f"{n} {h:,.2f} GPU-h" + (f" / {cost[n]:,.2f}" if n in cost else "")
+                     for n, h in s["gpu_hours_by_entity"].items()]
+            unknown = f"; {s['entity_unknown_jobs']} jobs without one" if s.get("entity_unknown_jobs") else ""
+            console.print(f"{tag}per {s['entity']} ({s['entity_source']}{unknown}): {', '.join(parts)}",
+                          highlight=False)
+        for metric, reason in s.get("unavailable", {}).items():
+            console.print(f"{tag}{metric}: unavailable: {reason}", highlight=False)
     if plot:
         console.print(f"JCT CDF written to {plot}")
 
