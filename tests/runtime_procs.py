@@ -16,8 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "test-token-7f3a"
 
 
+def write_secret(path: Path, text: str) -> Path:
+    """A credential file as an operator must make one: readable by its owner only (others' are refused)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
 def controller_config(d: Path, listen: str = "127.0.0.1:0", **extra: object) -> Path:
-    (d / "token").write_text(TOKEN + "\n")
+    write_secret(d / "token", TOKEN)
     cfg = {"listen": listen, "address_file": "run/controller.addr", "state": "run/state.db",
            "checkpoint_root": "run/ckpt", "token_file": "token", "heartbeat_interval_s": 0.3,
            "worker_timeout_s": 3, "schedule_interval_s": 0.2, "stop_grace_s": 10} | extra
@@ -40,12 +49,15 @@ def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
     return proc, addr_file.read_text().strip()
 
 
-def start_worker(d: Path, address: str, name: str, slots: int = 1) -> subprocess.Popen:
-    log = open(d / f"{name}.log", "a")
-    env = os.environ | {"HPCSCHED_TOKEN": TOKEN}
+def start_worker(d: Path, address: str | None, name: str, slots: int = 1, token: str = TOKEN,
+                 extra: tuple[str, ...] = (), log_name: str | None = None) -> subprocess.Popen:
+    """A worker daemon; ``address`` None: it finds the controller through ``extra``'s --address-file."""
+    log = open(d / (log_name or f"{name}.log"), "a")
+    env = os.environ | {"HPCSCHED_TOKEN": token}
+    where = ["--controller", address] if address else []
     return subprocess.Popen(
-        [sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", address, "--name", name, "--slots",
-         str(slots), "--gpus", "0", "--work-dir", str(d / "run" / name)],
+        [sys.executable, "-m", "hpcsched.runtime", "worker", *where, "--name", name, "--slots",
+         str(slots), "--gpus", "0", "--work-dir", str(d / "run" / name), *extra],
         stdout=log, stderr=subprocess.STDOUT, cwd=d, env=env, start_new_session=True,
     )
 

@@ -67,6 +67,7 @@ def test_job_spec_errors_name_the_line(tmp_path: Path) -> None:
 
 def test_controller_config_paths_relative_to_file(tmp_path: Path) -> None:
     (tmp_path / "tok").write_text("s3cret\n")
+    (tmp_path / "tok").chmod(0o600)  # a token file others can read is refused (test_runtime_roles.py)
     p = tmp_path / "c.yaml"
     p.write_text("listen: 127.0.0.1:0\nstate: run/s.db\ntoken_file: tok\npolicy: fifo\n")
     cfg = read_controller_config(p)
@@ -106,6 +107,7 @@ def test_tls_with_token(tmp_path: Path) -> None:
                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
                     "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
     (tmp_path / "c.yaml").write_text("listen: 127.0.0.1:0\nstate: s.db\ntoken: t0k\ntls_cert: c.pem\ntls_key: k.pem\n")
+    (tmp_path / "c.yaml").chmod(0o600)  # it holds a token inline
     srv = ControllerServer(read_controller_config(tmp_path / "c.yaml"))
     addr = srv.start()
     try:

@@ -1,15 +1,26 @@
-"""Shared-token authentication and optional TLS for every controller RPC.
+"""Token authentication with roles, and optional TLS, for every controller RPC.
 
-Workers and clients send ``authorization: Bearer <token>`` metadata; the server interceptor refuses a
-call without the right token with UNAUTHENTICATED and logs the peer, before any handler runs. The token
-is compared in constant time. TLS (server certificate + key; clients trust a CA file) protects the
-token on the wire when the controller listens beyond loopback.
+Workers and clients send ``authorization: Bearer <token>`` metadata; the server interceptor finds which role's
+token it is (compared in constant time against each) and refuses, with UNAUTHENTICATED and before any handler
+runs, a call without a known token, and with PERMISSION_DENIED a call its role may not make:
+
+- ``user``: Submit, ListJobs, Cancel, ListWorkers;
+- ``worker``: Register, Heartbeat, Leave (a user's token cannot act as a worker: issue 15 saw a user's heartbeat
+  mark a running job ``completed 1000/1000`` and make workers leave);
+- ``admin``: every RPC, including any not listed here (an RPC added later is admin-only until it is given a role).
+
+With one token configured (``token_file`` alone) that token holds every role, as before roles existed; the
+controller says so in its log at every start. Refusals are logged at most once per ``LOG_EVERY_S`` per peer and
+reason, with how many were suppressed (each refused call logged 233 bytes, with no limit). TLS (server
+certificate + key; clients trust a CA file) protects the tokens on the wire beyond loopback.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -17,26 +28,88 @@ import grpc
 log = logging.getLogger("hpcsched.runtime.auth")
 
 HEADER = "authorization"
+USER, WORKER, ADMIN = "user", "worker", "admin"
+ROLE_RPCS: dict[str, frozenset[str]] = {
+    USER: frozenset({"Submit", "ListJobs", "Cancel", "ListWorkers"}),
+    WORKER: frozenset({"Register", "Heartbeat", "Leave"}),
+}
+LOG_EVERY_S = 10.0
+
+
+def allowed(role: str, method: str) -> bool:
+    """May ``role`` call ``method`` (the RPC's short name)? Admin may call anything; others what ROLE_RPCS lists."""
+    return role == ADMIN or method in ROLE_RPCS.get(role, ())
+
+
+class _Throttle:
+    """At most one log line per key per ``every_s``; the next one says how many were suppressed."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def warn(self, key: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, dropped = self._last.get(key, (-1e18, 0))
+            if now - last < self.every_s:
+                self._last[key] = (last, dropped + 1)
+                return
+            if len(self._last) > 10_000:  # bounded memory against many peers
+                self._last.clear()
+            self._last[key] = (now, 0)
+        suffix = f" ({dropped} more like it in the last {now - last:.0f} s not logged)" if dropped else ""
+        log.warning(message + suffix, *args)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Rejects calls whose ``authorization`` metadata is not ``Bearer <token>``."""
+    """Authenticates every call by its ``authorization`` metadata and authorises it by role (module docstring).
+    ``tokens``: role -> token; one token may hold several roles only through the single-token set-up."""
 
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
+    def __init__(self, token: str | None = None, tokens: dict[str, str] | None = None) -> None:
+        if tokens is None:
+            tokens = {ADMIN: token} if token else {}
+        self._tokens = [(role, f"Bearer {t}".encode()) for role, t in tokens.items() if t]
+        self._throttle = _Throttle()
 
-        def deny(request, context: grpc.ServicerContext):
-            log.warning("refused unauthenticated call from %s", context.peer())
+        def deny_unauthenticated(request, context: grpc.ServicerContext):
+            self._throttle.warn(f"auth {context.peer()}", "refused unauthenticated call from %s", _safe(context.peer()))
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
 
-        self._deny = deny
+        self._deny = deny_unauthenticated
+
+    def role(self, got: str) -> str | None:
+        """The role whose token ``got`` is (every token compared, in constant time), or None."""
+        found = None
+        for role, expected in self._tokens:
+            if hmac.compare_digest(got.encode(), expected) and found is None:
+                found = role
+        return found
 
     def intercept_service(self, continuation, handler_call_details):
         got = dict(handler_call_details.invocation_metadata or ()).get(HEADER, "")
-        if hmac.compare_digest(got.encode(), self._expected):
+        role = self.role(got if isinstance(got, str) else "")
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if role is None:
+            self._throttle.warn(f"auth {method}", "refused %s: missing or wrong token", _safe(method))
+            return grpc.unary_unary_rpc_method_handler(self._deny)
+        if allowed(role, method):
             return continuation(handler_call_details)
-        log.warning("refused %s: missing or wrong token", handler_call_details.method)
-        return grpc.unary_unary_rpc_method_handler(self._deny)
+        self._throttle.warn(f"role {role} {method}", "refused %s: the %s role may not call it", _safe(method), role)
+
+        def deny_role(request, context: grpc.ServicerContext):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"this token's role ({role}) may not call {method}; "
+                          f"{'workers' if method in ROLE_RPCS[WORKER] else 'admins'} hold the credential for it")
+
+        return grpc.unary_unary_rpc_method_handler(deny_role)
+
+
+def _safe(text: str) -> str:
+    """A peer or method name as one printable, bounded log field (no forged lines, no terminal codes)."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text[:200]
 
 
 def server_credentials(cert: Path, key: Path) -> grpc.ServerCredentials:

@@ -1,4 +1,4 @@
-"""``hpcsched controller | worker | submit | jobs | cancel | workers | profile``: run and use the runtime."""
+"""``hpcsched controller | worker | submit | jobs | cancel | workers | profile | backup``: run and use the runtime."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ def controller(
 
 def worker(
     controller: str = typer.Option(None, "--controller", help="controller HOST:PORT"),
+    address_file: Path = typer.Option(None, "--address-file", help="file the controller writes its HOST:PORT to: "
+                                      "read at start (without --controller) and again whenever the controller is "
+                                      "unreachable (it restarted on a new port)"),
     config: Path = typer.Option(None, "--config", "-c", help="worker YAML (controller, name, slots, gpus, token_file)"),
     name: str = typer.Option(None, "--name", help="worker id (default: the host name)"),
     slots: int = typer.Option(None, "--slots", help="processes this node runs at once (default: GPUs, else 1)"),
@@ -88,12 +91,18 @@ def worker(
     _logging(verbose)
     file = read_worker_config(config) if config else {}
     flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "host": host,
-             "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace}
+             "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace, "address_file": address_file}
     kw = file | {k: v for k, v in flags.items() if v is not None}
     token = resolve_token(token_file) if token_file else kw.pop("token", None) or resolve_token(None)
     kw.pop("token", None)
+    os.environ.pop("HPCSCHED_TOKEN", None)  # read: no child of this daemon inherits it
+    if not kw.get("controller") and kw.get("address_file"):
+        from hpcsched.runtime.client import resolve_address
+
+        kw["controller"] = resolve_address(None, kw["address_file"])
     if not kw.get("controller"):
-        raise InputError(config, "no controller address: pass --controller HOST:PORT or set controller: in the file")
+        raise InputError(config, "no controller address: pass --controller HOST:PORT, --address-file FILE or set "
+                                 "controller: in the file")
     if "gpus" not in kw:
         kw["gpus"] = _visible_gpus()
     kw.setdefault("slots", kw["gpus"] or 1)
@@ -244,6 +253,19 @@ def profile(
     print(json.dumps(res) if as_json else f"{res['jobs']} jobs -> {res['profiles']}, {res['scaling']}, {res['bounds']}")
 
 
+def backup(
+    state: Path = typer.Option(..., "--state", help="the controller's SQLite state file (it may be running)"),
+    out: Path = typer.Option(..., "--out", help="folder for the copy (state-YYYYmmdd-HHMMSS.db, mode 0600)"),
+    keep: int = typer.Option(0, "--keep", help="keep only the newest N copies in --out (0: keep all)"),
+) -> None:
+    """Copy the state while the controller runs (SQLite online backup): restore one over a damaged state."""
+    from hpcsched.runtime.server import backup as take_backup
+
+    if not state.exists():
+        raise InputError(state, "no such state file")
+    print(take_backup(state, out, keep))
+
+
 def register(app: typer.Typer) -> None:
     for fn in (controller, worker, submit, jobs, cancel, workers, profile):
         app.command(fn.__name__)(fn)
@@ -255,6 +277,7 @@ def main() -> None:
     app = typer.Typer(name="hpcsched-runtime", no_args_is_help=True, pretty_exceptions_enable=False,
                       add_completion=False, help="hpcsched runtime: controller, worker and the job client.")
     register(app)
+    app.command("backup")(backup)  # an operator's tool: only here, not among `hpcsched`'s user commands
     try:
         app()
     except InputError as e:

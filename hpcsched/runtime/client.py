@@ -3,11 +3,21 @@
 The address comes from ``--controller HOST:PORT``, else ``$HPCSCHED_CONTROLLER``, else the first line of
 an address file (what a controller with ``address_file`` writes); the token from ``--token-file`` or
 ``$HPCSCHED_TOKEN``. RPC failures become one-line errors, never tracebacks.
+
+Listings are fetched page by page (the controller bounds every reply). A submit carries a request id made here
+and is retried with the same id when the controller could not be reached or did not answer in time, so the
+retry returns the job the first attempt made instead of a second one. A query the controller refuses as busy
+(RESOURCE_EXHAUSTED: many listings at once) is retried after a random pause for up to ``BUSY_RETRY_S``: the
+controller answered, it is only serving other queries first (40 concurrent listings of 10,000 jobs each take
+seconds in all on a 2-core node, and such a call waited rather than failing).
 """
 
 from __future__ import annotations
 
 import os
+import random
+import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -41,31 +51,68 @@ def resolve_token(token_file: Path | None) -> str | None:
     return os.environ.get("HPCSCHED_TOKEN") or None
 
 
+_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+BUSY_RETRY_S = 60.0
+
+
 class Client:
     def __init__(self, address: str, token: str | None, tls_ca: Path | None = None, timeout: float = 10.0) -> None:
+        """``timeout``: seconds for one call, retries of a busy query or of a submit included."""
         self.address = address
         self.channel = open_channel(address, tls_ca)
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(token)
         self.timeout = timeout
 
-    def _call(self, method: str, request):
-        try:
-            return getattr(self.stub, method)(request, timeout=self.timeout, metadata=self.md)
-        except grpc.RpcError as e:
-            raise ClientError(f"controller {self.address}: {e.code().name}: {e.details()}") from None
+    def _call(self, method: str, request, retry: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.RESOURCE_EXHAUSTED,),
+              attempt_s: float | None = None):
+        """One RPC, retried on the codes in ``retry`` until ``self.timeout``; each attempt gets ``attempt_s`` (all
+        the time left when None)."""
+        start = time.monotonic()
+        deadline = start + self.timeout
+        pause = 0.05
+        while True:
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                return getattr(self.stub, method)(request, timeout=min(left, attempt_s or left), metadata=self.md)
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and code in retry:  # busy: a longer budget, a full
+                    deadline = max(deadline, start + max(self.timeout, BUSY_RETRY_S))  # timeout for the next try
+                if code not in retry or time.monotonic() + pause >= deadline:
+                    raise ClientError(f"controller {self.address}: {code.name}: {e.details()}") from None
+            time.sleep(pause * random.uniform(0.5, 1.5))  # spread out the retries of many clients
+            pause = min(pause * 2, 1.0)
 
-    def submit(self, spec_yaml: str, source: str) -> str:
-        return self._call("Submit", pb.SubmitRequest(spec_yaml=spec_yaml, source=source)).job_id
+    def submit(self, spec_yaml: str, source: str, request_id: str | None = None) -> str:
+        """The job's id. Retried with the same ``request_id`` (a fresh one unless given) when the controller is
+        unreachable or slow: the controller stores one job per request id."""
+        req = pb.SubmitRequest(spec_yaml=spec_yaml, source=source, request_id=request_id or uuid.uuid4().hex)
+        return self._call("Submit", req, retry=_RETRY, attempt_s=max(2.0, self.timeout / 3)).job_id
 
-    def jobs(self) -> list[pb.JobInfo]:
-        return list(self._call("ListJobs", pb.ListJobsRequest()).jobs)
+    def jobs(self, page_size: int = 0) -> list[pb.JobInfo]:
+        """Every job, page by page (``page_size`` 0: the controller's default page)."""
+        out: list[pb.JobInfo] = []
+        token = ""
+        while True:
+            reply = self._call("ListJobs", pb.ListJobsRequest(page_size=page_size, page_token=token))
+            out += reply.jobs
+            token = reply.next_page_token
+            if not token:
+                return out
 
     def cancel(self, job_id: str) -> pb.CancelReply:
         return self._call("Cancel", pb.CancelRequest(job_id=job_id))
 
     def workers(self) -> list[pb.WorkerInfo]:
-        return list(self._call("ListWorkers", pb.ListWorkersRequest()).workers)
+        out: list[pb.WorkerInfo] = []
+        token = ""
+        while True:
+            reply = self._call("ListWorkers", pb.ListWorkersRequest(page_token=token))
+            out += reply.workers
+            token = reply.next_page_token
+            if not token:
+                return out
 
     def close(self) -> None:
         self.channel.close()

@@ -8,8 +8,10 @@ taken relative to the file that names them, so a config works from any current d
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,9 +192,22 @@ def parse_address(text: str, source: str = "<address>") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def check_private(path: Path, what: str = "token file") -> None:
+    """Refuse a secret file that others can read or write, as ssh refuses such a key: anyone on the node could
+    use the credential in it (issue 15: token files at 0644 were accepted)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError as e:
+        raise InputError(path, f"cannot read {what}: {e.strerror or e}") from None
+    if mode & 0o077:
+        raise InputError(path, f"{what} is accessible by others (mode {mode:04o}); a credential must be private: "
+                               f"chmod 600 {path}")
+
+
 def read_token(token: str | None, token_file: Path | None, source: str) -> str | None:
-    """The shared secret from the file (first line) or inline; None means auth is off."""
+    """A secret from the file (first line; refused unless private) or inline; None means none is set."""
     if token_file is not None:
+        check_private(token_file)
         try:
             token = token_file.read_text().strip()
         except OSError as e:
@@ -200,6 +215,12 @@ def read_token(token: str | None, token_file: Path | None, source: str) -> str |
         if not token:
             raise InputError(token_file, "token file is empty")
     return token
+
+
+def _inline_secret(doc: _Doc, path: Path, keys: tuple[str, ...]) -> None:
+    """A config file holding a token inline is itself a secret file."""
+    if any(k in doc.data for k in keys):
+        check_private(path, f"this file holds a credential ({', '.join(k for k in keys if k in doc.data)}); it")
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,9 +231,14 @@ class ControllerConfig:
     address_file: Path | None = None  # the bound HOST:PORT is written here for workers and clients
     state: Path = Path("hpcsched-state.db")
     checkpoint_root: Path = Path("checkpoints")
-    token: str | None = None
+    token: str | None = None  # the user role's (every role's when it is the only one set)
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    worker_token: str | None = None  # the worker role's: Register, Heartbeat, Leave
+    admin_token: str | None = None  # every RPC
+    backup_dir: Path | None = None  # periodic online copies of the state (recovery from a damaged one)
+    backup_interval_s: float = 3600.0
+    backup_keep: int = 24
     policy: str = "fifo"
     heartbeat_interval_s: float = 1.0
     worker_timeout_s: float = 10.0
@@ -227,13 +253,29 @@ class ControllerConfig:
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
-    "min_runtime_s", "milp_tfwd_s", "rpc_stats_file",
+    "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
+    "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
 }
 
 
 def read_controller_config(path: str | Path) -> ControllerConfig:
+    """The controller's YAML as a ControllerConfig; the roles' tokens, when several are set, must differ."""
+    cfg = _controller_config(path)
+    secrets = [(k, v) for k, v in (("token", cfg.token), ("worker_token", cfg.worker_token),
+                                   ("admin_token", cfg.admin_token)) if v]
+    for i, (k, v) in enumerate(secrets):
+        for k2, v2 in secrets[i + 1:]:
+            if v == v2:
+                raise InputError(path, f"{k} and {k2} are the same credential; each role needs its own")
+    if (cfg.worker_token or cfg.admin_token) and not cfg.token:
+        raise InputError(path, "worker_token / admin_token set without token (the user role's): set token_file too")
+    return cfg
+
+
+def _controller_config(path: str | Path) -> ControllerConfig:
     doc, base = _read(path)
     doc.check_keys(CONTROLLER_KEYS)
+    _inline_secret(doc, Path(path), ("token", "worker_token", "admin_token"))
     listen = doc.get("listen", str, "127.0.0.1:0")
     parse_address(listen, doc.source)
     cert, key = doc.path("tls_cert", base, None), doc.path("tls_key", base, None)
@@ -247,6 +289,13 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
         token=read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source),
         tls_cert=cert,
         tls_key=key,
+        worker_token=read_token(doc.get("worker_token", str, None), doc.path("worker_token_file", base, None),
+                                doc.source),
+        admin_token=read_token(doc.get("admin_token", str, None), doc.path("admin_token_file", base, None),
+                               doc.source),
+        backup_dir=doc.path("backup_dir", base, None),
+        backup_interval_s=doc.positive("backup_interval_s", float, 3600.0),
+        backup_keep=doc.positive("backup_keep", int, 24),
         policy=doc.get("policy", str, "fifo"),
         heartbeat_interval_s=doc.positive("heartbeat_interval_s", float, 1.0),
         worker_timeout_s=doc.positive("worker_timeout_s", float, 10.0),
@@ -274,16 +323,18 @@ class WorkerConfig:
     work_dir: Path = Path("hpcsched-worker")
     stop_grace_s: float = 30.0  # on SIGTERM: checkpoint -> SIGKILL of its tasks after this long
     warm_ranks: bool = True  # keep a torch-preloaded ``direct`` supervisor ready (fast relaunch on resize)
+    address_file: Path | None = None  # re-read when the controller is unreachable: a restart on a new port
 
 
 WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir",
-               "stop_grace_s", "warm_ranks"}
+               "stop_grace_s", "warm_ranks", "address_file"}
 
 
 def read_worker_config(path: str | Path) -> dict[str, Any]:
     """The worker file as keyword overrides; the CLI merges them under its own flags."""
     doc, base = _read(path)
     doc.check_keys(WORKER_KEYS)
+    _inline_secret(doc, Path(path), ("token",))
     out: dict[str, Any] = {}
     for k in ("controller", "name", "host"):
         if k in doc.data:
@@ -297,6 +348,8 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
         out["stop_grace_s"] = doc.positive("stop_grace_s", float, 30.0)
     if "tls_ca" in doc.data:
         out["tls_ca"] = doc.path("tls_ca", base, None)
+    if "address_file" in doc.data:
+        out["address_file"] = doc.path("address_file", base, None)
     if "warm_ranks" in doc.data:
         out["warm_ranks"] = doc.get("warm_ranks", bool, True)
     token = read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source)

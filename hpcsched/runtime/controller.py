@@ -28,20 +28,23 @@ scheduling tick (``scheduler.plan``) and the queries, and does every write and l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
 from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, parse_job_spec
-from hpcsched.runtime.launch import in_place_capable, launch_tasks, resized_launch, slot_use
+from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, launch_tasks, resized_launch, slot_use
 from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
+from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
 
 log = logging.getLogger("hpcsched.runtime.controller")
 
@@ -51,6 +54,30 @@ _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: b
 MAX_MESSAGE_CHARS = 500  # a job's message (a failure reason from a worker, a waiting note): one bounded line
 _WAITING = re.compile(r"(?:^|; )waiting: [^;]*$")  # the note a job that no live worker set can hold carries
 _INT64_MAX = 2**63 - 1
+
+# Queries (ListJobs, ListWorkers) are paged, bounded in bytes and served beside the lock, on reader connections of
+# their own, at most QUERY_SLOTS at once; at most QUERY_QUEUE more wait for a slot, and beyond that a query is
+# refused as busy (the client retries): waiting queries hold server threads that heartbeats need (issue 15).
+DEFAULT_PAGE = 500
+MAX_PAGE = 1000
+MAX_REPLY_BYTES = 1 << 20  # a quarter of gRPC's default 4 MiB message limit, whatever the rows hold
+QUERY_SLOTS = 2
+QUERY_QUEUE = 14
+QUERY_WAIT_S = 5.0
+
+# Registration bounds (issue 15: 2^31-1, -5 and 0 slots and a 100 KB id were accepted).
+MAX_WORKER_ID_CHARS = 128
+MAX_SLOTS = 4096  # processes one node runs at once: far above any node, far below int32
+_WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")
+
+
+class Busy(Exception):
+    """Too many queries are in flight or waiting: the caller retries later (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class Refused(Exception):
+    """A worker's request the controller will not carry out, with why (gRPC FAILED_PRECONDITION): another live
+    daemon holds its name. The message is for the worker's log and its operator."""
 
 
 class Controller:
@@ -74,6 +101,12 @@ class Controller:
         self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
         self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
         self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
+        self.instance: dict[str, str] = {}  # worker -> the daemon (RegisterRequest.instance) that holds the name
+        self._readers: queue.Queue[Store] = queue.Queue()
+        for _ in range(QUERY_SLOTS):
+            self._readers.put(self.store.reader())
+        self._query_waiting = 0
+        self._query_lock = threading.Lock()
 
     def started(self) -> None:
         """Called once the server listens. Liveness is in memory only: after a restart every worker
@@ -89,7 +122,23 @@ class Controller:
 
     # ---------------------------------------------------------------------------------------- workers
     def register(self, req: pb.RegisterRequest) -> pb.RegisterReply:
+        """Admit a worker daemon. Its id, slots and host are bounded (``registration_problem``: InputError), and a
+        name is held by one live daemon at a time: a second daemon with a live holder's name is ``Refused``
+        (two such daemons flapped, each re-registering over the other, and a job ended at 115 of 400 steps).
+        A holder silent for ``worker_timeout_s`` is lost, and then the name is free again."""
+        problem = registration_problem(req)
+        if problem:
+            raise InputError(f"worker {_clip(req.worker_id, 60)!r}", problem)
         with self.lock, self.store.tx():
+            holder = self.instance.get(req.worker_id)
+            if req.worker_id in self.last_seen and holder is not None and holder != req.instance:
+                silent = self.mono() - self.last_seen[req.worker_id]
+                log.warning("refused a second daemon for worker %s (the holder was heard %.1f s ago)",
+                            req.worker_id, silent)
+                raise Refused(f"worker name {req.worker_id!r} is held by another live daemon (heard from "
+                              f"{silent:.1f} s ago); give this one another --name, or stop the other one (its "
+                              f"name is free {self.cfg.worker_timeout_s:g} s after it goes silent)")
+            self.instance[req.worker_id] = req.instance
             w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
                           time.time(), True)
             self.store.upsert_worker(w)
@@ -107,6 +156,9 @@ class Controller:
             if wid not in self.last_seen:
                 reply.reregister = True
                 return reply
+            holder = self.instance.setdefault(wid, req.instance)  # after a restart: the first daemon heard
+            if holder != req.instance:
+                raise Refused(f"worker name {wid!r} is held by another live daemon; this one is not registered")
             self.last_seen[wid] = self.mono()
             if req.spare_port:
                 self.spare_port[wid] = req.spare_port
@@ -124,9 +176,12 @@ class Controller:
     def leave(self, req: pb.LeaveRequest) -> pb.LeaveReply:
         """A worker stopping on purpose. Draining: its jobs stop with a checkpoint (preempt, so no restart is
         counted) and the next step places them elsewhere. Final: it is gone now; whatever it did not report
-        as exited counts as lost."""
+        as exited counts as lost. Only the daemon that holds the name may say so."""
         wid = req.worker_id
         stopping = 0
+        with self.lock:
+            if self.instance.get(wid, req.instance) != req.instance:
+                raise Refused(f"worker name {wid!r} is held by another live daemon; this one cannot leave for it")
         with self.lock, self.store.tx():
             now = time.time()
             self.leaving.add(wid)
@@ -139,6 +194,7 @@ class Controller:
                     stopping += 1
             if req.final:
                 self.last_seen.pop(wid, None)
+                self.instance.pop(wid, None)
                 self.spare_port.pop(wid, None)
                 self.store.set_worker_alive(wid, False)
                 for a in self.store.allocations(worker_id=wid):
@@ -264,15 +320,28 @@ class Controller:
             self.store.update_job(job.id, state="pending", procs=0, **keep)
         self.store.event(job.id, "stopped", reason=reason)
 
-    def submit(self, spec_yaml: str, source: str) -> str:
+    def submit(self, spec_yaml: str, source: str, request_id: str = "") -> str:
+        """The new (or, for a retried ``request_id``, the earlier) job's id; ``submit_once`` says which."""
+        return self.submit_once(spec_yaml, source, request_id)[0]
+
+    def submit_once(self, spec_yaml: str, source: str, request_id: str = "") -> tuple[str, bool]:
         """Validate a job file completely (``config.parse_job_spec``: types, ranges, lengths, names, encodings)
-        before anything is stored: the client checked it too, but a controller trusts no client."""
-        spec = parse_job_spec(spec_yaml, _clip(source or "<submitted job>", 200))
+        before anything is stored: the client checked it too, but a controller trusts no client. ``request_id``
+        is the client's key for this submit, the same on its retries: a submit whose reply was lost (a timeout)
+        and is retried returns the job the first one made, with True (a duplicate), instead of a second job."""
+        src = _clip(source or "<submitted job>", 200)
+        if len(request_id) > MAX_REQUEST_ID_CHARS or not request_id.isprintable():
+            raise InputError(src, f"request id: at most {MAX_REQUEST_ID_CHARS} printable characters")
+        spec = parse_job_spec(spec_yaml, src)
         with self.lock:
-            job_id = self.store.add_job(spec, time.time())
+            earlier = self.store.job_for_request(request_id) if request_id else None
+            if earlier is not None:
+                log.info("job %s: submit retried (request %s): not stored again", earlier, request_id)
+                return earlier, True
+            job_id = self.store.add_job(spec, time.time(), request_id or None)
         log.info("job %s submitted (%s, %d procs)", job_id, spec.name, spec.procs)
         self.wakeup.set()
-        return job_id
+        return job_id, False
 
     def cancel(self, job_id: str) -> tuple[bool, str]:
         with self.lock, self.store.tx():
@@ -451,6 +520,7 @@ class Controller:
             if now - seen <= self.cfg.worker_timeout_s:
                 continue
             del self.last_seen[wid]
+            self.instance.pop(wid, None)  # the name is free for the next daemon
             self.spare_port.pop(wid, None)
             self.store.set_worker_alive(wid, False)
             self.store.event(None, "worker_lost", worker=wid, silent_s=now - seen)
@@ -489,6 +559,8 @@ class Controller:
         size = sum(k for _, k in placement)
         ckpt = self.cfg.checkpoint_root.resolve() / job.id
         for wid, msg in launch_tasks(job.id, gen, job.spec, placement, hosts, port, ckpt, group):
+            if job.uid:  # the worker binds the checkpoint folder to it (a lost state's j0001 is not this one)
+                msg.env[JOB_UID_ENV] = job.uid
             self.store.add_allocation(AllocRow(msg.task_id, job.id, gen, wid, msg.node_rank, msg.nprocs, "launching",
                                                None, msg.SerializeToString()))
         self.attempt_start[job.id] = time.time()
@@ -512,39 +584,128 @@ class Controller:
             stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
 
     # ------------------------------------------------------------------------------------- queries
+    @contextlib.contextmanager
+    def query(self) -> Iterator[Store]:
+        """A reader connection for one query page, beside the controller lock (module constants): at most
+        QUERY_SLOTS at once, QUERY_QUEUE waiting, ``Busy`` beyond that or after QUERY_WAIT_S of waiting."""
+        with self._query_lock:
+            if self._query_waiting >= QUERY_SLOTS + QUERY_QUEUE:
+                raise Busy(f"{self._query_waiting} queries in flight; retry")
+            self._query_waiting += 1
+        try:
+            try:
+                reader = self._readers.get(timeout=QUERY_WAIT_S)
+            except queue.Empty:
+                raise Busy(f"no query slot within {QUERY_WAIT_S:g} s; retry") from None
+            try:
+                yield reader
+            finally:
+                self._readers.put(reader)
+        finally:
+            with self._query_lock:
+                self._query_waiting -= 1
+
     def list_jobs(self) -> list[pb.JobInfo]:
-        with self.lock:
-            jobs = self.store.jobs()
-            where: dict[str, list[str]] = {}
-            for a in self.store.allocations():
-                where.setdefault(a.job_id, []).append(a.worker_id)
-            groups = self._slot_use()[1]
+        """Every job (all pages of ``jobs_page``): for callers in this process; the RPC serves one page."""
+        out, token = self.jobs_page()
+        while token:
+            page, token = self.jobs_page(page_token=token)
+            out += page
+        return out
+
+    def list_workers(self) -> list[pb.WorkerInfo]:
+        """Every worker (all pages of ``workers_page``)."""
+        out, token = self.workers_page()
+        while token:
+            page, token = self.workers_page(page_token=token)
+            out += page
+        return out
+
+    def jobs_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.JobInfo], str]:
+        """One page of jobs in submit order, and the token of the next page ('' after the last): at most
+        ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. Read on a reader
+        connection, not under the controller's lock: heartbeats never wait for a listing."""
+        after = _page_after(page_token, "j", int)
+        limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
+        with self.query() as rd:
+            jobs = rd.jobs_page(after, limit + 1)
+            allocs = rd.allocations()
+        sizing = self.sizing  # replaced whole by the scheduling thread, never changed in place
+        _, groups, _, _ = slot_use(allocs, self._groups)
+        where: dict[str, list[str]] = {}
+        for a in allocs:
+            where.setdefault(a.job_id, []).append(a.worker_id)
         members: dict[str, list[str]] = {}
         for jid, key in groups.items():
             members.setdefault(key, []).append(jid)
-        return [pb.JobInfo(
-            job_id=j.id, name=j.name[:MAX_NAME_CHARS], state=j.state, procs=j.procs, steps_done=j.steps_done,
-            # A state file from before submits were validated may hold steps past int64: listing must not fail.
-            steps_total=min(j.spec.steps or 0, _INT64_MAX), generation=j.generation, workers=where.get(j.id, []),
-            submit_time=j.submit_time, start_time=j.start_time or 0, end_time=j.end_time or 0,
-            last_loss=j.last_loss or 0, first_loss=j.first_loss or 0, last_checkpoint_step=j.ckpt_step,
-            launcher=j.spec.launcher, message=j.message[:MAX_MESSAGE_CHARS], last_resize_s=j.last_resize_s or 0,
-            restarts=j.restarts,
-            group=groups.get(j.id, ""),
-            interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
-            sizing=self.sizing.get(j.id, ""),
-        ) for j in jobs]
+        out: list[pb.JobInfo] = []
+        size = 0
+        for j in jobs[:limit]:
+            info = pb.JobInfo(
+                job_id=j.id, name=j.name[:MAX_NAME_CHARS], state=j.state, procs=j.procs, steps_done=j.steps_done,
+                # A state file from before submits were validated may hold steps past int64: listing must not fail.
+                steps_total=min(j.spec.steps or 0, _INT64_MAX), generation=j.generation,
+                workers=where.get(j.id, []), submit_time=j.submit_time, start_time=j.start_time or 0,
+                end_time=j.end_time or 0, last_loss=j.last_loss or 0, first_loss=j.first_loss or 0,
+                last_checkpoint_step=j.ckpt_step, launcher=j.spec.launcher, message=j.message[:MAX_MESSAGE_CHARS],
+                last_resize_s=j.last_resize_s or 0, restarts=j.restarts, group=groups.get(j.id, ""),
+                interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
+                sizing=sizing.get(j.id, ""), uid=j.uid or "",
+            )
+            size += info.ByteSize() + 8  # + the field's tag and length
+            if out and size > MAX_REPLY_BYTES:
+                return out, f"j{jobs[len(out) - 1].seq}"  # the rest from the next page
+            out.append(info)
+        more = len(jobs) > limit
+        return out, f"j{jobs[limit - 1].seq}" if more else ""
 
     def _wall(self, mono: float | None) -> float:
         """A monotonic reading as wall-clock seconds (for display): 0 when there is none."""
         return 0.0 if mono is None else time.time() - (self.mono() - mono)
 
-    def list_workers(self) -> list[pb.WorkerInfo]:
+    def workers_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.WorkerInfo], str]:
+        """One page of workers in id order (as ``jobs_page``); the lock is held only to copy who is alive."""
+        after = _page_after(page_token, "w", str)
+        limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
+        with self.query() as rd:
+            rows = rd.workers_page(after, limit + 1)
+            used = slot_use(rd.allocations(), self._groups)[0]
         with self.lock:
-            used = self._slot_use()[0]
-            return [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0),
-                                  alive=w.id in self.last_seen, last_seen=self._wall(self.last_seen.get(w.id)))
-                    for w in self.store.workers()]
+            seen = {w.id: self._wall(self.last_seen[w.id]) for w in rows if w.id in self.last_seen}
+        out = [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0), alive=w.id in seen,
+                             last_seen=seen.get(w.id, 0.0)) for w in rows[:limit]]
+        return out, f"w{rows[limit - 1].id}" if len(rows) > limit else ""
+
+
+def _page_after(token: str, kind: str, conv: Callable[[str], object]):
+    """The key a page starts after, from the previous reply's token ('' from the start)."""
+    if not token:
+        return conv("0") if conv is int else ""
+    if not token.startswith(kind) or len(token) > MAX_WORKER_ID_CHARS + 1:
+        raise InputError("page_token", f"not a page token of this listing: {_clip(token, 40)!r}")
+    try:
+        return conv(token[1:])
+    except ValueError:
+        raise InputError("page_token", f"not a page token of this listing: {_clip(token, 40)!r}") from None
+
+
+def registration_problem(req: pb.RegisterRequest) -> str:
+    """Why a RegisterRequest is refused ('' when it is not): an id that is not a short printable name, slots
+    outside 1..MAX_SLOTS, negative GPUs or CPUs, an empty or long host."""
+    if not req.worker_id or len(req.worker_id) > MAX_WORKER_ID_CHARS or not _WORKER_ID.fullmatch(req.worker_id):
+        return (f"worker id: 1 to {MAX_WORKER_ID_CHARS} characters of letters, digits and _.:@- (starting with a "
+                "letter or digit)")
+    if not 1 <= req.slots <= MAX_SLOTS:
+        return f"slots: must be 1 to {MAX_SLOTS}, got {req.slots}"
+    if req.gpus < 0 or req.cpus < 0:
+        return f"gpus and cpus must be >= 0, got {req.gpus} and {req.cpus}"
+    if not req.host or len(req.host) > 255 or not req.host.isprintable() or " " in req.host:
+        return "host: 1 to 255 printable characters, no spaces"
+    if len(req.launchers) > 16 or any(len(x) > 32 or not x.isprintable() for x in req.launchers):
+        return "launchers: at most 16 short names"
+    if len(req.instance) > 64 or not req.instance.isprintable():
+        return "instance: at most 64 printable characters"
+    return ""
 
 
 def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),

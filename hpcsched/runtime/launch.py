@@ -15,6 +15,10 @@ from hpcsched.runtime.config import JobSpec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import AllocRow
 
+# The job's uid (unique across states) in its launch env: the node-rank-0 worker binds the checkpoint folder to it,
+# so a job of a new state that reuses an id (j0001 after state.db was lost) never resumes another job's checkpoint.
+JOB_UID_ENV = "HPCSCHED_JOB_UID"
+
 
 def in_place_capable(spec: JobSpec) -> bool:
     """Elastic Horovod: launched with a discovery script, so a new host list resizes it without a restart."""

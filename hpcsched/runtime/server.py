@@ -33,9 +33,9 @@ from pathlib import Path
 import grpc
 
 from hpcsched.errors import InputError
-from hpcsched.runtime.auth import TokenInterceptor, server_credentials
+from hpcsched.runtime.auth import ADMIN, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
-from hpcsched.runtime.controller import Controller
+from hpcsched.runtime.controller import Busy, Controller, Refused
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 log = logging.getLogger("hpcsched.runtime.server")
@@ -84,11 +84,20 @@ class RpcTimings:
 
 
 def _timed(method):
+    """Time the handler, and turn the controller's refusals into status codes: InputError -> INVALID_ARGUMENT
+    (a bad request: it names the field), Refused -> FAILED_PRECONDITION (another daemon holds the worker's name),
+    Busy -> RESOURCE_EXHAUSTED (too many queries at once: retry)."""
     @functools.wraps(method)
     def wrapper(self, request, context):
         t0 = time.perf_counter()
         try:
             return method(self, request, context)
+        except InputError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Refused as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except Busy as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"controller busy with queries: {e}")
         finally:
             self.timings.add(method.__name__, time.perf_counter() - t0)
     return wrapper
@@ -109,14 +118,13 @@ class _Service(pb_grpc.ControllerServicer):
 
     @_timed
     def Submit(self, request, context):
-        try:
-            return pb.SubmitReply(job_id=self.ctl.submit(request.spec_yaml, request.source))
-        except InputError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        job_id, duplicate = self.ctl.submit_once(request.spec_yaml, request.source, request.request_id)
+        return pb.SubmitReply(job_id=job_id, duplicate=duplicate)
 
     @_timed
     def ListJobs(self, request, context):
-        return pb.ListJobsReply(jobs=self.ctl.list_jobs())
+        jobs, token = self.ctl.jobs_page(request.page_size, request.page_token)
+        return pb.ListJobsReply(jobs=jobs, next_page_token=token)
 
     @_timed
     def Cancel(self, request, context):
@@ -125,7 +133,8 @@ class _Service(pb_grpc.ControllerServicer):
 
     @_timed
     def ListWorkers(self, request, context):
-        return pb.ListWorkersReply(workers=self.ctl.list_workers())
+        workers, token = self.ctl.workers_page(request.page_size, request.page_token)
+        return pb.ListWorkersReply(workers=workers, next_page_token=token)
 
     @_timed
     def Leave(self, request, context):
@@ -135,10 +144,13 @@ class _Service(pb_grpc.ControllerServicer):
 class ControllerServer:
     """A running controller; ``start`` returns once it listens, ``stop`` ends it."""
 
-    def __init__(self, cfg: ControllerConfig, max_workers: int = 32) -> None:
+    def __init__(self, cfg: ControllerConfig, max_workers: int = 48) -> None:
+        """``max_workers``: server threads. Queries hold at most QUERY_SLOTS + QUERY_QUEUE (16) of them, so at
+        least 32 are left for heartbeats and submits however many listings arrive."""
         self.cfg = cfg
         self.ctl = Controller(cfg)
-        interceptors = [TokenInterceptor(cfg.token)] if cfg.token else []
+        self.roles = _roles(cfg)
+        interceptors = [TokenInterceptor(tokens=self.roles)] if self.roles else []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
         pb_grpc.add_ControllerServicer_to_server(_Service(self.ctl, self.timings), self.server)
@@ -154,6 +166,8 @@ class ControllerServer:
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self.ctl.run_forever, args=(self._stop,), daemon=True, name="scheduler")
         self._switch_interval: float | None = None
+        self._backups = threading.Thread(target=self._backup_loop, daemon=True, name="backups") \
+            if cfg.backup_dir else None
 
     def start(self) -> str:
         self._switch_interval = sys.getswitchinterval()  # restored at stop (tests run controllers in-process)
@@ -164,12 +178,30 @@ class ControllerServer:
         self.server.start()
         self.ctl.started()
         self._loop.start()
+        if self._backups is not None:
+            self._backups.start()
         if self.cfg.address_file:
             _write_atomic(self.cfg.address_file, self.address + "\n")
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
-                 "on" if self.cfg.token else "OFF", "on" if self.cfg.tls_cert else "off", self.cfg.policy,
-                 self.cfg.state)
+                 ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
+                 else "OFF", "on" if self.cfg.tls_cert else "off", self.cfg.policy, self.cfg.state)
+        if list(self.roles) == [ADMIN]:
+            log.warning("one token for every role: whoever can submit jobs can also act as a worker (heartbeats, "
+                        "Leave, Register); set worker_token_file (and admin_token_file) in the controller config")
         return self.address
+
+    def _backup_loop(self) -> None:
+        """A backup at start (the state as this controller found it), then every ``backup_interval_s``. A failed
+        backup is logged as an error and tried again at the next interval; it never stops the controller."""
+        assert self.cfg.backup_dir is not None
+        while True:
+            try:
+                dest = backup(self.cfg.state, self.cfg.backup_dir, self.cfg.backup_keep)
+                log.info("state backed up to %s", dest)
+            except Exception as e:  # disk full, permissions: say so, keep running
+                log.error("state backup into %s failed: %s", self.cfg.backup_dir, e)
+            if self._stop.wait(self.cfg.backup_interval_s):
+                return
 
     def wait(self) -> None:
         self.server.wait_for_termination()
@@ -179,6 +211,8 @@ class ControllerServer:
         self.ctl.wakeup.set()
         self.server.stop(grace=1).wait()
         self._loop.join(timeout=5)
+        if self._backups is not None:
+            self._backups.join(timeout=30)
         self.ctl.store.close()
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
@@ -189,6 +223,31 @@ class ControllerServer:
                      st["p50_ms"], st["p99_ms"], st["max_ms"])
         if self.cfg.rpc_stats_file:
             _write_atomic(self.cfg.rpc_stats_file, json.dumps(stats, indent=1) + "\n")
+
+
+def backup(store_path: Path, backup_dir: Path, keep: int) -> Path:
+    """One online copy of the state into ``backup_dir`` (``state-YYYYmmdd-HHMMSS.db``, 0600), keeping the newest
+    ``keep``: what an operator restores when the state is damaged (docs/runtime.md, operations)."""
+    from hpcsched.runtime.store import Store
+
+    name = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = backup_dir / f"{store_path.stem}-{name}.db"
+    reader = Store(store_path, query_only=True)
+    try:
+        reader.backup_to(dest)
+    finally:
+        reader.close()
+    old = sorted(backup_dir.glob(f"{store_path.stem}-*.db"))
+    for p in old[:-keep] if keep > 0 else []:
+        p.unlink(missing_ok=True)
+    return dest
+
+
+def _roles(cfg: ControllerConfig) -> dict[str, str]:
+    """role -> token. ``token`` alone: the one token holds every role (the set-up before roles; logged at start)."""
+    if cfg.worker_token or cfg.admin_token:
+        return {role: t for role, t in ((USER, cfg.token), (WORKER, cfg.worker_token), (ADMIN, cfg.admin_token)) if t}
+    return {ADMIN: cfg.token} if cfg.token else {}
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -12,7 +12,17 @@ in the forked child could touch (seen: SIGABRT, "epoll_wait ... Bad file descrip
 made by ``start_new_session`` (C code in ``_posixsubprocess``) and the death signal by ``setpriv``, an
 exec'd program, where it is installed. The node-rank-0 worker
 writes the attempt's generation into the checkpoint directory before it launches: a program left over
-from an older attempt sees a newer generation there and exits instead of overwriting checkpoints.
+from an older attempt sees a newer generation there and exits instead of overwriting checkpoints. It also binds
+the folder to the job's uid (``bind_checkpoint_dir``): a folder another job left (the same id in a lost state) is
+moved aside, never resumed.
+
+Identity (issue 15): each daemon sends a random ``instance`` with Register, Heartbeat and Leave; the controller
+lets one live daemon hold a name, and a second one is refused (FAILED_PRECONDITION): it logs why, kills any task
+it still runs (the controller no longer counts them as its), and asks again every few seconds, so it takes the
+name only once the holder has been silent for the controller's worker timeout. Credentials never reach a task:
+the worker's token variable (and any variable holding the token) is removed from what tasks inherit. With an
+``address_file`` the worker re-reads it while the controller is unreachable, so it follows a controller restarted
+on a new port (``listen: 127.0.0.1:0``).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -39,6 +50,7 @@ import grpc
 from hpcsched.runtime import horovod_elastic, launchers
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import WorkerConfig
+from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 log = logging.getLogger("hpcsched.runtime.worker")
@@ -47,6 +59,8 @@ _POLL_S = 0.1  # how often tasks are checked between heartbeats (exits, first re
 _FOLLOW_UP_S = 0.1  # a heartbeat after one that carried news: fetches the controller's reaction
 DEFAULT_GRACE_S = 30.0  # SIGTERM (checkpoint and exit) -> SIGKILL of the whole task tree, unless told otherwise
 _PROGRESS_FIELDS = {f.name for f in pb.Progress.DESCRIPTOR.fields}
+_REFUSED_RETRY_S = 3.0  # a daemon refused its name asks again this often (the holder may go silent)
+CREDENTIAL_ENV = ("HPCSCHED_TOKEN",)  # never passed on to a task
 
 
 @dataclass(slots=True)
@@ -162,6 +176,9 @@ class Worker:
         self.tasks: dict[str, Task] = {}
         self.launchers = launchers.available()
         self.interval = 1.0
+        self.instance = uuid.uuid4().hex  # this daemon, as against another started with the same name
+        self.base_env = task_base_env(os.environ, cfg.token)  # what tasks inherit: no credentials
+        self._refused_logged = ""
         self.channel = open_channel(cfg.controller, cfg.tls_ca)
         use_warm = cfg.warm_ranks and "direct" in self.launchers and "torchrun" in self.launchers  # torch here
         self.warm = WarmRanks(python, self.cfg.work_dir / "warm-ranks.log") if use_warm else None
@@ -197,10 +214,18 @@ class Worker:
                 due = time.monotonic() + (_FOLLOW_UP_S if news else self.interval)
                 stop.wait(min(_POLL_S, self.interval))
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                    log.error("controller refused this worker's token: %s", e.details())
-                log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, backoff)
                 registered = False
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self._refused(e)
+                    stop.wait(_REFUSED_RETRY_S)
+                    continue
+                if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                grpc.StatusCode.INVALID_ARGUMENT):
+                    log.error("controller refused this worker: %s: %s", e.code().name, e.details())
+                elif self.cfg.tls_ca is None and "ssl" in (e.details() or "").lower():
+                    log.error("controller unreachable: %s; it may talk TLS: pass --tls-ca CA.pem", e.details())
+                log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, backoff)
+                self._rediscover()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.interval * 2)
         self.leave()
@@ -228,9 +253,36 @@ class Worker:
         self._say_leave(final=True)
         self.shutdown()
 
+    def _rediscover(self) -> None:
+        """With an address file: when the controller is unreachable, read it again and reconnect if the address
+        changed (the controller restarted on another port: ``listen: HOST:0``)."""
+        if self.cfg.address_file is None:
+            return
+        try:
+            address = self.cfg.address_file.read_text().split()[0]
+        except (OSError, IndexError):
+            return  # not written yet: the controller is starting
+        if address != self.cfg.controller:
+            log.info("controller moved: %s -> %s (from %s)", self.cfg.controller, address, self.cfg.address_file)
+            self.cfg = dataclasses.replace(self.cfg, controller=address)
+            self.channel.close()
+            self.channel = open_channel(address, self.cfg.tls_ca)
+            self.stub = pb_grpc.ControllerStub(self.channel)
+
+    def _refused(self, e: grpc.RpcError) -> None:
+        """The controller refused this daemon its name (another live daemon holds it): say so once per reason,
+        and stop the tasks it still runs, which the controller counts as the holder's or as lost."""
+        why = e.details() or ""
+        if why != self._refused_logged:
+            log.error("refused by the controller: %s", why)
+            self._refused_logged = why
+        for tid in list(self.tasks):
+            self.kill(tid, checkpoint=False)
+
     def _say_leave(self, final: bool) -> None:
         with contextlib.suppress(grpc.RpcError):
-            reply = self.stub.Leave(pb.LeaveRequest(worker_id=self.cfg.name, final=final), timeout=5, metadata=self.md)
+            reply = self.stub.Leave(pb.LeaveRequest(worker_id=self.cfg.name, final=final, instance=self.instance),
+                                    timeout=5, metadata=self.md)
             log.info("told the controller this worker %s (%d jobs stopping)", "left" if final else "is leaving",
                      reply.stopping_jobs)
 
@@ -245,14 +297,17 @@ class Worker:
 
     def _register(self) -> None:
         req = pb.RegisterRequest(worker_id=self.cfg.name, host=self.cfg.host, slots=self.cfg.slots,
-                                 gpus=self.cfg.gpus, cpus=os.cpu_count() or 1, launchers=self.launchers)
+                                 gpus=self.cfg.gpus, cpus=os.cpu_count() or 1, launchers=self.launchers,
+                                 instance=self.instance)
         reply = self.stub.Register(req, timeout=10, metadata=self.md)
         self.interval = reply.heartbeat_interval_s or 1.0
+        self._refused_logged = ""
         log.info("registered with %s as %s (%d slots, launchers %s)", self.cfg.controller, self.cfg.name,
                  self.cfg.slots, ",".join(self.launchers))
 
     def _heartbeat(self) -> pb.HeartbeatRequest:
         req = pb.HeartbeatRequest(worker_id=self.cfg.name, spare_port=spare_port(self.cfg.host))
+        req.instance = self.instance
         for tid, t in self.tasks.items():
             req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
                                            running=t.exit_code is None, exit_code=t.exit_code or 0,
@@ -339,6 +394,7 @@ class Worker:
         how = ""
         if t.node_rank == 0:
             ckpt = Path(t.checkpoint_dir)
+            bind_checkpoint_dir(ckpt, t.env.get(JOB_UID_ENV, ""))
             ckpt.mkdir(parents=True, exist_ok=True)
             (ckpt / "generation").write_text(f"{t.generation}\n")
         cwd = t.env.get("HPCSCHED_WORKDIR") or None
@@ -346,13 +402,13 @@ class Worker:
             self._cannot_start(t, f"the job's workdir {cwd} is not a directory on this worker")
             return
         if argv is not None and t.launcher == "direct" and self.warm is not None:
-            proc = self.warm.take(argv, dict(os.environ) | env, cwd,
+            proc = self.warm.take(argv, self.base_env | env, cwd,
                                   run_dir / "output.log")
             how = ", warm start" if proc is not None else ""
         if argv is not None and proc is None:
             with open(run_dir / "output.log", "ab") as out:
                 try:
-                    proc = spawn(argv, dict(os.environ) | env, cwd, out)
+                    proc = spawn(argv, self.base_env | env, cwd, out)
                 except (OSError, ValueError) as e:
                     self._cannot_start(t, str(e))
                     return
@@ -516,6 +572,41 @@ def _clip(text: str) -> str:
     """One printable line of at most MAX_REASON_CHARS (a program's output may hold anything, ANSI codes too)."""
     text = "".join(c if c.isprintable() else "?" for c in text)
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+def task_base_env(environ: dict[str, str] | os._Environ, token: str | None) -> dict[str, str]:
+    """What a task inherits from the worker's environment: everything but credentials (CREDENTIAL_ENV, and any
+    variable whose value is the worker's token). Issue 15: the token reached every job's environment, so any job
+    could act as a worker."""
+    return {k: v for k, v in environ.items() if k not in CREDENTIAL_ENV and not (token and v == token)}
+
+
+UID_FILE = "job-uid"
+
+
+def bind_checkpoint_dir(ckpt: Path, uid: str) -> None:
+    """Bind a job's checkpoint folder to its uid before its first launch there. A folder holding anything but
+    this job's marker (another job's, or files without a marker: a job of a lost state with the same id) is moved
+    aside to ``.lost-<name>-<its uid or 'unmarked'>-<time>`` in the same parent, kept for the operator, never
+    resumed. ``uid`` empty (a job stored before uids): the folder is used as is."""
+    if not uid:
+        return
+    marker = ckpt / UID_FILE
+    try:
+        owner = marker.read_text().strip()
+    except FileNotFoundError:
+        owner = ""
+    if owner == uid:
+        return
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        aside = ckpt.with_name(f".lost-{ckpt.name}-{_safe(owner) if owner else 'unmarked'}-{int(time.time())}")
+        os.replace(ckpt, aside)
+        log.warning("checkpoint folder %s belonged to another job (%s): moved to %s; job uid %s starts fresh", ckpt,
+                    owner or "no uid marker", aside, uid)
+    ckpt.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt / f".{UID_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(uid + "\n")
+    os.replace(tmp, marker)
 
 
 def interleave_dir(work_dir: Path, worker: str, group: str) -> Path:

@@ -45,7 +45,9 @@ class LocalCluster:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "token").write_text(self.token + "\n")
+        fd = os.open(self.root / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # others' are refused
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
         addr_file = self.root / "controller.addr"
         addr_file.unlink(missing_ok=True)
         cfg = {"listen": "127.0.0.1:0", "address_file": str(addr_file), "state": str(self.state),
