@@ -183,7 +183,7 @@ def symmetric(time_limit: float) -> None:
     """Before/after on one command: the per-job model (as before issue 17, ``per_job_up_to`` past the job
     count) and the class model (the default), both through ``solve_highs`` with the greedy warm start as
     ``allocate`` does; then ``allocate`` itself with HiGHS and the DP."""
-    print("| decision | model | classes | variables | status | objective | = DP | wall s (median of 3) |")
+    print("| decision | model | classes | variables | status (3 runs) | objective | = DP | wall s (median of 3) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, p in _symmetric_cases().items():
         values, size = job_values(p), len(p.pool)
@@ -197,7 +197,7 @@ def symmetric(time_limit: float) -> None:
                 runs.append((time.perf_counter() - t0, sol))
             sol = runs[0][1]
             obj = objective_value(values, model.counts(sol.x)) if sol is not None else float("nan")
-            status = "none" if sol is None else "optimal" if sol.optimal else "time_limit"
+            status = ", ".join("none" if r is None else "optimal" if r.optimal else "time_limit" for _, r in runs)
             print(f"| {name} | {label} | {len(model.classes)} | {model.n_vars} | {status} | {obj:,.0f} | "
                   f"{abs(obj - dp.objective) <= 1e-9 * abs(dp.objective)} | "
                   f"{statistics.median(r[0] for r in runs):.3f} |", flush=True)
