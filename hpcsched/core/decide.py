@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hpcsched.allocator import JobView, Policy, Snapshot
-from hpcsched.core.placement import place_consolidated
 from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.model import ClusterSpec, ElasticJob, ResourceProfile, ScalingCurve
+from hpcsched.placements import PlacementView, get_placement
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ class JobState:
     curve: ScalingCurve | None = None  # declared throughput by size: the MILP sizes the job
     resize_s: float = 10.0  # progress a resize costs it (MILP Tup = Tdw)
     in_place: bool = False  # running elastic Horovod: resizable in place on the node(s) it runs on
+    cpus_per_proc: float = 0.0  # what each of its processes needs beside its slot (resource-aware placement)
+    mem_per_proc_gb: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,8 @@ class WorkerState:
     id: str
     slots: int
     launchers: tuple[str, ...] = ("torchrun",)
+    cpus: float | None = None  # what it has beside its slots, where known (resource-aware placement)
+    mem_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +224,9 @@ class DecideOptions:
 
     min_runtime_s: float = 0.0  # hysteresis: a unit with an attempt younger than this keeps its slots and size
     tfwd_s: float = 60.0  # the MILP's look-ahead when sizing elastic jobs (BFTrainer's Tfwd), seconds
+    admission: str = "accept-all"  # which new jobs the policy sees at all (``hpcsched.admission``)
+    load_threshold: float = 1.0  # load-based admission: admitted demand up to this x the live slots
+    placement: str = "consolidated"  # where a new unit's slots go (``hpcsched.placements``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +254,18 @@ class _Context:
     admitted: list[list[str]] = field(default_factory=list)
     left: int = 0  # slots not yet given to an admitted unit
     free: dict[str, int] = field(default_factory=dict)  # worker -> free slots, as placement takes them
+
+
+def _accept(ctx: _Context) -> None:
+    from hpcsched.admission import AdmissionView, get_admission
+
+    opts = ctx.request.options
+    if opts.admission == "accept-all":
+        return
+    held = get_admission(opts.admission)(AdmissionView(ctx.state.now, ctx.state.jobs, ctx.total, opts.load_threshold))
+    if held:
+        ctx.out.waiting.update(held)
+        ctx.state = replace(ctx.state, jobs=tuple(j for j in ctx.state.jobs if j.id not in held))
 
 
 def _order(ctx: _Context) -> None:
@@ -314,6 +333,8 @@ def _place(ctx: _Context) -> None:
     ctx.free = {w.id: w.slots - ctx.state.used.get(w.id, 0) for w in ctx.workers}
     _resize_in_place(out, ctx.order, by_id, ctx.free)
     free, workers = ctx.free, ctx.workers
+    place = get_placement(ctx.request.options.placement)
+    cpus_used, mem_used = _resources_used(ctx.state.jobs)
     for unit in ctx.admitted:
         pending = [i for i in unit if not by_id[i].running]
         if not pending:
@@ -330,7 +351,11 @@ def _place(ctx: _Context) -> None:
             need = max(out.sizes[i] for i in pending)
             launchers = {by_id[i].launcher for i in pending}
             able = [w for w in workers if launchers <= set(w.launchers)]
-            got = place_consolidated([max(0, free[w.id]) for w in able], need, ctx.gpn)
+            got = place(PlacementView(
+                need, tuple(free[w.id] for w in able), ctx.gpn,
+                tuple(None if w.cpus is None else w.cpus - cpus_used.get(w.id, 0.0) for w in able),
+                tuple(None if w.mem_gb is None else w.mem_gb - mem_used.get(w.id, 0.0) for w in able),
+                max(by_id[i].cpus_per_proc for i in pending), max(by_id[i].mem_per_proc_gb for i in pending)))
             if got is None:
                 for i in pending:
                     out.waiting[i] = f"{need} slots do not fit on free slots {free}"
@@ -338,6 +363,8 @@ def _place(ctx: _Context) -> None:
             where = [(able[i].id, k) for i, k in got]
             for wid, k in where:
                 free[wid] -= k
+                cpus_used[wid] = cpus_used.get(wid, 0.0) + k * max(by_id[i].cpus_per_proc for i in pending)
+                mem_used[wid] = mem_used.get(wid, 0.0) + k * max(by_id[i].mem_per_proc_gb for i in pending)
             key = "+".join(pending) if len(pending) > 1 else pending[0]
         for i in pending:
             out.starts[i] = _prefix(where, out.sizes[i])
@@ -358,7 +385,7 @@ def _diff(ctx: _Context) -> None:
     out.stops = stops
 
 
-_STEPS: tuple[Callable[[_Context], None], ...] = (_order, _group, _admit, _size, _place, _diff)
+_STEPS: tuple[Callable[[_Context], None], ...] = (_accept, _order, _group, _admit, _size, _place, _diff)
 
 
 def decide(request: DecideRequest) -> Plan:
@@ -373,6 +400,18 @@ def decide(request: DecideRequest) -> Plan:
     for step in _STEPS:
         step(ctx)
     return ctx.out
+
+
+def _resources_used(jobs: tuple[JobState, ...]) -> tuple[dict[str, float], dict[str, float]]:
+    """CPUs and memory the running jobs hold per worker (their per-process needs x their slots there)."""
+    cpus: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    for j in jobs:
+        if j.running and (j.cpus_per_proc or j.mem_per_proc_gb):
+            for wid, k in j.placement:
+                cpus[wid] = cpus.get(wid, 0.0) + k * j.cpus_per_proc
+                mem[wid] = mem.get(wid, 0.0) + k * j.mem_per_proc_gb
+    return cpus, mem
 
 
 def _keeps_running(j: JobState, out: Plan) -> bool:

@@ -62,6 +62,17 @@ def simulate_cmd(
         10.0, "--min-runtime-s", min=0.0, metavar="SECONDS",
         help="With --as-controller: the controller's hysteresis (its config's min_runtime_s; 10 by default), "
              "in trace seconds."),
+    admission: str = typer.Option(
+        "accept-all", "--admission",
+        help="With --as-controller: which new jobs the policy sees at all (hpcsched.admission): accept-all, or "
+             "load-based (oldest first while the admitted jobs ask at most --load-threshold x the GPUs)."),
+    load_threshold: float = typer.Option(1.0, "--load-threshold", min=0.0,
+                                         help="With --admission load-based: the admitted load, x the GPUs."),
+    placement: str = typer.Option(
+        "consolidated", "--placement",
+        help="With --as-controller: where a job's GPUs go (hpcsched.placements): consolidated (fewest nodes, "
+             "first fit), spread (one at a time on the node with most free), resource-aware (only GPUs whose "
+             "node has the CPUs and memory to feed them)."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
@@ -88,12 +99,23 @@ def simulate_cmd(
     if not math.isfinite(min_runtime_s):
         raise typer.BadParameter(f"must be a finite number of seconds, got {min_runtime_s}",
                                  param_hint="--min-runtime-s")
+    if not as_controller and (admission, placement, load_threshold) != ("accept-all", "consolidated", 1.0):
+        raise typer.BadParameter("--admission, --placement and --load-threshold are steps of the decision core: "
+                                 "they need --as-controller", param_hint="--as-controller")
     core = None
     if as_controller:
+        from hpcsched.admission import get_admission
         from hpcsched.core.decide import DecideOptions
+        from hpcsched.placements import get_placement
         from hpcsched.sim.core_decisions import AsController
 
-        core = AsController(DecideOptions(min_runtime_s=min_runtime_s))
+        for get, name, hint in ((get_admission, admission, "--admission"), (get_placement, placement, "--placement")):
+            try:
+                get(name)
+            except KeyError as e:
+                raise typer.BadParameter(str(e.args[0]), param_hint=hint) from None
+        core = AsController(DecideOptions(min_runtime_s=min_runtime_s, admission=admission,
+                                          load_threshold=load_threshold, placement=placement))
     spec = read_cluster_spec(cluster)
     jobs, anomalies = load_jobs(trace)
     try:

@@ -211,6 +211,10 @@ def simulate(
         meta["executor"] = "controller"
         meta["min_runtime_s"] = as_controller.options.min_runtime_s
         meta["declared_profiles"] = len(as_controller.declared)
+        meta["admission"] = as_controller.options.admission
+        meta["placement"] = as_controller.options.placement
+        if as_controller.options.admission != "accept-all":
+            meta["load_threshold"] = as_controller.options.load_threshold
     return SimResult(
         results=[_result(j) for j in eng.jobs],
         timeline_values=eng.timeline,

@@ -1,0 +1,145 @@
+"""Admission and placement plug-ins of the decision core (issue 19, Blox's plug-ins): a conformance test over
+each whole registry (the contracts written in ``hpcsched.admission`` and ``hpcsched.placements``), hand-checked
+cases of each step, and the steps at work in ``decide`` and in the simulator deciding as the controller."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hpcsched.admission import REGISTRY as ADMISSION
+from hpcsched.admission import AdmissionView, get_admission
+from hpcsched.allocator import Group, Snapshot
+from hpcsched.core.decide import ClusterState, DecideOptions, DecideRequest, JobState, WorkerState, decide
+from hpcsched.placements import REGISTRY as PLACEMENT
+from hpcsched.placements import PlacementView, get_placement
+
+
+def _jobs(rng: random.Random, n: int) -> tuple[JobState, ...]:
+    out = []
+    for k in range(n):
+        running = rng.random() < 0.4
+        started = running or rng.random() < 0.3
+        procs = rng.choice((1, 2, 4, 8))
+        out.append(JobState(f"j{k}", submit=rng.uniform(0, 100), running=running, procs=procs if running else 0,
+                            min_procs=procs, max_procs=procs, first_start=1.0 if started else None))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("name", ADMISSION.names())
+def test_every_admission_step_keeps_the_contract(name: str) -> None:
+    step = get_admission(name)
+    assert step(AdmissionView(0.0, (), 16)) == {}
+    rng = random.Random(7)
+    for case in range(300):
+        view = AdmissionView(float(case), _jobs(rng, rng.randrange(0, 30)), rng.choice((0, 4, 16, 64)),
+                             rng.choice((0.5, 1.0, 1.5)))
+        held = step(view)
+        assert held == step(view)  # pure: same state, same answer
+        never_started = {j.id for j in view.jobs if not j.running and j.first_start is None}
+        assert set(held) <= never_started, (name, case)
+        assert all(isinstance(r, str) and r for r in held.values())
+
+
+def test_load_based_admission_is_a_fifo_queue_up_to_the_threshold() -> None:
+    """8 slots, threshold 1: running 4 + the started-before 2 -> 6; the oldest new job (2) is checked at 6 <= 8
+    and enters (8), the next at 8 <= 8 enters (10), the third at 10 > 8 waits, and so does every later one even
+    if it would fit (a queue, not a backfill)."""
+    jobs = (JobState("run", 0, True, 4, 4, 4, first_start=0.0), JobState("back", 1, False, 0, 2, 2, first_start=0.5),
+            JobState("a", 2, False, 0, 2, 2), JobState("b", 3, False, 0, 2, 2), JobState("c", 4, False, 0, 4, 4),
+            JobState("d", 5, False, 0, 1, 1))
+    held = get_admission("load-based")(AdmissionView(10.0, jobs, 8, 1.0))
+    assert sorted(held) == ["c", "d"] and "over 1 x 8 (8)" in held["c"]
+    assert get_admission("load-based")(AdmissionView(10.0, jobs, 8, 2.0)) == {}
+    assert get_admission("accept-all")(AdmissionView(10.0, jobs, 8, 0.1)) == {}
+
+
+def _views(rng: random.Random) -> PlacementView:
+    n = rng.randrange(1, 7)
+    spn = rng.choice((1, 2, 4, 8))
+    free = tuple(rng.randrange(-1, spn + 1) for _ in range(n))  # -1: a worker over-used (slots of a stopping job)
+    cpus = tuple(rng.choice((None, rng.uniform(0, 32))) for _ in range(n))
+    mem = tuple(rng.choice((None, rng.uniform(0, 64))) for _ in range(n))
+    return PlacementView(rng.randrange(1, 2 * spn + 2), free, spn, cpus, mem, rng.choice((0.0, 2.0, 6.0)),
+                         rng.choice((0.0, 4.0)))
+
+
+@pytest.mark.parametrize("name", PLACEMENT.names())
+def test_every_placement_step_keeps_the_contract(name: str) -> None:
+    step = get_placement(name)
+    rng = random.Random(11)
+    placed = 0
+    for case in range(2000):
+        view = _views(rng)
+        got = step(view)
+        assert got == step(view)  # pure
+        if got is None:
+            continue
+        placed += 1
+        idx = [i for i, _ in got]
+        assert len(idx) == len(set(idx)) and all(0 <= i < len(view.free) for i in idx), (name, case, got)
+        assert all(0 < k <= view.free[i] for i, k in got), (name, case, got, view)
+        assert sum(k for _, k in got) == view.need, (name, case)
+        if name == "resource-aware":
+            usable = view.usable()
+            assert all(k <= usable[i] for i, k in got), (case, got, view)
+    assert placed > 200  # the cases exercised placing, not only refusals
+    assert step(PlacementView(5, (2, 2), 4)) is None  # fewer free slots than needed
+
+
+def test_spread_consolidated_and_resource_aware_differ_as_documented() -> None:
+    four = PlacementView(4, (4, 4, 4, 4), 4)
+    assert get_placement("consolidated")(four) == [(0, 4)]
+    assert get_placement("spread")(four) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    # w0 has the slots but only 4 CPUs: a 2-process job needing 4 CPUs each goes to w1 when CPUs count
+    cpu = PlacementView(2, (4, 4), 4, (4.0, 16.0), (None, None), 4.0, 0.0)
+    assert get_placement("consolidated")(cpu) == [(0, 2)]
+    assert get_placement("resource-aware")(cpu) == [(1, 2)]
+
+
+def test_a_plugin_name_registered_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="registered twice"):
+        PLACEMENT.register("spread")(lambda view: None)
+    with pytest.raises(ValueError, match="registered twice"):
+        ADMISSION.register("load-based")(lambda view: {})
+    with pytest.raises(KeyError, match="unknown placement step 'nope'; known: consolidated"):
+        get_placement("nope")
+
+
+def test_decide_holds_jobs_out_of_the_policys_sight_and_places_with_the_chosen_step() -> None:
+    seen: list[set[str]] = []
+
+    def fifo(s: Snapshot) -> list[Group]:
+        seen.append({j.id for j in s.jobs})
+        return [Group((j.id,)) for j in sorted(s.jobs, key=lambda j: j.submit)]
+
+    jobs = (JobState("a", 0, False, 0, 2, 2), JobState("b", 1, False, 0, 2, 2), JobState("c", 2, False, 0, 2, 2))
+    workers = (WorkerState("w0", 4), WorkerState("w1", 4))
+    state = ClusterState(5.0, jobs, workers)
+    plan = decide(DecideRequest(state, fifo, DecideOptions(admission="load-based", load_threshold=0.25)))
+    assert seen[-1] == {"a", "b"} and "held by load-based admission" in plan.waiting["c"]
+    assert plan.starts == {"a": [("w0", 2)], "b": [("w0", 2)]}
+    plan = decide(DecideRequest(state, fifo, DecideOptions(placement="spread")))
+    assert plan.starts == {"a": [("w0", 1), ("w1", 1)], "b": [("w0", 1), ("w1", 1)], "c": [("w0", 1), ("w1", 1)]}
+    fat = ClusterState(5.0, tuple(JobState(j.id, j.submit, False, 0, 2, 2, cpus_per_proc=8.0) for j in jobs),
+                       (WorkerState("w0", 4, cpus=16.0), WorkerState("w1", 4, cpus=32.0)))
+    plan = decide(DecideRequest(fat, fifo, DecideOptions(placement="resource-aware")))
+    assert plan.starts == {"a": [("w0", 2)], "b": [("w1", 2)], "c": [("w1", 2)]}  # w0's CPUs feed one job only
+
+
+def test_the_simulator_deciding_as_the_controller_uses_the_plugins(trace3, n8g8) -> None:  # noqa: ANN001
+    """trace3 on n8g8, FIFO as the controller: load-based admission at 0.5 x the GPUs holds jobs back (they
+    start later on average) and every job still completes; spread placement runs too."""
+    from hpcsched.sim.core_decisions import AsController
+    from hpcsched.sim.engine import simulate
+
+    base = simulate(trace3, n8g8, "fifo", as_controller=AsController())
+    held = simulate(trace3, n8g8, "fifo", as_controller=AsController(DecideOptions(admission="load-based",
+                                                                                   load_threshold=0.5)))
+    spread = simulate(trace3, n8g8, "fifo", as_controller=AsController(DecideOptions(placement="spread")))
+    for r in (base, held, spread):
+        assert all(x.status == "completed" for x in r.results)
+    assert held.summary()["avg_jct"] > base.summary()["avg_jct"]
+    multi = [d for d in spread.decisions if d.kind == "start" and d.procs > 1]
+    assert multi and all(len(d.workers) > 1 for d in multi if d.procs <= n8g8.nodes)
