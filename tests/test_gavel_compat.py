@@ -144,6 +144,11 @@ def test_bad_cluster_and_unrunnable_job_are_errors(tmp_path: Path) -> None:
         run_gavel(path, "v100=2x4,p100=8,k80=8", "fifo")
     with pytest.raises(InputError, match="fits no GPU type"):  # A has 8-GPU jobs: Gavel would spin forever
         run_gavel(path, "v100=4,p100=4,k80=4", "fifo")
+    lines = path.read_text().splitlines(keepends=True)
+    broken = tmp_path / "broken.trace"
+    broken.write_text("".join(lines[:14]) + "not\ta\tgavel\tline\n" + "".join(lines[14:20]))
+    with pytest.raises(InputError, match=r"broken.trace:15: 1 malformed line"):
+        run_gavel(broken, "v100=8,p100=8,k80=8", "fifo")
 
 
 # ---- policies -------------------------------------------------------------------------------------------------

@@ -24,7 +24,14 @@ def load_round_jobs(trace: str | Path) -> list[RoundJob]:
     from hpcsched.traces import open_trace
 
     jobs: list[RoundJob] = []
-    for i, j in enumerate(open_trace(trace)):
+    opened = open_trace(trace)
+    records = list(opened)
+    bad = opened.report.anomalies.get("malformed_row", 0)
+    if bad:  # a skipped line would renumber every later job: Gavel's reader stops there instead
+        first = opened.report.first_details.get("malformed_row")
+        raise InputError(trace, f"{bad} malformed line(s), the first: {first}",
+                         opened.report.first_lines.get("malformed_row"))
+    for i, j in enumerate(records):
         line = j.extra.get("line") if j.extra else None
         if not j.model or j.iterations is None or j.gpus < 1:
             raise InputError(trace, f"job {j.id}: Gavel's mechanism needs a job type, total steps and a scale "

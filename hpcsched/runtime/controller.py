@@ -464,7 +464,9 @@ class Controller:
         return state, {j.id: j for j in jobs}, workers
 
     def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
-        plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s)
+        plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s,
+                              admission=self.cfg.admission, load_threshold=self.cfg.load_threshold,
+                              placement=self.cfg.placement)
         if plan.sizing:
             self._note_sizing(plan.sizing)
         return plan
