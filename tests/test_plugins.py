@@ -143,3 +143,23 @@ def test_the_simulator_deciding_as_the_controller_uses_the_plugins(trace3, n8g8)
     assert held.summary()["avg_jct"] > base.summary()["avg_jct"]
     multi = [d for d in spread.decisions if d.kind == "start" and d.procs > 1]
     assert multi and all(len(d.workers) > 1 for d in multi if d.procs <= n8g8.nodes)
+
+
+def test_controller_config_names_the_steps_and_refuses_unknown_ones(tmp_path) -> None:  # noqa: ANN001
+    """`admission:` / `placement:` in the controller's YAML choose the core's steps; an unknown name is an error
+    naming the file, the key and the known names; and the controller's step passes them to the core."""
+    from hpcsched.errors import InputError
+    from hpcsched.runtime import scheduler
+    from hpcsched.runtime.config import read_controller_config
+
+    good = tmp_path / "c.yaml"
+    good.write_text("policy: fifo\nadmission: load-based\nload_threshold: 0.5\nplacement: spread\n")
+    cfg = read_controller_config(good)
+    assert (cfg.admission, cfg.load_threshold, cfg.placement) == ("load-based", 0.5, "spread")
+    bad = tmp_path / "b.yaml"
+    bad.write_text("policy: fifo\nplacement: spred\n")
+    with pytest.raises(InputError) as e:
+        read_controller_config(bad)
+    assert "b.yaml" in str(e.value) and "placement" in str(e.value) and "known: consolidated" in str(e.value)
+    state = ClusterState(0.0, (JobState("a", 0, False, 0, 2, 2),), (WorkerState("w0", 4), WorkerState("w1", 4)))
+    assert scheduler.plan(state, "fifo", placement=cfg.placement).starts == {"a": [("w0", 1), ("w1", 1)]}

@@ -247,6 +247,9 @@ class ControllerConfig:
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
     min_runtime_s: float = 10.0  # a job attempt is not preempted or resized before it has run this long
     milp_tfwd_s: float = 60.0  # look-ahead of the MILP that sizes jobs with a scaling curve (BFTrainer's Tfwd)
+    admission: str = "accept-all"  # the decision core's admission step (hpcsched.admission)
+    load_threshold: float = 1.0  # load-based admission: admitted demand up to this x the live slots
+    placement: str = "consolidated"  # the decision core's placement step (hpcsched.placements)
     rpc_stats_file: Path | None = None  # per-RPC handler time quantiles (JSON), written when the controller stops
 
 
@@ -254,7 +257,7 @@ CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
-    "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
+    "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep", "admission", "load_threshold", "placement",
 }
 
 
@@ -304,8 +307,24 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         stop_grace_s=doc.positive("stop_grace_s", float, 30.0),
         min_runtime_s=doc.non_negative("min_runtime_s", float, 10.0),
         milp_tfwd_s=doc.positive("milp_tfwd_s", float, 60.0),
+        admission=_step(doc, "admission", "accept-all"),
+        load_threshold=doc.non_negative("load_threshold", float, 1.0),
+        placement=_step(doc, "placement", "consolidated"),
         rpc_stats_file=doc.path("rpc_stats_file", base, None),
     )
+
+
+def _step(doc: _Doc, key: str, default: str) -> str:
+    """A registered admission or placement step of the decision core, named in the config."""
+    from hpcsched.admission import get_admission
+    from hpcsched.placements import get_placement
+
+    name = doc.get(key, str, default)
+    try:
+        (get_admission if key == "admission" else get_placement)(name)
+    except KeyError as e:
+        raise doc.fail(key, str(e.args[0])) from None
+    return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,10 +25,14 @@ def resolve_policy(name: str) -> Policy:
 
 
 def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s: float = 0.0,
-         tfwd_s: float = 60.0) -> Plan:
+         tfwd_s: float = 60.0, *, admission: str = "accept-all", load_threshold: float = 1.0,
+         placement: str = "consolidated") -> Plan:
     """Decide which jobs run, at which size, and where new ones go (``policy_name``: registered name, or the
-    policy itself; ``min_runtime_s``: the hysteresis rule of ``hpcsched.core.decide``)."""
+    policy itself; ``min_runtime_s``: the hysteresis rule of ``hpcsched.core.decide``; ``admission`` and
+    ``placement``: its plug-in steps by name)."""
     if not state.jobs:
         return Plan()
     policy = resolve_policy(policy_name) if isinstance(policy_name, str) else policy_name
-    return decide(DecideRequest(state, policy, DecideOptions(min_runtime_s=min_runtime_s, tfwd_s=tfwd_s)))
+    options = DecideOptions(min_runtime_s=min_runtime_s, tfwd_s=tfwd_s, admission=admission,
+                            load_threshold=load_threshold, placement=placement)
+    return decide(DecideRequest(state, policy, options))
