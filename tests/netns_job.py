@@ -97,7 +97,10 @@ class MpiSum:
 
         self.comm = MPI.COMM_WORLD
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
-        me = {"rank": self.rank, "hostname": socket.gethostname(), "addr": os.environ.get("HPCSCHED_TEST_ADDR", "")}
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the address this rank reaches node 0 from
+            s.connect((os.environ["MASTER_ADDR"], 9))
+            addr = s.getsockname()[0]
+        me = {"rank": self.rank, "hostname": socket.gethostname(), "addr": addr}
         self.hosts = self.comm.gather(me, root=0) or []
 
     def sum(self, values: tuple[float, float]) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,12 +60,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     d = tmp_path_factory.mktemp("netns")
     with NetnsHosts(len(HOSTS)) as hosts:
         cfg = controller_config(d, listen=f"{hosts.hub_addr}:0")
-        hosts.popen("hub", [sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(cfg)],
-                    d / "controller.log", cwd=d)
+        (d / "token").chmod(0o600)
+        ctl = hosts.popen("hub", [sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(cfg)],
+                          d / "controller.log", cwd=d)
         addr_file = d / "run" / "controller.addr"
-        wait_for("the controller's address", addr_file.exists, 60, poll=0.1)
+
+        def listening() -> bool:
+            if ctl.poll() is not None:
+                raise RuntimeError(f"the controller exited {ctl.returncode}: {(d / 'controller.log').read_text()}")
+            return addr_file.exists()
+
+        wait_for("the controller's address", listening, 60, poll=0.1)
         address = addr_file.read_text().strip()
-        env = os.environ | {"HPCSCHED_TOKEN": TOKEN}
+        # ssh and rsh on the workers' PATH only record that they were called: nothing may use them
+        fake = d / "fakebin"
+        fake.mkdir()
+        for tool in ("ssh", "rsh"):
+            (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {d}/ssh-called\nexit 255\n')
+            (fake / tool).chmod(0o755)
+        env = os.environ | {"HPCSCHED_TOKEN": TOKEN, "PATH": f"{fake}:{os.environ['PATH']}"}
         for h in HOSTS:  # no --name, no --host: the host name and the route to the controller say
             hosts.popen(h, [sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", address, "--slots",
                             "1", "--gpus", "0", "--work-dir", str(d / "run" / h)], d / f"{h}.log", cwd=d, env=env)
@@ -118,3 +132,24 @@ def test_torchrun_job_spans_three_hosts(cluster: Cluster) -> None:
     assert result["steps"] == 30 and result["world_size"] == 3
     assert result["final_loss"] < result["first_loss"]
     assert cluster.ran_on(jid) == set(HOSTS)
+
+
+mpi_missing = shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(mpi_missing, reason="needs Open MPI (apt-get install openmpi-bin libopenmpi-dev) and mpi4py")
+def test_mpirun_job_spans_three_hosts_without_ssh(cluster: Cluster) -> None:
+    """``mpirun`` on h1 starts Open MPI's daemons on h2 and h3 through hpcsched's rsh agent (each host's worker
+    runs it: there is no ssh here at all), and the three ranks sum over MPI at their namespace addresses."""
+    jid = cluster.job("mpi3", "mpirun", 3, "tests/netns_job.py, --comm, mpi", steps=60)
+    j = cluster.finished(jid, 120)
+    assert j["state"] == "completed", (j["message"], cluster.logs())
+    result = cluster.result(jid)
+    assert result["steps"] == 60 and result["world_size"] == 3
+    _assert_spread(cluster, result, 3)
+    assert cluster.ran_on(jid) == set(HOSTS)
+    # the daemons on the two other hosts were started by their workers' agent service
+    started = [h for h in HOSTS if "for a remote launcher" in (cluster.dir / f"{h}.log").read_text()]
+    assert len(started) == 2, started
+    assert not (cluster.dir / "ssh-called").exists(), (cluster.dir / "ssh-called").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import replace
@@ -138,8 +139,14 @@ def test_launchers_give_each_task_its_environment() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["WORLD_SIZE"] == "3" and env["MINE"] == "1"
     assert env["HPCSCHED_CHECKPOINT_DIR"] == "/ck/j1" and env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
-    argv, env = launchers.build(_launch("mpirun"), "/py", "")
+    with pytest.raises(ValueError, match="without their worker agents"):  # would need ssh: refused, not tried
+        launchers.build(_launch("mpirun"), "/py", "")
+    t = _launch("mpirun")
+    t.agents.update({"10.0.0.1": "10.0.0.1:4001", "10.0.0.2": "10.0.0.2:4002"})
+    argv, env = launchers.build(t, "/py", "")
     assert argv[:2] == ["mpirun", "--allow-run-as-root"] and "10.0.0.1:2,10.0.0.2:1" in argv
+    assert "/py -m hpcsched.runtime.rsh_agent" == argv[argv.index("plm_rsh_agent") + 1]  # remote daemons: no ssh
+    assert json.loads(env["HPCSCHED_AGENTS"]) == {"10.0.0.1": "10.0.0.1:4001", "10.0.0.2": "10.0.0.2:4002"}
     assert ["-x", "MINE"] == argv[argv.index("MINE") - 1: argv.index("MINE") + 1]
     assert argv[-3:] == ["/py", "train.py", "-x"] and "RANK=$OMPI_COMM_WORLD_RANK" in " ".join(argv)
     assert launchers.build(_launch("mpirun", node_rank=1), "/py", "")[0] is None  # holds its slots only

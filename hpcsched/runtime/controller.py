@@ -94,6 +94,7 @@ class Controller:
         scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
         self.last_seen: dict[str, float] = {}  # worker -> its last heartbeat, on the monotonic clock
         self.spare_port: dict[str, int] = {}
+        self.agent_port: dict[str, int] = {}  # worker -> its WorkerAgent port (every heartbeat says it: no state)
         self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
         self.attempt_start: dict[str, float] = {}  # job -> when its current attempt was placed (hysteresis)
         self._last_tick = self.mono()
@@ -135,9 +136,9 @@ class Controller:
                 silent = self.mono() - self.last_seen[req.worker_id]
                 log.warning("refused a second daemon for worker %s (the holder was heard %.1f s ago)",
                             req.worker_id, silent)
-                raise Refused(f"worker name {req.worker_id!r} is held by another live daemon (heard from "
-                              f"{silent:.1f} s ago); give this one another --name, or stop the other one (its "
-                              f"name is free {self.cfg.worker_timeout_s:g} s after it goes silent)")
+                raise Refused(f"worker name {req.worker_id!r} is held by another live daemon; give this one "
+                              "another --name, or stop the other one (its name is free "
+                              f"{self.cfg.worker_timeout_s:g} s after it goes silent)")
             self.instance[req.worker_id] = req.instance
             w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
                           time.time(), True)
@@ -162,6 +163,8 @@ class Controller:
             self.last_seen[wid] = self.mono()
             if req.spare_port:
                 self.spare_port[wid] = req.spare_port
+            if req.agent_port:
+                self.agent_port[wid] = req.agent_port
             reported = {t.task_id: t for t in req.tasks}
             changed = False
             with self.store.tx():
@@ -508,8 +511,10 @@ class Controller:
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
         hosts = {w.id: w.host for w in workers}
+        agents = {w.id: f"[{w.host}]:{self.agent_port[w.id]}" if ":" in w.host else f"{w.host}:{self.agent_port[w.id]}"
+                  for w in workers if w.id in self.agent_port}
         for jid in starts:
-            self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid))  # its row now
+            self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
 
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's
@@ -552,7 +557,8 @@ class Controller:
         self.attempt_start[job.id] = now  # hysteresis: the new size must run min_runtime_s before the next change
         log.info("job %s: resize in place %d -> %d procs on %s", job.id, job.procs, procs, wid)
 
-    def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str) -> None:
+    def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str,
+               agents: dict[str, str] | None = None) -> None:
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
         if not port:  # no fresh free port from that node yet: start at the next heartbeat
@@ -560,7 +566,7 @@ class Controller:
         gen = job.generation + 1
         size = sum(k for _, k in placement)
         ckpt = self.cfg.checkpoint_root.resolve() / job.id
-        for wid, msg in launch_tasks(job.id, gen, job.spec, placement, hosts, port, ckpt, group):
+        for wid, msg in launch_tasks(job.id, gen, job.spec, placement, hosts, port, ckpt, group, agents):
             if job.uid:  # the worker binds the checkpoint folder to it (a lost state's j0001 is not this one)
                 msg.env[JOB_UID_ENV] = job.uid
             self.store.add_allocation(AllocRow(msg.task_id, job.id, gen, wid, msg.node_rank, msg.nprocs, "launching",

@@ -19,6 +19,7 @@ import socket
 import struct
 
 _SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
+_SIOCGIFNETMASK = 0x891B  # and its netmask
 
 
 def address_towards(peer: str) -> str:
@@ -47,6 +48,21 @@ def interface_of(address: str) -> str | None:
         if have is not None and (have == want or (want.is_loopback and have.is_loopback)):
             return name
     return None
+
+
+def subnet_of(address: str) -> str | None:
+    """The IPv4 network (``10.213.5.0/24``) of the interface holding ``address``: how Open MPI is told which
+    interface to use when interface names differ between hosts. None as for ``interface_of``."""
+    name = interface_of(address)
+    if name is None:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            req = fcntl.ioctl(s.fileno(), _SIOCGIFNETMASK, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    mask = ipaddress.IPv4Address(req[20:24])
+    return str(ipaddress.IPv4Network(f"{address}/{mask}", strict=False))
 
 
 def _ipv4(name: str) -> ipaddress.IPv4Address | None:

@@ -43,12 +43,15 @@ def launch_env(job_id: str, generation: int, spec: JobSpec, checkpoint_dir: Path
 
 
 def launch_tasks(job_id: str, generation: int, spec: JobSpec, placement: list[tuple[str, int]],
-                 hosts: dict[str, str], port: int, checkpoint_dir: Path, group: str) -> list[tuple[str, pb.LaunchTask]]:
+                 hosts: dict[str, str], port: int, checkpoint_dir: Path, group: str,
+                 agents: dict[str, str] | None = None) -> list[tuple[str, pb.LaunchTask]]:
     """One attempt's tasks, one per (worker, procs) of ``placement`` in node-rank order, each with its worker:
     node 0's host and ``port`` are the rendezvous, ``hosts`` maps a worker to its host name, ``group`` is the
-    co-location key (the job's id when it runs alone)."""
+    co-location key (the job's id when it runs alone), ``agents`` maps a worker to its agent service's
+    ``HOST:PORT`` (how node 0's mpirun starts daemons on the other hosts; workers without one are left out)."""
     size = sum(k for _, k in placement)
     host_list = [f"{hosts[w]}:{k}" for w, k in placement]
+    agent_of = {hosts[w]: agents[w] for w, _ in placement if agents and w in agents}
     env = launch_env(job_id, generation, spec, checkpoint_dir)
     out = []
     offset = 0
@@ -57,7 +60,7 @@ def launch_tasks(job_id: str, generation: int, spec: JobSpec, placement: list[tu
             task_id=task_id(job_id, generation, rank), job_id=job_id, generation=generation, launcher=spec.launcher,
             command=list(spec.command), env=env | {"HPCSCHED_WORKDIR": spec.workdir}, node_rank=rank,
             nnodes=len(placement), nprocs=k, world_size=size, master_addr=hosts[placement[0][0]], master_port=port,
-            checkpoint_dir=str(checkpoint_dir), hosts=host_list, rank_offset=offset, group=group,
+            checkpoint_dir=str(checkpoint_dir), hosts=host_list, rank_offset=offset, group=group, agents=agent_of,
         )
         offset += k
         out.append((wid, msg))

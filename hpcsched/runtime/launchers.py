@@ -9,14 +9,16 @@
   master node's port. No agent importing torch before the trainers do, and a relaunch forks its ranks from
   a supervisor the worker keeps ready with torch imported (``worker.WarmRanks``): a 2-process resize takes
   under 1 s (bench/RESULTS.md, issue 6). Any program that reads RANK / WORLD_SIZE runs under it.
-- ``mpirun`` (Open MPI) and ``horovodrun``: one command on the first node starts every rank (remote
-  ranks through the launcher's own agent, ssh on a real cluster); the other nodes hold their slots
-  with no process (``None``) until the job ends.
+- ``mpirun`` (Open MPI) and ``horovodrun``: one command on the first node starts every rank; the other nodes
+  hold their slots with no process (``None``) until the job ends. ``mpirun`` reaches the other hosts through
+  hpcsched's rsh agent (``rsh_agent.py``: each host's worker starts Open MPI's daemon there, no ssh);
+  ``horovodrun`` through ssh.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -74,7 +76,7 @@ def interface(t: pb.LaunchTask) -> str | None:
 
 
 def _env(t: pb.LaunchTask, devices: str) -> dict[str, str]:
-    env = dict(t.env)
+    env = dict(t.env) | agents_env(t)
     nic = interface(t)
     if nic and "GLOO_SOCKET_IFNAME" not in env:  # else Gloo uses the host name's address, or falls back to lo
         env["GLOO_SOCKET_IFNAME"] = nic
@@ -118,10 +120,36 @@ def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     if t.node_rank != 0:
         return None, env
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size),
-           "--host", merged_hosts(list(t.hosts)), "--bind-to", "none"]
+           "--host", merged_hosts(list(t.hosts)), "--bind-to", "none", *mpi_remote_args(t, python)]
     for k in sorted(env):  # the job's own variables and ours reach every rank, remote ones included
         cmd += ["-x", k]
     return [*cmd, *RANK_SHIM, *_program(list(t.command), python)], env
+
+
+def agents_env(t: pb.LaunchTask) -> dict[str, str]:
+    """What the rsh agent reads to find each host's worker (see ``rsh_agent``); empty for a one-host job."""
+    return {"HPCSCHED_AGENTS": json.dumps(dict(sorted(t.agents.items())))} if t.agents else {}
+
+
+def mpi_remote_args(t: pb.LaunchTask, python: str) -> list[str]:
+    """mpirun options for a job on several hosts: daemons started by hpcsched's rsh agent (no ssh), all of them
+    from this node (no tree spawn: a remote daemon would need the agent's environment) and kept attached to the
+    agent's call (so each stays under its worker), and MPI's own traffic
+    (out-of-band and TCP byte transfer) on the interface that carries this node's placed address, so neither
+    tries loopback or an interface the other hosts cannot reach."""
+    if len(host_slots(list(t.hosts))) < 2:
+        return []
+    if not t.agents:
+        raise ValueError("a job on several hosts without their worker agents (an older controller?): "
+                         "mpirun would need ssh")
+    # --leave-session-attached: without it Open MPI tells each daemon to --daemonize (it does so whenever tree spawn
+    # is off), and a daemonized orted leaves the worker's session: no parent-death signal, not killed with the task.
+    out = ["--mca", "plm_rsh_agent", f"{python} -m hpcsched.runtime.rsh_agent", "--mca", "plm_rsh_no_tree_spawn", "1",
+           "--leave-session-attached"]
+    nic = hostaddr.subnet_of(own_host(t))
+    if nic:
+        out += ["--mca", "oob_tcp_if_include", nic, "--mca", "btl_tcp_if_include", nic]
+    return out
 
 
 def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:

@@ -47,7 +47,7 @@ from typing import IO
 
 import grpc
 
-from hpcsched.runtime import horovod_elastic, launchers
+from hpcsched.runtime import horovod_elastic, launchers, rsh_agent, worker_agent
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.launch import JOB_UID_ENV
@@ -75,6 +75,9 @@ class Task:
     term_at: float | None = None
     grace_s: float = DEFAULT_GRACE_S
     pending: list[pb.Progress] = field(default_factory=list)
+    # What a remote launcher's command (an MPI daemon started through this worker's agent service) runs with,
+    # and those commands: a slot-holding task's processes, killed with it.
+    held: worker_agent.Holder | None = None
 
 
 def _pdeathsig_prefix() -> list[str]:
@@ -184,6 +187,9 @@ class Worker:
         self.warm = WarmRanks(python, self.cfg.work_dir / "warm-ranks.log") if use_warm else None
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(cfg.token)
+        # The WorkerAgent service: other nodes' launchers (mpirun) start their daemons here through it (no ssh).
+        self.agent_server, self.agent_port = worker_agent.serve(
+            self.cfg.host, worker_agent.AgentService(cfg.name, cfg.token, self._holder, _pdeathsig_prefix()))
 
     # ------------------------------------------------------------------------------------- main loop
     def run(self, stop: threading.Event) -> None:
@@ -306,7 +312,8 @@ class Worker:
                  self.cfg.slots, ",".join(self.launchers))
 
     def _heartbeat(self) -> pb.HeartbeatRequest:
-        req = pb.HeartbeatRequest(worker_id=self.cfg.name, spare_port=spare_port(self.cfg.host))
+        req = pb.HeartbeatRequest(worker_id=self.cfg.name, spare_port=spare_port(self.cfg.host),
+                                  agent_port=self.agent_port)
         req.instance = self.instance
         for tid, t in self.tasks.items():
             req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
@@ -355,6 +362,14 @@ class Worker:
         else:
             log.error("task %s is not an elastic Horovod task: cannot resize it in place", t.launch.task_id)
 
+    def _holder(self, job_id: str, generation: int) -> worker_agent.Holder | None:
+        """The agent service's check: a live, not stopping, slot-holding task of that job's attempt here."""
+        for t in list(self.tasks.values()):
+            if t.launch.job_id == job_id and t.launch.generation == generation and t.exit_code is None \
+                    and t.term_at is None and t.held is not None:
+                return t.held
+        return None
+
     # ----------------------------------------------------------------------------------------- tasks
     def launch(self, t: pb.LaunchTask) -> None:
         """Start one node's task. A task that cannot start (a variable the OS refuses, a NUL byte, no such
@@ -390,6 +405,8 @@ class Worker:
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
         env["HPCSCHED_INTERLEAVE_DIR"] = str(interleave_dir(self.cfg.work_dir, self.cfg.name, t.group or t.job_id))
+        if self.cfg.token and t.agents:  # the launcher's rsh agent shows it to the other workers (not the token)
+            env[rsh_agent.KEY_ENV] = worker_agent.job_key(self.cfg.token, t.job_id, t.generation)
         proc = None
         how = ""
         if t.node_rank == 0:
@@ -412,7 +429,8 @@ class Worker:
                 except (OSError, ValueError) as e:
                     self._cannot_start(t, str(e))
                     return
-        self.tasks[t.task_id] = Task(t, proc, progress, devices)
+        held = worker_agent.Holder(self.base_env | env, cwd) if argv is None else None
+        self.tasks[t.task_id] = Task(t, proc, progress, devices, held=held)
         log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding")
 
     # --- elastic Horovod in-place resize (issue 6b, logic in horovod_elastic.py): begin ---
@@ -444,6 +462,12 @@ class Worker:
             return
         t.grace_s = grace_s
         if t.proc is None:
+            live = [p for p in (t.held.procs if t.held else ()) if p.poll() is None]
+            if checkpoint and live:  # remote ranks here: the launcher on node 0 stops them; _poll waits for it
+                t.term_at = t.term_at or time.time()
+                return
+            for p in live:
+                worker_agent.kill_session(p)
             t.exit_code = 0 if checkpoint else -9
             return
         if checkpoint and t.term_at is None:
@@ -460,6 +484,12 @@ class Worker:
         for t in self.tasks.values():
             self._read_progress(t)
             news |= any(p.first for p in t.pending)
+            if t.exit_code is None and t.proc is None and t.term_at is not None and t.held is not None:
+                live = [p for p in t.held.procs if p.poll() is None]
+                if not live or time.time() - t.term_at > t.grace_s:
+                    for p in live:
+                        worker_agent.kill_session(p)
+                    t.exit_code, news = 0, True
             if t.exit_code is None and t.proc is not None:
                 code = t.proc.poll()
                 if code is not None:
@@ -501,6 +531,7 @@ class Worker:
     def shutdown(self) -> None:
         for tid in list(self.tasks):
             self.kill(tid, checkpoint=False)
+        self.agent_server.stop(grace=1)
         if self.warm is not None:
             self.warm.close()
         self.channel.close()
