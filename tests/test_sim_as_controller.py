@@ -138,3 +138,18 @@ def test_cli_simulate_as_controller_writes_its_decisions(tmp_path: Path) -> None
     assert {d["kind"] for d in decisions} == {"start", "stop"} and len({d["job"] for d in decisions}) == 992
     bad = subprocess.run([*base, "--as-controller", "--compat", "muri"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "pick one" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_compare_refuses_compat_gavel_with_the_reason(tmp_path: Path) -> None:
+    """Gavel's round mechanism runs through `simulate` alone: `compare --compat gavel` must not silently run the
+    ordinary simulator under Gavel's name."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "hpcsched.cli", "compare", "--trace",
+                           str(root / "trace-data/muri/trace3.csv"), "--cluster", str(root / "cluster_spec/n8g8.csv"),
+                           "--out", str(tmp_path / "c"), "--compat", "gavel"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "simulate --compat gavel" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "c").exists()
