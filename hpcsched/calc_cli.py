@@ -61,9 +61,9 @@ def calc(
     result_dirs: list[Path] = typer.Argument(..., help="Result directories (each holds jobs.csv, meta.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list for several dirs)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a JCT CDF of all given runs to this PNG."),
-    isolated: Path | None = typer.Option(
-        None, "--isolated", help="Baseline result dir for finish-time fairness: rho = JCT / JCT in this run "
-        "(Gavel: its isolated policy, each job on 1/N of the cluster)."),
+    isolated: str | None = typer.Option(
+        None, "--isolated", help="Baseline for finish-time fairness rho = JCT / isolated JCT: 'fluid' (Gavel's "
+        "isolated policy, each job on 1/N of the cluster, computed from the trace) or a result dir."),
     trace: Path | None = typer.Option(
         None, "--trace", help="Job trace to take each job's user from, for GPU-hours and cost per user, "
         "when jobs.csv has no user or project column."),
@@ -100,10 +100,12 @@ def calc(
         prices = parse_prices(price) if price is not None else None
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--price") from None
-    baseline = read_results(isolated)[0] if isolated is not None else None
+    fluid = isolated == "fluid"
+    baseline_run = read_results(Path(isolated))[0] if isolated is not None and not fluid else None
     if trace is not None and not trace.is_file():
         raise InputError(trace, "no such trace file (--trace)")
     entities = entities_from_trace(trace) if trace is not None else None
+    traces: dict[str, Any] = {}
     frames = []
     metas = []
     summaries = []
@@ -113,8 +115,9 @@ def calc(
         metas.append(meta | {"dir": str(d)})
         summary = {"dir": str(d)} | summarize(df, meta)
         summary |= {k: v for k, v in harvest_metrics(meta).items() if k not in summary}
-        fair = fairness_metrics(df, meta, baseline, str(isolated) if isolated else None, entities,
-                                str(trace) if trace else None, prices)
+        baseline, name, reason = (baseline_run, isolated, None) if not fluid else \
+            _fluid_baseline(meta, trace, traces)
+        fair = fairness_metrics(df, meta, baseline, name, entities, str(trace) if trace else None, prices, reason)
         summaries.append(summary | {k: v for k, v in fair.items() if k not in summary})
     labels = run_labels(metas)
     subject = runs_subject(metas)
@@ -142,21 +145,58 @@ def calc(
         if any(k in s for s in summaries):
             table.add_row(f"{k} ({units[k]})" if units.get(k) else k, *(_fmt(s.get(k)) for s in summaries))
     console.print(table)
-    for s in summaries:
-        tag = f"{s['label']}: " if len(summaries) > 1 else ""
+    for line in _footnotes(summaries):
+        console.print(line, highlight=False)
+    if plot:
+        console.print(f"JCT CDF written to {plot}")
+
+
+def _footnotes(summaries: list[dict[str, Any]]) -> list[str]:
+    """Lines under the table: the rho baseline, GPU-hours and cost per entity, and each unavailable figure with
+    its reason. A line that holds for several runs is printed once; runs are named by their column number
+    ("[2]", "[1, 3]"), as their labels are the table's headers."""
+    def tag(cols: list[int]) -> str:
+        return "" if len(cols) == len(summaries) else f"[{', '.join(str(c + 1) for c in cols)}] "
+
+    lines: dict[str, list[int]] = {}
+    for k, s in enumerate(summaries):
         if s.get("ftf_baseline"):
-            console.print(f"{tag}rho = JCT / JCT in {s['ftf_baseline']}")
+            lines.setdefault(f"rho = JCT / JCT in {s['ftf_baseline']}", []).append(k)
         if "gpu_hours_by_entity" in s:
             cost = s.get("cost_by_entity", {})
             parts = [f"{n} {h:,.2f} GPU-h" + (f" / {cost[n]:,.2f}" if n in cost else "")
                      for n, h in s["gpu_hours_by_entity"].items()]
             unknown = f"; {s['entity_unknown_jobs']} jobs without one" if s.get("entity_unknown_jobs") else ""
-            console.print(f"{tag}per {s['entity']} ({s['entity_source']}{unknown}): {', '.join(parts)}",
-                          highlight=False)
+            lines.setdefault(f"per {s['entity']} ({s['entity_source']}{unknown}): {', '.join(parts)}", []).append(k)
         for metric, reason in s.get("unavailable", {}).items():
-            console.print(f"{tag}{metric}: unavailable: {reason}", highlight=False)
-    if plot:
-        console.print(f"JCT CDF written to {plot}")
+            lines.setdefault(f"{metric}: unavailable: {reason}", []).append(k)
+    return [tag(cols) + text for text, cols in lines.items()]
+
+
+def _fluid_baseline(meta: dict[str, Any], trace: Path | None,
+                    cache: dict[str, Any]) -> tuple[dict[str, float] | None, str | None, str | None]:
+    """Isolated JCTs for ``--isolated fluid`` (``metrics.isolated_jcts``): jobs from ``--trace``, else the
+    trace the run recorded in meta.json; capacity from meta.json. (JCTs, name, None) or (None, None, reason)."""
+    from hpcsched.metrics import isolated_jcts
+    from hpcsched.traces import read_jobs
+
+    path = str(trace) if trace is not None else meta.get("trace")
+    if not path:
+        return None, None, "--isolated fluid needs the run's jobs: meta.json names no trace; give --trace FILE"
+    if not Path(path).is_file():
+        return None, None, f"--isolated fluid: the run's trace {path} is not there; give --trace FILE"
+    capacity = meta.get("capacity_gpus")
+    if not capacity:
+        return None, None, "--isolated fluid needs the run's GPU count (capacity_gpus), which meta.json lacks"
+    key = f"{path}\0{capacity}"
+    if key not in cache:
+        try:
+            cache[key] = isolated_jcts(read_jobs(path), float(capacity))
+        except ValueError as e:
+            cache[key] = str(e)
+    if isinstance(cache[key], str):
+        return None, None, f"--isolated fluid: {cache[key]}"
+    return cache[key], f"fluid isolated (Gavel's policy as a fluid) on {capacity} GPUs, jobs from {path}", None
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
+    from hpcsched.model import Job
     from hpcsched.results import JobResult
 
 # numpy and pandas are imported only where a frame or a plot is handled: `hpcsched simulate` summarises its run
@@ -410,19 +411,21 @@ def _cluster_prices(meta: Mapping[str, Any]) -> tuple[dict[str | None, float] | 
 def fairness_metrics(
     df: pd.DataFrame,
     meta: Mapping[str, Any],
-    baseline: pd.DataFrame | None = None,
+    baseline: pd.DataFrame | Mapping[str, float] | None = None,
     baseline_name: str | None = None,
     entities: Mapping[str, str] | None = None,
     entity_source: str | None = None,
     prices: Mapping[str | None, float] | None = None,
+    baseline_unavailable: str | None = None,
 ) -> dict[str, Any]:
     """Finish-time fairness, Jain's index of shares, GPU-hours and cost per entity, of one results table.
 
     - ``ftf_rho_*``: a job's rho is its JCT in this run over its JCT in ``baseline`` (matched by job id),
       as Gavel computes finish-time fairness: against the run of its ``isolated`` policy, where each job
-      has 1/N of the cluster (Themis's rho: shared-cluster time / time alone on 1/N of the cluster). The
-      results hold no job's time alone, so without a baseline run there is no rho. Jobs unfinished in
-      either run, or missing from the baseline, have none: ``ftf_unmatched`` counts them.
+      has 1/N of the cluster (Themis's rho: shared-cluster time / time alone on 1/N of the cluster).
+      ``baseline`` is that run's jobs table, or its JCTs by job id (``isolated_jcts``). The results hold
+      no job's time alone, so without a baseline there is no rho. Jobs unfinished in either run, or
+      missing from the baseline, have none: ``ftf_unmatched`` counts them.
     - ``jain_share``: Jain's index over finished jobs of the share each received, resource-seconds held /
       (its size x its JCT) (GPUs if the run has GPU-seconds, else nodes; ``nodes`` is the largest size an
       elastic job ran at): 1 when every job held its request for the same fraction of its time in the system.
@@ -440,12 +443,16 @@ def fairness_metrics(
 
     # finish-time fairness
     if baseline is None:
-        why["ftf_rho"] = ("no baseline run: rho = a job's JCT / its JCT with 1/N of the cluster (Gavel's isolated "
-                          "policy), which jobs.csv does not hold; give that run with --isolated DIR")
+        why["ftf_rho"] = baseline_unavailable or (
+            "no baseline: rho = a job's JCT / its JCT with 1/N of the cluster (Gavel's isolated policy), which "
+            "jobs.csv does not hold; give --isolated fluid (computed from the trace) or --isolated DIR (a run)")
     else:
-        b_end, b_submit = baseline["end"].tolist(), baseline["submit"].tolist()
-        base = {str(i): float(e - s) for i, s, e in zip(baseline["job_id"].tolist(), b_submit, b_end, strict=True)
-                if e == e}
+        if isinstance(baseline, Mapping):
+            base = {str(i): float(v) for i, v in baseline.items()}
+        else:
+            b_end, b_submit = baseline["end"].tolist(), baseline["submit"].tolist()
+            base = {str(i): float(e - s) for i, s, e in zip(baseline["job_id"].tolist(), b_submit, b_end,
+                                                             strict=True) if e == e}
         rho = {i: jct / base[i] for i, jct in finished.items() if i in base and base[i] > 0}
         out["ftf_baseline"] = baseline_name
         out["ftf_jobs"] = len(rho)
@@ -560,3 +567,60 @@ def entities_from_trace(path: str | Path) -> dict[str, str]:
     from hpcsched.traces import read_jobs
 
     return {j.id: j.user for j in read_jobs(path) if j.user}
+
+
+def solo_seconds(job: Job) -> float:
+    """Seconds ``job`` takes alone on its GPUs at the simulator's speed: iterations x iteration time (else its
+    duration) x the 1.015 solo factor of ``hpcsched.core.speed``, restarts left out (Gavel's isolated
+    throughput has none). The rule is ``hpcsched.sim.jobrun.iterations_of``'s, which this module may not import
+    (tests/test_architecture.py: only the simulation tools depend on the simulator)."""
+    from hpcsched.core.speed import SOLO_FACTOR
+
+    if job.iterations and job.iterations > 0 and job.iteration_time and job.iteration_time > 0:
+        return job.iterations * job.iteration_time * SOLO_FACTOR
+    if job.duration is not None and job.duration > 0:
+        return job.duration * SOLO_FACTOR
+    raise ValueError(f"job {job.id}: no iterations with an iteration time, and no duration: no solo time")
+
+
+def isolated_jcts(jobs: Sequence[Job], capacity_gpus: float) -> dict[str, float]:
+    """Each job's JCT under Gavel's isolated policy, as a fluid: while m jobs are in the system each runs at
+    min(1, C / (m g)) of its solo speed (1/m of the C GPUs, at most its own g; Gavel's ``IsolatedPolicy``
+    for one GPU type), from its submit time until its solo work (``solo_seconds``) is done.
+
+    Gavel gets this from a separate simulation in 360-s rounds; the fluid is that allocation's limit (no
+    rounds, no restarts), so rho against it measures the policy, not the rounding. Cost: one numpy step
+    over the jobs in the system per arrival or completion.
+    """
+    import numpy as np
+
+    if not capacity_gpus > 0:
+        raise ValueError(f"capacity must be > 0 GPUs, got {capacity_gpus!r}")
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit, i))
+    submit = [float(jobs[i].submit) for i in order]
+    gpus = np.array([max(jobs[i].gpus, 1) for i in order], dtype=float)
+    work = np.array([solo_seconds(jobs[i]) for i in order])
+    end = np.full(len(order), np.nan)
+    active = np.zeros(0, dtype=np.int64)
+    t, nxt, n = (submit[0] if submit else 0.0), 0, len(order)
+    while nxt < n or len(active):
+        while nxt < n and submit[nxt] <= t:
+            active = np.append(active, nxt)
+            nxt += 1
+        if not len(active):
+            t = submit[nxt]
+            continue
+        rate = np.minimum(1.0, capacity_gpus / (len(active) * gpus[active]))
+        finish = work[active] / rate
+        dt = float(finish.min())
+        if nxt < n and submit[nxt] - t < dt:  # an arrival comes first: progress up to it
+            dt = submit[nxt] - t
+            work[active] -= rate * dt
+            t = submit[nxt]
+            continue
+        done = finish <= dt * (1 + 1e-12)
+        work[active] -= rate * dt
+        t += dt
+        end[active[done]] = t
+        active = active[~done]
+    return {jobs[i].id: float(end[k] - submit[k]) for k, i in enumerate(order)}

@@ -149,3 +149,68 @@ def test_project_column_prices_per_gpu_type_and_node_only_runs(tmp_path: Path) -
 def test_bad_price_is_a_usage_error(trace3_runs) -> None:
     r = CliRunner().invoke(app, ["calc", str(trace3_runs[0]), "--price", "v100=cheap"])
     assert r.exit_code == 2 and "--price" in r.output
+
+
+def _fluid_reference(jobs: list[tuple[str, float, int, float]], capacity: float) -> dict[str, float]:
+    """Gavel's isolated policy as a fluid, written plainly: (id, submit, gpus, solo seconds) -> JCT. While m
+    jobs are in the system each runs at min(1, C / (m g)) of its solo speed."""
+    pending = sorted(jobs, key=lambda j: j[1])
+    left = {}  # id -> (submit, gpus, remaining solo seconds)
+    out, t = {}, pending[0][1]
+    while pending or left:
+        while pending and pending[0][1] <= t:
+            i, s, g, w = pending.pop(0)
+            left[i] = (s, g, w)
+        if not left:
+            t = pending[0][1]
+            continue
+        rates = {i: min(1.0, capacity / (len(left) * g)) for i, (_, g, _) in left.items()}
+        step = min(w / rates[i] for i, (_, _, w) in left.items())
+        if pending and pending[0][1] - t < step:
+            step = pending[0][1] - t
+        t += step
+        for i in list(left):
+            s, g, w = left[i]
+            w -= rates[i] * step
+            if w <= 1e-9 * max(1.0, t):
+                out[i] = t - s
+                del left[i]
+            else:
+                left[i] = (s, g, w)
+    return out
+
+
+def test_isolated_fluid_by_hand_and_against_a_plain_reference_on_trace3(tmp_path: Path, trace3_runs) -> None:
+    from hpcsched.metrics import isolated_jcts
+    from hpcsched.traces import read_jobs
+
+    # 8 GPUs; A (8 GPUs) and B (4 GPUs), 100 s each alone (x 1.015, the simulator's solo factor), both at t=0:
+    # A gets 8/2 of its 8 GPUs (half speed), B its 4 (full speed): B ends at 101.5, A has half left, ends at 152.25
+    trace = tmp_path / "tiny.csv"
+    trace.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                     "A,8,0,100,vgg19,100,0\nB,4,0,100,vgg19,100,0\n")
+    assert isolated_jcts(read_jobs(trace), 8) == pytest.approx({"A": 152.25, "B": 101.5}, rel=1e-12)
+    run = _write(tmp_path / "r", "job_id,submit,start,end,gpus,nodes,gpu_seconds,node_seconds,status",
+                 ["A,0,101.5,203,8,0,812,0,completed", "B,0,0,101.5,4,0,406,0,completed"],
+                 {"tool": "simulate", "capacity_gpus": 8, "trace": str(trace)})
+    s = _calc(str(run), "--isolated", "fluid")
+    assert s["ftf_rho_max"] == pytest.approx(203 / 152.25) and s["ftf_rho_worst_job"] == "A"
+    assert s["ftf_rho_p50"] == pytest.approx((1 + 203 / 152.25) / 2)
+    assert "fluid" in s["ftf_baseline"] and str(trace) in s["ftf_baseline"]
+    # trace3 on 64 GPUs: the plain reference from the CSV itself (times in ms, as the Muri format has them)
+    with open(TRACE3, newline="") as f:
+        rows = [(r["job_id"], int(r["submit_time"]) / 1000, int(r["num_gpu"]),
+                 int(r["iterations"]) * int(r["iteration_time"]) / 1000 * 1.015) for r in csv.DictReader(f)]
+    ref = _fluid_reference(rows, 64)
+    got = isolated_jcts(read_jobs(TRACE3), 64)
+    assert got == pytest.approx(ref, rel=1e-9)
+    srsf = trace3_runs[0]
+    s = _calc(str(srsf), "--isolated", "fluid")  # the trace is the one meta.json names
+    a = _rows(srsf)
+    rho = np.array(sorted(_jct(a[i]) / ref[i] for i in a))
+    assert s["ftf_rho_max"] == pytest.approx(rho.max(), rel=1e-9)
+    assert s["ftf_rho_p99"] == pytest.approx(np.percentile(rho, 99), rel=1e-9)
+    # without the trace or the capacity there is no fluid baseline, and calc says why
+    bare = _write(tmp_path / "b", "job_id,submit,start,end,gpus,nodes,gpu_seconds,node_seconds,status",
+                  ["A,0,0,10,1,0,10,0,completed"], {"tool": "simulate", "capacity_gpus": 8})
+    assert "--trace" in _calc(str(bare), "--isolated", "fluid")["unavailable"]["ftf_rho"]
