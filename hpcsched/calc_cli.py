@@ -65,8 +65,8 @@ def calc(
         None, "--isolated", help="Baseline for finish-time fairness rho = JCT / isolated JCT: 'fluid' (Gavel's "
         "isolated policy, each job on 1/N of the cluster, computed from the trace) or a result dir."),
     trace: Path | None = typer.Option(
-        None, "--trace", help="Job trace to take each job's user from, for GPU-hours and cost per user, "
-        "when jobs.csv has no user or project column."),
+        None, "--trace", help="The runs' job trace: each job's user (GPU-hours and cost per user, when jobs.csv "
+        "has no user or project column) and, for --isolated fluid, its solo time (default: meta.json's trace)."),
     price: str | None = typer.Option(
         None, "--price", help="Price per GPU-hour: one number, or TYPE=P,... per GPU type (v100=2.48,k80=0.45)."),
 ) -> None:
