@@ -7,7 +7,10 @@ namespaces ``h1..hN`` each hold one end of a veth pair (``eth0``, ``.2``, ``.3``
 the bridge. Addresses come from ``10.213.X.0/24`` (X random per run) and exist only inside these
 namespaces: traffic never leaves them (no address or route is added to the machine's own namespace). A
 process started on a host gets that namespace and a UTS namespace of its own whose host name is the host's
-name (``ip netns exec NS unshare --uts``).
+name (``ip netns exec NS unshare --uts``). With ``resolvable`` (the default) the host names resolve, inside the
+namespaces only, to their namespace addresses, as a cluster's DNS makes them: ``ip netns exec`` mounts
+``/etc/netns/NS/hosts`` over ``/etc/hosts``. Horovod's Gloo segfaults on a host name that does not resolve
+(seen here); without it, a library that falls back to loopback on such a name (Gloo) shows.
 
 The test process stays in the machine's namespace and cannot reach 10.213.X.*; it talks to the controller
 through ``NsClient``, a small Python process started in the hub namespace that relays client calls as JSON
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 
 PREFIX = "hpcsns"  # namespace names: hpcsns<pid>-hub, hpcsns<pid>-h1, ...
+ETC_NETNS = Path("/etc/netns")  # ip netns exec mounts /etc/netns/NS/* over /etc/* for processes in NS
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -70,6 +74,7 @@ def remove_stale() -> list[str]:
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             _kill_inside(name)
             _ip("netns", "del", name, check=False)
+            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
             gone.append(name)
     return gone
 
@@ -83,7 +88,7 @@ def _kill_inside(ns: str) -> None:
 class NetnsHosts:
     """``n`` hosts (``h1``..``hn``) plus the hub; see the module docstring."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, resolvable: bool = True) -> None:
         remove_stale()
         self.tag = f"{PREFIX}{os.getpid()}-{random.randrange(16**3):03x}"
         self.subnet = f"10.213.{random.randrange(1, 255)}"
@@ -93,6 +98,7 @@ class NetnsHosts:
         self.addr = {name: f"{self.subnet}.{i + 2}" for i, name in enumerate(self.names)}
         self.hub_addr = f"{self.subnet}.1"
         self.procs: list[subprocess.Popen] = []
+        self.resolvable = resolvable
         self._closed = False
         atexit.register(self.close)
         try:
@@ -102,6 +108,12 @@ class NetnsHosts:
             raise
 
     def _build(self) -> None:
+        if self.resolvable:
+            names = "".join(f"{self.addr[h]} {h}\n" for h in self.names) + f"{self.hub_addr} hub\n"
+            for ns in [self.hub, *self.ns.values()]:
+                etc = ETC_NETNS / ns
+                etc.mkdir(parents=True, exist_ok=True)
+                (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost\n{names}")
         _ip("netns", "add", self.hub)
         _ip("-n", self.hub, "link", "set", "lo", "up")
         _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
@@ -160,6 +172,7 @@ class NetnsHosts:
         for ns in [*self.ns.values(), self.hub]:
             _kill_inside(ns)
             _ip("netns", "del", ns, check=False)
+            shutil.rmtree(ETC_NETNS / ns, ignore_errors=True)
         atexit.unregister(self.close)
 
     def __enter__(self) -> NetnsHosts:

@@ -9,10 +9,12 @@ and address they ran at, so a rank that fell back to loopback or to one host fai
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,10 +57,10 @@ class Cluster:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.dir.glob("*.log")))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    d = tmp_path_factory.mktemp("netns")
-    with NetnsHosts(len(HOSTS)) as hosts:
+@contextlib.contextmanager
+def start_cluster(d: Path, resolvable: bool = True) -> Iterator[Cluster]:
+    """A controller on the hub and a worker on each of h1..h3 (see the module docstring)."""
+    with NetnsHosts(len(HOSTS), resolvable=resolvable) as hosts:
         cfg = controller_config(d, listen=f"{hosts.hub_addr}:0")
         (d / "token").chmod(0o600)
         ctl = hosts.popen("hub", [sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(cfg)],
@@ -90,6 +92,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         except BaseException:
             print(cl.logs())
             raise
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with start_cluster(tmp_path_factory.mktemp("netns")) as cl:
+        yield cl
 
 
 def test_workers_register_with_their_own_names_and_addresses(cluster: Cluster) -> None:
@@ -134,6 +142,17 @@ def test_torchrun_job_spans_three_hosts(cluster: Cluster) -> None:
     assert cluster.ran_on(jid) == set(HOSTS)
 
 
+@pytest.mark.skipif(torch_missing, reason="torch is not installed in this venv (pip install -e '.[torch]')")
+def test_torchrun_job_when_host_names_do_not_resolve(tmp_path: Path) -> None:
+    """Host names that resolve nowhere: Gloo then falls back to loopback unless told the interface (the launcher
+    sets GLOO_SOCKET_IFNAME to the one carrying the node's placed address); the job still spans the hosts."""
+    with start_cluster(tmp_path, resolvable=False) as cluster:
+        jid = cluster.job("ddp3", "torchrun", 3, "workloads/ddp_train.py, --model, cnn, --batch, '48'", steps=10)
+        j = cluster.finished(jid, 240)
+        assert j["state"] == "completed", (j["message"], cluster.logs())
+        assert cluster.ran_on(jid) == set(HOSTS)
+
+
 mpi_missing = shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None
 
 
@@ -153,3 +172,53 @@ def test_mpirun_job_spans_three_hosts_without_ssh(cluster: Cluster) -> None:
     started = [h for h in HOSTS if "for a remote launcher" in (cluster.dir / f"{h}.log").read_text()]
     assert len(started) == 2, started
     assert not (cluster.dir / "ssh-called").exists(), (cluster.dir / "ssh-called").read_text()
+
+
+def test_mpirun_job_across_hosts_stops_with_a_checkpoint_and_leaves_nothing(cluster: Cluster) -> None:
+    """Cancel a running 3-host mpirun job: SIGTERM reaches every rank through mpirun and the daemons the agents
+    started, the ranks agree to stop and rank 0 checkpoints; no daemon or rank is left on any host."""
+    if mpi_missing:
+        pytest.skip("needs Open MPI and mpi4py")
+    jid = cluster.job("mpi-long", "mpirun", 3, "tests/netns_job.py, --comm, mpi, --checkpoint-every, '10'",
+                      steps=100000)
+    wait_for("a checkpoint", lambda: int(cluster.client.jobs()[jid]["last_checkpoint_step"]) >= 10, 120, poll=0.5)
+    assert cluster.client.cancel(jid)["cancelled"]
+    j = cluster.finished(jid, 60)
+    assert j["state"] == "cancelled", j["message"]
+    saved = json.loads((cluster.dir / "run" / "ckpt" / jid / "ckpt.json").read_text())["step"]
+    assert saved > int(j["last_checkpoint_step"]) - 1  # the stop's own checkpoint, at the step it stopped
+
+    def leftovers() -> list[str]:
+        out = []
+        for h in HOSTS:
+            pids = subprocess.run(["ip", "netns", "pids", cluster.hosts.namespace(h)], capture_output=True, text=True)
+            for pid in pids.stdout.split():
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if "orted" in cmd or "netns_job.py" in cmd:
+                    out.append(f"{h}: {cmd[:100]}")
+        return out
+
+    wait_for("no daemon or rank left on any host", lambda: not leftovers(), 30)
+
+
+horovod_missing = importlib.util.find_spec("horovod") is None or torch_missing
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
+def test_horovodrun_job_spans_three_hosts_without_ssh(cluster: Cluster) -> None:
+    """``horovodrun`` (Gloo) on h1 runs ``ssh`` for its host check and its remote ranks: the worker's PATH shim
+    makes that the rsh agent, so h2's and h3's workers start them; the fake ssh is never called."""
+    jid = cluster.job("hvd3", "horovodrun", 3, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
+                      "--checkpoint-every, '10'", steps=20)
+    j = cluster.finished(jid, 300)
+    assert j["state"] == "completed", (j["message"], cluster.logs())
+    result = cluster.result(jid)
+    assert result["steps"] == 20 and result["world_size"] == 3
+    assert cluster.ran_on(jid) == set(HOSTS)
+    started = [h for h in ("h2", "h3") if f"job {jid} attempt 1: started" in (cluster.dir / f"{h}.log").read_text()]
+    assert started == ["h2", "h3"]
+    assert not (cluster.dir / "ssh-called").exists()

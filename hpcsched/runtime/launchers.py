@@ -12,7 +12,7 @@
 - ``mpirun`` (Open MPI) and ``horovodrun``: one command on the first node starts every rank; the other nodes
   hold their slots with no process (``None``) until the job ends. ``mpirun`` reaches the other hosts through
   hpcsched's rsh agent (``rsh_agent.py``: each host's worker starts Open MPI's daemon there, no ssh);
-  ``horovodrun`` through ssh.
+  ``horovodrun`` runs ``ssh``, and the worker puts the same agent first on its PATH under that name.
 """
 
 from __future__ import annotations

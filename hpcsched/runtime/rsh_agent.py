@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 AGENTS_ENV = "HPCSCHED_AGENTS"
 KEY_ENV = "HPCSCHED_AGENT_KEY"
 _SSH_OPTS_WITH_ARG = set("bcDEeFIiJLlmOopQRSWw")  # ssh(1) options that take a value
+_AFTER_HOST = ("-p", "-i", "-o", "-x", "-T", "-q", "-n")
 _CANNOT = 255
 
 
@@ -42,7 +45,22 @@ def split_argv(argv: list[str]) -> tuple[str, str]:
     if k >= len(argv) - 1:
         raise ValueError(f"usage: rsh_agent [ssh options] HOST COMMAND..., got {argv!r}")
     host = argv[k].rpartition("@")[2]  # user@host: the user is the worker's
-    return host, " ".join(argv[k + 1:])
+    k += 1
+    while k < len(argv) - 1 and argv[k] in _AFTER_HOST:  # ssh also takes options after the host (Horovod: -p)
+        k += 2 if argv[k] in ("-p", "-i", "-o") else 1
+    return host, " ".join(argv[k:])
+
+
+def write_ssh_shim(directory: Path, python: str) -> Path:
+    """A directory holding ``ssh`` (and ``rsh``) that run this agent: put first on a launcher's PATH, it serves
+    tools that run ``ssh HOST COMMAND`` themselves (horovodrun). Returns the directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("ssh", "rsh"):
+        tmp = directory / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(f'#!/bin/sh\nexec {shlex.quote(python)} -m hpcsched.runtime.rsh_agent "$@"\n')
+        tmp.chmod(0o755)
+        os.replace(tmp, directory / name)
+    return directory
 
 
 def endpoint(host: str, agents: dict[str, str]) -> str:

@@ -190,6 +190,9 @@ class Worker:
         # The WorkerAgent service: other nodes' launchers (mpirun) start their daemons here through it (no ssh).
         self.agent_server, self.agent_port = worker_agent.serve(
             self.cfg.host, worker_agent.AgentService(cfg.name, cfg.token, self._holder, _pdeathsig_prefix()))
+        # horovodrun reaches other hosts by running `ssh` (its ssh check, its gloo ranks): on a job across workers it
+        # finds this one first on its PATH, which is the rsh agent under that name.
+        self.ssh_shim = rsh_agent.write_ssh_shim(self.cfg.work_dir / "agent-bin", python)
 
     # ------------------------------------------------------------------------------------- main loop
     def run(self, stop: threading.Event) -> None:
@@ -407,6 +410,8 @@ class Worker:
         env["HPCSCHED_INTERLEAVE_DIR"] = str(interleave_dir(self.cfg.work_dir, self.cfg.name, t.group or t.job_id))
         if self.cfg.token and t.agents:  # the launcher's rsh agent shows it to the other workers (not the token)
             env[rsh_agent.KEY_ENV] = worker_agent.job_key(self.cfg.token, t.job_id, t.generation)
+        if t.agents and t.launcher == "horovodrun":
+            env["PATH"] = f"{self.ssh_shim}{os.pathsep}{env.get('PATH') or self.base_env.get('PATH', '')}"
         proc = None
         how = ""
         if t.node_rank == 0:
