@@ -148,3 +148,35 @@ def test_forty_concurrent_listings_at_10k_jobs_never_hold_a_heartbeat_past_the_d
     assert lat[-1] < 3.0, f"a heartbeat took {lat[-1]:.2f} s"
     assert p99 < 1.0, f"heartbeat p99 {p99 * 1e3:.0f} ms, median {statistics.median(lat) * 1e3:.0f} ms"
     assert done > 0 and failed == 0, (done, failed)
+
+
+def test_a_heartbeat_reply_is_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launches a reply cannot hold wait for the next heartbeat (they are resent until the worker reports them),
+    so a worker handed many large launches at once gets them over several bounded replies."""
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    monkeypatch.setattr(controller_mod, "MAX_REPLY_BYTES", 40_000)
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", min_runtime_s=0))
+    c.started()
+    c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=8, launchers=["direct"], instance="i"))
+    env = "".join(f"  V{i}: {'x' * 1000}\n" for i in range(15))  # ~15 KB of env per launch
+    for k in range(4):
+        c.submit(f"name: j{k}\nlauncher: direct\ncommand: [t.py]\nenv:\n{env}", "j.yaml")
+
+    def beat(tasks: list[pb.TaskStatus]) -> pb.HeartbeatReply:
+        return c.heartbeat(pb.HeartbeatRequest(worker_id="w0", spare_port=40000, tasks=tasks, instance="i"))
+
+    for _ in range(4):  # a start takes the worker's last reported free port: one start per heartbeat
+        beat([])
+        c.tick()
+    assert len(c.store.allocations()) == 4
+    first = beat([])
+    assert 1 <= len(first.launch) < 4 and first.ByteSize() <= 40_000
+    running = [pb.TaskStatus(task_id=t.task_id, job_id=t.job_id, generation=t.generation, running=True)
+               for t in first.launch]
+    rest = beat(running)
+    assert rest.ByteSize() <= 40_000
+    assert {t.task_id for t in first.launch} | {t.task_id for t in rest.launch} == \
+        {a.task_id for a in c.store.allocations()}
+    c.store.close()

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import grpc
@@ -156,3 +159,22 @@ def test_no_credential_reaches_a_job_s_environment(tmp_path: Path) -> None:
     for secret in (USER, WORKER, ADMIN):
         assert secret not in env and secret not in supervisor
     assert "HPCSCHED_TOKEN" not in env and "HPCSCHED_TOKEN" not in supervisor
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_a_worker_without_the_ca_is_told_the_controller_may_talk_tls(tmp_path: Path) -> None:
+    """A worker without --tls-ca against a TLS controller retried forever with no hint."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    srv = ControllerServer(read_controller_config(controller_config(tmp_path, tls_cert="c.pem", tls_key="k.pem")))
+    addr = srv.start()
+    worker = start_worker(tmp_path, addr, "w0")
+    try:
+        log = tmp_path / "w0.log"
+        wait_for("the hint", lambda: "if it talks TLS, start the worker with --tls-ca" in log.read_text(), 90)
+        time.sleep(2.0)
+        assert log.read_text().count("if it talks TLS") == 1, "said once"
+    finally:
+        stop(worker)
+        srv.stop()

@@ -249,7 +249,12 @@ class Controller:
             self.store.event(job.id, "resize", resize_kind="relaunch", reason="in-place resize timed out")
             reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=True, grace_s=self.cfg.stop_grace_s))
         elif verdict in (reconcile.Expected.RESEND_RESIZE, reconcile.Expected.LAUNCH):
-            reply.launch.append(pb.LaunchTask.FromString(a.launch))  # a resize: until it reports at the new size
+            # Resent on every heartbeat until the worker reports the task (a resize: at the new size), so a launch
+            # left out of a reply that is already MAX_REPLY_BYTES long goes in the next one: every reply is bounded
+            # (a launch holds up to 32 KB of command and env; 100 of them on one worker passed 3 MB).
+            if reply.launch and reply.ByteSize() + len(a.launch) + 8 > MAX_REPLY_BYTES:
+                return False
+            reply.launch.append(pb.LaunchTask.FromString(a.launch))
         elif verdict is reconcile.Expected.LOST:
             # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
             self.store.set_alloc_state(a.task_id, "exited", -1)

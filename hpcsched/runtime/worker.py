@@ -182,6 +182,7 @@ class Worker:
         self.instance = uuid.uuid4().hex  # this daemon, as against another started with the same name
         self.base_env = task_base_env(os.environ, cfg.token)  # what tasks inherit: no credentials
         self._refused_logged = ""
+        self._tls_hinted = False
         self.channel = open_channel(cfg.controller, cfg.tls_ca)
         use_warm = cfg.warm_ranks and "direct" in self.launchers and "torchrun" in self.launchers  # torch here
         self.warm = WarmRanks(python, self.cfg.work_dir / "warm-ranks.log") if use_warm else None
@@ -231,8 +232,8 @@ class Worker:
                 if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
                                 grpc.StatusCode.INVALID_ARGUMENT):
                     log.error("controller refused this worker: %s: %s", e.code().name, e.details())
-                elif self.cfg.tls_ca is None and "ssl" in (e.details() or "").lower():
-                    log.error("controller unreachable: %s; it may talk TLS: pass --tls-ca CA.pem", e.details())
+                elif e.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._hint_tls()
                 log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, backoff)
                 self._rediscover()
                 stop.wait(backoff)
@@ -277,6 +278,22 @@ class Worker:
             self.channel.close()
             self.channel = open_channel(address, self.cfg.tls_ca)
             self.stub = pb_grpc.ControllerStub(self.channel)
+
+    def _hint_tls(self) -> None:
+        """Say once why a controller that accepts connections stays unreachable when this worker has no CA: a
+        TLS controller closes a plaintext connection, and a worker without ``--tls-ca`` retried forever with no
+        hint (issue 15)."""
+        if self.cfg.tls_ca is not None or self._tls_hinted:
+            return
+        host, _, port = self.cfg.controller.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                pass
+        except (OSError, ValueError):
+            return  # not listening at all: the controller is down or restarting, nothing to hint
+        self._tls_hinted = True
+        log.error("the controller at %s accepts connections but not this worker's calls: if it talks TLS, start the "
+                  "worker with --tls-ca CA.pem (tls_ca: in its YAML)", self.cfg.controller)
 
     def _refused(self, e: grpc.RpcError) -> None:
         """The controller refused this daemon its name (another live daemon holds it): say so once per reason,
