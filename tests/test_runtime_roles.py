@@ -110,6 +110,14 @@ def test_registration_is_bounded(server, fields: dict, why: str) -> None:
     assert stub.ListWorkers(pb.ListWorkersRequest(), metadata=metadata(ADMIN), timeout=10).workers == []
 
 
+def test_a_leave_for_a_name_that_is_no_worker_id_is_refused(server) -> None:
+    """Leave names a worker in the log: a name with a line break would forge a line."""
+    stub, _ = server
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Leave(pb.LeaveRequest(worker_id="w0\n2026-01-01 00:00:00 forged"), metadata=metadata(WORKER), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_refused_calls_are_logged_at_a_bounded_rate(server, caplog: pytest.LogCaptureFixture) -> None:
     stub, _ = server
     with caplog.at_level(logging.WARNING, logger="hpcsched.runtime.auth"):

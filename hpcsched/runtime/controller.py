@@ -182,6 +182,8 @@ class Controller:
         as exited counts as lost. Only the daemon that holds the name may say so."""
         wid = req.worker_id
         stopping = 0
+        if not _WORKER_ID.fullmatch(wid) or len(wid) > MAX_WORKER_ID_CHARS:  # it is logged: no forged lines
+            raise InputError("worker id", "not a worker id (1 to 128 letters, digits and _.:@-)")
         with self.lock:
             if self.instance.get(wid, req.instance) != req.instance:
                 raise Refused(f"worker name {wid!r} is held by another live daemon; this one cannot leave for it")
