@@ -186,3 +186,47 @@ def test_a_worker_without_the_ca_is_told_the_controller_may_talk_tls(tmp_path: P
     finally:
         stop(worker)
         srv.stop()
+
+
+def test_users_list_and_cancel_only_their_own_jobs_where_the_site_wants_it(tmp_path: Path) -> None:
+    """``user_tokens`` name each user; with ``own_jobs_only`` a user sees and cancels only the jobs they submitted,
+    an admin all of them. Real gRPC, each user with their own token."""
+    alice, bob = write_secret(tmp_path / "alice.token", "alice-tok-4e"), write_secret(tmp_path / "bob.token", "bob-5f")
+    config = _roles_config(tmp_path, own_jobs_only="true")
+    config.write_text(config.read_text() + f"user_tokens:\n  alice: {alice}\n  bob: {bob}\n")
+    srv = ControllerServer(read_controller_config(config))
+    addr = srv.start()
+    try:
+        as_alice, as_bob, as_admin = client(addr), client(addr), client(addr)
+        as_alice.md, as_bob.md, as_admin.md = metadata("alice-tok-4e"), metadata("bob-5f"), metadata(ADMIN)
+        text = f"name: mine\nlauncher: direct\nworkdir: {tmp_path}\ncommand: [sh, -c, 'exit 0']\n"
+        a = as_alice.submit(text, "a.yaml")
+        b = as_bob.submit(text, "b.yaml")
+        assert [(j.job_id, j.owner) for j in as_alice.jobs()] == [(a, "alice")]
+        assert [(j.job_id, j.owner) for j in as_bob.jobs()] == [(b, "bob")]
+        assert [(j.job_id, j.owner) for j in as_admin.jobs()] == [(a, "alice"), (b, "bob")]
+        refused = as_bob.cancel(a)
+        assert not refused.cancelled and refused.message == f"no job {a!r} of yours"
+        assert as_alice.cancel(a).cancelled
+        assert as_admin.cancel(b).cancelled  # an admin cancels anyone's
+        for c in (as_alice, as_bob, as_admin):
+            c.close()
+    finally:
+        srv.stop()
+
+
+def test_user_tokens_are_private_named_and_distinct(tmp_path: Path) -> None:
+    config = _roles_config(tmp_path)
+    (tmp_path / "carol.token").write_text("carol-6a\n")
+    (tmp_path / "carol.token").chmod(0o640)
+    config.write_text(config.read_text() + "user_tokens:\n  carol: carol.token\n")
+    with pytest.raises(InputError, match="carol.token: token file is accessible by others"):
+        read_controller_config(config)
+    (tmp_path / "carol.token").chmod(0o600)
+    assert read_controller_config(config).user_tokens == {"carol": "carol-6a"}
+    write_secret(tmp_path / "carol.token", WORKER)
+    with pytest.raises(InputError, match="worker_token and user_tokens: carol are the same credential"):
+        read_controller_config(config)
+    config.write_text(config.read_text().replace("carol:", "admin:"))
+    with pytest.raises(InputError, match="not a role"):
+        read_controller_config(config)

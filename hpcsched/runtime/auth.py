@@ -9,6 +9,9 @@ runs, a call without a known token, and with PERMISSION_DENIED a call its role m
   mark a running job ``completed 1000/1000`` and make workers leave);
 - ``admin``: every RPC, including any not listed here (an RPC added later is admin-only until it is given a role).
 
+Each token is also a name (``user``, ``worker``, ``admin``, or a ``user_tokens`` name): the jobs a user submits are
+theirs, and with ``own_jobs_only`` a user lists and cancels only those (``identify``; the service asks it).
+
 With one token configured (``token_file`` alone) that token holds every role, as before roles existed; the
 controller says so in its log at every start. Refusals are logged at most once per ``LOG_EVERY_S`` per peer and
 reason, with how many were suppressed (each refused call logged 233 bytes, with no limit). TLS (server
@@ -65,12 +68,15 @@ class _Throttle:
 
 class TokenInterceptor(grpc.ServerInterceptor):
     """Authenticates every call by its ``authorization`` metadata and authorises it by role (module docstring).
-    ``tokens``: role -> token; one token may hold several roles only through the single-token set-up."""
+    ``tokens``: role -> token (named as the role); ``users``: more user tokens, name -> token. One token may hold
+    several roles only through the single-token set-up."""
 
-    def __init__(self, token: str | None = None, tokens: dict[str, str] | None = None) -> None:
+    def __init__(self, token: str | None = None, tokens: dict[str, str] | None = None,
+                 users: dict[str, str] | None = None) -> None:
         if tokens is None:
             tokens = {ADMIN: token} if token else {}
-        self._tokens = [(role, f"Bearer {t}".encode()) for role, t in tokens.items() if t]
+        self._tokens = [(role, role, f"Bearer {t}".encode()) for role, t in tokens.items() if t]
+        self._tokens += [(USER, name, f"Bearer {t}".encode()) for name, t in (users or {}).items() if t]
         self._throttle = _Throttle()
 
         def deny_unauthenticated(request, context: grpc.ServicerContext):
@@ -79,13 +85,24 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
         self._deny = deny_unauthenticated
 
-    def role(self, got: str) -> str | None:
-        """The role whose token ``got`` is (every token compared, in constant time), or None."""
+    def identify(self, got: str) -> tuple[str, str] | None:
+        """(role, name) of the token ``got`` is (every token compared, in constant time), or None."""
         found = None
-        for role, expected in self._tokens:
+        for role, name, expected in self._tokens:
             if hmac.compare_digest(got.encode(), expected) and found is None:
-                found = role
+                found = (role, name)
         return found
+
+    def role(self, got: str) -> str | None:
+        """The role whose token ``got`` is, or None."""
+        found = self.identify(got)
+        return found[0] if found else None
+
+    def caller(self, invocation_metadata) -> tuple[str, str] | None:
+        """(role, name) of a call's ``authorization`` metadata (what the service asks, after this interceptor
+        let the call through)."""
+        got = dict(invocation_metadata or ()).get(HEADER, "")
+        return self.identify(got if isinstance(got, str) else "")
 
     def intercept_service(self, continuation, handler_call_details):
         got = dict(handler_call_details.invocation_metadata or ()).get(HEADER, "")

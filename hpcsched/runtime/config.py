@@ -236,6 +236,8 @@ class ControllerConfig:
     tls_key: Path | None = None
     worker_token: str | None = None  # the worker role's: Register, Heartbeat, Leave
     admin_token: str | None = None  # every RPC
+    user_tokens: dict[str, str] = field(default_factory=dict)  # more users, name -> token: their jobs are theirs
+    own_jobs_only: bool = False  # a user lists and cancels only the jobs they submitted (admins: all)
     backup_dir: Path | None = None  # periodic online copies of the state (recovery from a damaged one)
     backup_interval_s: float = 3600.0
     backup_keep: int = 24
@@ -257,7 +259,8 @@ CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
-    "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep", "admission", "load_threshold", "placement",
+    "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
+    "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement",
 }
 
 
@@ -265,14 +268,38 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
     """The controller's YAML as a ControllerConfig; the roles' tokens, when several are set, must differ."""
     cfg = _controller_config(path)
     secrets = [(k, v) for k, v in (("token", cfg.token), ("worker_token", cfg.worker_token),
-                                   ("admin_token", cfg.admin_token)) if v]
+                                   ("admin_token", cfg.admin_token),
+                                   *((f"user_tokens: {n}", t) for n, t in cfg.user_tokens.items())) if v]
     for i, (k, v) in enumerate(secrets):
         for k2, v2 in secrets[i + 1:]:
             if v == v2:
                 raise InputError(path, f"{k} and {k2} are the same credential; each role needs its own")
-    if (cfg.worker_token or cfg.admin_token) and not cfg.token:
-        raise InputError(path, "worker_token / admin_token set without token (the user role's): set token_file too")
+    if (cfg.worker_token or cfg.admin_token) and not (cfg.token or cfg.user_tokens):
+        raise InputError(path, "worker_token / admin_token set without a user's token: set token_file or user_tokens")
+    if cfg.user_tokens and not cfg.worker_token:
+        raise InputError(path, "user_tokens need worker_token_file: else the one token would hold every role")
+    if cfg.own_jobs_only and not cfg.user_tokens and not cfg.worker_token:
+        raise InputError(path, "own_jobs_only needs user_tokens (or at least separate user and worker tokens)")
     return cfg
+
+
+_USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+
+
+def _user_tokens(doc: _Doc, base: Path) -> dict[str, str]:
+    """``user_tokens: {alice: secrets/alice.token, ...}``: one private token file per user, named."""
+    raw = doc.get("user_tokens", dict, None)
+    if raw is None:
+        return {}
+    out: dict[str, str] = {}
+    for name, file in raw.items():
+        if not isinstance(name, str) or not _USER_NAME.fullmatch(name) or name in ("user", "worker", "admin"):
+            raise doc.fail("user_tokens", f"{name!r}: a user name is 1-64 letters, digits and _.@- (and not a role)")
+        if not isinstance(file, str) or not file:
+            raise doc.fail("user_tokens", f"{name}: expected the path of that user's token file")
+        p = Path(file).expanduser()
+        out[name] = read_token(None, p if p.is_absolute() else base / p, doc.source) or ""
+    return out
 
 
 def _controller_config(path: str | Path) -> ControllerConfig:
@@ -296,6 +323,8 @@ def _controller_config(path: str | Path) -> ControllerConfig:
                                 doc.source),
         admin_token=read_token(doc.get("admin_token", str, None), doc.path("admin_token_file", base, None),
                                doc.source),
+        user_tokens=_user_tokens(doc, base),
+        own_jobs_only=doc.get("own_jobs_only", bool, False),
         backup_dir=doc.path("backup_dir", base, None),
         backup_interval_s=doc.positive("backup_interval_s", float, 3600.0),
         backup_keep=doc.positive("backup_keep", int, 24),

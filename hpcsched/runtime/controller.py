@@ -330,11 +330,11 @@ class Controller:
             self.store.update_job(job.id, state="pending", procs=0, **keep)
         self.store.event(job.id, "stopped", reason=reason)
 
-    def submit(self, spec_yaml: str, source: str, request_id: str = "") -> str:
+    def submit(self, spec_yaml: str, source: str, request_id: str = "", owner: str = "") -> str:
         """The new (or, for a retried ``request_id``, the earlier) job's id; ``submit_once`` says which."""
-        return self.submit_once(spec_yaml, source, request_id)[0]
+        return self.submit_once(spec_yaml, source, request_id, owner)[0]
 
-    def submit_once(self, spec_yaml: str, source: str, request_id: str = "") -> tuple[str, bool]:
+    def submit_once(self, spec_yaml: str, source: str, request_id: str = "", owner: str = "") -> tuple[str, bool]:
         """Validate a job file completely (``config.parse_job_spec``: types, ranges, lengths, names, encodings)
         before anything is stored: the client checked it too, but a controller trusts no client. ``request_id``
         is the client's key for this submit, the same on its retries: a submit whose reply was lost (a timeout)
@@ -348,16 +348,18 @@ class Controller:
             if earlier is not None:
                 log.info("job %s: submit retried (request %s): not stored again", earlier, request_id)
                 return earlier, True
-            job_id = self.store.add_job(spec, time.time(), request_id or None)
+            job_id = self.store.add_job(spec, time.time(), request_id or None, owner)
         log.info("job %s submitted (%s, %d procs)", job_id, spec.name, spec.procs)
         self.wakeup.set()
         return job_id, False
 
-    def cancel(self, job_id: str) -> tuple[bool, str]:
+    def cancel(self, job_id: str, owner: str | None = None) -> tuple[bool, str]:
+        """Cancel a job; with ``owner``, only a job that user submitted (``own_jobs_only``: others' are not
+        theirs to cancel, and are answered as if they did not exist)."""
         with self.lock, self.store.tx():
             job = self.store.job(job_id)
-            if job is None:
-                return False, f"no job {job_id!r}"
+            if job is None or (owner is not None and job.owner != owner):
+                return False, f"no job {_clip(job_id, 40)!r}" + (" of yours" if owner is not None else "")
             _, action = next_state(job.state, Event.CANCEL)
             if action is Action.DROP:
                 self.store.update_job(job_id, state="cancelled", end_time=time.time())
@@ -636,14 +638,15 @@ class Controller:
             out += page
         return out
 
-    def jobs_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.JobInfo], str]:
+    def jobs_page(self, page_size: int = 0, page_token: str = "", owner: str | None = None
+                  ) -> tuple[list[pb.JobInfo], str]:
         """One page of jobs in submit order, and the token of the next page ('' after the last): at most
         ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. Read on a reader
         connection, not under the controller's lock: heartbeats never wait for a listing."""
         after = _page_after(page_token, "j", int)
         limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
         with self.query() as rd:
-            jobs = rd.jobs_page(after, limit + 1)
+            jobs = rd.jobs_page(after, limit + 1, owner)
             allocs = rd.allocations()
         sizing = self.sizing  # replaced whole by the scheduling thread, never changed in place
         _, groups, _, _ = slot_use(allocs, self._groups)
@@ -665,7 +668,7 @@ class Controller:
                 last_checkpoint_step=j.ckpt_step, launcher=j.spec.launcher, message=j.message[:MAX_MESSAGE_CHARS],
                 last_resize_s=j.last_resize_s or 0, restarts=j.restarts, group=groups.get(j.id, ""),
                 interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
-                sizing=sizing.get(j.id, ""), uid=j.uid or "",
+                sizing=sizing.get(j.id, ""), uid=j.uid or "", owner=j.owner or "",
             )
             size += info.ByteSize() + 8  # + the field's tag and length
             if out and size > MAX_REPLY_BYTES:

@@ -104,9 +104,12 @@ def _timed(method):
 
 
 class _Service(pb_grpc.ControllerServicer):
-    def __init__(self, ctl: Controller, timings: RpcTimings) -> None:
+    def __init__(self, ctl: Controller, timings: RpcTimings, auth: TokenInterceptor | None = None,
+                 own_jobs_only: bool = False) -> None:
         self.ctl = ctl
         self.timings = timings
+        self.auth = auth
+        self.own_jobs_only = own_jobs_only
 
     @_timed
     def Register(self, request, context):
@@ -116,19 +119,31 @@ class _Service(pb_grpc.ControllerServicer):
     def Heartbeat(self, request, context):
         return self.ctl.heartbeat(request)
 
+    def _who(self, context) -> tuple[str, str]:
+        """(role, name) of the caller; (admin, '') when the controller runs without tokens."""
+        if self.auth is None:
+            return ADMIN, ""
+        return self.auth.caller(context.invocation_metadata()) or (USER, "")
+
+    def _owner_filter(self, context) -> str | None:
+        """The only owner whose jobs this caller sees and cancels, or None for all (``own_jobs_only``)."""
+        role, name = self._who(context)
+        return name if self.own_jobs_only and role == USER else None
+
     @_timed
     def Submit(self, request, context):
-        job_id, duplicate = self.ctl.submit_once(request.spec_yaml, request.source, request.request_id)
+        job_id, duplicate = self.ctl.submit_once(request.spec_yaml, request.source, request.request_id,
+                                                 owner=self._who(context)[1])
         return pb.SubmitReply(job_id=job_id, duplicate=duplicate)
 
     @_timed
     def ListJobs(self, request, context):
-        jobs, token = self.ctl.jobs_page(request.page_size, request.page_token)
+        jobs, token = self.ctl.jobs_page(request.page_size, request.page_token, owner=self._owner_filter(context))
         return pb.ListJobsReply(jobs=jobs, next_page_token=token)
 
     @_timed
     def Cancel(self, request, context):
-        ok, msg = self.ctl.cancel(request.job_id)
+        ok, msg = self.ctl.cancel(request.job_id, owner=self._owner_filter(context))
         return pb.CancelReply(cancelled=ok, message=msg)
 
     @_timed
@@ -150,10 +165,12 @@ class ControllerServer:
         self.cfg = cfg
         self.ctl = Controller(cfg)
         self.roles = _roles(cfg)
-        interceptors = [TokenInterceptor(tokens=self.roles)] if self.roles else []
+        self.auth = TokenInterceptor(tokens=self.roles, users=cfg.user_tokens) if self.roles else None
+        interceptors = [self.auth] if self.auth is not None else []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
-        pb_grpc.add_ControllerServicer_to_server(_Service(self.ctl, self.timings), self.server)
+        pb_grpc.add_ControllerServicer_to_server(_Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only),
+                                                 self.server)
         host, port = parse_address(cfg.listen, "listen")
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if cfg.tls_cert and cfg.tls_key:
@@ -245,7 +262,7 @@ def backup(store_path: Path, backup_dir: Path, keep: int) -> Path:
 
 def _roles(cfg: ControllerConfig) -> dict[str, str]:
     """role -> token. ``token`` alone: the one token holds every role (the set-up before roles; logged at start)."""
-    if cfg.worker_token or cfg.admin_token:
+    if cfg.worker_token or cfg.admin_token or cfg.user_tokens:
         return {role: t for role, t in ((USER, cfg.token), (WORKER, cfg.worker_token), (ADMIN, cfg.admin_token)) if t}
     return {ADMIN: cfg.token} if cfg.token else {}
 

@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS jobs_seq ON jobs(seq);
 """
 # Columns added after the first release: added to an older state file when its owner opens it.
-_ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"))
+_ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"), ("jobs", "owner", "TEXT"))
 _ADDED_INDEXES = "CREATE UNIQUE INDEX IF NOT EXISTS jobs_request ON jobs(request_id) WHERE request_id IS NOT NULL;"
 MAX_REQUEST_ID_CHARS = 128
 
@@ -116,6 +116,7 @@ class JobRow:
     comm_s: float | None
     done: int
     uid: str | None = None  # None: a job stored before uids existed (its checkpoints live under its id alone)
+    owner: str | None = None  # who submitted it (the name of their token); None: stored before owners existed
 
 
 _JOB_COLS = ", ".join(f.name for f in fields(JobRow))
@@ -321,17 +322,17 @@ class Store:
         return _Tx(self.db)
 
     # jobs -----------------------------------------------------------------------------------------
-    def add_job(self, spec: JobSpec, now: float, request_id: str | None = None) -> str:
+    def add_job(self, spec: JobSpec, now: float, request_id: str | None = None, owner: str = "") -> str:
         """Store a new pending job. Its id (``j0001``) is this state's; its ``uid`` (random, 128 bits) is unique
         across states. ``request_id``: the client's key for this submit (see ``job_for_request``)."""
         with self.tx():
             seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
             job_id = f"j{seq:04d}"
             self.db.execute(
-                "INSERT INTO jobs (id, seq, name, spec, state, target_procs, submit_time, uid, request_id) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO jobs (id, seq, name, spec, state, target_procs, submit_time, uid, request_id, owner) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (job_id, seq, spec.name, _spec_to_json(spec), "pending", spec.procs, now, uuid.uuid4().hex,
-                 request_id or None),
+                 request_id or None, owner),
             )
             self._event(now, job_id, "submit", {"procs": spec.procs})
         return job_id
@@ -341,8 +342,11 @@ class Store:
         r = self.db.execute("SELECT id FROM jobs WHERE request_id = ?", (request_id,)).fetchone()
         return r[0] if r else None
 
-    def jobs_page(self, after_seq: int, limit: int) -> list[JobRow]:
-        """At most ``limit`` jobs after submit number ``after_seq``, in submit order (one page of a listing)."""
+    def jobs_page(self, after_seq: int, limit: int, owner: str | None = None) -> list[JobRow]:
+        """At most ``limit`` jobs after submit number ``after_seq``, in submit order (one page of a listing); only
+        ``owner``'s when given."""
+        if owner is not None:
+            return self._jobs(" WHERE seq > ? AND owner = ?", (after_seq, owner), limit)
         return self._jobs(" WHERE seq > ?", (after_seq,), limit)
 
     def workers_page(self, after_id: str, limit: int) -> list[WorkerRow]:
