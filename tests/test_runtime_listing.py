@@ -10,6 +10,7 @@ history would find it.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import statistics
 import threading
@@ -180,3 +181,34 @@ def test_a_heartbeat_reply_is_bounded_in_bytes(tmp_path: Path, monkeypatch: pyte
     assert {t.task_id for t in first.launch} | {t.task_id for t in rest.launch} == \
         {a.task_id for a in c.store.allocations()}
     c.store.close()
+
+
+def test_a_worker_cut_off_long_still_sends_heartbeats_under_the_message_limit(tmp_path: Path) -> None:
+    """A worker keeps reports while its controller is away; they are thinned to MAX_PENDING per task (keeping the
+    first report, checkpoints and the end), and a progress file is read a bounded chunk at a time (a 2 MB line
+    is skipped), so the heartbeat that carries them stays far below gRPC's 4 MB limit."""
+    from hpcsched.runtime import worker as worker_mod
+    from hpcsched.runtime.config import WorkerConfig
+    from hpcsched.runtime.worker import Worker
+
+    progress = tmp_path / "reports.jsonl"
+    lines = ['{"step": 1, "first": true}']
+    lines += [json.dumps({"step": k, "loss": 1.0, "checkpoint": "/ck/s" if k == 5000 else ""}) for k in range(2, 30000)]
+    lines += ['{"step": 30000, "done": true}']
+    progress.write_text("x" * 2_000_000 + "\n" + "\n".join(lines) + "\n")  # a first "line" of 2 MB, then the reports
+    w = Worker(WorkerConfig(controller="127.0.0.1:9", name="w0", work_dir=tmp_path / "w"))
+    try:
+        w.launch(pb.LaunchTask(task_id="j1.g1.n0", job_id="j1", generation=1, launcher="direct", command=["true"],
+                               env={"HPCSCHED_WORKDIR": str(tmp_path)}, node_rank=0, nnodes=1, nprocs=1,
+                               world_size=1, master_addr="127.0.0.1", master_port=1,
+                               checkpoint_dir=str(tmp_path / "ck")))
+        task = w.tasks["j1.g1.n0"]
+        task.progress_path = progress
+        for _ in range(8):  # 1 MiB a poll
+            w._read_progress(task)
+        steps = [p.step for p in task.pending]
+        assert len(steps) <= worker_mod.MAX_PENDING and steps == sorted(steps)
+        assert {1, 5000, 30000} <= set(steps) and task.pending[-1].done
+        assert w._heartbeat().ByteSize() < 1 << 20
+    finally:
+        w.shutdown()

@@ -533,13 +533,21 @@ class Worker:
         return news
 
     def _read_progress(self, t: Task) -> None:
+        """New complete report lines, at most ``_READ_CHUNK`` bytes a poll (a task may write anything there), and
+        at most ``MAX_PENDING`` reports kept per task until a heartbeat delivers them (``thin_reports``): a worker
+        cut off from its controller for long kept every report, and the heartbeat that finally carried them passed
+        gRPC's 4 MB limit, refused at every retry."""
         try:
             with open(t.progress_path, "rb") as f:
                 f.seek(t.offset)
-                data = f.read()
+                data = f.read(_READ_CHUNK)
         except OSError:  # not there yet, or made unreadable by the task: no reports, and never the daemon's end
             return
         end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) == _READ_CHUNK:  # one "line" longer than a chunk: no report, skipped
+            log.warning("task %s: progress line over %d bytes skipped", t.launch.task_id, _READ_CHUNK)
+            t.offset += len(data)
+            return
         t.offset += end
         for line in data[:end].splitlines():
             try:
@@ -549,6 +557,11 @@ class Worker:
                 t.pending.append(pb.Progress(**{k: v for k, v in d.items() if k in _PROGRESS_FIELDS}))
             except (ValueError, TypeError) as e:
                 log.warning("task %s: bad progress line %r: %s", t.launch.task_id, line[:80], e)
+        if len(t.pending) > MAX_PENDING:
+            before = len(t.pending)
+            t.pending = thin_reports(t.pending, MAX_PENDING)
+            log.warning("task %s: %d progress reports not yet delivered; kept %d (first, done, checkpoints and the "
+                        "latest)", t.launch.task_id, before, len(t.pending))
 
     def shutdown(self) -> None:
         for tid in list(self.tasks):
@@ -557,6 +570,19 @@ class Worker:
         if self.warm is not None:
             self.warm.close()
         self.channel.close()
+
+
+MAX_PENDING = 2000  # reports per task awaiting a heartbeat (~100 B each: far below a message's 4 MB)
+_READ_CHUNK = 1 << 20  # bytes of a progress file read per poll
+
+
+def thin_reports(reports: list[pb.Progress], keep: int) -> list[pb.Progress]:
+    """At most about ``keep`` reports, in order: every one the controller acts on (a first report, the last
+    ``done``, one naming a checkpoint) and the latest of the others; the steps in between are only samples."""
+    marked = [i for i, p in enumerate(reports) if p.first or p.done or p.checkpoint]
+    room = max(keep // 2, keep - len(marked))
+    kept = set(marked[-keep // 2:]) | set(range(max(0, len(reports) - room), len(reports)))
+    return [p for i, p in enumerate(reports) if i in kept]
 
 
 CANNOT_START = 127  # the exit code of a task that never started, as a shell reports a command it cannot run
