@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from hpcsched.errors import InputError
+from hpcsched.runtime.pilots import NODE_SOURCES, PilotConfig, read_pilot_config
 
 LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
 
@@ -253,6 +254,8 @@ class ControllerConfig:
     load_threshold: float = 1.0  # load-based admission: admitted demand up to this x the live slots
     placement: str = "consolidated"  # the decision core's placement step (hpcsched.placements)
     rpc_stats_file: Path | None = None  # per-RPC handler time quantiles (JSON), written when the controller stops
+    # node_source: static (workers register themselves) or slurm (the controller submits pilot jobs: pilots.py)
+    pilots: PilotConfig | None = None  # the ``slurm:`` section when node_source is slurm
 
 
 CONTROLLER_KEYS = {
@@ -261,6 +264,7 @@ CONTROLLER_KEYS = {
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement",
+    "node_source", "slurm",
 }
 
 
@@ -340,7 +344,21 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         load_threshold=doc.non_negative("load_threshold", float, 1.0),
         placement=_step(doc, "placement", "consolidated"),
         rpc_stats_file=doc.path("rpc_stats_file", base, None),
+        pilots=_node_source(doc, base),
     )
+
+
+def _node_source(doc: _Doc, base: Path) -> PilotConfig | None:
+    """``node_source: slurm`` and its ``slurm:`` section (pilots.py), or None for ``static``."""
+    source = doc.get("node_source", str, "static")
+    if source not in NODE_SOURCES:
+        raise doc.fail("node_source", f"expected one of {', '.join(NODE_SOURCES)}, got {source!r}")
+    if source == "static":
+        if "slurm" in doc.data:
+            raise doc.fail("slurm", "a slurm: section needs node_source: slurm")
+        return None
+    return read_pilot_config(doc.data.get("slurm"), doc.source, doc.lines.get("slurm", doc.lines.get("node_source")),
+                             base)
 
 
 def _step(doc: _Doc, key: str, default: str) -> str:

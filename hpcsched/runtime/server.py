@@ -36,6 +36,7 @@ from hpcsched.errors import InputError
 from hpcsched.runtime.auth import ADMIN, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
 from hpcsched.runtime.controller import Busy, Controller, Refused
+from hpcsched.runtime.pilots import ControllerDemand, PilotManager, reachable
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 log = logging.getLogger("hpcsched.runtime.server")
@@ -183,6 +184,7 @@ class ControllerServer:
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self.ctl.run_forever, args=(self._stop,), daemon=True, name="scheduler")
         self._switch_interval: float | None = None
+        self.pilots: PilotManager | None = None
         self._backups = threading.Thread(target=self._backup_loop, daemon=True, name="backups") \
             if cfg.backup_dir else None
 
@@ -199,6 +201,10 @@ class ControllerServer:
             self._backups.start()
         if self.cfg.address_file:
             _write_atomic(self.cfg.address_file, self.address + "\n")
+        if self.cfg.pilots is not None:  # node_source: slurm: harvest idle nodes with pilot jobs (pilots.py)
+            self.pilots = PilotManager(self.cfg.pilots, ControllerDemand(self.ctl), reachable(self.address),
+                                       self.cfg.worker_token or self.cfg.token, self.cfg.state)
+            self.pilots.start()
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
                  ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
                  else "OFF", "on" if self.cfg.tls_cert else "off", self.cfg.policy, self.cfg.state)
@@ -224,6 +230,8 @@ class ControllerServer:
         self.server.wait_for_termination()
 
     def stop(self) -> None:
+        if self.pilots is not None:  # first: their workers leave through this server
+            self.pilots.stop()
         self._stop.set()
         self.ctl.wakeup.set()
         self.server.stop(grace=1).wait()

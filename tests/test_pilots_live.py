@@ -1,0 +1,163 @@
+"""Node source ``slurm`` against a REAL Slurm (the 4-node loopback cluster of scripts/slurm_cluster.sh): the
+controller claims idle nodes with pilot jobs running ``hpcsched worker``, runs a job across two of them, loses
+them to a high-priority batch job (Slurm preempts the scavenger pilots: SIGTERM within GraceTime), and claims
+them back when the batch job ends; pilots that never start or hang are cancelled; none outlives the controller.
+
+Skipped with the reason when no Slurm controller answers (run ``scripts/slurm_cluster.sh up`` as root).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from runtime_procs import ROOT, client, controller_config, jobs_by_id, start_controller, stop, submit, wait_for
+
+from hpcsched.runtime.pilots import PilotConfig, PilotManager
+from hpcsched.slurm import commands
+
+WHY_NOT = commands.available()
+pytestmark = [pytest.mark.slurm, pytest.mark.slow,
+              pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}")]
+NODES = ("n1", "n2", "n3", "n4")
+
+
+def sh(*argv: str) -> str:
+    return commands.run(argv)
+
+
+def squeue() -> dict[str, tuple[str, str]]:
+    """job id -> (name, state) of every job Slurm lists."""
+    out = {}
+    for line in sh("squeue", "-h", "-o", "%i|%j|%T").splitlines():
+        jid, name, state = line.split("|")
+        out[jid] = (name, state)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def clean_cluster() -> Iterator[None]:
+    """Every node idle and no job before and after (a failed test's pilots are cancelled here too)."""
+    def reset() -> None:
+        ids = list(squeue())
+        if ids:
+            sh("scancel", *ids)
+        wait_for("all nodes idle and no job", lambda: not squeue() and set(
+            sh("sinfo", "-N", "-h", "-p", "batch", "-o", "%T").split()) == {"idle"}, 60)
+
+    reset()
+    yield
+    reset()
+
+
+class FakeView:
+    """The controller's side for the manager alone: a fixed demand and the workers registered so far (none)."""
+
+    def __init__(self, demand: int) -> None:
+        self.demand = demand
+
+    def demand_slots(self) -> int:
+        return self.demand
+
+    def workers(self) -> dict[str, tuple[bool, int, int]]:
+        return {}
+
+
+def test_pilots_that_never_start_or_hang_are_cancelled(tmp_path: Path) -> None:
+    """A pilot Slurm will not start (held by --begin an hour away) and one whose worker never registers (its
+    'python' only sleeps) are both cancelled after their timeouts, with the reason in the manager's events."""
+    hang = tmp_path / "sleeping-python"
+    hang.write_text("#!/bin/sh\nexec sleep 600\n")
+    hang.chmod(0o755)
+    never = PilotManager(PilotConfig(partition="scavenger", max_pilots=1, start_timeout_s=3, poll_s=0.5,
+                                     work_dir=tmp_path / "a", sbatch_args=("--begin=now+3600",)),
+                         FakeView(1), "127.0.0.1:1", None, tmp_path / "a.db")
+    hung = PilotManager(PilotConfig(partition="scavenger", max_pilots=1, register_timeout_s=3, poll_s=0.5,
+                                    work_dir=tmp_path / "b", python=str(hang)),
+                        FakeView(1), "127.0.0.1:1", None, tmp_path / "b.db")
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not all(
+                any(e.kind == "cancel" for e in m.events) for m in (never, hung)):
+            never.step()
+            hung.step()
+            time.sleep(0.5)
+        kinds = {m: [(e.kind, e.detail) for e in m.events] for m in (never, hung)}
+        assert any(k == "cancel" and d.startswith("never started: pending") for k, d in kinds[never]), kinds[never]
+        assert any(k == "cancel" and d.startswith("hung: running") and "never registered" in d
+                   for k, d in kinds[hung]), kinds[hung]
+        # the cancelled pilots are gone from Slurm, and the next step says so
+        wait_for("the pilots to leave Slurm", lambda: not squeue(), 30)
+        for m in (never, hung):
+            m.step()
+            assert any(e.kind == "gone" for e in m.events)
+    finally:
+        never.stop(wait_s=10)
+        hung.stop(wait_s=10)
+
+
+def pilot_controller(d: Path) -> Path:
+    cfg = controller_config(d, min_runtime_s=2, stop_grace_s=4)
+    with cfg.open("a") as f:
+        f.write("node_source: slurm\nslurm:\n  partition: scavenger\n  max_pilots: 2\n  slots: 1\n"
+                "  stop_grace_s: 3\n  poll_s: 1\n  time_limit_s: 600\n  leave_before_s: 30\n"
+                "  idle_release_s: 5\n  start_timeout_s: 120\n  register_timeout_s: 60\n  work_dir: pilots\n")
+    return cfg
+
+
+def pilots_listed() -> list[str]:
+    return [jid for jid, (name, _) in squeue().items() if name.startswith("hpcsched-pilot-")]
+
+
+def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets_them_back(tmp_path: Path) -> None:
+    ctl, addr = start_controller(tmp_path, pilot_controller(tmp_path))
+    c = client(addr)
+    try:
+        steps = 400
+        job = tmp_path / "tcp2.yaml"
+        job.write_text(f"name: tcp2\nlauncher: direct\nprocs: 2\nsteps: {steps}\nworkdir: {ROOT}\n"
+                       "command: [tests/netns_job.py, --comm, tcp, --checkpoint-every, '20', --step-ms, '50']\n")
+        jid = submit(c, job)
+        t0 = time.monotonic()
+        j = wait_for("the job running on two pilots", lambda: (j := jobs_by_id(c)[jid]).state == "running" and
+                     j.steps_done >= 20 and j, 120, poll=0.5)
+        first_run_s = time.monotonic() - t0
+        assert sorted(j.workers) == sorted(w.worker_id for w in c.workers() if w.alive)
+        assert all(w.startswith("pilot-") for w in j.workers), j.workers
+        assert len(pilots_listed()) == 2
+        # A batch job wants all four nodes: Slurm preempts the two scavenger pilots (SIGTERM, GraceTime 5 s).
+        batch = sh("sbatch", "--parsable", "-p", "batch", "-N4", "-J", "batch-hog", "--wrap", "sleep 10").strip()
+        t1 = time.monotonic()
+        wait_for("the job stopped by the preemption", lambda: jobs_by_id(c)[jid].state == "pending", 90, poll=0.3)
+        stopped_s = time.monotonic() - t1
+        ckpt = json.loads((tmp_path / "run" / "ckpt" / jid / "ckpt.json").read_text())["step"]
+        done_at_stop = jobs_by_id(c)[jid].steps_done
+        assert ckpt >= done_at_stop - 1, (ckpt, done_at_stop)  # checkpointed at the stop: nothing to redo
+        wait_for("the batch job to end", lambda: batch not in squeue(), 90)
+        t2 = time.monotonic()
+        wait_for("the job running again on new pilots", lambda: jobs_by_id(c)[jid].state == "running", 120, poll=0.3)
+        back_s = time.monotonic() - t2
+        j = wait_for("the job done", lambda: (j := jobs_by_id(c)[jid]).state in ("completed", "failed") and j, 180,
+                     poll=0.5)
+        assert j.state == "completed", j.message
+        result = json.loads((tmp_path / "run" / "ckpt" / jid / "result.json").read_text())
+        assert result["steps"] == steps and j.steps_done == steps  # exact, across the preemption
+        assert j.restarts == 0  # a preemption is not a failure
+        log = (tmp_path / "controller.log").read_text()
+        assert log.count(": submit on n") >= 4, log[-3000:]  # two pilots, then two more after the batch job
+        assert "is leaving" in log  # the preempted pilots' workers said so (Leave), no timeout needed
+        print(f"\nfirst start {first_run_s:.1f} s (pilots submitted, workers registered, job at step 20); "
+              f"preemption to job stopped {stopped_s:.1f} s; batch end to job running again {back_s:.1f} s")
+    finally:
+        c.close()
+        ctl.send_signal(signal.SIGTERM)  # the controller cancels its pilots, waits for them to leave, then exits
+        try:
+            ctl.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop(ctl)
+    assert pilots_listed() == []  # the controller cancelled its pilots when it stopped
