@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtime_procs import ROOT, client, controller_config, jobs_by_id, start_controller, stop, submit, wait_for
+from runtime_procs import (
+    ROOT,
+    client,
+    controller_config,
+    jobs_by_id,
+    kill_tree,
+    start_controller,
+    stop,
+    submit,
+    wait_for,
+)
 
 from hpcsched.runtime.pilots import PilotConfig, PilotManager
 from hpcsched.slurm import commands
@@ -161,3 +171,45 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         except subprocess.TimeoutExpired:
             stop(ctl)
     assert pilots_listed() == []  # the controller cancelled its pilots when it stopped
+
+
+def test_controller_killed_and_restarted_adopts_its_pilots(tmp_path: Path) -> None:
+    """kill -9 of the controller mid-run: the pilots (Slurm jobs) and their workers go on; a controller restarted on
+    the same state and address adopts them by name, submits none twice, and the job finishes exactly."""
+    cfg = pilot_controller(tmp_path)
+    ctl, addr = start_controller(tmp_path, cfg)
+    c = client(addr)
+    try:
+        steps = 300
+        job = tmp_path / "tcp2.yaml"
+        job.write_text(f"name: tcp2\nlauncher: direct\nprocs: 2\nsteps: {steps}\nworkdir: {ROOT}\n"
+                       "command: [tests/netns_job.py, --comm, tcp, --checkpoint-every, '20', --step-ms, '50']\n")
+        jid = submit(c, job)
+        wait_for("the job running on two pilots", lambda: jobs_by_id(c)[jid].steps_done >= 20, 120, poll=0.5)
+        before = sorted(pilots_listed())
+        kill_tree(ctl)  # the controller only: its pilots are Slurm's processes, not its children
+        assert sorted(pilots_listed()) == before
+        ctl, addr2 = start_controller(tmp_path, pilot_controller_at(tmp_path, addr))
+        assert addr2 == addr
+        j = wait_for("the job done", lambda: (j := jobs_by_id(c)[jid]).state in ("completed", "failed") and j, 180,
+                     poll=0.5)
+        assert j.state == "completed" and j.steps_done == steps, j.message
+        assert j.restarts == 0 and j.generation == 1  # it never stopped: the workers kept it running
+        log = (tmp_path / "controller.log").read_text()
+        assert log.count(": adopt ") == 2 and log.count(": submit on n") == 2, log[-3000:]
+    finally:
+        c.close()
+        ctl.send_signal(signal.SIGTERM)
+        try:
+            ctl.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop(ctl)
+    assert pilots_listed() == []
+
+
+def pilot_controller_at(d: Path, address: str) -> Path:
+    """The same controller file, listening on the address the first one had (its workers dial it)."""
+    cfg = pilot_controller(d)
+    text = cfg.read_text().replace("listen: 127.0.0.1:0", f"listen: {address}")
+    cfg.write_text(text)
+    return cfg
