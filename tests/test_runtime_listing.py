@@ -113,6 +113,7 @@ def _lister(address: str, until: float, threads: int, out: multiprocessing.Queue
     out.put((done[0], failed[0]))
 
 
+@pytest.mark.slow
 def test_forty_concurrent_listings_at_10k_jobs_never_hold_a_heartbeat_past_the_deadline(tmp_path: Path) -> None:
     _fill(tmp_path / "run" / "state.db", 10_000)
     ctl, address = start_controller(tmp_path, controller_config(tmp_path, heartbeat_interval_s=0.5))

@@ -1,30 +1,48 @@
-"""Placement planning for the simulator engine: turning a policy's ordered groups into placements.
+"""Re-planning: the rule that turns a policy's ordered groups into placements when running jobs MAY move.
 
-Kept apart from the event loop (engine.py) because it is the part that decides *where* jobs run
-(consolidated placement, the in-place fast path, the compat two-pass fill, sticky placements), while the
-engine decides *when* things happen. ``Planner`` is a mixin: the engine owns the state it reads.
+The shared decision core has two ways to make a policy's groups runnable. The controller's (``decide``'s
+default, ``DecideOptions(regroup="keep")``) never moves a running job to form a group. This one
+(``regroup="replan"``, the simulator's default mode and the testbed's sim-grouped) runs the policy as designed:
+groups are chosen in priority order on an empty cluster, chosen running groups stay on their GPUs where those
+are free (sticky), the rest are placed first fit, and whoever lands elsewhere is restarted. An in-place pass
+comes first as a shortcut that returns the same answer when it can tell (rules on ``_place_in_place``); the
+compat rules (two passes, count-only placement) are the reference simulator's variants of the fresh plan.
+
+``Planner`` is written over a small contract, not over one executor's records: the state it reads (below)
+and members that have ``id``, ``gpus``, ``running``, ``place`` (a placement tuple; co-located members share
+the SAME tuple object) and ``group`` (the ids of the jobs sharing its GPUs). The simulator's engine is a
+``Planner`` over its own job records (the hot path, no copying); ``decide`` builds one over ``JobState``s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcsched.allocator import Group
 from hpcsched.core import placement as pl
 
 if TYPE_CHECKING:
     from hpcsched.compat.muri import CompatRules
-    from hpcsched.model import ClusterSpec
-    from hpcsched.sim.jobrun import JobRun
 
 _INF = float("inf")
 
-Planned = tuple[Group, tuple["JobRun", ...], int, Any]
+
+class Member(Protocol):
+    """What re-planning reads of a job (the simulator's ``JobRun`` is one)."""
+
+    id: str
+    gpus: int
+    running: bool
+    place: Any  # tuple of (node, GPUs) while running; co-located members share the same object
+    group: tuple[str, ...]  # ids of the jobs sharing its GPUs (empty: alone)
+
+
+Planned = tuple[Group, tuple[Any, ...], int, Any]
 """(group, member states, GPUs it needs, placement or None for count-only)."""
 
 
-def _taken(sizes: dict[int, int], members: tuple[JobRun, ...], min_need: float) -> float:
+def _taken(sizes: dict[int, int], members: tuple[Any, ...], min_need: float) -> float:
     """Count ``members`` as placed in ``sizes`` (GPU demand -> jobs still to place); the smallest
     demand left, so a placement loop stops as soon as nothing left can fit (inf: nothing left)."""
     for m in members:
@@ -53,20 +71,21 @@ def _packs(need: int, gpn: int) -> bool:
 
 
 class Planner:
-    """Placement planning over the engine's state (mixin of ``_Engine``)."""
+    """Re-planning over an executor's state (the attributes below; the engine is one, ``decide`` builds one)."""
 
-    name: str
-    cluster: ClusterSpec
-    gpn: int
-    nps: int | None
+    name: str  # the policy's, for errors
+    capacity: list[int]  # GPUs (slots) per node, node order
+    total: int  # sum(capacity)
+    gpn: int  # the largest node's: consolidated placement's node size
+    nps: int | None  # nodes per switch (None: one switch)
     compat: bool
     rules: CompatRules
-    by_id: dict[str, JobRun]
-    running: dict[int, JobRun]
-    wsizes: dict[int, int]
-    free: list[int]
+    by_id: dict[str, Any]  # active job id -> member
+    running: dict[int, Any]  # running members
+    wsizes: dict[int, int]  # GPU demand -> number of waiting members asking that many
+    free: list[int]  # GPUs per node not held by running placements
 
-    def _members(self, g: Group) -> tuple[tuple[JobRun, ...], int]:
+    def _members(self, g: Group) -> tuple[tuple[Any, ...], int]:
         try:
             members = tuple(self.by_id[i] for i in g.job_ids)
         except KeyError as e:
@@ -89,7 +108,7 @@ class Planner:
         """
         avail = list(self.free)
         left = sum(avail)
-        room = self.cluster.gpus  # GPUs not claimed by the groups planned so far (running or new)
+        room = self.total  # GPUs not claimed by the groups planned so far (running or new)
         unclaimed = len(self.running)
         used: set[str] = set()
         plan: list[Planned] = []
@@ -155,8 +174,8 @@ class Planner:
         """Take the policy's groups in order while GPUs are left; each is checked as it is considered."""
         by_id, name = self.by_id, self.name
         count = self.rules.placement == "count"  # compat Tiresias: counting only, no nodes
-        free = [self.gpn] * self.cluster.nodes
-        left = self.cluster.gpus
+        free = list(self.capacity)
+        left = self.total
         used: set[str] = set()
         first: list[Planned] = []
         sizes = dict(self.wsizes)  # GPU demands of the active jobs not chosen yet
@@ -183,7 +202,7 @@ class Planner:
                         dead.add(need)
                     stuck = stuck if checked else None
                     continue
-                members: tuple[JobRun, ...] = (j,)
+                members: tuple[Any, ...] = (j,)
             else:
                 members, need = self._members(g)
                 if not members:
@@ -216,7 +235,7 @@ class Planner:
                 return first
             if self.nps is None and all(_packs(c[2], self.gpn) for c in first):
                 return first  # largest-first re-placement would fit every chosen group: same outcome
-            free = [self.gpn] * self.cluster.nodes
+            free = list(self.capacity)
             out = []
             for g, members, need, _ in sorted(first, key=lambda c: -c[2]):
                 got = pl.place_consolidated(free, need, self.gpn, self.nps)
@@ -228,7 +247,7 @@ class Planner:
 
     def _sticky(self, first: list[Planned]) -> list[Planned]:
         """Keep running groups on their GPUs where possible; fall back to the fresh plan."""
-        free = [self.gpn] * self.cluster.nodes
+        free = list(self.capacity)
         out: list[Any] = [None] * len(first)
         rest = []
         for i, (g, members, need, _fresh) in enumerate(first):

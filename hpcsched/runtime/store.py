@@ -248,6 +248,7 @@ class Store:
             self.close()
             raise _damaged(path, e) from None
         self._specs: dict[str, JobSpec] = {} if specs is None else specs
+        self._readers: list[Store] = []  # closed with this store
         self._ckpt_stop: threading.Event | None = None
         self._ckpt_thread: threading.Thread | None = None
 
@@ -261,7 +262,9 @@ class Store:
     def reader(self) -> Store:
         """A connection of its own that only reads (WAL: it sees the last commit and never blocks the owner's
         writes), sharing this store's parsed specs; for queries served beside the controller's lock."""
-        return Store(self.path, query_only=True, specs=self._specs)
+        r = Store(self.path, query_only=True, specs=self._specs)
+        self._readers.append(r)
+        return r
 
     def backup_to(self, dest: Path) -> None:
         """A consistent copy of the state while it is in use (SQLite's online backup), written aside, made
@@ -312,6 +315,8 @@ class Store:
             self._ckpt_stop.set()
             self._ckpt_thread.join(timeout=10)
             self._ckpt_thread = None
+        for r in getattr(self, "_readers", ()):
+            r.close()
         if self.db is not None:
             self.db.close()
         if self._lock_fd is not None:
