@@ -163,3 +163,41 @@ def test_controller_config_names_the_steps_and_refuses_unknown_ones(tmp_path) ->
     assert "b.yaml" in str(e.value) and "placement" in str(e.value) and "known: consolidated" in str(e.value)
     state = ClusterState(0.0, (JobState("a", 0, False, 0, 2, 2),), (WorkerState("w0", 4), WorkerState("w1", 4)))
     assert scheduler.plan(state, "fifo", placement=cfg.placement).starts == {"a": [("w0", 1), ("w1", 1)]}
+
+
+def test_regroup_replan_moves_running_jobs_into_the_policys_groups_where_keep_does_not() -> None:
+    """Two 1-slot workers run a and b apart; the policy now pairs them. "keep" (the controller's rule) leaves
+    them where they are; "replan" (the simulator's default mode, by the same code: ``core.replan``) keeps a on
+    its slot and stops b, which joins a's slot at the next decision once it has stopped."""
+    pair = lambda s: [Group(("a", "b"), 1.0)]  # noqa: E731
+    workers = (WorkerState("w0", 1), WorkerState("w1", 1))
+    running = ClusterState(1.0, (JobState("a", 0, True, 1, 1, 1, group="a", placement=(("w0", 1),)),
+                                 JobState("b", 0, True, 1, 1, 1, group="b", placement=(("w1", 1),))),
+                           workers, {"w0": 1, "w1": 1})
+    kept = decide(DecideRequest(running, pair))
+    assert kept.stops == {} and kept.starts == {}
+    moved = decide(DecideRequest(running, pair, DecideOptions(regroup="replan")))
+    assert moved.stops == {"b": "preempt"} and moved.starts == {} and moved.sizes == {"a": 1}
+    after = ClusterState(2.0, (running.jobs[0], JobState("b", 0, False, 0, 1, 1)), workers, {"w0": 1})
+    joined = decide(DecideRequest(after, pair, DecideOptions(regroup="replan")))
+    assert joined.starts == {"b": [("w0", 1)]} and joined.groups == {"b": "a"} and joined.stops == {}
+
+
+def test_regroup_replan_preempts_for_priority_and_starts_once_the_slots_are_free() -> None:
+    """FIFO on one 4-slot worker: c (2 slots, submitted at 5) runs; a (4 slots, submitted at 0) waits. Both rules
+    stop c for a (priority); re-planning, too, starts a only at the next decision, when c's slots are free."""
+    from hpcsched.policies import get_policy
+
+    fifo = get_policy("fifo")
+    w = (WorkerState("w0", 4),)
+    before = ClusterState(6.0, (JobState("a", 0, False, 0, 4, 4),
+                                JobState("c", 5, True, 2, 2, 2, group="c", placement=(("w0", 2),))), w, {"w0": 2})
+    keep = decide(DecideRequest(before, fifo))
+    assert keep.stops == {"c": "preempt"} and keep.starts == {} and "a" in keep.waiting
+    plan = decide(DecideRequest(before, fifo, DecideOptions(regroup="replan")))
+    assert plan.stops == {"c": "preempt"} and plan.starts == {} and "being freed" in plan.waiting["a"]
+    after = ClusterState(7.0, (before.jobs[0], JobState("c", 5, False, 0, 2, 2)), w, {})
+    plan = decide(DecideRequest(after, fifo, DecideOptions(regroup="replan")))
+    assert plan.starts == {"a": [("w0", 4)]} and "not chosen" in plan.waiting["c"]
+    with pytest.raises(ValueError, match="unknown regroup"):
+        decide(DecideRequest(after, fifo, DecideOptions(regroup="sometimes")))

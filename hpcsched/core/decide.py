@@ -50,75 +50,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from hpcsched.allocator import JobView, Policy, Snapshot
+from hpcsched.allocator import Group, JobView, Snapshot, policy_name
+from hpcsched.core.placement import first_slots
+from hpcsched.core.state import ClusterState, DecideOptions, DecideRequest, JobState, Plan, WorkerState
 from hpcsched.interleave.period import MAX_GROUP
-from hpcsched.model import ClusterSpec, ElasticJob, ResourceProfile, ScalingCurve
+from hpcsched.model import ClusterSpec, ElasticJob
 from hpcsched.placements import PlacementView, get_placement
 
+__all__ = ["ClusterState", "DecideOptions", "DecideRequest", "JobState", "Plan", "WorkerState", "decide",
+           "runnable_units"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """What the scheduler sees of one pending or running job."""
-
-    id: str
-    submit: float
-    running: bool
-    procs: int  # current size when running, else 0
-    min_procs: int
-    max_procs: int
-    launcher: str = "torchrun"
-    steps_total: int | None = None
-    steps_done: int = 0
-    iteration_s: float | None = None
-    profile: ResourceProfile | None = None
-    attained_s: float = 0.0
-    executed_s: float = 0.0
-    first_start: float | None = None
-    group: str | None = None  # running: the co-location key of its tasks (jobs sharing slots share it)
-    placement: tuple[tuple[str, int], ...] = ()  # running: (worker, procs) per node, node-rank order
-    attempt_start: float | None = None  # running: when its current attempt was placed
-    curve: ScalingCurve | None = None  # declared throughput by size: the MILP sizes the job
-    resize_s: float = 10.0  # progress a resize costs it (MILP Tup = Tdw)
-    in_place: bool = False  # running elastic Horovod: resizable in place on the node(s) it runs on
-    cpus_per_proc: float = 0.0  # what each of its processes needs beside its slot (resource-aware placement)
-    mem_per_proc_gb: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerState:
-    id: str
-    slots: int
-    launchers: tuple[str, ...] = ("torchrun",)
-    cpus: float | None = None  # what it has beside its slots, where known (resource-aware placement)
-    mem_gb: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterState:
-    """``used`` counts the slots held by running and stopping jobs on each live worker."""
-
-    now: float
-    jobs: tuple[JobState, ...]
-    workers: tuple[WorkerState, ...]
-    used: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Plan:
-    """``starts``: job -> [(worker, procs)]; ``stops``: job -> reason ('preempt' or 'resize'); ``resizes``:
-    running job -> its new placement, applied without stopping it."""
-
-    starts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
-    stops: dict[str, str] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # every admitted job's size this round
-    waiting: dict[str, str] = field(default_factory=dict)  # job -> why it did not start
-    groups: dict[str, str] = field(default_factory=dict)  # started job -> co-location key of its tasks
-    resizes: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # job -> new placement, in place
-    # the MILP's status for the jobs it sized this round ("optimal", "time_limit", "fallback", ...); anything
-    # but "optimal" is a decision the controller must report (it counts and logs it, `hpcsched jobs` shows it)
-    sizing: dict[str, str] = field(default_factory=dict)
 
 
 def _views(state: ClusterState) -> tuple[JobView, ...]:
@@ -218,24 +160,6 @@ def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[st
     return pool_n - sum(new.values()), d.status if d.status == "optimal" else f"{d.solver} {d.status}"
 
 
-@dataclass(frozen=True, slots=True)
-class DecideOptions:
-    """Where executors differ, by name (the defaults are the runtime controller's)."""
-
-    min_runtime_s: float = 0.0  # hysteresis: a unit with an attempt younger than this keeps its slots and size
-    tfwd_s: float = 60.0  # the MILP's look-ahead when sizing elastic jobs (BFTrainer's Tfwd), seconds
-    admission: str = "accept-all"  # which new jobs the policy sees at all (``hpcsched.admission``)
-    load_threshold: float = 1.0  # load-based admission: admitted demand up to this x the live slots
-    placement: str = "consolidated"  # where a new unit's slots go (``hpcsched.placements``)
-
-
-@dataclass(frozen=True, slots=True)
-class DecideRequest:
-    state: ClusterState  # the jobs, the workers and the slots they hold, now
-    policy: Policy  # orders (and groups) the jobs
-    options: DecideOptions = DecideOptions()
-
-
 @dataclass(slots=True)
 class _Context:
     """What the steps share within one decision."""
@@ -249,6 +173,7 @@ class _Context:
     out: Plan = field(default_factory=lambda: Plan())
     order: list[str] = field(default_factory=list)  # job ids, highest priority first
     groups: list[tuple[str, ...]] = field(default_factory=list)  # the policy's groups, over known jobs only
+    policy_groups: list[Group] = field(default_factory=list)  # the same as the policy gave them (periods kept)
     units: list[list[str]] = field(default_factory=list)  # runnable units, protected ones first after admit
     keep_ids: set[str] = field(default_factory=set)  # first id of each protected unit (units are disjoint)
     admitted: list[list[str]] = field(default_factory=list)
@@ -279,6 +204,7 @@ def _order(ctx: _Context) -> None:
         seen.update(ids)
         if ids:
             ctx.groups.append(ids)
+            ctx.policy_groups.append(g if ids == g.job_ids else Group(ids, g.period_s))
     ctx.groups += [(j.id,) for j in state.jobs if j.id not in seen]  # a policy that drops a job must not lose it
     ctx.order = [i for g in ctx.groups for i in g]
 
@@ -367,7 +293,7 @@ def _place(ctx: _Context) -> None:
                 mem_used[wid] = mem_used.get(wid, 0.0) + k * max(by_id[i].mem_per_proc_gb for i in pending)
             key = "+".join(pending) if len(pending) > 1 else pending[0]
         for i in pending:
-            out.starts[i] = _prefix(where, out.sizes[i])
+            out.starts[i] = first_slots(where, out.sizes[i])
             out.groups[i] = key
 
 
@@ -397,9 +323,21 @@ def decide(request: DecideRequest) -> Plan:
     ctx = _Context(request=request, state=state, by_id={j.id: j for j in state.jobs}, workers=workers,
                    total=sum(w.slots for w in workers),
                    gpn=max((w.slots for w in workers), default=1) or 1)
+    if request.options.regroup == "replan":  # the policy as designed: ``hpcsched.core.regroup``
+        from hpcsched.core.regroup import replan
+
+        _accept(ctx)
+        _order(ctx)
+        return replan(ctx.state, ctx.policy_groups, ctx.workers, ctx.out, _policy_label(request))
+    if request.options.regroup != "keep":
+        raise ValueError(f"unknown regroup {request.options.regroup!r}: 'keep' or 'replan'")
     for step in _STEPS:
         step(ctx)
     return ctx.out
+
+
+def _policy_label(request: DecideRequest) -> str:
+    return policy_name(request.policy)
 
 
 def _resources_used(jobs: tuple[JobState, ...]) -> tuple[dict[str, float], dict[str, float]]:
@@ -439,14 +377,3 @@ def _resize_in_place(out: Plan, order: list[str], by_id: dict[str, JobState], fr
             continue
         out.resizes[jid] = [(wid, out.sizes[jid])]
         free[wid] -= max(0, grow)
-
-
-def _prefix(where: list[tuple[str, int]], procs: int) -> list[tuple[str, int]]:
-    """The first ``procs`` slots of a group's placement: a smaller member shares part of its slots."""
-    out = []
-    for wid, k in where:
-        if procs <= 0:
-            break
-        out.append((wid, min(k, procs)))
-        procs -= k
-    return out

@@ -66,3 +66,15 @@ def apply(free: list[int], placement: Placement, sign: int = -1) -> None:
     """Take (sign=-1) or give back (sign=+1) a placement's GPUs in ``free``."""
     for node, k in placement:
         free[node] += sign * k
+
+
+def first_slots(where: list[tuple[str, int]], procs: int) -> list[tuple[str, int]]:
+    """The first ``procs`` slots of a group's placement, in node-rank order: a member smaller than its group
+    runs on part of the group's slots."""
+    out = []
+    for wid, k in where:
+        if procs <= 0:
+            break
+        out.append((wid, min(k, procs)))
+        procs -= k
+    return out

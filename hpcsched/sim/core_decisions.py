@@ -34,8 +34,8 @@ from hpcsched.core.decide import ClusterState, DecideOptions, DecideRequest, Job
 from hpcsched.model import ResourceProfile
 
 if TYPE_CHECKING:
+    from hpcsched.core.replan import Planned
     from hpcsched.sim.jobrun import JobRun
-    from hpcsched.sim.planner import Planned
 
 MAX_ROUNDS = 16
 """Decisions at one instant before the engine gives up: each round after the first follows stops, and a

@@ -69,11 +69,11 @@ from hpcsched.allocator import Group, JobView, Policy, Snapshot, hints_of, polic
 from hpcsched.compat import MODES as COMPAT_MODES
 from hpcsched.compat.muri import CompatRules
 from hpcsched.core import placement as pl
+from hpcsched.core.replan import Planned, Planner
 from hpcsched.core.speed import SOLO_FACTOR, group_factor, restart_cost
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import JobResult
 from hpcsched.sim.jobrun import JobRun
-from hpcsched.sim.planner import Planned, Planner
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -260,6 +260,8 @@ class _Engine(Planner):
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
         self.jobs = [JobRun(jobs[i], k, self.compat, restart_s) for k, i in enumerate(order)]
         self.gpn = cluster.gpus_per_node
+        self.capacity = [self.gpn] * cluster.nodes  # re-planning's view of the nodes (``core.replan``)
+        self.total = cluster.gpus
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(hints.service_thresholds))
         self.fast = not self.compat and hints.runs_every_job

@@ -1,5 +1,5 @@
 """The simulator's mutable state of one job during a run (the ``Job`` record itself stays frozen), shared by
-the event loop (``engine``) and placement planning (``planner``)."""
+the event loop (``engine``) and re-planning (``hpcsched.core.replan``, whose ``Member`` it is)."""
 
 from __future__ import annotations
 
