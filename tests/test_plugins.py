@@ -201,3 +201,20 @@ def test_regroup_replan_preempts_for_priority_and_starts_once_the_slots_are_free
     assert plan.starts == {"a": [("w0", 4)]} and "not chosen" in plan.waiting["c"]
     with pytest.raises(ValueError, match="unknown regroup"):
         decide(DecideRequest(after, fifo, DecideOptions(regroup="sometimes")))
+
+
+def test_the_sizing_solver_is_an_option_of_the_request() -> None:
+    """Elastic sizing by the MILP with the solver the request names (any of ``milp.SOLVERS``): HiGHS and the exact
+    DP give the best split of 4 slots between a flat and a linear scaler (a 1, b 3); the greedy solver, which
+    the request may also name, is reported as such and not as optimal."""
+    from hpcsched.model import ScalingCurve
+
+    flat, linear = ScalingCurve((1, 2, 3, 4), (100, 110, 115, 118)), ScalingCurve((1, 2, 3, 4), (100, 200, 300, 400))
+    jobs = (JobState("a", 0, False, 0, 1, 4, curve=flat), JobState("b", 1, False, 0, 1, 4, curve=linear))
+    state = ClusterState(0, jobs, (WorkerState("w0", 2), WorkerState("w1", 2)))
+    fifo = lambda s: [Group((j.id,)) for j in sorted(s.jobs, key=lambda j: j.submit)]  # noqa: E731
+    for solver in ("highs", "dp"):
+        p = decide(DecideRequest(state, fifo, DecideOptions(solver=solver)))
+        assert p.sizes == {"a": 1, "b": 3} and p.sizing == {"a": "optimal", "b": "optimal"}, solver
+    greedy = decide(DecideRequest(state, fifo, DecideOptions(solver="greedy")))
+    assert set(greedy.sizing.values()) != {"optimal"}

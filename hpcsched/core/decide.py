@@ -128,7 +128,7 @@ def _footprint(unit: list[str], by_id: dict[str, JobState]) -> int:
 
 
 def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[str, JobState],
-                tfwd_s: float) -> tuple[int, str]:
+                tfwd_s: float, first: str = "highs") -> tuple[int, str]:
     """Resize the curve jobs ``ids`` (admitted at ``sizes``) with the MILP over their slots plus ``left``;
     returns the slots left and how the sizes were reached (the allocator's status, or why it was not used).
     Keeps the admitted sizes if no solver runs or its answer does not fit."""
@@ -145,7 +145,7 @@ def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[st
         states.append(MilpJob(ej, nodes=pool[k:k + held]))
         k += held
     problem = Problem(tuple(states), pool, tfwd=tfwd_s)
-    for solver in ("highs", "dp"):  # HiGHS when installed, else the exact dynamic programme
+    for solver in dict.fromkeys((first, "dp")):  # the chosen one, else the exact dynamic programme (no package)
         try:
             d = allocate(problem, solver, time_limit=2.0)
             break
@@ -245,7 +245,8 @@ def _size(ctx: _Context) -> None:
     lone = [u[0] for u in ctx.admitted if len(u) == 1 and u[0] not in ctx.keep_ids]
     curved = [i for i in lone if by_id[i].curve is not None and by_id[i].max_procs > by_id[i].min_procs]
     if curved:
-        ctx.left, how = _milp_sizes(curved, out.sizes, ctx.left, by_id, ctx.request.options.tfwd_s)
+        opts = ctx.request.options
+        ctx.left, how = _milp_sizes(curved, out.sizes, ctx.left, by_id, opts.tfwd_s, opts.solver)
         out.sizing = dict.fromkeys(curved, how)
     for jid in lone:  # then grow elastic jobs without a curve into what is left
         if jid not in curved and ctx.left > 0:

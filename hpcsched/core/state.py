@@ -88,6 +88,7 @@ class DecideOptions:
     # group) or "replan" (the policy as designed: groups chosen on an empty cluster, running ones kept where
     # their GPUs are free, the rest moved; ``hpcsched.core.replan``, the simulator's default mode)
     regroup: str = "keep"
+    solver: str = "highs"  # sizes elastic jobs (one of ``hpcsched.milp.SOLVERS``); the exact DP if it is unavailable
 
 
 @dataclass(frozen=True, slots=True)
