@@ -17,8 +17,9 @@ types, rows summing to at most 1, ``sum_i scale_i x_ij <= GPUs of type j``); Gav
 
 Why an interior-point solve: these programs have many optimal allocations (max-min only fixes the
 worst job's share), and Gavel's mechanism follows whichever one its solver (ECOS, an interior-point
-method) returns. ``hpcsched.hetero.ipm`` reproduces that choice; HiGHS gives the optimum's value,
-which checks it (and is the fallback, counted and reported, when the interior-point method fails).
+method) returns. HiGHS's interior point (no crossover) also returns a point inside the optimal face, not
+a vertex; searches that need only an optimum's value (finish-time fairness's rho) use warm-started
+simplex solves instead, and only the allocation the mechanism receives comes from the interior point.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import highspy
     import numpy as np
 
 
@@ -55,6 +57,7 @@ class GavelPolicy:
     heterogeneity_aware: bool = True  # False: the mechanism shuffles the type order every round (as Gavel)
     skip_zero_priority: bool = False
     stats: dict[str, int] = field(default_factory=dict)
+    _solvers: dict[str, highspy.Highs] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def allocate(self, inp: AllocationInput) -> np.ndarray:
         raise NotImplementedError
@@ -125,73 +128,118 @@ class FifoPolicy(GavelPolicy):
 
 
 # ---- LPs -----------------------------------------------------------------------------------------------------
-
-@dataclass(slots=True)
-class _Rows:
-    """Constraint rows in compressed form, built up by ``add``."""
-
-    lo: list[float] = field(default_factory=list)
-    hi: list[float] = field(default_factory=list)
-    starts: list[int] = field(default_factory=list)
-    index: list[np.ndarray] = field(default_factory=list)
-    value: list[np.ndarray] = field(default_factory=list)
-    nnz: int = 0
-
-    def add(self, index: np.ndarray, value: np.ndarray, lo: float, hi: float) -> None:
-        self.starts.append(self.nnz)
-        self.index.append(index)
-        self.value.append(value)
-        self.lo.append(lo)
-        self.hi.append(hi)
-        self.nnz += len(index)
+#
+# Every program here has the same shape: the allocation x (m jobs x n types, row-major), optionally one more
+# column (t), Gavel's base rows (per type ``sum_i sf_i x_ij <= GPUs``, per job ``sum_j x_ij <= 1``) and at most
+# one more row per job over that job's x entries (and t). ``_program`` builds it column-wise in a few numpy
+# calls and hands it to HiGHS in one ``passModel`` (no per-row Python loop); each policy keeps one HiGHS
+# object per method for the whole run, so a solve costs the solve.
 
 
-def _base_rows(m: int, n: int, sf: np.ndarray, gpus: np.ndarray) -> _Rows:
-    """Gavel's base constraints on x (row-major, m x n): per type ``sum_i sf_i x_ij <= GPUs``, per job
-    ``sum_j x_ij <= 1`` (``x >= 0`` is the variables' bound)."""
-    import numpy as np
+def _program(coef: np.ndarray | None, sf: np.ndarray, gpus: np.ndarray, *, t_coef: np.ndarray | None = None,
+             lo: np.ndarray | None = None, hi: np.ndarray | None = None, cost: np.ndarray | None = None,
+             ) -> highspy.HighsLp:
+    """The HiGHS model of a program over x (and t when ``t_coef`` is given), built column by column.
 
-    rows = _Rows()
-    inf = float("inf")
-    for j in range(n):
-        rows.add(np.arange(m) * n + j, sf.astype(float), -inf, float(gpus[j]))
-    ones = np.ones(n)
-    for i in range(m):
-        rows.add(np.arange(i * n, i * n + n), ones, -inf, 1.0)
-    return rows
-
-
-def _solve(policy: GavelPolicy, n_vars: int, cost: np.ndarray, lb: np.ndarray, ub: np.ndarray,
-           rows: _Rows) -> np.ndarray:
-    """Minimise ``cost @ v`` over the rows with HiGHS's interior-point method, crossover off.
-
-    Why interior point without crossover: among equally optimal allocations it returns one inside the
-    optimal face, as Gavel's ECOS does, rather than a vertex (which starves every job it can; the round
-    mechanism then runs a different schedule). A status other than optimal is counted and said once.
+    Rows: n type rows, m job rows, then (when ``coef`` is given) m rows ``lo_i <= sum_j coef_ij x_ij +
+    t_coef_i t <= hi_i``. ``cost`` is the objective to minimise (default: -t, i.e. maximise t). The row and
+    column order is the one the programs were first written in, so HiGHS's interior point is unchanged.
     """
     import highspy
     import numpy as np
 
-    from hpcsched.solvers.highs import new_highs, run
-
-    h = new_highs()
-    h.setOptionValue("solver", "ipm")
-    h.setOptionValue("run_crossover", "off")
-    h.setOptionValue("presolve", "off")
+    m, n = sf.shape[0], gpus.shape[0]
+    has_t = t_coef is not None
+    nx = m * n
+    nv = nx + (1 if has_t else 0)
     inf = highspy.kHighsInf
-    h.addVars(n_vars, np.where(np.isinf(lb), -inf, lb), np.where(np.isinf(ub), inf, ub))
-    h.changeColsCost(n_vars, np.arange(n_vars, dtype=np.int32), cost)
-    lo = np.array(rows.lo)
-    hi = np.array(rows.hi)
-    h.addRows(len(lo), np.where(np.isinf(lo), -inf, lo), np.where(np.isinf(hi), inf, hi), rows.nnz,
-              np.array(rows.starts, dtype=np.int32), np.concatenate(rows.index).astype(np.int32),
-              np.concatenate(rows.value).astype(float))
+    k = 3 if coef is not None else 2  # entries per x column
+    idx = np.empty((m, n, k), dtype=np.int32)
+    val = np.empty((m, n, k))
+    idx[:, :, 0] = np.arange(n, dtype=np.int32)[None, :]
+    idx[:, :, 1] = (n + np.arange(m, dtype=np.int32))[:, None]
+    val[:, :, 0] = sf[:, None]
+    val[:, :, 1] = 1.0
+    if coef is not None:
+        idx[:, :, 2] = (n + m + np.arange(m, dtype=np.int32))[:, None]
+        val[:, :, 2] = coef
+    index, value = idx.ravel(), val.ravel()
+    starts = np.arange(0, k * nx + 1, k, dtype=np.int32)
+    if has_t:
+        index = np.concatenate([index, n + m + np.arange(m, dtype=np.int32)])
+        value = np.concatenate([value, t_coef])
+        starts = np.append(starts, k * nx + m).astype(np.int32)
+    lp = highspy.HighsLp()
+    lp.num_col_ = nv
+    lp.num_row_ = n + m + (m if coef is not None else 0)
+    if cost is None:
+        cost = np.zeros(nv)
+        if has_t:
+            cost[-1] = -1.0
+    lp.col_cost_ = cost
+    lower = np.zeros(nv)
+    if has_t:
+        lower[-1] = -inf
+    lp.col_lower_ = lower
+    lp.col_upper_ = np.full(nv, inf)
+    row_lo = [np.full(n + m, -inf)]
+    row_hi = [np.asarray(gpus, dtype=float), np.ones(m)]
+    if coef is not None:
+        row_lo.append(np.full(m, -inf) if lo is None else np.where(np.isinf(lo), -inf, lo))
+        row_hi.append(np.full(m, inf) if hi is None else np.where(np.isinf(hi), inf, hi))
+    lp.row_lower_ = np.concatenate(row_lo)
+    lp.row_upper_ = np.concatenate(row_hi)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.a_matrix_.num_col_ = nv
+    lp.a_matrix_.num_row_ = lp.num_row_
+    return lp
+
+
+def _highs(policy: GavelPolicy, method: str) -> highspy.Highs:
+    """The policy's HiGHS object for ``method`` ('ipm': interior point, no crossover; 'simplex'), made once."""
+    h = policy._solvers.get(method)
+    if h is None:
+        from hpcsched.solvers.highs import new_highs
+
+        h = new_highs()
+        h.setOptionValue("presolve", "off")
+        if method == "ipm":
+            h.setOptionValue("solver", "ipm")
+            h.setOptionValue("run_crossover", "off")
+        else:
+            h.setOptionValue("solver", "simplex")
+        policy._solvers[method] = h
+    return h
+
+
+def _run_lp(policy: GavelPolicy, h: highspy.Highs, what: str) -> np.ndarray:
+    """Solve the model in ``h``; a status other than optimal is counted and said once; returns the columns."""
+    import highspy
+    import numpy as np
+
+    from hpcsched.solvers.highs import run
+
     status = run(h)
     policy._count("lp_solves")
     if status != highspy.HighsModelStatus.kOptimal:
-        policy._count("lp_not_optimal", f"HiGHS returned {h.modelStatusToString(status)}; its last point is used, "
-                                        "as Gavel uses ECOS's")
-    return np.array(h.getSolution().col_value)
+        policy._count("lp_not_optimal", f"HiGHS ({what}) returned {h.modelStatusToString(status)}; its last point "
+                                        "is used, as Gavel uses ECOS's")
+    return np.asarray(h.getSolution().col_value)
+
+
+def _solve_ipm(policy: GavelPolicy, lp: highspy.HighsLp) -> np.ndarray:
+    """Solve ``lp`` with HiGHS's interior-point method, crossover off; returns the columns.
+
+    Why interior point without crossover: among equally optimal allocations it returns one inside the
+    optimal face, as Gavel's ECOS does, rather than a vertex (which starves every job it can; the round
+    mechanism then runs a different schedule).
+    """
+    h = _highs(policy, "ipm")
+    h.passModel(lp)
+    return _run_lp(policy, h, "interior point")
 
 
 def _max_min(policy: GavelPolicy, coef: np.ndarray, sf: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -199,16 +247,44 @@ def _max_min(policy: GavelPolicy, coef: np.ndarray, sf: np.ndarray, gpus: np.nda
     import numpy as np
 
     m, n = coef.shape
-    nv = m * n + 1
-    rows = _base_rows(m, n, sf, gpus)
-    for i in range(m):
-        rows.add(np.append(np.arange(i * n, i * n + n), nv - 1), np.append(coef[i], -1.0), 0.0, float("inf"))
-    cost = np.zeros(nv)
-    cost[-1] = -1.0
-    lb = np.zeros(nv)
-    lb[-1] = -np.inf
-    v = _solve(policy, nv, cost, lb, np.full(nv, np.inf), rows)
+    v = _solve_ipm(policy, _program(coef, sf, gpus, t_coef=-np.ones(m), lo=np.zeros(m)))
     return v[:-1].reshape(m, n)
+
+
+class _MaxMinValue:
+    """``max_x min_i sum_j thr_ij x_ij / need_i`` for one set of jobs and many ``need`` vectors, by warm simplex.
+
+    Why: finish-time fairness and minimum total duration search over such values (only the value, not the
+    allocation, steers the search), and between two calls only the ``need`` column changes, so HiGHS's
+    simplex restarts from the previous basis instead of solving afresh. The value is the optimum's,
+    whichever method finds it; the allocation the mechanism uses still comes from the interior point.
+    """
+
+    def __init__(self, policy: GavelPolicy, thr: np.ndarray, sf: np.ndarray, gpus: np.ndarray) -> None:
+        import numpy as np
+
+        self.policy, self.thr = policy, thr
+        m, n = thr.shape
+        self.m, self.t_col = m, m * n
+        self.rows = np.arange(n + m, n + 2 * m, dtype=np.int32)
+        self.h = _highs(policy, "simplex")
+        self.h.passModel(_program(thr, sf, gpus, t_coef=-np.ones(m), lo=np.zeros(m)))
+
+    def __call__(self, need: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """(lambda, x, d lambda / d need): rows ``sum_j thr_ij x_ij - need_i t >= 0``, max t.
+
+        lambda is computed from x (as the search uses it); its gradient in ``need`` comes from the rows'
+        duals (the envelope theorem: ``-dual_i * lambda``), which is what lets a search take Newton steps.
+        """
+        import numpy as np
+
+        for r, c in zip(self.rows.tolist(), need.tolist(), strict=True):
+            self.h.changeCoeff(r, self.t_col, -c)
+        v = _run_lp(self.policy, self.h, "simplex")
+        x = np.clip(v[:-1].reshape(self.m, -1), 0.0, 1.0)
+        lam = float(((self.thr * x).sum(axis=1) / need).min())
+        dual = np.asarray(self.h.getSolution().row_dual)[self.rows]
+        return lam, x, dual * v[-1]
 
 
 def _proportional(thr: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -238,8 +314,7 @@ class MaxSumThroughputPerf(GavelPolicy):
         import numpy as np
 
         m, n = inp.throughputs.shape
-        rows = _base_rows(m, n, inp.scale_factors, inp.gpus)
-        v = _solve(self, m * n, -inp.throughputs.ravel(), np.zeros(m * n), np.full(m * n, np.inf), rows)
+        v = _solve_ipm(self, _program(None, inp.scale_factors, inp.gpus, cost=-inp.throughputs.ravel()))
         return np.clip(v.reshape(m, n), 0.0, 1.0)
 
 
@@ -293,28 +368,60 @@ class FinishTimeFairnessPerf(GavelPolicy):
         hi = rho_of(x)  # the isolated share is feasible: an upper bound
         best_alone = (thr * np.minimum(1.0, inp.gpus[None, :] / sf[:, None])).max(axis=1)
         lo = float(np.max((since + rem / best_alone) / e_iso))  # each job alone on its best type: a lower bound
-        cand, last = hi, None
-        for _ in range(50):
-            if hi - lo <= 1e-9 * hi:
-                break
-            need = rem / (cand * e_iso - since)  # steps/s each job needs to finish by rho = cand
-            x_c = np.clip(_max_min(self, thr / need[:, None], sf, inp.gpus), 0.0, 1.0)
-            lam = float(((thr * x_c).sum(axis=1) / need).min())
-            if lam >= 1.0:
-                x, hi = x_c, min(cand, rho_of(x_c))
-            else:
-                lo = max(lo, cand)
-            # lambda is close to linear in rho while the bottleneck jobs stay the same: secant to lambda = 1,
-            # kept inside the bracket (bisection otherwise)
-            nxt = hi if last is None else cand + (1.0 - lam) * (cand - last[0]) / (lam - last[1]) \
-                if lam != last[1] else 0.5 * (lo + hi)
-            last = (cand, lam)
-            cand = nxt if lo < nxt <= hi else 0.5 * (lo + hi)
-            if cand == last[0]:
-                cand = 0.5 * (lo + hi)
-        else:
-            self._count("ftf_not_converged", "finish-time fairness: rho not within 1e-9 after 50 LPs")
+        feasible = None
+        if hi - lo > 1e-9 * hi:
+            feasible = self._search(_MaxMinValue(self, thr, sf, inp.gpus), rem, since, e_iso, lo, hi)
+        if feasible is not None:  # the allocation: the interior point at the last feasible rho
+            x = np.clip(_max_min(self, thr / feasible[:, None], sf, inp.gpus), 0.0, 1.0)
         return x
+
+    def _search(self, value: _MaxMinValue, rem: np.ndarray, since: np.ndarray, e_iso: np.ndarray, lo: float,
+                hi: float) -> np.ndarray | None:
+        """The steps/s each job needs at the smallest rho (to 1e-9) with lambda(rho) >= 1, or None.
+
+        lambda(rho) (how far the needs at rho can be exceeded) is increasing, smooth between kinks where
+        the binding jobs change. The root is bracketed by ``lo`` (infeasible) and ``hi`` (feasible) and
+        found by regula falsi with the Illinois rule (an end kept twice has its value halved, so kinks
+        cannot stall it): superlinear, 3-6 LPs where plain bisection needs 30.
+        """
+        def f(rho: float) -> tuple[float, np.ndarray]:
+            need = rem / (rho * e_iso - since)  # steps/s each job needs to finish by rho
+            return value(need)[0] - 1.0, need
+
+        f_hi, feasible = f(hi)
+        if f_hi < 0:  # the isolated share itself only within the solver's tolerance: keep it
+            return None
+        # lo is often rho* itself (the worst job alone on its best type): try just above it first
+        probe = lo * (1.0 + 5e-10)
+        if (probe * e_iso - since).min() > 0:
+            f_lo, need = f(probe)
+            if f_lo >= 0:
+                return need
+            lo = probe
+        else:
+            f_lo = -1.0
+        side = 0
+        for _ in range(60):
+            if hi - lo <= 1e-9 * hi:
+                return feasible
+            cand = hi - f_hi * (hi - lo) / (f_hi - f_lo) if f_hi != f_lo else 0.5 * (lo + hi)
+            if not lo < cand < hi:
+                cand = 0.5 * (lo + hi)
+            f_c, need = f(cand)
+            if f_c >= 0:
+                hi, f_hi, feasible = cand, f_c, need
+                if f_c <= 1e-9:  # lambda = 1 to 1e-9: rho* to about as much (lambda's slope is ~1 / rho)
+                    return feasible
+                if side == 1:
+                    f_lo *= 0.5
+                side = 1
+            else:
+                lo, f_lo = cand, f_c
+                if side == -1:
+                    f_hi *= 0.5
+                side = -1
+        self._count("ftf_not_converged", "finish-time fairness: rho not within 1e-9 after 60 LPs")
+        return feasible
 
 
 @dataclass
@@ -333,6 +440,8 @@ class MinTotalDurationPerf(GavelPolicy):
 
         thr, sf, rem = inp.throughputs, inp.scale_factors, inp.steps_remaining
         x = np.clip(_max_min(self, thr / rem[:, None], sf, inp.gpus), 0.0, 1.0)
+        # lambda* from the interior point, not a simplex: Gavel's bisection compares T with 1 / lambda*, and a
+        # T within the interior point's tolerance of it flips (A4's average JCT moves by 1%)
         lam = float(((thr * x).sum(axis=1) / rem).min())
         t_star = 1.0 / lam if lam > 0 else float("inf")
         max_t, min_t, last_max, feasible_t = 1_000_000.0, 100.0, 1_000_000.0, None
@@ -347,10 +456,7 @@ class MinTotalDurationPerf(GavelPolicy):
                     min_t = t
             max_t, min_t, last_max = last_max * 10.0, last_max, last_max * 10.0
         m, n = thr.shape
-        rows = _base_rows(m, n, sf, inp.gpus)
-        for i in range(m):
-            rows.add(np.arange(i * n, i * n + n), thr[i], float(rem[i] / feasible_t), float("inf"))
-        v = _solve(self, m * n, np.zeros(m * n), np.zeros(m * n), np.full(m * n, np.inf), rows)
+        v = _solve_ipm(self, _program(thr, sf, inp.gpus, lo=rem / feasible_t, cost=np.zeros(m * n)))
         return np.clip(v.reshape(m, n), 0.0, 1.0)
 
 

@@ -65,6 +65,7 @@ class RoundJob:
     scale_factor: int
     arrival: float
     priority_weight: float = 1.0
+    slo: float | None = None  # Gavel's SLO field (s; None when the trace has a negative one): min-cost's SLOs
 
 
 @dataclass(slots=True)
@@ -222,29 +223,40 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         types = list(range(n_types))
         if shuffler is not None:
             shuffler.shuffle(types)
-        queue: list[tuple[int, int, float]] = []
+        # Per type, (priority, deficit, allocation) highest first, ties in arrival order: the entries carry
+        # -id last, so one plain descending tuple sort (no key function) gives that order (ids follow arrivals).
+        queue: list[tuple[float, float, float, int, int]] = []
+        items = list(active.items())
         for k in types:
             wt = worker_time[k]
             entries = []
-            for jid, st in active.items():
+            add = entries.append
+            for jid, st in items:
                 a = st.alloc
                 if a is None:
-                    entries.append((0.0, st.deficit[k], 0.0, jid))
+                    if not skip_zero:
+                        add((0.0, st.deficit[k], 0.0, -jid, k))
                     continue
                 ak = a[k]
                 if ak == 0.0 or st.thr[k] == 0:
+                    if skip_zero:
+                        continue  # never placed (below): FIFO's queue, most of the jobs, costs nothing
                     p = 0.0
                 elif wt == 0.0:
                     p = ak * 1e9
                 else:
                     p = ak / (st.time[k] / wt)
-                entries.append((p, st.deficit[k], ak, jid))
-            entries.sort(key=lambda e: (e[0], e[1], e[2]), reverse=True)
-            queue.extend((jid, k, p) for p, _, _, jid in entries)
+                add((p, st.deficit[k], ak, -jid, k))
+            entries.sort(reverse=True)
+            queue += entries
         left = list(gpus)
+        free = sum(left)
         taken: set[int] = set()
         scheduled: dict[int, str] = {}
-        for jid, k, p in queue:
+        for p, _, _, neg, k in queue:
+            if not free:
+                break  # every GPU is given: nothing later in the queue can be placed
+            jid = -neg
             if not left[k] or jid in taken:
                 continue
             st = active[jid]
@@ -254,6 +266,7 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
             if sf > left[k]:
                 continue
             left[k] -= sf
+            free -= sf
             taken.add(jid)
             if st.alloc is None:
                 continue  # picked, but Gavel assigns no GPUs to a job outside the allocation: they idle

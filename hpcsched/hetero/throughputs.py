@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,25 +115,53 @@ def load_throughputs(path: str | Path = BUNDLED) -> ThroughputTable:
     if not isinstance(data, dict) or not data:
         raise InputError(p, "not a Gavel throughput JSON: expected an object of GPU types")
     isolated: dict[str, dict[JobKey, float]] = {}
-    colocated: dict[str, dict[tuple[JobKey, JobKey], tuple[float, float]]] = {}
     for gpu_type, jobs in data.items():
         if not isinstance(jobs, dict):
             raise InputError(p, f"{gpu_type}: expected an object of job types")
         iso = isolated[gpu_type] = {}
-        col = colocated[gpu_type] = {}
         for key_text, entry in jobs.items():
-            where = f"{gpu_type} / {key_text}"
             try:
                 key = parse_key(key_text)
                 if not isinstance(entry, dict) or "null" not in entry:
                     raise ValueError("no isolated ('null') throughput")
                 iso[key] = float(entry["null"])
+            except (ValueError, TypeError) as e:
+                raise InputError(p, f"{gpu_type} / {key_text}: {e}") from None
+    return ThroughputTable(isolated, _LazyPairs(data, p), str(p))
+
+
+class _LazyPairs(Mapping[str, Mapping[tuple[JobKey, JobKey], tuple[float, float]]]):
+    """The co-located rates of each GPU type, parsed (and checked) the first time that type is asked for.
+
+    Why lazy: the table has ~10,000 pair entries and only space sharing reads them; parsing them all cost
+    every ``simulate --compat gavel`` run a third of its start-up. A malformed pair is still an InputError
+    naming the file and key, raised by the first lookup that reaches it.
+    """
+
+    def __init__(self, data: dict[str, dict], path: Path) -> None:
+        self._data, self._path = data, path
+        self._parsed: dict[str, dict[tuple[JobKey, JobKey], tuple[float, float]]] = {}
+
+    def __getitem__(self, gpu_type: str) -> Mapping[tuple[JobKey, JobKey], tuple[float, float]]:
+        col = self._parsed.get(gpu_type)
+        if col is None:
+            col = {}
+            for key_text, entry in self._data[gpu_type].items():  # KeyError: not a GPU type, as a dict
+                key = parse_key(key_text)  # checked when the table was loaded
                 for other_text, pair in entry.items():
                     if other_text == "null":
                         continue
-                    if not (isinstance(pair, list) and len(pair) == 2):
-                        raise ValueError(f"{other_text}: expected [steps/s of this job, of the other]")
-                    col[(key, parse_key(other_text))] = (float(pair[0]), float(pair[1]))
-            except (ValueError, TypeError) as e:
-                raise InputError(p, f"{where}: {e}") from None
-    return ThroughputTable(isolated, colocated, str(p))
+                    try:
+                        if not (isinstance(pair, list) and len(pair) == 2):
+                            raise ValueError(f"{other_text}: expected [steps/s of this job, of the other]")
+                        col[(key, parse_key(other_text))] = (float(pair[0]), float(pair[1]))
+                    except (ValueError, TypeError) as e:
+                        raise InputError(self._path, f"{gpu_type} / {key_text}: {e}") from None
+            self._parsed[gpu_type] = col
+        return col
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)

@@ -79,16 +79,16 @@ def simulate_cmd(
     Example: hpcsched simulate --trace trace-data/muri/trace3.csv --cluster cluster_spec/n8g8.csv
     --policy srsf --out out/srsf --compat muri
     """
+    _check_compat(compat)
+    if compat == "gavel" or looks_hetero(str(cluster)):  # Gavel's policies and round mechanism (issue 19)
+        from hpcsched.hetero.simulate import simulate_command  # before the simulator's imports: start-up counts
+
+        simulate_command(trace, str(cluster), policy, out, as_json)
+        return
     from hpcsched.cluster_spec import read_cluster_spec
     from hpcsched.metrics import summarize_results
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
-    _check_compat(compat)
-    if compat == "gavel" or looks_hetero(str(cluster)):  # Gavel's policies and round mechanism (issue 19)
-        from hpcsched.hetero.simulate import simulate_command
-
-        simulate_command(trace, str(cluster), policy, out, as_json)
-        return
     if out is None:
         raise typer.BadParameter("required (but with --compat gavel)", param_hint="--out")
     if restart_s is not None and not math.isfinite(restart_s):
