@@ -16,10 +16,11 @@ import importlib
 import sys
 from typing import Any
 
-import typer
-from typer.core import TyperCommand, TyperGroup
-
 from hpcsched.errors import InputError
+
+# Typer (and the pydantic it imports) is loaded when the app is first needed (``app``, ``main``), not by
+# ``import hpcsched.cli``: ``main`` hands ``simulate --compat gavel`` straight to the hetero package, whose
+# runs are short enough that those imports were a third of them (issue 19). Everything else is unchanged.
 
 # name -> (module exposing ``register(app)`` that defines it, the first paragraph of its help), in the order
 # ``hpcsched --help`` lists them: Typer lists plain commands first, then groups (trace, slurm). Each area
@@ -63,74 +64,99 @@ COMMANDS: dict[str, tuple[str, str]] = {
 COMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 
-def load_commands(module: str) -> dict[str, Any]:
-    """The click commands ``module.register`` defines, built as ``app`` would build them.
+def _build() -> dict[str, Any]:
+    """Typer's app and its lazy group, built once on first use (see the note on imports above)."""
+    import typer
+    from typer.core import TyperCommand, TyperGroup
 
-    A fresh Typer with the app's defaults receives the registration, so each command's options, help
-    and rich settings are the ones it had when every module registered on ``app`` itself.
-    """
-    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    importlib.import_module(module).register(sub)
-    return dict(typer.main.get_group(sub).commands)
+    def load_commands(module: str) -> dict[str, Any]:
+        """The click commands ``module.register`` defines, built as ``app`` would build them.
+
+        A fresh Typer with the app's defaults receives the registration, so each command's options, help
+        and rich settings are the ones it had when every module registered on ``app`` itself.
+        """
+        sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        importlib.import_module(module).register(sub)
+        return dict(typer.main.get_group(sub).commands)
 
 
-class LazyGroup(TyperGroup):
-    """The top-level group: lists ``COMMANDS`` from the table, imports a command's module when it runs.
+    class LazyGroup(TyperGroup):
+        """The top-level group: lists ``COMMANDS`` from the table, imports a command's module when it runs.
 
-    ``self.commands`` holds listing stubs (so Typer's "did you mean" still knows every name);
-    ``get_command`` hands out the real command except while the group's own help is being formatted.
-    """
+        ``self.commands`` holds listing stubs (so Typer's "did you mean" still knows every name);
+        ``get_command`` hands out the real command except while the group's own help is being formatted.
+        """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.commands = {name: TyperCommand(name, help=summary)
-                         for name, (_, summary) in COMMANDS.items()}
-        self._loaded: dict[str, Any] = {}
-        self._listing = False
-
-    def list_commands(self, ctx: Any) -> list[str]:
-        return list(COMMANDS)
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name not in COMMANDS:
-            return None
-        if self._listing:
-            return self.commands[cmd_name]
-        if cmd_name not in self._loaded:
-            module = COMMANDS[cmd_name][0]
-            self._loaded.update(load_commands(module))
-            if cmd_name not in self._loaded:
-                raise RuntimeError(f"{module}.register() defines no command {cmd_name!r} (hpcsched.cli.COMMANDS)")
-        return self._loaded[cmd_name]
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        self._listing = True
-        try:
-            super().format_help(ctx, formatter)
-        finally:
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.commands = {name: TyperCommand(name, help=summary)
+                             for name, (_, summary) in COMMANDS.items()}
+            self._loaded: dict[str, Any] = {}
             self._listing = False
 
+        def list_commands(self, ctx: Any) -> list[str]:
+            return list(COMMANDS)
 
-app = typer.Typer(
-    name="hpcsched",
-    cls=LazyGroup,
-    help="Schedule deep-learning training on HPC clusters: simulate policies on real traces, "
-    "harvest idle nodes, run the real runtime.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+        def get_command(self, ctx: Any, cmd_name: str) -> Any:
+            if cmd_name not in COMMANDS:
+                return None
+            if self._listing:
+                return self.commands[cmd_name]
+            if cmd_name not in self._loaded:
+                module = COMMANDS[cmd_name][0]
+                self._loaded.update(load_commands(module))
+                if cmd_name not in self._loaded:
+                    raise RuntimeError(f"{module}.register() defines no command {cmd_name!r} (hpcsched.cli.COMMANDS)")
+            return self._loaded[cmd_name]
+
+        def format_help(self, ctx: Any, formatter: Any) -> None:
+            self._listing = True
+            try:
+                super().format_help(ctx, formatter)
+            finally:
+                self._listing = False
 
 
-@app.callback()
-def _root() -> None:
-    # Typer builds a group only for an app with a callback or commands; the commands come from LazyGroup.
-    pass
+    app = typer.Typer(
+        name="hpcsched",
+        cls=LazyGroup,
+        help="Schedule deep-learning training on HPC clusters: simulate policies on real traces, "
+        "harvest idle nodes, run the real runtime.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+
+    @app.callback()
+    def _root() -> None:
+        # Typer builds a group only for an app with a callback or commands; the commands come from LazyGroup.
+        pass
+
+    return {"app": app, "LazyGroup": LazyGroup, "load_commands": load_commands}
+
+
+_BUILT: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``app``, ``LazyGroup`` and ``load_commands``, built on first access (PEP 562)."""
+    if name in ("app", "LazyGroup", "load_commands"):
+        if not _BUILT:
+            _BUILT.update(_build())
+        return _BUILT[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["simulate"]:
+        from hpcsched.hetero.simulate import fast_main
+
+        code = fast_main(sys.argv[2:])  # None: not a plain `simulate --compat gavel` line, Typer parses it
+        if code is not None:
+            sys.exit(code)
     try:
-        app()
+        __getattr__("app")()
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

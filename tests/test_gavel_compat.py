@@ -133,7 +133,8 @@ def test_run_writes_results(tmp_path: Path) -> None:
     path, cluster = TRACES["A4"]
     s = run_gavel(path, cluster, "max-sum-throughput-perf", out=tmp_path / "run")
     assert (tmp_path / "run" / "jobs.csv").read_text().count("\n") == 121
-    assert s["solver"]["lp_solves"] == s["allocations"] and "lp_not_optimal" not in s["solver"]
+    solver = s["solver"]
+    assert solver["lp_solves"] + solver.get("lp_reused", 0) == s["allocations"] and "lp_not_optimal" not in solver
 
 
 def test_bad_cluster_and_unrunnable_job_are_errors(tmp_path: Path) -> None:
@@ -196,3 +197,37 @@ def test_round_mechanism_single_job(table) -> None:  # noqa: ANN001
                           table)
     assert res.end[0] == pytest.approx(job.total_steps / thr, rel=1e-3)
     assert res.rounds == 3  # 360 + 360 + the rest
+
+
+def test_fast_cli_path_is_typers(tmp_path: Path) -> None:
+    """``hpcsched simulate --compat gavel`` skips Typer (start-up): same output and exit codes as through Typer,
+    and any other word on the line is left to Typer."""
+    import subprocess
+    import sys
+
+    from hpcsched.hetero.simulate import fast_main
+
+    path, cluster = TRACES["A4"]
+    args = ["simulate", "--trace", str(path), "--cluster", cluster, "--policy", "max-sum-throughput-perf",
+            "--compat", "gavel", "--json"]
+    assert fast_main(args[1:] + ["--help"]) is None
+    assert fast_main(args[1:] + ["--seed", "3"]) is None
+    assert fast_main([a for a in args[1:] if a not in ("--compat", "gavel")]) is None
+    assert fast_main(args[1:] + ["--policy", "fifo"]) is None  # twice: Typer's rule, not ours
+    code = ("import sys; from hpcsched import cli; sys.argv = ['hpcsched'] + sys.argv[1:]; "
+            "cli.main() if sys.argv[-1] != 'typer' else (sys.argv.pop(), cli.__getattr__('app')())")
+    fast = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    slow = subprocess.run([sys.executable, "-c", code, *args, "typer"], capture_output=True, text=True,
+                          check=False)
+    assert fast.returncode == slow.returncode == 0, fast.stderr + slow.stderr
+    a, b = json.loads(fast.stdout), json.loads(slow.stdout)
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+    assert "typer" not in subprocess.run(
+        [sys.executable, "-c", "import sys; from hpcsched import cli; print(sorted(m for m in sys.modules "
+                               "if m.split('.')[0] in ('typer', 'pydantic')))"],
+        capture_output=True, text=True, check=True).stdout.replace("[]", "")
+    bad = [*args[:6], "las", "--compat", "gavel"]
+    fast = subprocess.run([sys.executable, "-c", code, *bad], capture_output=True, text=True, check=False)
+    slow = subprocess.run([sys.executable, "-c", code, *bad, "typer"], capture_output=True, text=True, check=False)
+    assert fast.returncode == slow.returncode == 2 and fast.stderr == slow.stderr and "known: fifo" in fast.stderr

@@ -147,25 +147,71 @@ def _meta(res: RoundsResult, trace: str, cluster: str, policy: str, seed: int, r
 
 def simulate_command(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool) -> None:
     """``hpcsched simulate`` with ``--compat gavel``: print the summary (JSON or a line), exit 2 on bad input."""
+    code = _simulate(trace, cluster, policy, out, as_json)
+    if code:
+        import typer
+
+        raise typer.Exit(code)
+
+
+_FAST_OPTIONS = {"--trace": "trace", "--cluster": "cluster", "--policy": "policy", "--out": "out",
+                 "--compat": "compat"}
+
+
+def fast_main(argv: list[str]) -> int | None:
+    """``hpcsched simulate`` without Typer, for the plain ``--compat gavel`` line; None for anything else.
+
+    Why: Typer and the pydantic it loads took as long to import as a whole Gavel run takes to simulate
+    here. Only ``--trace``, ``--cluster``, ``--policy``, ``--compat gavel``, ``--out`` (``--opt value``
+    or ``--opt=value``, each once) and ``--json`` are read; any other word (``--help``, a typo, a missing
+    option) returns None and Typer parses the line as it always did, with its own messages. Returns the
+    exit code.
+    """
+    opts: dict[str, str] = {}
+    as_json = False
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--json" and not as_json:
+            as_json = True
+            i += 1
+            continue
+        name, eq, value = word.partition("=")
+        key = _FAST_OPTIONS.get(name)
+        if key is None or key in opts:
+            return None
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                return None
+            value = argv[i + 1]
+            i += 1
+        opts[key] = value
+        i += 1
+    if opts.get("compat") != "gavel" or not {"trace", "cluster", "policy"} <= set(opts):
+        return None
+    out = Path(opts["out"]) if "out" in opts else None
+    return _simulate(Path(opts["trace"]), opts["cluster"], opts["policy"], out, as_json)
+
+
+def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool) -> int:
     import json
     import sys
-
-    import typer
 
     from hpcsched.hetero.policies import POLICIES
 
     if policy not in POLICIES:
         print(f"error: unknown policy {policy!r} for --compat gavel; known: {', '.join(POLICIES)}", file=sys.stderr)
-        raise typer.Exit(2)
+        return 2
     try:
         summary = run_gavel(trace, cluster, policy, out=out)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        return 2
     if as_json:
         print(json.dumps(summary))
-        return
+        return 0
     print(f"hpcsched simulate {policy} (compat gavel): {trace} on {cluster}: avg JCT {summary['avg_jct']:.3f} s, "
           f"makespan {summary['makespan']:.3f} s, {summary['jobs']} jobs ({summary['unfinished']} failed), "
           f"{summary['rounds']} rounds, {summary['allocations']} allocations in {summary['wall_s']:.2f} s"
           + (f"; results in {out}" if out is not None else ""))
+    return 0
