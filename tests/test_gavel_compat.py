@@ -231,3 +231,75 @@ def test_fast_cli_path_is_typers(tmp_path: Path) -> None:
     fast = subprocess.run([sys.executable, "-c", code, *bad], capture_output=True, text=True, check=False)
     slow = subprocess.run([sys.executable, "-c", code, *bad, "typer"], capture_output=True, text=True, check=False)
     assert fast.returncode == slow.returncode == 2 and fast.stderr == slow.stderr and "known: fifo" in fast.stderr
+
+
+# ---- minimum cost and hierarchical (water-filling) fairness: small cases solved by hand -----------------------
+
+def _inp2(thr: list[list[float]], sf: list[int], gpus: list[int], *, prices: list[float] | None = None,
+          rem: list[float] | None = None, slo_left: list[float] | None = None,
+          entities: tuple[str, ...] = ()) -> AllocationInput:
+    """Two types, (k80, v100) in Gavel's (name) order."""
+    m = len(thr)
+    return AllocationInput(tuple(range(m)), ("k80", "v100"), np.asarray(thr, float), np.array(sf, float), np.ones(m),
+                           np.array(rem if rem is not None else [1e6] * m, float), np.zeros(m),
+                           np.array(gpus, float), prices=None if prices is None else np.array(prices, float),
+                           slo_left=None if slo_left is None else np.array(slo_left, float), entities=entities)
+
+
+def test_min_cost_by_hand() -> None:
+    """One job, 1 step/s on a $0.5/h K80, 4 steps/s on a $3/h V100. Steps per dollar: 2 on the K80, 1.33 on the
+    V100, so min cost puts it on the K80 alone (max-sum throughput would pick the V100). With an SLO needing
+    2 steps/s the K80 (1 step/s) is not enough: on x_k + x_v = 1, 2 x_k + 1.33 x_v falls as x_v grows, so the
+    optimum is the least V100 share meeting x_k + 4 x_v >= 2: x_v = 1/3, x_k = 2/3."""
+    thr, cheap_gpus, prices = [[1.0, 4.0]], [1, 1], [0.5, 3.0]
+    x = make_policy("max-sum-throughput-normalized-by-cost-perf").allocate(_inp2(thr, [1], cheap_gpus, prices=prices))
+    assert x[0] == pytest.approx([1.0, 0.0], abs=1e-6)
+    assert make_policy("max-sum-throughput-perf").allocate(_inp2(thr, [1], cheap_gpus))[0] == pytest.approx(
+        [0.0, 1.0], abs=1e-6)
+    p = make_policy("max-sum-throughput-normalized-by-cost-perf-SLOs")
+    x = p.allocate(_inp2(thr, [1], cheap_gpus, prices=prices, rem=[2000.0], slo_left=[1000.0]))
+    assert x[0] == pytest.approx([2 / 3, 1 / 3], abs=1e-6)
+    assert "slo_infeasible" not in p.stats
+    # an SLO of 5 steps/s cannot be met (4 at most): Gavel solves again without SLOs, and so do we, counted
+    x = p.allocate(_inp2(thr, [1], cheap_gpus, prices=prices, rem=[5000.0], slo_left=[1000.0]))
+    assert x[0] == pytest.approx([1.0, 0.0], abs=1e-6) and p.stats["slo_infeasible"] == 1
+
+
+def test_min_cost_without_prices_is_max_sum_throughput(table) -> None:  # noqa: ANN001
+    """Gavel without a price file costs every type 1: the figure is max-sum-throughput's, to the last bit."""
+    path, cluster = TRACES["A4"]
+    a = run_gavel(path, cluster, "max-sum-throughput-normalized-by-cost-perf")
+    b = run_gavel(path, cluster, "max-sum-throughput-perf")
+    assert (a["avg_jct"], a["makespan"]) == (b["avg_jct"], b["makespan"])
+
+
+def test_water_filling_by_hand() -> None:
+    """K80 x2, V100 x1. Job 0 runs only on K80s (1 step/s), jobs 1-3 only on the V100 (1 step/s). Equal shares:
+    job 0 gets 2/3 x 1, jobs 1-3 1/3 each, so normalised throughput is 1.5 x_0 for job 0 and 3 x_i for the
+    others. Max-min: jobs 1-3 share the V100, 1/3 each, level 1; job 0 needs only x_0 >= 2/3. Water filling
+    freezes jobs 1-3 at 1 and raises job 0 to its cap, x_0 = 1 (level 1.5)."""
+    thr = [[1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0]]
+    wf = make_policy("max-min-fairness-water-filling-perf")
+    x = wf.allocate(_inp2(thr, [1] * 4, [2, 1]))
+    assert x[0, 0] == pytest.approx(1.0, abs=1e-6)
+    assert x[1:, 1] == pytest.approx([1 / 3] * 3, abs=1e-6)
+    assert wf.stats["milp_solves"] == 2  # the second round finds job 0 capped too
+    plain = make_policy("max-min-fairness-perf").allocate(_inp2(thr, [1] * 4, [2, 1]))
+    assert 2 / 3 - 1e-6 <= plain[0, 0] < 1.0 - 1e-3  # any point of the face; not raised to the cap
+
+
+def test_hierarchical_fairness_by_hand() -> None:
+    """One V100, three identical jobs; user u1 owns jobs 0 and 1, u2 owns job 2, users weighted 1:1. u1's weight
+    is split over its two jobs (1/2 each), so the weighted max-min gives job 2 twice a u1 job's share:
+    y_0 = y_1 = t/2, y_2 = t, sum 1 -> t = 1/2: 1/4, 1/4, 1/2 (each user 1/2). Without entities: 1/3 each.
+    Weights 3:1 for u1:u2 give u1 3/4 (3/8 per job) and u2 1/4."""
+    thr, gpus = [[0.0, 1.0]] * 3, [0, 1]
+    users = ("u1", "u1", "u2")
+    x = make_policy("max-min-fairness-water-filling-perf", entity_weights={"u1": 1, "u2": 1}).allocate(
+        _inp2(thr, [1] * 3, gpus, entities=users))
+    assert x[:, 1] == pytest.approx([0.25, 0.25, 0.5], abs=1e-6)
+    x = make_policy("max-min-fairness-water-filling-perf").allocate(_inp2(thr, [1] * 3, gpus, entities=users))
+    assert x[:, 1] == pytest.approx([1 / 3] * 3, abs=1e-6)
+    x = make_policy("max-min-fairness-water-filling", entity_weights={"u1": 3, "u2": 1}).allocate(
+        _inp2(thr, [1] * 3, gpus, entities=users))
+    assert x[:, 1] == pytest.approx([3 / 8, 3 / 8, 1 / 4], abs=1e-6)

@@ -48,6 +48,9 @@ class AllocationInput:
     times_since_start: np.ndarray  # s since arrival
     gpus: np.ndarray  # GPUs per type
     job_types: tuple[str, ...] = ()
+    prices: np.ndarray | None = None  # $ per GPU-hour per type (min cost); None: every type costs 1
+    slo_left: np.ndarray | None = None  # s until each job's deadline (inf: none); min cost's SLOs
+    entities: tuple[str | None, ...] = ()  # each job's user or project (hierarchical fairness)
 
 
 @dataclass
@@ -480,6 +483,164 @@ class MinTotalDurationPerf(GavelPolicy):
         return np.clip(v.reshape(m, n), 0.0, 1.0)
 
 
+@dataclass
+class MinCostPerf(GavelPolicy):
+    """Most throughput per dollar: maximise ``sum_ij T_ij x_ij / price_j`` (Gavel's
+    ``max_sum_throughput_normalized_by_cost_perf``; with ``slos``, its ``..._perf_SLOs``).
+
+    With SLOs every job with a deadline must also get ``sum_j T_ij x_ij >= remaining steps / seconds left``;
+    when no allocation meets them all, Gavel drops the SLO rows and solves again (counted here as
+    ``slo_infeasible`` and said once). A type without a price costs 1, as in Gavel without a price file.
+    """
+
+    slos: bool = False
+
+    def allocate(self, inp: AllocationInput) -> np.ndarray:
+        import numpy as np
+
+        thr = inp.throughputs
+        m, n = thr.shape
+        price = np.ones(n) if inp.prices is None else inp.prices
+        cost = -(thr / price[None, :]).ravel()
+        if self.slos and inp.slo_left is not None and np.isfinite(inp.slo_left).any():
+            with np.errstate(divide="ignore"):
+                need = np.where(np.isfinite(inp.slo_left), inp.steps_remaining / inp.slo_left, -np.inf)
+            need = np.where(inp.slo_left > 0, need, -np.inf)  # a deadline already past: Gavel's row is void
+            v = _solve_ipm(self, _program(thr, inp.scale_factors, inp.gpus, lo=need, cost=cost))
+            if self._solvers["ipm"].getModelStatus() == _infeasible():
+                self._count("slo_infeasible", "min cost: no allocation meets every SLO; solved without them, "
+                                              "as Gavel does")
+            else:
+                return np.clip(v.reshape(m, n), 0.0, 1.0)
+        v = _solve_ipm(self, _program(None, inp.scale_factors, inp.gpus, cost=cost))
+        return np.clip(v.reshape(m, n), 0.0, 1.0)
+
+
+def _infeasible() -> highspy.HighsModelStatus:
+    import highspy
+
+    return highspy.HighsModelStatus.kInfeasible
+
+
+@dataclass
+class WaterFilling(GavelPolicy):
+    """Max-min fairness by water filling, optionally hierarchical (Gavel's ``max_min_fairness_water_filling``
+    and ``..._perf``; with ``entity_weights``, its hierarchical policy with the 'fairness' reweighting).
+
+    Plain max-min fairness fixes only the worst job's share; water filling keeps raising the others: it
+    solves the weighted max-min program, freezes the jobs that cannot get more without taking from a
+    frozen one (the bottlenecks), and repeats on the rest, each job never below the level it reached.
+    Normalised throughput is ``sum_j T_ij x_ij / P_i`` (P_i: the job's throughput on an equal share of every
+    type; all throughputs 1 when agnostic). Bottlenecks are found as Gavel finds them, by a MILP that
+    makes as many unfrozen jobs as possible exceed ``1.0001 x`` their level (by 1e-5); a job it cannot
+    lift is frozen.
+
+    Hierarchical: each entity (user or project, ``AllocationInput.entities``) has a weight; its unfrozen
+    jobs share it in proportion to their own priority weights, so an entity's share does not grow with
+    its number of jobs. Jobs with no entity, or an entity with no weight, keep their own weight.
+    """
+
+    agnostic: bool = False
+    entity_weights: dict[str, float] = field(default_factory=dict)
+
+    def allocate(self, inp: AllocationInput) -> np.ndarray:
+        import numpy as np
+
+        thr = np.ones_like(inp.throughputs) if self.agnostic else inp.throughputs
+        sf, gpus, m = inp.scale_factors, inp.gpus, len(inp.job_ids)
+        prop = _proportional(thr, gpus)
+        norm = thr / prop[:, None]  # normalised throughput per unit of x
+        level = np.zeros(m)  # each job's normalised throughput reached so far
+        frozen = np.zeros(m, dtype=bool)
+        x = np.zeros_like(thr)
+        big = float(np.max(norm * sf[:, None])) if m else 0.0  # Gavel's M
+        for _ in range(m):
+            w = self._weights(inp, frozen)
+            live = ~frozen & (w > 0)
+            if not live.any():
+                break
+            x_new, t = self._raise(norm, sf, gpus, level, frozen, w, live)
+            if x_new is None:
+                break
+            x = x_new
+            level = np.where(live, level + t * w / sf, level)
+            liftable = self._liftable(norm, sf, gpus, level, frozen | ~live, big)
+            newly = live & ~liftable
+            if not newly.any():
+                break
+            frozen |= newly
+            if frozen.all():
+                break
+        return np.clip(x, 0.0, 1.0)
+
+    def _weights(self, inp: AllocationInput, frozen: np.ndarray) -> np.ndarray:
+        """Each job's weight this round: its own, or its entity's weight shared by the entity's unfrozen jobs."""
+        import numpy as np
+
+        w = np.array(inp.priority_weights, dtype=float)
+        if not self.entity_weights or not inp.entities:
+            return np.where(frozen, 0.0, w)
+        out = np.where(frozen, 0.0, w)
+        for e, ew in self.entity_weights.items():
+            members = np.array([x == e for x in inp.entities]) & ~frozen
+            total = w[members].sum()
+            if total > 0:
+                out[members] = ew * w[members] / total
+        return out
+
+    def _raise(self, norm: np.ndarray, sf: np.ndarray, gpus: np.ndarray, level: np.ndarray, frozen: np.ndarray,
+               w: np.ndarray, live: np.ndarray) -> tuple[np.ndarray | None, float]:
+        """max t: every live job's ``sf_i / w_i (normalised throughput - level_i) >= t``, every job >= its level."""
+        import numpy as np
+
+        m, n = norm.shape
+        mult = np.where(live, sf / np.where(live, w, 1.0), 0.0)  # Gavel's: a larger weight, a larger raise
+        # rows: sum_j norm_ij x_ij - t / mult_i >= level_i for live jobs; >= level_i (no t) for the others
+        t_coef = np.where(live, -1.0 / np.where(live, mult, 1.0), 0.0)
+        v = _solve_ipm(self, _program(norm, sf, gpus, t_coef=t_coef, lo=level))
+        h = self._solvers["ipm"]
+        if h.getModelStatus() == _infeasible():
+            return None, 0.0
+        return v[:-1].reshape(m, n), float(max(v[-1], 0.0))
+
+    def _liftable(self, norm: np.ndarray, sf: np.ndarray, gpus: np.ndarray, level: np.ndarray,
+                  fixed: np.ndarray, big: float) -> np.ndarray:
+        """Which jobs can exceed 1.0001 x their level together, every job kept at its level (Gavel's MILP)."""
+        import highspy
+        import numpy as np
+
+        from hpcsched.solvers.highs import new_highs, run
+
+        m, n = norm.shape
+        nx = m * n
+        slack, eps = 1.0001, 1e-5
+        # columns: x (m x n), z (m, binary); maximise sum z. Rows: base; y_i >= level_i; Gavel's big-M pair:
+        # y_i - big z_i <= slack level_i - eps (z_i = 0 keeps y_i at its level) and y_i - big z_i >= slack
+        # level_i - big (z_i = 1 needs y_i >= slack level_i).
+        lp = _program(norm, sf, gpus, lo=level, cost=np.zeros(nx))
+        h = new_highs()
+        h.passModel(lp)
+        inf = highspy.kHighsInf
+        h.addVars(m, np.zeros(m), np.where(fixed, 0.0, 1.0))
+        h.changeColsCost(m, np.arange(nx, nx + m, dtype=np.int32), -np.ones(m))
+        h.changeColsIntegrality(m, np.arange(nx, nx + m, dtype=np.int32),
+                                np.full(m, highspy.HighsVarType.kInteger))
+        for i in range(m):
+            cols = np.append(np.arange(i * n, i * n + n), nx + i).astype(np.int32)
+            # y_i - slack level_i + eps <= big z_i
+            h.addRow(-inf, slack * level[i] - eps, n + 1, cols, np.append(norm[i], -big))
+            # slack level_i - y_i <= big (1 - z_i)  <=>  y_i - big z_i >= slack level_i - big
+            h.addRow(slack * level[i] - big, inf, n + 1, cols, np.append(norm[i], -big))
+        status = run(h)
+        self._count("milp_solves")
+        if status != highspy.HighsModelStatus.kOptimal:
+            self._count("milp_not_optimal", f"water filling: the bottleneck MILP returned "
+                                            f"{h.modelStatusToString(status)}; every job is taken as a bottleneck")
+            return np.zeros(m, dtype=bool)
+        z = np.asarray(h.getSolution().col_value)[nx:]
+        return z > 0.5
+
+
 POLICIES: dict[str, str] = {
     "fifo": "FIFO: jobs in arrival order each get a whole GPU type (Gavel's stateful FIFO)",
     "max-min-fairness": "LAS: max-min fairness of GPU time, heterogeneity-agnostic",
@@ -487,12 +648,27 @@ POLICIES: dict[str, str] = {
     "finish-time-fairness-perf": "minimise the worst finish-time ratio rho (Themis's metric, heterogeneity-aware)",
     "min-total-duration-perf": "finish all active jobs as soon as possible (makespan)",
     "max-sum-throughput-perf": "maximise total throughput",
+    "max-sum-throughput-normalized-by-cost-perf": "minimum cost: maximise throughput per dollar (prices: "
+                                                  "type=count@$/h)",
+    "max-sum-throughput-normalized-by-cost-perf-SLOs": "minimum cost, every job finishing by its SLO when "
+                                                       "possible",
+    "max-min-fairness-water-filling": "max-min fairness by water filling (every job raised as far as it can "
+                                      "go), heterogeneity-agnostic",
+    "max-min-fairness-water-filling-perf": "water-filling max-min fairness, heterogeneity-aware; hierarchical "
+                                           "with entity weights",
 }
 """Gavel's policies this package runs, by Gavel's names with hyphens."""
 
 
-def make_policy(name: str, seed: int = 0) -> GavelPolicy:
-    """A fresh policy object for one run (policies keep per-run state: FIFO's queue, FTF's progress)."""
+def make_policy(name: str, seed: int = 0, *, entity_weights: dict[str, float] | None = None) -> GavelPolicy:
+    """A fresh policy object for one run (policies keep per-run state: FIFO's queue, FTF's progress).
+
+    ``entity_weights`` ({user or project: weight}) makes the water-filling policies hierarchical."""
+    if name.startswith("max-min-fairness-water-filling") and name in POLICIES:
+        return WaterFilling(name=name, heterogeneity_aware=name.endswith("-perf"),
+                            agnostic=not name.endswith("-perf"), entity_weights=dict(entity_weights or {}))
+    if name.startswith("max-sum-throughput-normalized-by-cost-perf") and name in POLICIES:
+        return MinCostPerf(name=name, slos=name.endswith("-SLOs"))
     if name == "fifo":
         return FifoPolicy(name=name, heterogeneity_aware=False, skip_zero_priority=True, seed=seed)
     if name == "max-min-fairness":

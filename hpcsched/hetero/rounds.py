@@ -65,7 +65,8 @@ class RoundJob:
     scale_factor: int
     arrival: float
     priority_weight: float = 1.0
-    slo: float | None = None  # Gavel's SLO field (s; None when the trace has a negative one): min-cost's SLOs
+    slo: float | None = None  # Gavel's SLO field (None when the trace has a negative one): min-cost's SLOs
+    entity: str | None = None  # the user or project the job belongs to (hierarchical fairness)
 
 
 @dataclass(slots=True)
@@ -94,7 +95,7 @@ class RoundsResult:
 class _Job:
     """Mutable per-run state of one active job (kept apart from the frozen input)."""
 
-    __slots__ = ("job", "thr", "steps_left", "time", "deficit", "failures", "alloc")
+    __slots__ = ("job", "thr", "steps_left", "time", "deficit", "failures", "alloc", "deadline")
 
     def __init__(self, job: RoundJob, thr: list[float], n_types: int, half: float) -> None:
         self.job = job
@@ -104,6 +105,11 @@ class _Job:
         self.deficit = [0.0] * n_types
         self.failures = 0
         self.alloc: list[float] | None = None  # per mechanism type; None: not in the current allocation
+        # Gavel's SLO deadline: arrival + SLO x the job's duration, which its generator defines on a V100 (the
+        # fastest type); here on the fastest type the job has
+        best = max(thr) if thr else 0.0
+        self.deadline = job.arrival + job.slo * job.total_steps / best if job.slo is not None and best > 0 \
+            else float("inf")
 
 
 def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: GavelPolicy,
@@ -210,7 +216,7 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
             last_reset = t
             ids = sorted(active)
             if ids:
-                inp = _allocation_input(ids, active, lp_types, lp_to_mech, gpus, order, t)
+                inp = _allocation_input(ids, active, lp_types, lp_to_mech, gpus, order, t, cluster)
                 x = policy.allocate(inp)
                 allocations += 1
                 for row, jid in zip(x, ids, strict=True):
@@ -288,7 +294,8 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
 
 
 def _allocation_input(ids: list[int], active: dict[int, _Job], lp_types: list[str], lp_to_mech: list[int],
-                      gpus: list[int], order: list[str], now: float) -> AllocationInput:
+                      gpus: list[int], order: list[str], now: float,
+                      cluster: HeteroCluster | None = None) -> AllocationInput:
     import numpy as np
 
     from hpcsched.hetero.policies import AllocationInput
@@ -303,4 +310,7 @@ def _allocation_input(ids: list[int], active: dict[int, _Job], lp_types: list[st
         times_since_start=np.array([now - st.job.arrival for st in sts], dtype=float),
         gpus=np.array([gpus[order.index(t)] for t in lp_types], dtype=float),
         job_types=tuple(st.job.job_type for st in sts),
+        prices=np.array([cluster.price(t) or 1.0 for t in lp_types], dtype=float) if cluster is not None else None,
+        slo_left=np.array([st.deadline - now for st in sts], dtype=float),
+        entities=tuple(st.job.entity for st in sts),
     )
