@@ -124,8 +124,17 @@ class Planner:
                 if stuck:
                     break
             ids = g.job_ids
-            if len(ids) == 1:  # deep queues: skip what cannot fit without building it
+            if len(ids) == 1:
                 j = by_id.get(ids[0])
+                if j is not None and j.running and not j.group:  # a running solo job staying as it is: the
+                    if j.id in used:  # most common group of all, kept without building anything
+                        raise ValueError(f"policy {self.name!r} put job {j.id!r} in two groups")
+                    used.add(j.id)
+                    plan.append((g, (j,), j.gpus, j.place))
+                    unclaimed -= 1
+                    room -= j.gpus
+                    continue
+                # deep queues: skip what cannot fit without building it
                 if j is not None and not j.running and (j.gpus > room or (unclaimed == 0 and j.gpus > left)):
                     if dead is not None:
                         dead.add(j.gpus)

@@ -143,6 +143,34 @@ class SimResult:
         return summarize_results(self.results, self.meta)
 
 
+class _LiveView:
+    """A job's ``JobView`` fields read live from its run state, for ``order_key`` policies (contract item 9).
+
+    Why: the engine keys every running job at every event; building a frozen ``JobView`` for each was the
+    largest single cost of a congested run (issue 17). Each field is computed exactly as ``_Engine._view`` does,
+    so a key sees the same numbers; a key must read fields, not keep the view (``ordered_by``'s contract)."""
+
+    __slots__ = ("_j", "_e")
+
+    def __init__(self, j: JobRun, engine: _Engine) -> None:
+        self._j, self._e = j, engine
+
+    id = property(lambda self: self._j.id)
+    submit = property(lambda self: self._j.submit)
+    gpus = property(lambda self: self._j.gpus)
+    iterations_total = property(lambda self: int(round(self._j.total)))
+    iterations_done = property(lambda self: self._j.done)
+    iteration_time = property(lambda self: self._j.it)
+    attained_gpu_s = property(lambda self: self._j.attained)
+    executed_s = property(lambda self: self._j.executed)
+    remaining_s = property(lambda self: self._e._remaining(self._j))
+    profile = property(lambda self: self._j.job.profile)
+    running = property(lambda self: self._j.running)
+    first_start = property(lambda self: self._j.first_start)
+    model = property(lambda self: self._j.model)
+    rank_hint = property(lambda self: self._j.hint)
+
+
 def _row(r: JobResult) -> dict[str, Any]:
     return {k: getattr(r, k) for k in JobResult.__slots__}
 
@@ -273,7 +301,7 @@ class _Engine(Planner):
         okey = hints.order_key
         self.jkey: Callable[[JobRun], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
         if okey is not None and (not self.compat or not hints.compat_rank_order):
-            self.jkey = lambda j: okey(j.view or self._view(j))
+            self.jkey = lambda j: okey(j.live or self._live(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
             self.jkey = _list_pos
         self.vorder: Callable[..., Any] | None = hints.vector_keys  # contract item 10
@@ -556,6 +584,11 @@ class _Engine(Planner):
             j.view = v
         return v
 
+    def _live(self, j: JobRun) -> _LiveView:
+        """The job's ``_LiveView`` (made once): what an order key reads, without building a JobView."""
+        j.live = _LiveView(j, self)
+        return j.live
+
     def _remaining(self, j: JobRun) -> float:
         """Solo seconds left as a policy sees them (``JobView.remaining_s``)."""
         if self.compat and not j.ever_ran and self.rules.new_remaining == "duration":
@@ -715,12 +748,22 @@ class _Engine(Planner):
                 m.first_start = t
 
     def _apply(self, plan: list[Planned], t: float) -> None:
+        """Run ``plan`` from ``t``: every group it holds runs (on its placement), every other running job stops.
+
+        Runs at every decision over every running job, so the common case is kept cheap (issue 17): a solo job
+        that keeps its GPUs and stays solo keeps every field as it is; GPUs are counted per placement without a
+        call (a group's shared placement once); completions are re-armed inline. Each shortcut gives exactly the
+        numbers of the general path."""
         compat = self.compat
         now_running: list[JobRun] = []
+        append = now_running.append
         for g, members, need, p in plan:
             k = len(members)
             if k == 1:
                 m = members[0]
+                if m.running and m.place is p and not m.group and g.period_s is None:
+                    append(m)  # unchanged solo job: period, share, charge and group are what this would set
+                    continue
                 if not compat and (not m.running or m.place != p):
                     m.warm = m.restart
                 m.period = m.it * SOLO_FACTOR if g.period_s is None else g.period_s * SOLO_FACTOR
@@ -729,7 +772,7 @@ class _Engine(Planner):
                 m.group = ()
                 self._start(m, t)
                 m.place = p
-                now_running.append(m)
+                append(m)
                 continue
             period = g.period_s * (self.gf[k] if k in self.gf else self.gf[4])
             charge = sum(restart_cost(m.model, m.gpus) for m in members) if self.rules.group_restart else None
@@ -743,33 +786,45 @@ class _Engine(Planner):
                 m.charge = charge if charge is not None else m.restart
                 self._start(m, t)
                 m.place = p
-                now_running.append(m)
+                append(m)
         keep = {m.idx for m in now_running}
-        before = set(self.running)
-        for j in list(self.running.values()):
-            if j.idx not in keep:  # preempted: progress is kept (checkpoint), GPUs released
-                self._release(j)
+        before = self.running
+        for j in [j for j in before.values() if j.idx not in keep]:  # preempted: progress kept, GPUs released
+            self._release(j)
         self.running = {m.idx: m for m in now_running}
         if self.queued:
             self._reseq()
         self.busy = sum(m.share for m in now_running)
-        free = [self.gpn] * self.cluster.nodes
+        free = list(self.capacity)
         seen_places: set[int] = set()
         for m in now_running:
-            if m.place is not None and id(m.place) not in seen_places:
-                seen_places.add(id(m.place))
-                pl.apply(free, m.place)
+            place = m.place
+            if place is None:
+                continue
+            if m.group:  # co-located members share one placement: count it once
+                if id(place) in seen_places:
+                    continue
+                seen_places.add(id(place))
+            for n, c in place:
+                free[n] -= c
         self.free = free
-        rules_wall = compat and self.rules.progress == "wall"
-        for j in now_running:
-            started = j.idx not in before
-            if rules_wall:
-                j.predicted = max(float(int(t + j.dur - j.executed)), t)
-            elif compat:
-                j.predicted = t + max(j.total - j.done, 0.0) * j.period
-            else:
-                j.since = t
-                self._schedule_end(j, t, started)
+        if compat:
+            rules_wall = self.rules.progress == "wall"
+            for j in now_running:
+                if rules_wall:
+                    j.predicted = max(float(int(t + j.dur - j.executed)), t)
+                else:
+                    j.predicted = t + max(j.total - j.done, 0.0) * j.period
+            return
+        ends, thresholds = self.ends, self.thresholds
+        for j in now_running:  # ``_schedule_end``, inline: it runs for every running job at every decision
+            j.since = t
+            pred = t + j.warm + max(j.total - j.done, 0.0) * j.period
+            if pred != j.predicted:
+                j.predicted = pred
+                heapq.heappush(ends, (pred, j.idx))
+            if thresholds and j.idx not in before:
+                self._push_wake(j)
 
     def _schedule_end(self, j: JobRun, t: float, started: bool) -> None:
         """Default mode: (re)arm a running job's completion and, if it just started, its next wake-up."""

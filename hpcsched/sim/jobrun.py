@@ -19,7 +19,7 @@ class JobRun:
     __slots__ = (
         "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
         "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
-        "period", "charge", "warm", "share", "group", "predicted", "view", "ever_ran", "status", "since",
+        "period", "charge", "warm", "share", "group", "predicted", "view", "live", "ever_ran", "status", "since",
         "wake", "hint", "solo", "wkey", "q", "seq",
     )  # fmt: skip
 
@@ -49,6 +49,7 @@ class JobRun:
         self.group: tuple[str, ...] = ()
         self.predicted = _INF
         self.view: JobView | None = None
+        self.live: Any = None  # the engine's live view of it, for order keys (made on first use)
         self.ever_ran = False
         self.status = "pending"
         self.since = 0.0  # default mode: progress is settled lazily up to this time
