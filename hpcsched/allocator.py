@@ -81,6 +81,10 @@ class PolicyHints:
     # and a WAITING job's key depends only on its own view: the executor may keep waiting jobs sorted itself.
     # Implies ``runs_every_job``.
     order_key: Callable[[JobView], Any] | None = None
+    # the ``order_key`` of ANY job (running too) never changes while it is active (it reads only what a job
+    # never changes: id, submit, gpus, model): the executor may keep the running jobs sorted as they start and
+    # stop instead of keying them all at every event
+    order_key_static: bool = False
     # ``vector_keys(now, cluster, columns, compat) -> [key arrays]``: the answer is every job alone in the
     # order of these keys over per-job columns (most significant first, lowest first, ties in arrival order)
     vector_keys: Callable[..., Any] | None = None
@@ -96,12 +100,14 @@ class PolicyHints:
     def __post_init__(self) -> None:
         if self.order_key is not None and not self.runs_every_job:
             raise ValueError("a policy with an order_key runs every job: set runs_every_job too")
+        if self.order_key_static and self.order_key is None:
+            raise ValueError("order_key_static promises something about an order_key: set one")
 
     def without_shortcuts(self) -> PolicyHints:
         """The same semantics (wake-ups, compat loop rules) with the ordering shortcuts off: the executor
         calls the policy itself whenever it needs an order. ``runs_every_job`` stays: it only decides when the
         policy is asked, and skipping an ask settles progress at other moments (equal to float rounding)."""
-        return replace(self, order_key=None, vector_keys=None, compat_rank_order=False)
+        return replace(self, order_key=None, order_key_static=False, vector_keys=None, compat_rank_order=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,17 @@ def test_order_key_is_the_answer(name: str, trace3) -> None:
     assert [g.job_ids[0] for g in policy(snap)] == [v.id for v in sorted(snap.jobs, key=policy.hints.order_key)]
 
 
+@pytest.mark.parametrize("name", [n for n in REGISTRY.names() if get_policy(n).hints.order_key_static])
+def test_a_static_order_key_ignores_everything_a_job_changes(name: str, trace3) -> None:
+    """``order_key_static``: the key of a job is the same whatever its progress, service, clock or state."""
+    key = get_policy(name).hints.order_key
+    for v in _snapshot(trace3).jobs[:200]:
+        moved = replace(v, iterations_done=(v.iterations_total or 10) / 2, attained_gpu_s=v.attained_gpu_s + 1e6,
+                        executed_s=v.executed_s + 1e5, remaining_s=1.0, running=not v.running, first_start=3.0,
+                        rank_hint=7)
+        assert key(moved) == key(v), name
+
+
 def _has_shortcuts(name: str) -> bool:
     h = get_policy(name).hints
     return h.runs_every_job or h.order_key is not None or h.vector_keys is not None
@@ -131,6 +142,8 @@ def test_the_simulator_shortcuts_give_the_policy_answer(name: str, compat: str |
 def test_hints_are_consistent() -> None:
     with pytest.raises(ValueError, match="runs_every_job"):
         PolicyHints(order_key=lambda v: v.submit)
+    with pytest.raises(ValueError, match="set one"):
+        PolicyHints(runs_every_job=True, order_key_static=True)
 
 
 def test_a_policy_named_after_its_module_loads_alone() -> None:

@@ -12,6 +12,6 @@ def _key(v: JobView) -> float:
     return v.submit
 
 
-@register("fifo", hints=ordered_by(_key))
+@register("fifo", hints=ordered_by(_key, order_key_static=True))
 def fifo(snapshot: Snapshot) -> list[Group]:
     return solo_groups(snapshot, _key)

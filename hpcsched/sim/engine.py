@@ -304,6 +304,9 @@ class _Engine(Planner):
             self.jkey = lambda j: okey(j.live or self._live(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
             self.jkey = _list_pos
+        # static order keys (FIFO): the running jobs' (key, idx), kept sorted as they start and stop (item 9)
+        self.rsorted: list[tuple[Any, int]] | None = [] if self.jkey is not None and hints.order_key_static and \
+            not self.queued else None
         self.vorder: Callable[..., Any] | None = hints.vector_keys  # contract item 10
         self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
         # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
@@ -343,7 +346,7 @@ class _Engine(Planner):
             from hpcsched.sim.core_decisions import CoreDecider  # imported here: the core needs numpy
 
             self.core = CoreDecider(as_controller, policy, cluster.nodes, self.gpn)
-            self.fast, self.jkey, self.vorder = False, None, None
+            self.fast, self.jkey, self.vorder, self.rsorted = False, None, None, None
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -524,6 +527,9 @@ class _Engine(Planner):
     def _release(self, j: JobRun, finished: bool = False) -> None:
         """Stop a job; its GPUs go back unless another member of its group still runs on them."""
         j.running = False
+        if self.rsorted is not None:
+            rs = self.rsorted
+            del rs[bisect_left(rs, (self.jkey(j), j.idx))]  # type: ignore[misc]
         j.status = "pending"
         j.view = None
         j.warm = 0.0
@@ -608,7 +614,7 @@ class _Engine(Planner):
             self._demote()
         if self.jkey is not None:
             key = self.jkey
-            run = sorted([(key(j), j.idx) for j in self.running.values()])
+            run = self.rsorted if self.rsorted is not None else sorted([(key(j), j.idx) for j in self.running.values()])
             dead: set[int] = set()
             plan = None if self.compat else self._place_in_place(self._ordered(run, dead), dead)
             if plan is None:
@@ -740,6 +746,8 @@ class _Engine(Planner):
     def _start(self, m: JobRun, t: float) -> None:
         if not m.running:
             self._unwait(m)
+            if self.rsorted is not None:
+                insort(self.rsorted, (self.jkey(m), m.idx))  # type: ignore[misc]
             m.running = True
             m.status = "running"
             m.ever_ran = True
