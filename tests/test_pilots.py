@@ -3,9 +3,14 @@ pilots to claim (the live behaviour is in tests/test_pilots_live.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from runtime_procs import TOKEN, client, controller_config, kill_tree, start_controller, stop, wait_for
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.config import read_controller_config
@@ -51,7 +56,7 @@ def test_pilot_script_execs_the_worker_named_after_its_job(tmp_path: Path) -> No
     assert text.startswith("#!/bin/sh\n")
     last = text.strip().splitlines()[-1]
     assert last.startswith("exec /opt/py/bin/python -m hpcsched.runtime worker --controller ctl.example:5000 "
-                           "--slots 2 --gpus 1 --stop-grace 4.0 --token-file ")
+                           "--slots 2 --gpus 1 --stop-grace 4.0 --orphan-timeout 600.0 --token-file ")
     assert '--name "pilot-$SLURM_JOB_ID"' in last and f"'{tmp_path}/pilot dir'/\"$SLURM_JOB_ID\"" in last
 
 
@@ -62,3 +67,28 @@ def test_pilots_wanted_table() -> None:
                        ((4, 0, 1, 0, 4), 1), ((4, 4, 0, 2, 4), 0), ((8, 2, 0, 1, 1), 1), ((8, 2, 0, 1, 0), 0),
                        ((6, 0, 0, 3, 4), 0)]:
         assert pilots_wanted(*args, cfg) == want, args
+
+
+def test_a_worker_leaves_once_its_controller_is_gone_for_orphan_timeout(tmp_path: Path) -> None:
+    """A pilot's worker (``--orphan-timeout``) must not hold its node for a controller that is gone: killed with
+    kill -9 and not restarted, the worker leaves after the timeout and exits 0."""
+    ctl, addr = start_controller(tmp_path, controller_config(tmp_path))
+    log = tmp_path / "p1.log"
+    with log.open("ab") as out:
+        w = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", addr, "--name", "p1",
+                              "--gpus", "0", "--orphan-timeout", "2", "--work-dir", str(tmp_path / "p1")],
+                             env=os.environ | {"HPCSCHED_TOKEN": TOKEN}, stdout=out, stderr=subprocess.STDOUT)
+    c = client(addr)
+    try:
+        wait_for("the worker registered", lambda: any(x.alive for x in c.workers()), 60)
+        kill_tree(ctl)
+        t0 = time.monotonic()
+        assert w.wait(timeout=60) == 0
+        took = time.monotonic() - t0
+        assert 2 <= took < 30, took
+        assert "unreachable for" in log.read_text() and "orphan_timeout_s 2" in log.read_text()
+    finally:
+        c.close()
+        if w.poll() is None:
+            kill_tree(w)
+        stop(ctl)

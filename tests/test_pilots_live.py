@@ -8,7 +8,9 @@ Skipped with the reason when no Slurm controller answers (run ``scripts/slurm_cl
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
@@ -213,3 +215,55 @@ def pilot_controller_at(d: Path, address: str) -> Path:
     text = cfg.read_text().replace("listen: 127.0.0.1:0", f"listen: {address}")
     cfg.write_text(text)
     return cfg
+
+
+def worker_pid(pilot_job: str) -> int:
+    """The pid of the worker a pilot job runs (its command line names it pilot-<job id>)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"worker" in argv and f"pilot-{pilot_job}".encode() in argv:
+                return int(entry.name)
+    raise AssertionError(f"no worker process for pilot {pilot_job}")
+
+
+def test_a_hung_pilot_is_cancelled_and_replaced(tmp_path: Path) -> None:
+    """A pilot's worker stops answering (SIGSTOP: hung, while Slurm still runs the job): the controller loses it
+    after worker_timeout_s, the manager cancels the pilot, claims another idle node, and the job (its attempt
+    failed with the lost worker) resumes from its checkpoint and finishes exactly."""
+    ctl, addr = start_controller(tmp_path, pilot_controller(tmp_path))
+    c = client(addr)
+    stopped = None
+    try:
+        steps = 300
+        job = tmp_path / "tcp2.yaml"
+        job.write_text(f"name: tcp2\nlauncher: direct\nprocs: 2\nsteps: {steps}\nworkdir: {ROOT}\n"
+                       "command: [tests/netns_job.py, --comm, tcp, --checkpoint-every, '20', --step-ms, '50']\n")
+        jid = submit(c, job)
+        j = wait_for("the job running on two pilots", lambda: (j := jobs_by_id(c)[jid]).steps_done >= 20 and j, 120,
+                     poll=0.5)
+        victim = j.workers[1].removeprefix("pilot-")
+        stopped = worker_pid(victim)
+        os.kill(stopped, signal.SIGSTOP)
+        wait_for("the hung pilot cancelled", lambda: victim not in pilots_listed(), 90, poll=0.5)
+        j = wait_for("the job done", lambda: (j := jobs_by_id(c)[jid]).state in ("completed", "failed") and j, 180,
+                     poll=0.5)
+        assert j.state == "completed" and j.steps_done == steps, j.message
+        assert j.restarts == 1  # the lost worker failed one attempt; it resumed from its checkpoint
+        log = (tmp_path / "controller.log").read_text()
+        assert f"pilot {victim}: cancel its worker pilot-{victim} is gone from the controller" in log, log[-3000:]
+        assert log.count(": submit on n") == 3  # the replacement
+    finally:
+        if stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+        c.close()
+        ctl.send_signal(signal.SIGTERM)
+        try:
+            ctl.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop(ctl)
+    assert pilots_listed() == []

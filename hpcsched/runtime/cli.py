@@ -79,6 +79,9 @@ def worker(
     work_dir: Path = typer.Option(None, "--work-dir", help="task logs and progress files"),
     stop_grace: float = typer.Option(None, "--stop-grace", help="on SIGTERM: seconds its tasks get to checkpoint "
                                      "before SIGKILL (default 30)"),
+    orphan_timeout: float = typer.Option(None, "--orphan-timeout", help="leave (checkpoint and stop its tasks, "
+                                         "exit) once the controller has been unreachable this many seconds "
+                                         "(default: never; pilot jobs set it)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run a worker daemon for this node: registers, heartbeats, launches and kills tasks."""
@@ -91,7 +94,8 @@ def worker(
     _logging(verbose)
     file = read_worker_config(config) if config else {}
     flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "host": host,
-             "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace, "address_file": address_file}
+             "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace, "address_file": address_file,
+             "orphan_timeout_s": orphan_timeout}
     kw = file | {k: v for k, v in flags.items() if v is not None}
     token = resolve_token(token_file) if token_file else kw.pop("token", None) or resolve_token(None)
     kw.pop("token", None)

@@ -390,10 +390,11 @@ class WorkerConfig:
     stop_grace_s: float = 30.0  # on SIGTERM: checkpoint -> SIGKILL of its tasks after this long
     warm_ranks: bool = True  # keep a torch-preloaded ``direct`` supervisor ready (fast relaunch on resize)
     address_file: Path | None = None  # re-read when the controller is unreachable: a restart on a new port
+    orphan_timeout_s: float | None = None  # leave (checkpoint, stop) after the controller is unreachable this long
 
 
 WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir",
-               "stop_grace_s", "warm_ranks", "address_file"}
+               "stop_grace_s", "warm_ranks", "address_file", "orphan_timeout_s"}
 
 
 def read_worker_config(path: str | Path) -> dict[str, Any]:
@@ -412,6 +413,8 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
         out["work_dir"] = doc.path("work_dir", base, None)
     if "stop_grace_s" in doc.data:
         out["stop_grace_s"] = doc.positive("stop_grace_s", float, 30.0)
+    if "orphan_timeout_s" in doc.data:
+        out["orphan_timeout_s"] = doc.positive("orphan_timeout_s", float, None)
     if "tls_ca" in doc.data:
         out["tls_ca"] = doc.path("tls_ca", base, None)
     if "address_file" in doc.data:

@@ -20,8 +20,9 @@ stops its tasks within its grace and leaves (the controller re-plans at once, ``
 
 Nothing outlives the controller's wish: ``stop()`` cancels every pilot (Slurm sends SIGTERM; the workers
 checkpoint and leave), and each pilot has a time limit. A controller killed with ``kill -9`` leaves its pilots
-running until their time limit; a controller restarted on the same state adopts them. Every decision is logged
-with its reason and kept in ``events`` (what ``hpcsched workers`` can show about harvested nodes).
+running until it comes back (a controller restarted on the same state and address adopts them) or until
+``orphan_timeout_s`` without it has passed (their workers checkpoint and leave) or their time limit. Every
+decision is logged with its reason and kept in ``events``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class PilotConfig:
     slots: int = 1  # per pilot's worker
     gpus: int = 0
     stop_grace_s: float = 4.0  # the pilot worker's checkpoint time on SIGTERM: below the partition's GraceTime
+    orphan_timeout_s: float = 600.0  # a pilot whose controller is unreachable this long leaves (not restarted)
     poll_s: float = 2.0
     start_timeout_s: float = 300.0  # pending longer: cancelled (never started)
     register_timeout_s: float = 120.0  # running, but no worker registered by then: cancelled (hung)
@@ -165,7 +167,8 @@ class PilotEvent:
 def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag: str) -> str:
     """The batch script: the worker, named after the pilot job, exec'd so that Slurm's signals reach it."""
     argv = [cfg.python, "-m", "hpcsched.runtime", "worker", "--controller", controller, "--slots", str(cfg.slots),
-            "--gpus", str(cfg.gpus), "--stop-grace", str(cfg.stop_grace_s)]
+            "--gpus", str(cfg.gpus), "--stop-grace", str(cfg.stop_grace_s), "--orphan-timeout",
+            str(cfg.orphan_timeout_s)]
     if token_file is not None:
         argv += ["--token-file", str(token_file)]
     words = " ".join(shlex.quote(a) for a in argv)
@@ -288,7 +291,7 @@ class PilotManager:
             p.dead_since = p.dead_since if p.dead_since is not None else now
             if now - p.dead_since > self.cfg.stop_grace_s + 10:
                 self._cancel(p, f"its worker {p.worker} is gone from the controller (left or silent) while the "
-                                f"pilot still runs, {now - p.dead_since:.0f} s now")
+                                f"pilot still runs, {now - p.dead_since:.0f} s now", failed=False)
         elif w is not None and w[0]:
             self.failures = 0
             if w[2] == 0:
@@ -326,9 +329,10 @@ class PilotManager:
         self._event("submit", jid, f"on {node}: {why}")
 
     def _cancel(self, p: Pilot, why: str, failed: bool = True) -> None:
-        """Cancel a pilot. One that failed to serve (never started, hung, died) holds new submissions back for
-        start_timeout_s, doubling with each such failure in a row up to 10 minutes: a partition that never
-        starts pilots is not flooded with new ones."""
+        """Cancel a pilot. One that never served (never started, or its worker never registered) holds new
+        submissions back for start_timeout_s, doubling with each such failure in a row up to 10 minutes: a
+        partition that never starts pilots, or a node set-up where the worker cannot start, is not flooded with
+        new ones. A pilot that served and then lost its worker is replaced at once."""
         self.run(["scancel", p.job_id])
         p.ended = why
         if failed:

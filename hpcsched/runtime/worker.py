@@ -204,6 +204,7 @@ class Worker:
         registered = False
         backoff = 0.2
         due = 0.0
+        reached = time.monotonic()  # the last heartbeat the controller answered (orphan_timeout_s)
         while not stop.is_set():
             news = self._poll()
             if self.warm is not None:
@@ -219,6 +220,7 @@ class Worker:
                 for t in self.tasks.values():
                     t.pending.clear()  # delivered
                 registered = not reply.reregister
+                reached = time.monotonic()
                 self._apply(reply)
                 backoff = 0.2
                 due = time.monotonic() + (_FOLLOW_UP_S if news else self.interval)
@@ -235,6 +237,12 @@ class Worker:
                 elif e.code() == grpc.StatusCode.UNAVAILABLE:
                     self._hint_tls()
                 log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, backoff)
+                orphan = self.cfg.orphan_timeout_s
+                if orphan is not None and time.monotonic() - reached > orphan:
+                    # A pilot job must not hold a node for a controller that is gone (not restarted).
+                    log.error("controller %s unreachable for %.0f s (orphan_timeout_s %g): leaving",
+                              self.cfg.controller, time.monotonic() - reached, orphan)
+                    break
                 self._rediscover()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.interval * 2)
