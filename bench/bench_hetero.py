@@ -215,7 +215,8 @@ def policy_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     win = window_of(rows)
     wcol = f" avg JCT, jobs {win[0]}-{win[1] - 1} (h) |" if win else ""
     out = [f"| rate (jobs/h) | policy | avg JCT (h) |{wcol} p99 JCT (h) | makespan (h) | worst rho | median rho | "
-           "Jain (shares) | dropped jobs |", "|---|---|---|---|---|---|---|---|---|" + ("---|" if win else "")]
+           "Jain (shares) | jobs dropped (all seeds) |",
+           "|---|---|---|---|---|---|---|---|---|" + ("---|" if win else "")]
     for rate in sorted({r["rate"] for r in rows}):
         for policy in [p for p in POLICIES if any(r["policy"] == p for r in rows)] + \
                 sorted({r["policy"] for r in rows} - set(POLICIES)):
@@ -279,7 +280,8 @@ def pair_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     names = {"avg_jct": "avg JCT", "rho_max": "worst rho", "makespan": "makespan"}
     if win:
         names["win_avg_jct"] = f"avg JCT, jobs {win[0]}-{win[1] - 1}"
-    out = ["| agnostic -> aware | metric | rate (jobs/h) | aware / agnostic, median [min, max] | aware better in |",
+    out = ["| agnostic -> aware | metric | rate (jobs/h) | aware / agnostic, median [min, max] "
+           "| seeds aware better-worse (>1%) |",
            "|---|---|---|---|---|"]
     policies = {r["policy"] for r in rows}
     for agnostic, aware, metrics in PAIRS:
@@ -290,9 +292,43 @@ def pair_table(rows: Sequence[dict[str, Any]]) -> list[str]:
                 ratios = pair_ratios(rows, agnostic, aware, metric, rate)
                 if not ratios:
                     continue
-                wins = sum(1 for x in ratios if x < 1)
+                better, worse = sum(1 for x in ratios if x < 1 - TIE), sum(1 for x in ratios if x > 1 + TIE)
                 out.append(f"| {agnostic} -> {aware} | {names[metric]} | {rate:g} | {_spread(ratios, '.3f')} "
-                           f"| {wins} of {len(ratios)} seeds |")
+                           f"| {better}-{worse} of {len(ratios)} |")
+    return out
+
+
+TIE = 0.01
+"""A ratio within 1% of 1 is a tie in the counts of seeds where aware is better or worse."""
+
+
+def pair_matrix(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown, one row per rate: aware / agnostic per seed, median [min, max], then k-l: in k seeds aware is
+    better, in l worse, by more than ``TIE`` (1%; the rest are ties),
+    for the comparisons that matter (each aware policy on its own objective, and on average JCT)."""
+    win = window_of(rows)
+    jct = "win_avg_jct" if win else "avg_jct"
+    jct_name = f"avg JCT (jobs {win[0]}-{win[1] - 1})" if win else "avg JCT"
+    cols = [("max-min-fairness", "max-min-fairness-perf", jct),
+            ("max-min-fairness", "max-min-fairness-perf", "rho_max"),
+            ("max-min-fairness", "finish-time-fairness-perf", "rho_max"),
+            ("fifo", "max-sum-throughput-perf", jct), ("fifo", "min-total-duration-perf", "makespan"),
+            ("fifo", "min-total-duration-perf", jct)]
+    policies = {r["policy"] for r in rows}
+    cols = [c for c in cols if c[0] in policies and c[1] in policies]
+    short = {"max-min-fairness": "mmf", "max-min-fairness-perf": "mmf-perf", "finish-time-fairness-perf": "ftf-perf",
+             "max-sum-throughput-perf": "max-sum-thr-perf", "min-total-duration-perf": "min-total-dur-perf",
+             "fifo": "fifo"}
+    names = {jct: jct_name, "rho_max": "worst rho", "makespan": "makespan", "avg_jct": "avg JCT"}
+    out = ["| rate (jobs/h) | " + " | ".join(f"{short[b]} / {short[a]}: {names[m]}" for a, b, m in cols) + " |",
+           "|---|" + "---|" * len(cols)]
+    for rate in sorted({r["rate"] for r in rows}):
+        cells = []
+        for a, b, m in cols:
+            ratios = pair_ratios(rows, a, b, m, rate)
+            better, worse = sum(1 for x in ratios if x < 1 - TIE), sum(1 for x in ratios if x > 1 + TIE)
+            cells.append(f"{_spread(ratios, '.2f')} {better}-{worse}" if ratios else "n/a")
+        out.append(f"| {rate:g} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -367,7 +403,7 @@ def plot_all(rows: Sequence[dict[str, Any]], plots: Path, cluster: str, jobs: in
     fig, axes = plt.subplots(1, 2 if win else 1, figsize=(13, 5.5) if win else (8, 5.5), squeeze=False)
     panels = [("avg_jct", f"all {jobs} jobs (finished ones)")]
     if win:
-        panels.append(("win_avg_jct", f"jobs {win[0]}-{win[1] - 1} only (a window, as Gavel's paper measures)"))
+        panels.append(("win_avg_jct", f"jobs {win[0]}-{win[1] - 1} only (a steady-state window)"))
     for ax, (metric, what) in zip(axes[0], panels, strict=True):
         vs_rate(ax, metric, 3600.0)
         ax.set_yscale("log")
@@ -451,6 +487,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--window", default=None,
                     help="FROM:TO: also the average JCT of the jobs with ids in [FROM, TO) (steady state, as in "
                          "Gavel's paper)")
+    ap.add_argument("--all-pairs", action="store_true", help="also the long table: every pair, metric and rate")
     ap.add_argument("--from-csv", type=Path, default=None, help="skip the runs: tables and plots from a runs.csv")
     args = ap.parse_args(argv)
 
@@ -481,8 +518,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("rho = JCT / JCT under a heterogeneous fluid of Gavel's isolated policy (calc's --isolated fluid has no "
           "solo time for a Gavel job); median over seeds [min, max]\n")
     print("\n".join(policy_table(rows)))
-    print()
-    print("\n".join(pair_table(rows)))
+    print("\naware / agnostic per seed: median [min, max] over seeds, then k-l: seeds where aware is better / worse "
+          "by more than 1% (lower is better for every metric)\n")
+    print("\n".join(pair_matrix(rows)))
+    if args.all_pairs:
+        print()
+        print("\n".join(pair_table(rows)))
     trouble = [r for r in rows if r["solver_trouble"]]
     for r in trouble:
         print(f"solver: {r['policy']} rate {r['rate']:g} seed {r['seed']}: {r['solver_trouble']}")
