@@ -36,10 +36,10 @@ class Cluster:
     address: str
     dir: Path
 
-    def job(self, name: str, launcher: str, procs: int, command: str, steps: int) -> str:
+    def job(self, name: str, launcher: str, procs: int, command: str, steps: int, extra: str = "") -> str:
         p = self.dir / f"{name}.yaml"
         p.write_text(f"name: {name}\nlauncher: {launcher}\nprocs: {procs}\nsteps: {steps}\nworkdir: {ROOT}\n"
-                     f"command: [{command}]\n")
+                     f"command: [{command}]\n{extra}")
         return self.client.submit(p)
 
     def finished(self, jid: str, timeout: float) -> dict:
@@ -221,4 +221,45 @@ def test_horovodrun_job_spans_three_hosts_without_ssh(cluster: Cluster) -> None:
     assert cluster.ran_on(jid) == set(HOSTS)
     started = [h for h in ("h2", "h3") if f"job {jid} attempt 1: started" in (cluster.dir / f"{h}.log").read_text()]
     assert started == ["h2", "h3"]
+    assert not (cluster.dir / "ssh-called").exists()
+
+
+def _reports(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
+def test_elastic_horovod_shrinks_and_grows_in_place_across_hosts(cluster: Cluster) -> None:
+    """Elastic Horovod over the three hosts, resized in place the way the worker does it (its host list rewritten,
+    ``horovod_elastic.resize``): 3 -> 2 removes the rank on h3, 2 -> 3 starts a new one there through h3's worker
+    (Horovod runs ssh: the agent), and the job ends at exactly its step count. The controller still resizes
+    multi-worker jobs by stop/relaunch (docs/runtime.md); this checks the mechanism it would use across hosts."""
+    from hpcsched.runtime import horovod_elastic
+
+    jid = cluster.job("hvd-elastic", "horovodrun", 3, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
+                      "--commit-every, '2', --io-latency-ms, '40'", steps=400, extra="min_procs: 1\nmax_procs: 3\n")
+    task = cluster.dir / "run" / "h1" / f"{jid}.g1.n0"
+    progress = task / "progress.jsonl"
+    wait_for("3 ranks training", lambda: any(r.get("world_size") == 3 and r["step"] >= 10 for r in _reports(progress)),
+             180, poll=0.5)
+    a = cluster.hosts.addr
+    horovod_elastic.resize(task, [f"{a['h1']}:1", f"{a['h2']}:1"])
+    wait_for("the shrink to 2 ranks", lambda: any(r.get("world_size") == 2 for r in _reports(progress)), 120, poll=0.5)
+    horovod_elastic.resize(task, [f"{a['h1']}:1", f"{a['h2']}:1", f"{a['h3']}:1"])
+    wait_for("the grow back to 3", lambda: any(r.get("world_size") == 3 and r.get("resized_in_place")
+                                               for r in _reports(progress)), 180, poll=0.5)
+    j = cluster.finished(jid, 300)
+    assert j["state"] == "completed", (j["message"], cluster.logs())
+    assert cluster.result(jid)["steps"] == 400
+    steps = [r["step"] for r in _reports(progress)]
+    assert steps == sorted(steps)  # no step went back: no restart from a checkpoint
+    times = horovod_elastic.resize_times(task)
+    assert [(r.from_size, r.to_size) for r in times] == [(3, 2), (2, 3)] and all(r.seconds for r in times), times
+    print("\nin place across hosts: " + ", ".join(f"{r.from_size} -> {r.to_size} in {r.seconds:.1f} s" for r in times))
+    h3 = (cluster.dir / "h3.log").read_text()
+    assert h3.count(f"job {jid} attempt 1: started") == 2, h3[-2000:]  # the first rank, then the regrown one
     assert not (cluster.dir / "ssh-called").exists()
