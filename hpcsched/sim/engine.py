@@ -67,12 +67,15 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.allocator import Group, JobView, Policy, Snapshot, hints_of, policy_name
 from hpcsched.compat import MODES as COMPAT_MODES
+from hpcsched.compat.accounting import ReferenceAccounting, ReferenceLists, list_position
 from hpcsched.compat.muri import CompatRules
 from hpcsched.core import placement as pl
 from hpcsched.core.replan import Planned, Planner
 from hpcsched.core.speed import SOLO_FACTOR, group_factor, restart_cost
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import JobResult
+from hpcsched.sim.accounting import LazyAccounting
+from hpcsched.sim.events import ARRIVAL, END, EventQueue
 from hpcsched.sim.jobrun import JobRun
 
 if TYPE_CHECKING:
@@ -84,11 +87,6 @@ _INF = math.inf
 
 _COLS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
 """The per-job columns a ``vector_keys`` policy reads (contract item 10)."""
-
-
-def _list_pos(j: JobRun) -> tuple[int, int]:
-    """Compat queue policies: a job's place in the reference's lists (queue, then position in it)."""
-    return j.q, j.seq
 
 
 TIMELINE_COLUMNS = ("time", "busy_gpus", "running_jobs", "queued_jobs")
@@ -163,7 +161,7 @@ class _LiveView:
     iteration_time = property(lambda self: self._j.it)
     attained_gpu_s = property(lambda self: self._j.attained)
     executed_s = property(lambda self: self._j.executed)
-    remaining_s = property(lambda self: self._e._remaining(self._j))
+    remaining_s = property(lambda self: self._e.acct.remaining(self._j))
     profile = property(lambda self: self._j.job.profile)
     running = property(lambda self: self._j.running)
     first_start = property(lambda self: self._j.first_start)
@@ -262,11 +260,12 @@ def _result(j: JobRun) -> JobResult:
 
 
 class _Engine(Planner):
-    """One run. Compat mode settles every running job at every event (the reference charges each
-    event); default mode settles a job only when it is looked at (lazy), keeps completions and
-    service-threshold crossings in heaps, and skips the policy when every active job already runs or
-    fits beside the running ones (valid for policies marked ``runs_every_job``), so an event costs
-    O(jobs that change) instead of O(running jobs) on a lightly loaded cluster."""
+    """One run: the event core (``sim.events``: one queue of arrivals, completions and crossings), an
+    accounting strategy (``sim.accounting``, lazy: a job is settled when looked at; or, under ``--compat
+    muri``, ``compat.accounting``: every running job settled and charged at every event), and the decisions
+    (the policy, its shortcuts, re-planning from ``core.replan`` or the core itself, ``_apply``). The policy
+    is skipped when every active job already runs or fits beside the running ones (``runs_every_job``), so
+    an event costs O(jobs that change) on a lightly loaded cluster."""
 
     def __init__(
         self,
@@ -293,17 +292,21 @@ class _Engine(Planner):
         self.nps = cluster.nodes_per_switch if cluster.switches > 1 else None
         self.thresholds = tuple(sorted(hints.service_thresholds))
         self.fast = not self.compat and hints.runs_every_job
-        # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history.
-        # A list is kept as (j.q, j.seq): arrivals and demotions take the next seq at the back, and after
-        # each event the running jobs take seqs ahead of every waiting one (``_reseq``)
+        # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history
         self.queued = self.compat and bool(self.thresholds)
-        self.front = self.back = 0  # next seq at the lists' front (counts down) / back (counts up)
+        self.lists = ReferenceLists(self) if self.queued else None
+        # the event core (one heap) and how progress is settled: the simulator's lazy accounting, or the
+        # reference's per-event one (``hpcsched.compat.accounting``)
+        self.queue = EventQueue(self._live_entry)
+        self.acct: LazyAccounting | ReferenceAccounting = (
+            ReferenceAccounting(self, self.rules) if self.compat else LazyAccounting(self))
+        self.next_arrival = 0  # the arrival cursor: jobs in submit order, one ARRIVAL entry ahead
         okey = hints.order_key
         self.jkey: Callable[[JobRun], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
         if okey is not None and (not self.compat or not hints.compat_rank_order):
             self.jkey = lambda j: okey(j.live or self._live(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
-            self.jkey = _list_pos
+            self.jkey = list_position
         # static order keys (FIFO): the running jobs' (key, idx), kept sorted as they start and stop (item 9)
         self.rsorted: list[tuple[Any, int]] | None = [] if self.jkey is not None and hints.order_key_static and \
             not self.queued else None
@@ -316,8 +319,6 @@ class _Engine(Planner):
         self.free = [self.gpn] * cluster.nodes  # GPUs not held by running placements
         self.busy = 0.0
         self.active_gpus = 0
-        self.ends: list[tuple[float, int]] = []  # default mode: (predicted end, job idx), lazily invalidated
-        self.wakes: list[tuple[float, int]] = []
         self.now = 0.0
         self.events = 0
         self.timeline: list[float] = []
@@ -350,44 +351,23 @@ class _Engine(Planner):
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
-        jobs, n = self.jobs, len(self.jobs)
-        ptr = 0
+        n = len(self.jobs)
+        queue, acct = self.queue, self.acct
+        self._arm_arrival()
         while True:
-            while ptr < n and jobs[ptr].status == "rejected":
-                ptr += 1
-            t_arr = jobs[ptr].submit if ptr < n else _INF
-            t_end, t_wake = self._next_end(), self._next_wake()
-            t = min(t_arr, t_end, t_wake)
+            acct.before_step()
+            t = queue.peek()
             if t == _INF:
                 break
-            if self.compat and self.events:
-                self._advance(t - self.now)
+            acct.advance(t)
             self.now = t
             self.events += 1
-            changed = False
-            if t_end <= t:
-                changed = self._complete(t)
-            arrived = False
-            while ptr < n and jobs[ptr].submit <= t:
-                j = jobs[ptr]
-                ptr += 1
-                if j.status == "rejected":
-                    continue
-                self.active[j.idx] = j
-                if self.queued:
-                    j.q, j.seq = 0, self.back
-                    self.back += 1
-                self.by_id[j.id] = j
-                self.active_gpus += j.gpus
-                if self.vorder is not None:
-                    self.vmask[j.idx] = True
-                    self._fill(j)
-                self._wait(j)
-                arrived = True
-            if t_wake <= t:
+            ends, arrivals, woke = queue.due(t, acct.end_tol(t))
+            changed = self._complete(ends, t) if ends else False
+            arrived = self._arrive(t) if arrivals else False
+            if woke:
                 changed = True
-                if not self.compat:
-                    self._wake_up(t)
+                acct.wake_up(t)
             if not self.fast or not self._fits_all(t, changed or arrived):
                 self._reschedule(t)
             self.timeline += (t, self.busy, len(self.running), len(self.active) - len(self.running))
@@ -396,104 +376,53 @@ class _Engine(Planner):
         if self.progress is not None:
             self.progress(self.finished, n)
 
-    def _next_end(self) -> float:
-        if self.compat:
-            return min((j.predicted for j in self.running.values()), default=_INF)
-        return self._peek_live(self.ends, "predicted")
+    def _live_entry(self, t: float, kind: int, idx: int) -> bool:
+        """Whether an event entry still holds: an arrival always; a completion or a crossing while its job
+        runs and is still armed for that time; the reference accounting's wake-up (job -1) while armed."""
+        if kind == ARRIVAL:
+            return True
+        if idx < 0:
+            return t == self.acct.cwake
+        j = self.jobs[idx]
+        return j.running and (j.predicted if kind == END else j.wake) == t
 
-    def _next_wake(self) -> float:
-        if not self.thresholds or not self.running:
-            return _INF
-        if self.compat:  # reference: ceil(limit / gpus) - executed + now, recomputed at every event
-            best, now = _INF, self.now
-            for j in self.running.values():
-                for thr in self.thresholds:
-                    if j.attained < thr:
-                        w = math.ceil(thr / j.gpus) - j.executed + now
-                        if w <= now:  # float round-off left it a hair short: time cannot advance to it
-                            j.executed = float(math.ceil(thr / j.gpus))  # (the reference loops forever here)
-                            j.attained = max(j.attained, j.executed * j.gpus, thr)
-                            j.view = None
-                            continue
-                        best = min(best, w)
-                        break
-            return best
-        return self._peek_live(self.wakes, "wake")
+    def _arm_arrival(self) -> None:
+        """One ARRIVAL entry ahead: the next job (in submit order) that can run here."""
+        jobs, k = self.jobs, self.next_arrival
+        while k < len(jobs) and jobs[k].status == "rejected":
+            k += 1
+        self.next_arrival = k
+        if k < len(jobs):
+            self.queue.schedule(jobs[k].submit, ARRIVAL, k)
 
-    def _peek_live(self, heap: list[tuple[float, int]], field: str) -> float:
-        """Earliest entry still current: entries go stale (lazy deletion) when a job stops or is re-armed,
-        i.e. when it is no longer running or its ``field`` no longer equals the entry's time."""
-        jobs = self.jobs
-        while heap:
-            t, idx = heap[0]
-            j = jobs[idx]
-            if j.running and getattr(j, field) == t:
-                return t
-            heapq.heappop(heap)
-        return _INF
-
-    def _wake_up(self, t: float) -> None:
-        """Default mode: jobs whose attained service reaches a threshold now; arm their next one."""
-        while self.wakes and self.wakes[0][0] <= t:
-            w, idx = heapq.heappop(self.wakes)
-            j = self.jobs[idx]
-            if not (j.running and j.wake == w):
+    def _arrive(self, t: float) -> bool:
+        """Admit every job submitted by ``t``; True if any arrived."""
+        jobs, n = self.jobs, len(self.jobs)
+        k, arrived = self.next_arrival, False
+        while k < n and jobs[k].submit <= t:
+            j = jobs[k]
+            k += 1
+            if j.status == "rejected":
                 continue
-            self._sync(j, t)
-            for thr in self.thresholds:  # settle float round-off exactly onto the threshold crossed
-                if abs(j.attained - thr) <= 1e-9 * thr:
-                    j.attained = thr
-            self._push_wake(j)
+            self.active[j.idx] = j
+            if self.lists is not None:
+                self.lists.arrive(j)
+            self.by_id[j.id] = j
+            self.active_gpus += j.gpus
+            if self.vorder is not None:
+                self.vmask[j.idx] = True
+                self._fill(j)
+            self._wait(j)
+            arrived = True
+        self.next_arrival = k
+        self._arm_arrival()
+        return arrived
 
-    def _push_wake(self, j: JobRun) -> None:
-        j.wake = _INF
-        for thr in self.thresholds:
-            if j.attained < thr:
-                j.wake = j.since + (thr - j.attained) / j.gpus
-                heapq.heappush(self.wakes, (j.wake, j.idx))
-                return
-
-    def _advance(self, dt: float) -> None:
-        """Compat: settle every running job, charging the restart cost of this interval."""
-        if dt <= 0:
-            return
-        for j in self.running.values():
-            j.executed += dt
-            j.attained += dt * j.gpus
-            j.gpu_s += dt * j.share
-            j.done += max(dt - j.charge, 0.0) / j.period
-            j.view = None
-
-    def _sync(self, j: JobRun, t: float) -> None:
-        """Default mode: settle one running job's progress up to ``t``."""
-        dt = t - j.since
-        if dt > 0:
-            j.executed += dt
-            j.attained += dt * j.gpus
-            j.gpu_s += dt * j.share
-            w = min(dt, j.warm)
-            j.warm -= w
-            j.done += (dt - w) / j.period
-            j.view = None
-        j.since = t
-
-    def _complete(self, t: float) -> bool:
-        if self.compat:
-            ended = [j for j in self.running.values() if j.predicted <= t]
-        else:
-            tol = 1e-9 * max(1.0, abs(t))
-            ended = []
-            while self.ends and self.ends[0][0] <= t + tol:
-                pt, idx = heapq.heappop(self.ends)
-                j = self.jobs[idx]
-                if j.running and j.predicted == pt:
-                    j.predicted = _INF  # a duplicate entry of the same time must not end it twice
-                    ended.append(j)
-        for j in ended:
-            if not self.compat:
-                self._sync(j, t)
-                if abs(j.done - j.total) <= 1e-6 * max(1.0, j.total):
-                    j.done = j.total
+    def _complete(self, ends: list[int], t: float) -> bool:
+        """Retire the jobs whose completion is due (``ends``, from the event queue)."""
+        for idx in ends:
+            j = self.jobs[idx]
+            self.acct.ended(j, t)
             self._release(j, finished=True)
             j.end = t
             j.status = "completed"
@@ -502,8 +431,8 @@ class _Engine(Planner):
             if self.vorder is not None:
                 self.vmask[j.idx] = False
             self.active_gpus -= j.gpus
-        self.finished += len(ended)
-        return bool(ended)
+        self.finished += len(ends)
+        return bool(ends)
 
     def _wait(self, j: JobRun) -> None:
         """Book-keep a job that starts waiting (arrived or preempted): its GPU demand, and its key."""
@@ -576,13 +505,13 @@ class _Engine(Planner):
             j.place = p
             self.running[j.idx] = j
             self.busy += j.share
-            self._schedule_end(j, t, started=True)
+            self.acct.arm_started(j, t)
         return True
 
     def _view(self, j: JobRun) -> JobView:
         v = j.view
         if v is None:
-            remaining = self._remaining(j)
+            remaining = self.acct.remaining(j)
             v = JobView(  # positional (JobView's field order): this runs for every running job at every event
                 j.id, j.submit, j.gpus, int(round(j.total)), j.done, j.it, j.attained, j.executed, remaining,
                 j.job.profile, j.running, j.first_start, j.model, j.hint,
@@ -595,23 +524,15 @@ class _Engine(Planner):
         j.live = _LiveView(j, self)
         return j.live
 
-    def _remaining(self, j: JobRun) -> float:
-        """Solo seconds left as a policy sees them (``JobView.remaining_s``)."""
-        if self.compat and not j.ever_ran and self.rules.new_remaining == "duration":
-            return j.dur
-        return max(j.total - j.done, 0.0) * j.it * SOLO_FACTOR
-
     def _reschedule(self, t: float) -> None:
         if not self.active:
             return
-        if not self.compat:
-            for j in self.running.values():
-                self._sync(j, t)
+        self.acct.settle_running(t)
         if self.core is not None:
             self._decide_core(t)
             return
-        if self.queued:
-            self._demote()
+        if self.lists is not None:
+            self.lists.demote()
         if self.jkey is not None:
             key = self.jkey
             run = self.rsorted if self.rsorted is not None else sorted([(key(j), j.idx) for j in self.running.values()])
@@ -622,8 +543,8 @@ class _Engine(Planner):
                 plan = self._place(self._ordered(run, dead), dead)
             self._apply(plan, t)
             return
-        if self.queued:
-            self._rank()
+        if self.lists is not None:
+            self.lists.rank()
         if self.vorder is not None:
             order = self._vector_order(t)
             jobs = self.jobs
@@ -676,35 +597,6 @@ class _Engine(Planner):
             else:
                 heapq.heappop(heads)
 
-    def _demote(self) -> None:
-        """Compat: the reference's queue lists. A running job that reached its queue's limit moves to
-        the END of the next queue (one step per event, in arrival order)."""
-        thr = self.thresholds
-        for j in sorted(self.running.values(), key=lambda j: j.idx):
-            if j.q < len(thr) and j.attained >= thr[j.q]:
-                j.q += 1
-                j.seq = self.back
-                self.back += 1
-                j.view = None
-
-    def _rank(self) -> None:
-        """Compat, policy called: every job's rank is its position in the concatenated lists, which
-        the policy may use (``JobView.rank_hint``)."""
-        for rank, j in enumerate(sorted(self.active.values(), key=_list_pos)):
-            if j.hint != rank:
-                j.hint = rank
-                j.view = None
-
-    def _reseq(self) -> None:
-        """Compat: after scheduling, each queue list keeps its running jobs first (in list order), then
-        the waiting ones (in list order): the running jobs take fresh seqs ahead of every other, so a
-        job preempted now is at the front of its list's waiting part and waiting jobs' keys never change."""
-        run = sorted(self.running.values(), key=_list_pos)
-        base = self.front - len(run)
-        for i, j in enumerate(run):
-            j.seq = base + i
-        self.front = base
-
     def _vector_order(self, t: float) -> Callable[[], Iterator[int]]:
         """``vector_keys`` policies: the active jobs' columns (arrival order) keyed by the policy's own
         array function; returns a re-iterable source of job indices in priority order. The columns of
@@ -739,7 +631,7 @@ class _Engine(Planner):
     def _fill(self, j: JobRun) -> None:
         """Write one job's changing columns (the numbers its JobView would show), without the view."""
         i, cols = j.idx, self.cols
-        cols["remaining_s"][i] = self._remaining(j)
+        cols["remaining_s"][i] = self.acct.remaining(j)
         cols["iterations_done"][i] = j.done
         cols["executed_s"][i] = j.executed
 
@@ -800,8 +692,8 @@ class _Engine(Planner):
         for j in [j for j in before.values() if j.idx not in keep]:  # preempted: progress kept, GPUs released
             self._release(j)
         self.running = {m.idx: m for m in now_running}
-        if self.queued:
-            self._reseq()
+        if self.lists is not None:
+            self.lists.reseq()
         self.busy = sum(m.share for m in now_running)
         free = list(self.capacity)
         seen_places: set[int] = set()
@@ -816,29 +708,4 @@ class _Engine(Planner):
             for n, c in place:
                 free[n] -= c
         self.free = free
-        if compat:
-            rules_wall = self.rules.progress == "wall"
-            for j in now_running:
-                if rules_wall:
-                    j.predicted = max(float(int(t + j.dur - j.executed)), t)
-                else:
-                    j.predicted = t + max(j.total - j.done, 0.0) * j.period
-            return
-        ends, thresholds = self.ends, self.thresholds
-        for j in now_running:  # ``_schedule_end``, inline: it runs for every running job at every decision
-            j.since = t
-            pred = t + j.warm + max(j.total - j.done, 0.0) * j.period
-            if pred != j.predicted:
-                j.predicted = pred
-                heapq.heappush(ends, (pred, j.idx))
-            if thresholds and j.idx not in before:
-                self._push_wake(j)
-
-    def _schedule_end(self, j: JobRun, t: float, started: bool) -> None:
-        """Default mode: (re)arm a running job's completion and, if it just started, its next wake-up."""
-        pred = t + j.warm + max(j.total - j.done, 0.0) * j.period
-        if pred != j.predicted:
-            j.predicted = pred
-            heapq.heappush(self.ends, (pred, j.idx))
-        if started and self.thresholds:
-            self._push_wake(j)
+        self.acct.arm(now_running, before, t)
