@@ -3,6 +3,7 @@ pilots to claim (the live behaviour is in tests/test_pilots_live.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from runtime_procs import TOKEN, client, controller_config, kill_tree, start_con
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.config import read_controller_config
-from hpcsched.runtime.pilots import PilotConfig, pilot_script, pilots_wanted
+from hpcsched.runtime.pilots import PilotConfig, PilotManager, pilot_script, pilots_wanted
 
 
 def _cfg(tmp_path: Path, text: str):
@@ -92,3 +93,136 @@ def test_a_worker_leaves_once_its_controller_is_gone_for_orphan_timeout(tmp_path
         if w.poll() is None:
             kill_tree(w)
         stop(ctl)
+
+
+class FakeSlurm:
+    """sinfo / squeue / sbatch / scancel over a few nodes, as the manager calls them (its ``run``)."""
+
+    def __init__(self, nodes: int = 4) -> None:
+        self.nodes = {f"n{i}": "idle" for i in range(1, nodes + 1)}
+        self.jobs: dict[str, dict] = {}  # id -> name, state, node, argv
+        self.next_id = 100
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: list[str]) -> str:
+        self.calls.append(argv)
+        tool = argv[0]
+        if tool == "sinfo":
+            return "".join(f"{n} {st}\n" for n, st in self.nodes.items())
+        if tool == "squeue" and "--name" in argv:
+            name = argv[argv.index("--name") + 1]
+            return "".join(f"{jid}|{j['state']}|{j['node'] if j['state'] == 'RUNNING' else ''}\n"
+                           for jid, j in self.jobs.items() if j["name"] == name)
+        if tool == "squeue":
+            return "".join(f"{jid}|scavenger|{j['name']}|RUNNING|{j['node']}\n"
+                           for jid, j in self.jobs.items() if j["state"] == "RUNNING")
+        if tool == "sbatch":
+            jid = str(self.next_id)
+            self.next_id += 1
+            self.jobs[jid] = {"name": argv[argv.index("--job-name") + 1], "state": "PENDING",
+                              "node": argv[argv.index("--nodelist") + 1], "argv": argv}
+            return f"{jid}\n"
+        if tool == "scancel":
+            for jid in argv[1:]:
+                self.jobs.pop(jid, None)
+            return ""
+        raise AssertionError(f"unexpected {argv}")
+
+    def start(self, jid: str) -> None:
+        self.jobs[jid]["state"] = "RUNNING"
+        self.nodes[self.jobs[jid]["node"]] = "allocated"
+
+
+class View:
+    def __init__(self, demand: int) -> None:
+        self.demand, self.w = demand, {}
+
+    def demand_slots(self) -> int:
+        return self.demand
+
+    def workers(self) -> dict[str, tuple[bool, int, int]]:
+        return dict(self.w)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _manager(tmp_path: Path, slurm: FakeSlurm, view: View, clock: Clock, **cfg: object) -> PilotManager:
+    c = PilotConfig(partition="scavenger", max_pilots=3, start_timeout_s=60, register_timeout_s=30,
+                    idle_release_s=20, leave_before_s=60, time_limit_s=1800, work_dir=tmp_path / "pilots")
+    return PilotManager(dataclasses.replace(c, **cfg), view, "10.0.0.1:5000", "tok", tmp_path / "state.db",
+                        clock=clock, run=slurm.run)
+
+
+def test_manager_claims_idle_nodes_for_the_queue_and_no_more(tmp_path: Path) -> None:
+    slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
+    m = _manager(tmp_path, slurm, view, clock)
+    m.step()
+    subs = [j["argv"] for j in slurm.jobs.values()]
+    assert [a[a.index("--nodelist") + 1] for a in subs] == ["n1", "n2"]
+    a = subs[0]
+    assert {"--partition", "scavenger"} <= set(a) and "--signal=B:TERM@60" in a and a[a.index("--time") + 1] == "30"
+    assert ["sinfo", "-N", "-h", "-p", "scavenger", "-o", "%N %T"] in slurm.calls  # only the partition's nodes
+    m.step()
+    assert len(slurm.jobs) == 2  # on their way: not submitted again
+    for jid in list(slurm.jobs):
+        slurm.start(jid)
+        view.w[f"pilot-{jid}"] = (True, 1, 1)
+    view.demand = 3  # one more slot wanted: one more pilot, on a node still idle
+    clock.t += 1
+    m.step()
+    assert len(slurm.jobs) == 3 and slurm.jobs["102"]["node"] == "n3"
+    assert (tmp_path / "pilots" / f"worker-token-{m.tag}").stat().st_mode & 0o777 == 0o600
+
+
+def test_manager_cancels_pilots_that_never_start_and_backs_off(tmp_path: Path) -> None:
+    slurm, view, clock = FakeSlurm(), View(demand=1), Clock()
+    m = _manager(tmp_path, slurm, view, clock)
+    m.step()
+    (jid,) = slurm.jobs
+    clock.t += 61
+    m.step()
+    assert jid not in slurm.jobs and any(e.kind == "cancel" and e.detail.startswith("never started") for e in m.events)
+    clock.t += 1
+    m.step()  # it has left the queue: gone; the back-off (start_timeout_s) holds the next one
+    assert not slurm.jobs and any(e.kind == "gone" for e in m.events)
+    clock.t += 60
+    m.step()
+    assert len(slurm.jobs) == 1  # tried again after the back-off
+
+
+def test_manager_cancels_a_hung_pilot_and_releases_idle_ones(tmp_path: Path) -> None:
+    slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
+    m = _manager(tmp_path, slurm, view, clock)
+    m.step()
+    a, b = slurm.jobs
+    slurm.start(a)
+    slurm.start(b)
+    view.w[f"pilot-{a}"] = (True, 1, 1)  # b's worker never registers
+    m.step()
+    clock.t += 31
+    m.step()
+    assert b not in slurm.jobs and any(e.kind == "cancel" and "never registered" in e.detail for e in m.events)
+    # the queue empties: a's worker idles; after idle_release_s it is given back (not a failure: no back-off)
+    view.demand, view.w[f"pilot-{a}"] = 0, (True, 1, 0)
+    m.step()
+    clock.t += 21
+    m.step()
+    assert a not in slurm.jobs and any(e.kind == "cancel" and e.detail.startswith("idle") for e in m.events)
+
+
+def test_a_restarted_manager_adopts_its_predecessors_pilots(tmp_path: Path) -> None:
+    slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
+    _manager(tmp_path, slurm, view, clock).step()
+    assert len(slurm.jobs) == 2
+    again = _manager(tmp_path, slurm, view, clock)  # same state file: same pilot name
+    again.step()
+    assert len(slurm.jobs) == 2 and [e.kind for e in again.events] == ["adopt", "adopt"]
+    other = _manager(tmp_path / "other", slurm, View(demand=1), clock)  # another controller's state: its own
+    other.step()
+    assert len(slurm.jobs) == 3

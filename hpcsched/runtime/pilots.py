@@ -8,8 +8,9 @@ stops its tasks within its grace and leaves (the controller re-plans at once, ``
 ``PilotManager`` runs beside the controller (a thread, started and stopped with its server) and every
 ``poll_s``:
 
-1. reads Slurm once (``SlurmIdleSource.snapshot``: idle nodes, live jobs) and its own pilots (``squeue``, by
-   job name, so a restarted controller adopts the pilots of its predecessor on the same state file);
+1. reads Slurm once (``sinfo``/``squeue`` through the harvester's parsers: the plain-idle nodes of the pilots'
+   partition that no job holds) and its own pilots (``squeue``, by job name, so a restarted controller adopts
+   the pilots of its predecessor on the same state file);
 2. ends pilots that will not serve: pending longer than ``start_timeout_s`` (never started), running without
    their worker registering within ``register_timeout_s`` (hung), or whose worker went silent (died);
 3. decides how many nodes to claim (``pilots_wanted``: the slots the queue could use beyond the live workers,
@@ -43,7 +44,8 @@ from typing import Any, Protocol
 
 from hpcsched.errors import InputError
 from hpcsched.slurm import commands
-from hpcsched.slurm.source import SlurmIdleSource
+from hpcsched.slurm.nodes import parse_sinfo
+from hpcsched.slurm.source import derive_pool, parse_squeue
 
 log = logging.getLogger("hpcsched.runtime.pilots")
 
@@ -187,7 +189,6 @@ class PilotManager:
         # One tag per state file: a restarted controller (same state) knows its predecessor's pilots by name.
         self.tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
         self.name = f"hpcsched-pilot-{self.tag}"
-        self.source = SlurmIdleSource(own_prefix=self.name)
         self.pilots: dict[str, Pilot] = {}
         self.events: list[PilotEvent] = []
         self.token_file: Path | None = None
@@ -212,7 +213,7 @@ class PilotManager:
             try:
                 self.step()
             except commands.SlurmError as e:  # Slurm unreachable for a moment: said, and tried again
-                log.warning("pilots: Slurm did not answer: %s", e)
+                log.warning("pilots: a Slurm command failed (tried again in %g s): %s", self.cfg.poll_s, e)
             except Exception:  # a bug in one step must not end harvesting silently: logged loudly
                 log.exception("pilots: step failed")
             self._stop.wait(self.cfg.poll_s)
@@ -240,7 +241,7 @@ class PilotManager:
     # ------------------------------------------------------------------------------------------- step
     def step(self) -> None:
         now = self.clock()
-        snap = self.source.snapshot()
+        idle_nodes = self._idle_nodes()
         listed = {p.job_id: p for p in self._listed()}
         for jid, p in listed.items():  # new to us: submitted by a predecessor on this state
             if jid not in self.pilots:
@@ -265,7 +266,7 @@ class PilotManager:
                       or not workers.get(p.worker, (False, 0, 0))[0])
         running = len(self.pilots) - pending
         claimed = {p.node for p in self.pilots.values()}
-        idle = [n for n in snap.pool if snap.states[n].harvestable and n not in claimed]
+        idle = [n for n in idle_nodes if n not in claimed]
         demand = self.view.demand_slots()
         new = pilots_wanted(demand, live_slots, pending, running, len(idle), self.cfg)
         if new and now < self.hold_until:
@@ -341,6 +342,16 @@ class PilotManager:
             self.hold_until = self.clock() + backoff
             why += f"; no new pilot for {backoff:.0f} s"
         self._event("cancel", p.job_id, why)
+
+    def _idle_nodes(self) -> list[str]:
+        """Plain-idle nodes no job holds, in Slurm's order, within the pilots' partition when one is set (the
+        harvester's state table and pool rule: ``hpcsched.slurm.nodes``, ``source.derive_pool``)."""
+        part = ["-p", self.cfg.partition] if self.cfg.partition else []
+        states = parse_sinfo(self.run(["sinfo", "-N", "-h", *part, "-o", "%N %T"]))
+        jobs = parse_squeue(self.run(["squeue", "-h", "-t", "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,SIGNALING",
+                                      "-o", "%i|%P|%j|%T|%N"]), commands.hostnames)
+        pool, _ = derive_pool(states, jobs, lambda j: False)
+        return [n for n in pool if states[n].harvestable]
 
     def _listed(self) -> list[Pilot]:
         out = self.run(["squeue", "-h", "--name", self.name, "-o", "%i|%T|%N"])
