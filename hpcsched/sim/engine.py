@@ -590,6 +590,21 @@ class _Engine(Planner):
         heapq.heapify(heads)
         while heads:
             _k, idx, g, lst, pos = heads[0]
+            if g == 0:  # the running jobs: yield them in a run up to the next other head, without heap work
+                n = len(lst)
+                if len(heads) == 1:
+                    bound = None
+                else:
+                    other = heads[1] if len(heads) == 2 or heads[1] < heads[2] else heads[2]
+                    bound = (other[0], other[1])
+                while pos < n and (bound is None or lst[pos] < bound):
+                    yield jobs[lst[pos][1]].solo
+                    pos += 1
+                if pos < n:
+                    heapq.heapreplace(heads, (lst[pos][0], lst[pos][1], 0, lst, pos))
+                else:
+                    heapq.heappop(heads)
+                continue
             yield jobs[idx].solo
             pos += 1
             if pos < len(lst) and g not in dead:
