@@ -29,6 +29,7 @@ decision is logged with its reason and kept in ``events``.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -241,7 +242,7 @@ class PilotManager:
     # ------------------------------------------------------------------------------------------- step
     def step(self) -> None:
         now = self.clock()
-        idle_nodes = self._idle_nodes()
+        idle_nodes, why_not = self._idle_nodes()
         listed = {p.job_id: p for p in self._listed()}
         for jid, p in listed.items():  # new to us: submitted by a predecessor on this state
             if jid not in self.pilots:
@@ -274,6 +275,41 @@ class PilotManager:
         for node in idle[:new]:
             self._submit(node, f"queue wants {demand} slots, live workers have {live_slots}, {pending} pilots coming")
         self._release_idle(now, workers, demand, live_slots)
+        if demand <= live_slots + pending * self.cfg.slots:
+            unused = f"idle, not needed: the queue wants {demand} slots, live workers have {live_slots}" + (
+                f", {pending} pilots coming" if pending else "")
+        elif now < self.hold_until:
+            unused = f"idle, not claimed: backing off for {self.hold_until - now:.0f} s after pilots that never served"
+        elif len(self.pilots) >= self.cfg.max_pilots:
+            unused = f"idle, not claimed: max_pilots ({self.cfg.max_pilots}) reached"
+        else:
+            unused = "idle, to be claimed"
+        self._write_status(demand, live_slots, why_not | {n: unused for n in idle_nodes}, workers)
+
+    def _write_status(self, demand: int, live: int, nodes: dict[str, str],
+                      workers: dict[str, tuple[bool, int, int]]) -> None:
+        """``work_dir/status-TAG.json``, rewritten every step: each pilot, each node of the partition with what it
+        does for the controller or why it is not used, and the last events (what an operator asks first)."""
+        for p in self.pilots.values():
+            w = workers.get(p.worker)
+            serving = "worker alive" if w and w[0] else "worker gone" if w else "no worker yet"
+            nodes[p.node] = f"pilot {p.job_id} ({p.state.lower()}, {serving}{'; ' + p.ended if p.ended else ''})"
+        status = {"time": time.time(), "controller": self.controller, "pilot_job_name": self.name,
+                  "demand_slots": demand, "live_slots": live,
+                  "pilots": [{"job_id": p.job_id, "node": p.node, "state": p.state, "worker": p.worker,
+                              "worker_alive": bool(workers.get(p.worker, (False,))[0]), "cancelled": p.ended}
+                             for p in self.pilots.values()],
+                  "nodes": dict(sorted(nodes.items())),
+                  "events": [{"time": e.time, "kind": e.kind, "job_id": e.job_id, "detail": e.detail}
+                             for e in self.events[-50:]]}
+        path = self.status_path
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(status, indent=1) + "\n")
+        os.replace(tmp, path)
+
+    @property
+    def status_path(self) -> Path:
+        return self.cfg.work_dir / f"status-{self.tag}.json"
 
     def _check(self, p: Pilot, now: float, workers: dict[str, tuple[bool, int, int]]) -> None:
         """End a pilot that will not serve (never started, hung, its worker died)."""
@@ -343,15 +379,17 @@ class PilotManager:
             why += f"; no new pilot for {backoff:.0f} s"
         self._event("cancel", p.job_id, why)
 
-    def _idle_nodes(self) -> list[str]:
+    def _idle_nodes(self) -> tuple[list[str], dict[str, str]]:
         """Plain-idle nodes no job holds, in Slurm's order, within the pilots' partition when one is set (the
-        harvester's state table and pool rule: ``hpcsched.slurm.nodes``, ``source.derive_pool``)."""
+        harvester's state table and pool rule: ``hpcsched.slurm.nodes``, ``source.derive_pool``), and why each
+        other node is not."""
         part = ["-p", self.cfg.partition] if self.cfg.partition else []
         states = parse_sinfo(self.run(["sinfo", "-N", "-h", *part, "-o", "%N %T"]))
         jobs = parse_squeue(self.run(["squeue", "-h", "-t", "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,SIGNALING",
                                       "-o", "%i|%P|%j|%T|%N"]), commands.hostnames)
-        pool, _ = derive_pool(states, jobs, lambda j: False)
-        return [n for n in pool if states[n].harvestable]
+        pool, why = derive_pool(states, jobs, lambda j: False)
+        return [n for n in pool if states[n].harvestable], why | {n: states[n].raw for n in pool
+                                                                  if not states[n].harvestable}
 
     def _listed(self) -> list[Pilot]:
         out = self.run(["squeue", "-h", "--name", self.name, "-o", "%i|%T|%N"])
