@@ -85,6 +85,7 @@ def hetero_isolated_jcts(trace: str | Path, cluster: str, throughputs: str | Pat
     from hpcsched.hetero.cluster import parse_hetero_cluster
     from hpcsched.hetero.simulate import load_round_jobs
     from hpcsched.hetero.throughputs import load_throughputs
+    from hpcsched.metrics import fluid_share_jcts
 
     spec = parse_hetero_cluster(cluster)
     table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()
@@ -98,31 +99,9 @@ def hetero_isolated_jcts(trace: str | Path, cluster: str, throughputs: str | Pat
                          for t, c in counts.items()) for i in order])  # steps/s with the whole time share
     if np.any(full <= 0):
         raise ValueError("a job has no throughput on any type of the cluster")
-    work = np.array([float(jobs[i].total_steps) for i in order])
-    end = np.full(len(order), np.nan)
-    active = np.zeros(0, dtype=np.int64)
-    t, nxt, n = (submit[0] if submit else 0.0), 0, len(order)
-    while nxt < n or len(active):
-        while nxt < n and submit[nxt] <= t:
-            active = np.append(active, nxt)
-            nxt += 1
-        if not len(active):
-            t = submit[nxt]
-            continue
-        speed = np.minimum(1.0, total / (len(active) * g[active])) * full[active]
-        finish = work[active] / speed
-        dt = float(finish.min())
-        if nxt < n and submit[nxt] - t < dt:  # an arrival first: progress up to it
-            dt = submit[nxt] - t
-            work[active] -= speed * dt
-            t = submit[nxt]
-            continue
-        done = finish <= dt * (1 + 1e-12)
-        work[active] -= speed * dt
-        t += dt
-        end[active[done]] = t
-        active = active[~done]
-    return {str(jobs[i].id): float(end[k] - submit[k]) for k, i in enumerate(order)}
+    work = [float(jobs[i].total_steps) for i in order]
+    jct = fluid_share_jcts(submit, work, g, full, total)
+    return {str(jobs[i].id): jct[k] for k, i in enumerate(order)}
 
 
 def run_one(trace: Path, cluster: str, policy: str, out: Path, isolated: dict[str, float], via: str = "api",

@@ -589,8 +589,7 @@ def isolated_jcts(jobs: Sequence[Job], capacity_gpus: float) -> dict[str, float]
     for one GPU type), from its submit time until its solo work (``solo_seconds``) is done.
 
     Gavel gets this from a separate simulation in 360-s rounds; the fluid is that allocation's limit (no
-    rounds, no restarts), so rho against it measures the policy, not the rounding. Cost: one numpy step
-    over the jobs in the system per arrival or completion.
+    rounds, no restarts), so rho against it measures the policy, not the rounding.
     """
     import numpy as np
 
@@ -600,9 +599,24 @@ def isolated_jcts(jobs: Sequence[Job], capacity_gpus: float) -> dict[str, float]
     submit = [float(jobs[i].submit) for i in order]
     gpus = np.array([max(jobs[i].gpus, 1) for i in order], dtype=float)
     work = np.array([solo_seconds(jobs[i]) for i in order])
-    end = np.full(len(order), np.nan)
+    jct = fluid_share_jcts(submit, work, gpus, np.ones(len(order)), capacity_gpus)
+    return {jobs[i].id: jct[k] for k, i in enumerate(order)}
+
+
+def fluid_share_jcts(submit: Sequence[float], work: Any, gpus: Any, full_speed: Any, capacity: float) -> list[float]:
+    """JCTs of jobs (sorted by ``submit``) that share ``capacity`` GPUs equally while they are in the system:
+    each runs at min(1, C / (m g)) x its ``full_speed`` (work units per second with all it asks for) until its
+    ``work`` is done. The fluid behind Gavel's isolated policy, for one GPU type (``isolated_jcts``: speed 1,
+    work in solo seconds) or several (speed: the job's throughput averaged over the types' shares). One numpy
+    step over the jobs in the system per arrival or completion."""
+    import numpy as np
+
+    work = np.array(work, dtype=float)
+    gpus = np.asarray(gpus, dtype=float)
+    full_speed = np.asarray(full_speed, dtype=float)
+    end = np.full(len(submit), np.nan)
     active = np.zeros(0, dtype=np.int64)
-    t, nxt, n = (submit[0] if submit else 0.0), 0, len(order)
+    t, nxt, n = (submit[0] if len(submit) else 0.0), 0, len(submit)
     while nxt < n or len(active):
         while nxt < n and submit[nxt] <= t:
             active = np.append(active, nxt)
@@ -610,7 +624,7 @@ def isolated_jcts(jobs: Sequence[Job], capacity_gpus: float) -> dict[str, float]
         if not len(active):
             t = submit[nxt]
             continue
-        rate = np.minimum(1.0, capacity_gpus / (len(active) * gpus[active]))
+        rate = np.minimum(1.0, capacity / (len(active) * gpus[active])) * full_speed[active]
         finish = work[active] / rate
         dt = float(finish.min())
         if nxt < n and submit[nxt] - t < dt:  # an arrival comes first: progress up to it
@@ -623,4 +637,4 @@ def isolated_jcts(jobs: Sequence[Job], capacity_gpus: float) -> dict[str, float]
         t += dt
         end[active[done]] = t
         active = active[~done]
-    return {jobs[i].id: float(end[k] - submit[k]) for k, i in enumerate(order)}
+    return [float(end[k] - submit[k]) for k in range(n)]
