@@ -61,8 +61,10 @@ def _views(rng: random.Random) -> PlacementView:
     free = tuple(rng.randrange(-1, spn + 1) for _ in range(n))  # -1: a worker over-used (slots of a stopping job)
     cpus = tuple(rng.choice((None, rng.uniform(0, 32))) for _ in range(n))
     mem = tuple(rng.choice((None, rng.uniform(0, 64))) for _ in range(n))
+    types = tuple(rng.choice(("k80", "p100", "v100", "h100", "")) for _ in range(n))  # "": not advertised
+    model = rng.choice((None, "ResNet-50 (batch size 64)", "Recommendation (batch size 512)", "not-in-the-table"))
     return PlacementView(rng.randrange(1, 2 * spn + 2), free, spn, cpus, mem, rng.choice((0.0, 2.0, 6.0)),
-                         rng.choice((0.0, 4.0)))
+                         rng.choice((0.0, 4.0)), types, model)
 
 
 @pytest.mark.parametrize("name", PLACEMENT.names())
@@ -75,6 +77,8 @@ def test_every_placement_step_keeps_the_contract(name: str) -> None:
         got = step(view)
         assert got == step(view)  # pure
         if got is None:
+            if name == "throughput-aware":
+                assert get_placement("consolidated")(view) is None, (case, view)
             continue
         placed += 1
         idx = [i for i, _ in got]
@@ -84,6 +88,8 @@ def test_every_placement_step_keeps_the_contract(name: str) -> None:
         if name == "resource-aware":
             usable = view.usable()
             assert all(k <= usable[i] for i, k in got), (case, got, view)
+        if name == "throughput-aware":  # it only chooses among what consolidated would place: it never adds a wait
+            assert get_placement("consolidated")(view) is not None, (case, view)
     assert placed > 200  # the cases exercised placing, not only refusals
     assert step(PlacementView(5, (2, 2), 4)) is None  # fewer free slots than needed
 

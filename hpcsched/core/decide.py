@@ -8,7 +8,8 @@ The body is a list of named steps over one context, in the order the architectur
   while slots are left; the others wait, each with the reason;
 - ``size``: the MILP sizes the elastic jobs that declare a scaling curve, the others grow greedily;
 - ``place``: running elastic Horovod jobs resize in place where they can, pending units are placed
-  consolidated (a group joins its running anchor's slots);
+  consolidated (a group joins its running anchor's slots), only on workers that have their launcher and a GPU
+  type they accept (``JobState.gpu_types``; empty: any);
 - ``diff``: what changes against what runs now: starts, stops (preempt / resize), in-place resizes.
 
 No RPC, no database, no clock: the controller builds a ``ClusterState`` under its lock, calls ``decide`` and
@@ -260,6 +261,7 @@ def _place(ctx: _Context) -> None:
     ctx.free = {w.id: w.slots - ctx.state.used.get(w.id, 0) for w in ctx.workers}
     _resize_in_place(out, ctx.order, by_id, ctx.free)
     free, workers = ctx.free, ctx.workers
+    gpu_type = {w.id: w.gpu_type for w in workers}
     place = get_placement(ctx.request.options.placement)
     cpus_used, mem_used = _resources_used(ctx.state.jobs)
     for unit in ctx.admitted:
@@ -267,6 +269,7 @@ def _place(ctx: _Context) -> None:
         if not pending:
             continue
         anchor = next((by_id[i] for i in unit if by_id[i].running and _keeps_running(by_id[i], out)), None)
+        types = _gpu_types(pending, by_id)  # None: any type
         if anchor is not None:  # join the anchor's slots: no new slots are used
             where = list(anchor.placement)
             key = anchor.group or anchor.id
@@ -274,18 +277,24 @@ def _place(ctx: _Context) -> None:
                 for i in pending:
                     out.waiting[i] = f"its group's running job {anchor.id} has no known placement"
                 continue
+            if types is not None and any(gpu_type.get(wid) not in types for wid, _ in where):
+                for i in pending:
+                    out.waiting[i] = f"its group's running job {anchor.id} runs on GPU types it does not accept"
+                continue
         else:
             need = max(out.sizes[i] for i in pending)
             launchers = {by_id[i].launcher for i in pending}
-            able = [w for w in workers if launchers <= set(w.launchers)]
+            able = [w for w in workers if launchers <= set(w.launchers) and (types is None or w.gpu_type in types)]
             got = place(PlacementView(
                 need, tuple(free[w.id] for w in able), ctx.gpn,
                 tuple(None if w.cpus is None else w.cpus - cpus_used.get(w.id, 0.0) for w in able),
                 tuple(None if w.mem_gb is None else w.mem_gb - mem_used.get(w.id, 0.0) for w in able),
-                max(by_id[i].cpus_per_proc for i in pending), max(by_id[i].mem_per_proc_gb for i in pending)))
+                max(by_id[i].cpus_per_proc for i in pending), max(by_id[i].mem_per_proc_gb for i in pending),
+                tuple(w.gpu_type for w in able), next((by_id[i].model for i in pending if by_id[i].model), None)))
             if got is None:
+                typed = "" if types is None else f" of GPU type {'/'.join(sorted(types)) or '(none in common)'}"
                 for i in pending:
-                    out.waiting[i] = f"{need} slots do not fit on free slots {free}"
+                    out.waiting[i] = f"{need} slots{typed} do not fit on free slots {free}"
                 continue
             where = [(able[i].id, k) for i, k in got]
             for wid, k in where:
@@ -351,6 +360,16 @@ def _resources_used(jobs: tuple[JobState, ...]) -> tuple[dict[str, float], dict[
                 cpus[wid] = cpus.get(wid, 0.0) + k * j.cpus_per_proc
                 mem[wid] = mem.get(wid, 0.0) + k * j.mem_per_proc_gb
     return cpus, mem
+
+
+def _gpu_types(pending: list[str], by_id: dict[str, JobState]) -> frozenset[str] | None:
+    """The GPU types every pending member of a unit accepts (they share slots), None when none restricts it."""
+    out: frozenset[str] | None = None
+    for i in pending:
+        if by_id[i].gpu_types:
+            mine = frozenset(by_id[i].gpu_types)
+            out = mine if out is None else out & mine
+    return out
 
 
 def _keeps_running(j: JobState, out: Plan) -> bool:

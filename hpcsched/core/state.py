@@ -38,6 +38,10 @@ class JobState:
     in_place: bool = False  # running elastic Horovod: resizable in place on the node(s) it runs on
     cpus_per_proc: float = 0.0  # what each of its processes needs beside its slot (resource-aware placement)
     mem_per_proc_gb: float = 0.0
+    # the GPU types it accepts (lower case, as workers advertise them); empty: any. Its units go only to workers
+    # of these types, so a job tuned for (or only correct on) one type never lands on another
+    gpu_types: tuple[str, ...] = ()
+    model: str | None = None  # its model as Gavel's throughput table names it (throughput-aware placement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class WorkerState:
     launchers: tuple[str, ...] = ("torchrun",)
     cpus: float | None = None  # what it has beside its slots, where known (resource-aware placement)
     mem_gb: float | None = None
+    gpu_type: str = ""  # what it advertises (lower case: "v100", "cpu", ...); "": not advertised (accepts no typed job)
 
 
 @dataclass(frozen=True, slots=True)

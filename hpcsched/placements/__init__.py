@@ -25,8 +25,10 @@ from hpcsched.plugins import PluginRegistry
 
 @dataclass(frozen=True, slots=True)
 class PlacementView:
-    """A unit to place (``need`` slots) and the candidate workers (those that have its launcher), in the core's
-    worker order: free slots, and free CPUs and memory where the worker states them (None: not tracked)."""
+    """A unit to place (``need`` slots) and the candidate workers (those that have its launcher and a GPU type
+    it accepts), in the core's worker order: free slots, free CPUs and memory where the worker states them (None:
+    not tracked), and each one's GPU type with the unit's model for steps that weigh speed by type (fields a step
+    does not read keep their defaults, so views built before they existed mean the same)."""
 
     need: int
     free: tuple[int, ...]
@@ -35,6 +37,8 @@ class PlacementView:
     mem_free_gb: tuple[float | None, ...] = ()
     cpus_per_proc: float = 0.0
     mem_per_proc_gb: float = 0.0
+    gpu_types: tuple[str, ...] = ()  # each candidate's GPU type ("" or absent: not advertised)
+    model: str | None = None  # the unit's model as Gavel's throughput table names it, where the job says
 
     def usable(self) -> list[int]:
         """Free slots per candidate that its free CPUs and memory can also feed."""
