@@ -50,7 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "Submit a training job; relative paths in its command resolve from the job file's folder."),
     "jobs": ("hpcsched.runtime.cli", "List jobs with their state, size, progress and loss."),
     "cancel": ("hpcsched.runtime.cli", "Cancel a job: a running one checkpoints and stops."),
-    "workers": ("hpcsched.runtime.cli", "List the workers the controller knows, their slots and liveness."),
+    "workers": ("hpcsched.runtime.cli", "List the workers the controller knows: slots, GPUs and their type, liveness."),
     "profile": ("hpcsched.runtime.cli", "Write measured stage times (Muri CSV) and scaling curves (BFTrainer JNPs + "
                 "Jbnd CSV) for the simulator."),
     "testbed": ("hpcsched.testbed.cli",

@@ -68,10 +68,13 @@ def worker(
     address_file: Path = typer.Option(None, "--address-file", help="file the controller writes its HOST:PORT to: "
                                       "read at start (without --controller) and again whenever the controller is "
                                       "unreachable (it restarted on a new port)"),
-    config: Path = typer.Option(None, "--config", "-c", help="worker YAML (controller, name, slots, gpus, token_file)"),
+    config: Path = typer.Option(None, "--config", "-c", help="worker YAML (controller, name, slots, gpus, gpu_type, "
+                                "token_file)"),
     name: str = typer.Option(None, "--name", help="worker id (default: the host name)"),
     slots: int = typer.Option(None, "--slots", help="processes this node runs at once (default: GPUs, else 1)"),
     gpus: int = typer.Option(None, "--gpus", help="GPUs offered (default: what torch sees)"),
+    gpu_type: str = typer.Option(None, "--gpu-type", help="GPU type advertised to the controller, e.g. v100 (default: "
+                                 "from nvidia-smi; cpu without GPUs; unknown when it cannot tell)"),
     host: str = typer.Option(None, "--host", help="address other nodes reach this node at (default: the address "
                              "its traffic to the controller leaves from; 127.0.0.1 for a controller on loopback)"),
     token_file: Path = typer.Option(None, "--token-file", help="shared token (else $HPCSCHED_TOKEN)"),
@@ -93,7 +96,7 @@ def worker(
 
     _logging(verbose)
     file = read_worker_config(config) if config else {}
-    flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "host": host,
+    flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "gpu_type": gpu_type, "host": host,
              "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace, "address_file": address_file,
              "orphan_timeout_s": orphan_timeout}
     kw = file | {k: v for k, v in flags.items() if v is not None}
@@ -110,6 +113,7 @@ def worker(
     if "gpus" not in kw:
         kw["gpus"] = _visible_gpus()
     kw.setdefault("slots", kw["gpus"] or 1)
+    _gpu_type(kw, "--gpu-type" if gpu_type is not None else f"gpu_type: in {config}")
     kw.setdefault("name", socket.gethostname())
     if "host" not in kw:  # the node's address on the controller's network, not an assumed 127.0.0.1
         from hpcsched.runtime.hostaddr import address_towards
@@ -118,6 +122,25 @@ def worker(
     kw.setdefault("work_dir", Path("hpcsched-worker") / kw["name"])
     cfg = WorkerConfig(token=token, cpus=os.cpu_count() or 1, **kw)
     Worker(cfg).run(_until_signal())
+
+
+def _gpu_type(kw: dict, given_by: str) -> None:
+    """Set ``kw["gpu_type"]``: the one given (checked, lower-cased), else detected; the worker log says which."""
+    import logging
+
+    from hpcsched.runtime import gputype
+    from hpcsched.runtime.config import gpu_type_name
+
+    wlog = logging.getLogger("hpcsched.runtime.worker")
+    if "gpu_type" in kw:
+        try:
+            kw["gpu_type"] = gpu_type_name(kw["gpu_type"])
+        except ValueError as e:
+            raise InputError(given_by, str(e)) from None
+        wlog.info("GPU type %s (from %s)", kw["gpu_type"], given_by)
+        return
+    kw["gpu_type"], how = gputype.detect(kw["gpus"])
+    (wlog.warning if kw["gpu_type"] == "unknown" else wlog.info)("GPU type %s (%s)", kw["gpu_type"], how)
 
 
 def _visible_gpus() -> int:
@@ -220,8 +243,9 @@ def workers(
     address_file: Path = _ADDRESS_FILE,
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
+    as_json: bool = typer.Option(False, "--json", help="one object per worker (keys: the WorkerInfo fields)"),
 ) -> None:
-    """List the workers the controller knows, their slots and liveness."""
+    """List the workers the controller knows: slots, GPUs and their type, liveness."""
     from rich.console import Console
     from rich.table import Table
 
@@ -231,9 +255,14 @@ def workers(
         rows = _client(controller, address_file, token_file, tls_ca).workers()
     except ClientError as e:
         _fail(e)
-    t = Table("worker", "host", "slots", "used", "alive")
+    if as_json:
+        fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []  # every field, set or not
+        print(json.dumps([{k: getattr(w, k) for k in fields} for w in rows], indent=1))
+        return
+    t = Table("worker", "host", "slots", "used", "gpus", "gpu type", "alive")
     for w in rows:
-        t.add_row(w.worker_id, w.host, str(w.slots), str(w.used), "yes" if w.alive else "no")
+        t.add_row(w.worker_id, w.host, str(w.slots), str(w.used), str(w.gpus), w.gpu_type or "-",
+                  "yes" if w.alive else "no")
     Console().print(t)
 
 

@@ -38,6 +38,11 @@ MAX_CURVE_POINTS = 256
 INT32_MAX = 2**31 - 1  # procs, min_procs, max_procs, scaling sizes: int32 in the proto (LaunchTask.nprocs, ...)
 INT64_MAX = 2**63 - 1  # steps: int64 in the proto (JobInfo.steps_total, Progress.step) and SQLite's INTEGER
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX: what execve and every shell accept
+# A GPU type as workers advertise it and jobs ask for it: one short lower-case word ("v100", "a100-80gb", "cpu"),
+# compared exactly, so both sides are lower-cased when read (a "V100" worker serves a "v100" job).
+GPU_TYPE = re.compile(r"[a-z0-9][a-z0-9_.+-]{0,31}")
+MAX_GPU_TYPES = 16  # types one job may accept
+MAX_MODEL_CHARS = 128
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~20x faster, same errors and marks
 
@@ -383,6 +388,7 @@ class WorkerConfig:
     host: str = "127.0.0.1"  # address other nodes use to reach this one (the rank-0 store)
     slots: int = 1
     gpus: int = 0
+    gpu_type: str = ""  # advertised to the controller; the CLI gives or detects it (``runtime.gputype``); "": none
     cpus: int = 1
     token: str | None = None
     tls_ca: Path | None = None
@@ -393,7 +399,7 @@ class WorkerConfig:
     orphan_timeout_s: float | None = None  # leave (checkpoint, stop) after the controller is unreachable this long
 
 
-WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "token", "token_file", "tls_ca", "work_dir",
+WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "gpu_type", "token", "token_file", "tls_ca", "work_dir",
                "stop_grace_s", "warm_ranks", "address_file", "orphan_timeout_s"}
 
 
@@ -409,6 +415,11 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
     for k in ("slots", "gpus"):
         if k in doc.data:
             out[k] = doc.get(k, int, None)
+    if "gpu_type" in doc.data:
+        try:
+            out["gpu_type"] = gpu_type_name(doc.get("gpu_type", str, None))
+        except ValueError as e:
+            raise doc.fail("gpu_type", str(e)) from None
     if "work_dir" in doc.data:
         out["work_dir"] = doc.path("work_dir", base, None)
     if "stop_grace_s" in doc.data:
@@ -425,6 +436,14 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
     if token:
         out["token"] = token
     return out
+
+
+def gpu_type_name(text: str | None) -> str:
+    """A GPU type as compared everywhere: lower case, one short word; ValueError saying what is wrong."""
+    t = (text or "").strip().lower()
+    if not GPU_TYPE.fullmatch(t):
+        raise ValueError(f"{_short(text)} is not a GPU type: 1 to 32 letters, digits and _.+- (e.g. v100, a100-80gb)")
+    return t
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +464,8 @@ class JobSpec:
     curve_rates: tuple[float, ...] = ()  # elastic job with one is sized by the MILP allocator
     resize_s: float = 10.0  # seconds of progress a resize costs it (the MILP's Tup = Tdw)
     profile: tuple[float, float, float] | None = None  # declared stage seconds (data, compute, comm) per step
+    gpu_types: tuple[str, ...] = ()  # GPU types it accepts (``gpu_type:``, one or a list); empty: any
+    model: str | None = None  # what it trains, as Gavel's throughput table names it (throughput-aware placement)
 
     @property
     def elastic(self) -> bool:
@@ -452,7 +473,7 @@ class JobSpec:
 
 
 JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env", "scaling",
-            "profile"}
+            "profile", "gpu_type", "model"}
 SCALING_KEYS = {"procs", "rates", "resize_s"}
 PROFILE_KEYS = ("data_s", "compute_s", "comm_s")
 
@@ -607,6 +628,40 @@ def _env(doc: _JobDoc) -> dict[str, str]:
     return env
 
 
+def _gpu_types(doc: _JobDoc) -> tuple[str, ...]:
+    """``gpu_type: v100`` or ``gpu_type: [v100, a100]``: the types its units may run on (lower-cased, in the order
+    written, each once). Why a job names them: a batch size tuned for one card's memory, or kernels built for one
+    architecture, fail or crawl on another."""
+    node = doc.nodes.get("gpu_type")
+    if node is None:
+        return ()
+    items = node.value if isinstance(node, yaml.SequenceNode) else [node]
+    if not items:
+        raise doc.node_fail("gpu_type", node, "an empty list; leave the key out to accept any GPU type")
+    if len(items) > MAX_GPU_TYPES:
+        raise doc.node_fail("gpu_type", node, f"at most {MAX_GPU_TYPES} types, got {len(items)}")
+    out: list[str] = []
+    for n in items:
+        text = doc.text("gpu_type", n, "a GPU type")
+        try:
+            t = gpu_type_name(text)
+        except ValueError as e:
+            raise doc.node_fail("gpu_type", n, str(e)) from None
+        if t not in out:
+            out.append(t)
+    return tuple(out)
+
+
+def _model(doc: _JobDoc) -> str | None:
+    if "model" not in doc.data:
+        return None
+    model = doc.text("model", doc.nodes["model"], "the model")
+    if not model.strip() or len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise doc.fail("model", f"1 to {MAX_MODEL_CHARS} printable characters on one line, e.g. "
+                                "'ResNet-50 (batch size 64)' as Gavel's throughput table names it")
+    return model
+
+
 def _name(doc: _JobDoc, source: str) -> str:
     if "name" in doc.data:
         name = doc.text("name", doc.nodes["name"], "the name")
@@ -664,6 +719,8 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
         env=_env(doc),
         **_scaling(doc),
         **_profile(doc),
+        gpu_types=_gpu_types(doc),
+        model=_model(doc),
     )
 
 
@@ -702,6 +759,10 @@ def job_spec_yaml(spec: JobSpec) -> str:
         doc["scaling"] = {"procs": list(spec.curve_procs), "rates": list(spec.curve_rates), "resize_s": spec.resize_s}
     if spec.profile is not None:
         doc["profile"] = dict(zip(PROFILE_KEYS, spec.profile, strict=True))
+    if spec.gpu_types:
+        doc["gpu_type"] = list(spec.gpu_types)
+    if spec.model is not None:
+        doc["model"] = spec.model
     # ASCII only: every other character escaped, as YAML would otherwise read some back changed (a raw U+0085 is
     # a line break to a YAML reader, folded into a space).
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=False, width=1 << 30)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
-from hpcsched.runtime.config import MAX_NAME_CHARS, ControllerConfig, parse_job_spec
+from hpcsched.runtime.config import GPU_TYPE, MAX_NAME_CHARS, ControllerConfig, parse_job_spec
 from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, launch_tasks, resized_launch, slot_use
 from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.rpc import pb
@@ -141,12 +141,13 @@ class Controller:
                               f"{self.cfg.worker_timeout_s:g} s after it goes silent)")
             self.instance[req.worker_id] = req.instance
             w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
-                          time.time(), True)
+                          time.time(), True, req.gpu_type.lower())
             self.store.upsert_worker(w)
             self.leaving.discard(w.id)
-            self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots)
+            self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots, gpu_type=w.gpu_type)
             self.last_seen[w.id] = self.mono()
-        log.info("worker %s registered (%s, %d slots)", req.worker_id, req.host, req.slots)
+        log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
+                 req.gpus, req.gpu_type.lower() or "(not advertised)")
         self.wakeup.set()
         return pb.RegisterReply(heartbeat_interval_s=self.cfg.heartbeat_interval_s)
 
@@ -433,23 +434,35 @@ class Controller:
         failure reason, if it has one, is kept in front of it. Written only when it changes."""
         slots: dict[str, int] = {}
         count: dict[str, int] = {}
+        typed: dict[tuple[str, str], tuple[int, int]] = {}  # (launcher, GPU type) -> (slots, workers)
         for w in workers:
             for name in w.launchers:
                 slots[name] = slots.get(name, 0) + w.slots
                 count[name] = count.get(name, 0) + 1
+                s, n = typed.get((name, w.gpu_type), (0, 0))
+                typed[(name, w.gpu_type)] = (s + w.slots, n + 1)
         for j in jobs:
             if j.state != "pending":
                 continue
-            launcher, need = j.spec.launcher, j.spec.min_procs
+            launcher, need, types = j.spec.launcher, j.spec.min_procs, j.spec.gpu_types
             if not workers:
                 note = "waiting: no live worker"
             elif launcher not in slots:
                 note = f"waiting: no live worker has the {launcher} launcher"
+            elif types:  # only the workers of its types count
+                have = [typed.get((launcher, t), (0, 0)) for t in types]
+                total, n = sum(s for s, _ in have), sum(k for _, k in have)
+                kinds = "/".join(types)
+                if not n:
+                    live = sorted({w.gpu_type or "(not advertised)" for w in workers if launcher in w.launchers})
+                    note = (f"waiting: no live worker with {launcher} has GPU type {kinds} (their types: "
+                            f"{', '.join(live)})")
+                elif need > total:
+                    note = _too_big(need, n, f"{launcher} and GPU type {kinds}", total)
+                else:
+                    note = ""
             elif need > slots[launcher]:
-                n = count[launcher]
-                note = (f"waiting: needs {need} procs, and the {n} live worker{'s' if n > 1 else ''} with {launcher} "
-                        f"{'have' if n > 1 else 'has'} {slots[launcher]} slot{'s' if slots[launcher] > 1 else ''} "
-                        "in total")
+                note = _too_big(need, count[launcher], launcher, slots[launcher])
             else:
                 note = ""
             if (note and (j.message == note or j.message.endswith("; " + note))) or \
@@ -470,7 +483,7 @@ class Controller:
             now=now,
             jobs=tuple(_job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), attempt_start.get(j.id))
                        for j in jobs if j.state in ("pending", "running")),
-            workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers) for w in workers),
+            workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers, gpu_type=w.gpu_type) for w in workers),
             used=used,
         )
         return state, {j.id: j for j in jobs}, workers
@@ -691,7 +704,7 @@ class Controller:
         with self.lock:
             seen = {w.id: self._wall(self.last_seen[w.id]) for w in rows if w.id in self.last_seen}
         out = [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0), alive=w.id in seen,
-                             last_seen=seen.get(w.id, 0.0)) for w in rows[:limit]]
+                             last_seen=seen.get(w.id, 0.0), gpus=w.gpus, gpu_type=w.gpu_type) for w in rows[:limit]]
         return out, f"w{rows[limit - 1].id}" if len(rows) > limit else ""
 
 
@@ -709,7 +722,7 @@ def _page_after(token: str, kind: str, conv: Callable[[str], object]):
 
 def registration_problem(req: pb.RegisterRequest) -> str:
     """Why a RegisterRequest is refused ('' when it is not): an id that is not a short printable name, slots
-    outside 1..MAX_SLOTS, negative GPUs or CPUs, an empty or long host."""
+    outside 1..MAX_SLOTS, negative GPUs or CPUs, an empty or long host, a GPU type that is not one short word."""
     if not req.worker_id or len(req.worker_id) > MAX_WORKER_ID_CHARS or not _WORKER_ID.fullmatch(req.worker_id):
         return (f"worker id: 1 to {MAX_WORKER_ID_CHARS} characters of letters, digits and _.:@- (starting with a "
                 "letter or digit)")
@@ -723,6 +736,8 @@ def registration_problem(req: pb.RegisterRequest) -> str:
         return "launchers: at most 16 short names"
     if len(req.instance) > 64 or not req.instance.isprintable():
         return "instance: at most 64 printable characters"
+    if req.gpu_type and not GPU_TYPE.fullmatch(req.gpu_type.lower()):
+        return "gpu_type: 1 to 32 letters, digits and _.+- (e.g. v100), or empty"
     return ""
 
 
@@ -743,7 +758,13 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
         attempt_start=attempt_start if j.state == "running" else None,
         curve=ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None,
         resize_s=j.spec.resize_s, in_place=j.state == "running" and in_place_capable(j.spec),
+        gpu_types=j.spec.gpu_types, model=j.spec.model,
     )
+
+
+def _too_big(need: int, n: int, what: str, total: int) -> str:
+    return (f"waiting: needs {need} procs, and the {n} live worker{'s' if n > 1 else ''} with {what} "
+            f"{'have' if n > 1 else 'has'} {total} slot{'s' if total > 1 else ''} in total")
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

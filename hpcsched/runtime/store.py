@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS jobs_seq ON jobs(seq);
 """
 # Columns added after the first release: added to an older state file when its owner opens it.
-_ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"), ("jobs", "owner", "TEXT"))
+_ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"), ("jobs", "owner", "TEXT"),
+                  ("workers", "gpu_type", "TEXT NOT NULL DEFAULT ''"))  # '': registered before workers had types
 _ADDED_INDEXES = "CREATE UNIQUE INDEX IF NOT EXISTS jobs_request ON jobs(request_id) WHERE request_id IS NOT NULL;"
 MAX_REQUEST_ID_CHARS = 128
 
@@ -146,6 +147,15 @@ class WorkerRow:
     launchers: tuple[str, ...]
     registered: float
     alive: bool
+    gpu_type: str = ""  # as advertised; "": a worker (or a state file) from before GPU types
+
+
+# Named, not ``*``: columns added by ``_migrate`` follow the first release's, and a row is read positionally.
+_WORKER_COLS = "id, host, slots, gpus, cpus, launchers, registered, alive, gpu_type"
+
+
+def _worker_row(r: tuple) -> WorkerRow:
+    return WorkerRow(r[0], r[1], r[2], r[3], r[4], tuple(x for x in r[5].split(",") if x), r[6], bool(r[7]), r[8] or "")
 
 
 def _spec_to_json(s: JobSpec) -> str:
@@ -153,13 +163,13 @@ def _spec_to_json(s: JobSpec) -> str:
         "name": s.name, "command": list(s.command), "launcher": s.launcher, "procs": s.procs,
         "min_procs": s.min_procs, "max_procs": s.max_procs, "steps": s.steps, "workdir": s.workdir, "env": s.env,
         "curve_procs": list(s.curve_procs), "curve_rates": list(s.curve_rates), "resize_s": s.resize_s,
-        "profile": list(s.profile) if s.profile else None,
+        "profile": list(s.profile) if s.profile else None, "gpu_types": list(s.gpu_types), "model": s.model,
     })
 
 
 def _spec_from_json(text: str) -> JobSpec:
     d = json.loads(text)  # rows written before the scaling fields existed simply lack them: defaults
-    for k in ("command", "curve_procs", "curve_rates", "profile"):
+    for k in ("command", "curve_procs", "curve_rates", "profile", "gpu_types"):
         if d.get(k) is not None:
             d[k] = tuple(d[k])
     return JobSpec(**d)
@@ -355,9 +365,9 @@ class Store:
         return self._jobs(" WHERE seq > ?", (after_seq,), limit)
 
     def workers_page(self, after_id: str, limit: int) -> list[WorkerRow]:
-        rows = self.db.execute("SELECT * FROM workers WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)).fetchall()
-        return [WorkerRow(r[0], r[1], r[2], r[3], r[4], tuple(x for x in r[5].split(",") if x), r[6], bool(r[7]))
-                for r in rows]
+        rows = self.db.execute(f"SELECT {_WORKER_COLS} FROM workers WHERE id > ? ORDER BY id LIMIT ?",
+                               (after_id, limit)).fetchall()
+        return [_worker_row(r) for r in rows]
 
     def jobs(self, states: tuple[str, ...] | None = None, ids: list[str] | None = None) -> list[JobRow]:
         where, args = [], []
@@ -428,14 +438,13 @@ class Store:
     # workers --------------------------------------------------------------------------------------
     def upsert_worker(self, w: WorkerRow) -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO workers VALUES (?,?,?,?,?,?,?,?)",
-            (w.id, w.host, w.slots, w.gpus, w.cpus, ",".join(w.launchers), w.registered, int(w.alive)),
+            f"INSERT OR REPLACE INTO workers ({_WORKER_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            (w.id, w.host, w.slots, w.gpus, w.cpus, ",".join(w.launchers), w.registered, int(w.alive), w.gpu_type),
         )
 
     def workers(self) -> list[WorkerRow]:
-        rows = self.db.execute("SELECT * FROM workers ORDER BY id").fetchall()
-        return [WorkerRow(r[0], r[1], r[2], r[3], r[4], tuple(x for x in r[5].split(",") if x), r[6], bool(r[7]))
-                for r in rows]
+        rows = self.db.execute(f"SELECT {_WORKER_COLS} FROM workers ORDER BY id").fetchall()
+        return [_worker_row(r) for r in rows]
 
     def set_worker_alive(self, worker_id: str, alive: bool) -> None:
         self.db.execute("UPDATE workers SET alive = ? WHERE id = ?", (int(alive), worker_id))

@@ -332,12 +332,13 @@ class Worker:
     def _register(self) -> None:
         req = pb.RegisterRequest(worker_id=self.cfg.name, host=self.cfg.host, slots=self.cfg.slots,
                                  gpus=self.cfg.gpus, cpus=os.cpu_count() or 1, launchers=self.launchers,
-                                 instance=self.instance)
+                                 instance=self.instance, gpu_type=self.cfg.gpu_type)
         reply = self.stub.Register(req, timeout=10, metadata=self.md)
         self.interval = reply.heartbeat_interval_s or 1.0
         self._refused_logged = ""
-        log.info("registered with %s as %s (%d slots, launchers %s)", self.cfg.controller, self.cfg.name,
-                 self.cfg.slots, ",".join(self.launchers))
+        log.info("registered with %s as %s (%d slots, %d GPUs of type %s, launchers %s)", self.cfg.controller,
+                 self.cfg.name, self.cfg.slots, self.cfg.gpus, self.cfg.gpu_type or "(not advertised)",
+                 ",".join(self.launchers))
 
     def _heartbeat(self) -> pb.HeartbeatRequest:
         req = pb.HeartbeatRequest(worker_id=self.cfg.name, spare_port=spare_port(self.cfg.host),
