@@ -30,6 +30,7 @@ from hpcsched.errors import InputError
 from hpcsched.runtime.client import Client, ClientError
 from hpcsched.runtime.config import (
     ENV_NAME,
+    GPU_TYPE,
     INT32_MAX,
     INT64_MAX,
     LAUNCHERS,
@@ -198,7 +199,9 @@ def job_specs(draw: st.DrawFn) -> JobSpec:
         steps=draw(st.none() | st.integers(1, INT64_MAX)), workdir=draw(_text.filter(bool)),
         env=draw(st.dictionaries(st.from_regex(ENV_NAME, fullmatch=True).filter(lambda s: len(s) < 30), _text,
                                  max_size=6)),
-        profile=profile, **curve)
+        profile=profile, **curve,
+        gpu_types=tuple(draw(st.lists(st.from_regex(GPU_TYPE, fullmatch=True), max_size=3, unique=True))),
+        model=draw(st.none() | _name))
 
 
 @settings(max_examples=300, deadline=None)
