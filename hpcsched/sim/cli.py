@@ -72,7 +72,8 @@ def simulate_cmd(
         "consolidated", "--placement",
         help="With --as-controller: where a job's GPUs go (hpcsched.placements): consolidated (fewest nodes, "
              "first fit), spread (one at a time on the node with most free), resource-aware (only GPUs whose "
-             "node has the CPUs and memory to feed them)."),
+             "node has the CPUs and memory to feed them), throughput-aware (the GPU type fastest for the job's "
+             "model; the simulated nodes have no type, so here it places as consolidated)."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
