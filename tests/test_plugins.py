@@ -224,3 +224,28 @@ def test_the_sizing_solver_is_an_option_of_the_request() -> None:
         assert p.sizes == {"a": 1, "b": 3} and p.sizing == {"a": "optimal", "b": "optimal"}, solver
     greedy = decide(DecideRequest(state, fifo, DecideOptions(solver="greedy")))
     assert set(greedy.sizing.values()) != {"optimal"}
+
+
+def test_controller_config_regroup(tmp_path) -> None:  # noqa: ANN001
+    """`regroup: replan` in the controller's YAML runs the policy's groups as designed (the simulator's default
+    mode); anything but keep / replan is an error naming the file and key."""
+    from hpcsched.errors import InputError
+    from hpcsched.runtime import scheduler
+    from hpcsched.runtime.config import read_controller_config
+
+    (tmp_path / "c.yaml").write_text("policy: fifo\nregroup: replan\n")
+    assert read_controller_config(tmp_path / "c.yaml").regroup == "replan"
+    assert read_controller_config(_yaml(tmp_path, "d.yaml", "policy: fifo\n")).regroup == "keep"
+    with pytest.raises(InputError, match="regroup"):
+        read_controller_config(_yaml(tmp_path, "e.yaml", "regroup: sometimes\n"))
+    pair = lambda s: [Group(("a", "b"), 1.0)]  # noqa: E731
+    running = ClusterState(1.0, (JobState("a", 0, True, 1, 1, 1, group="a", placement=(("w0", 1),)),
+                                 JobState("b", 0, True, 1, 1, 1, group="b", placement=(("w1", 1),))),
+                           (WorkerState("w0", 1), WorkerState("w1", 1)), {"w0": 1, "w1": 1})
+    assert scheduler.plan(running, pair).stops == {}
+    assert scheduler.plan(running, pair, regroup="replan").stops == {"b": "preempt"}
+
+
+def _yaml(d, name: str, text: str):  # noqa: ANN001, ANN202
+    (d / name).write_text(text)
+    return d / name

@@ -258,6 +258,7 @@ class ControllerConfig:
     admission: str = "accept-all"  # the decision core's admission step (hpcsched.admission)
     load_threshold: float = 1.0  # load-based admission: admitted demand up to this x the live slots
     placement: str = "consolidated"  # the decision core's placement step (hpcsched.placements)
+    regroup: str = "keep"  # keep: running jobs never move to form groups; replan: the policy as designed
     rpc_stats_file: Path | None = None  # per-RPC handler time quantiles (JSON), written when the controller stops
     # node_source: static (workers register themselves) or slurm (the controller submits pilot jobs: pilots.py)
     pilots: PilotConfig | None = None  # the ``slurm:`` section when node_source is slurm
@@ -268,7 +269,7 @@ CONTROLLER_KEYS = {
     "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
-    "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement",
+    "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
     "node_source", "slurm",
 }
 
@@ -348,6 +349,7 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         admission=_step(doc, "admission", "accept-all"),
         load_threshold=doc.non_negative("load_threshold", float, 1.0),
         placement=_step(doc, "placement", "consolidated"),
+        regroup=_regroup(doc),
         rpc_stats_file=doc.path("rpc_stats_file", base, None),
         pilots=_node_source(doc, base),
     )
@@ -364,6 +366,15 @@ def _node_source(doc: _Doc, base: Path) -> PilotConfig | None:
         return None
     return read_pilot_config(doc.data.get("slurm"), doc.source, doc.lines.get("slurm", doc.lines.get("node_source")),
                              base)
+
+
+def _regroup(doc: _Doc) -> str:
+    """``keep`` (default: a running job is never stopped to form a group) or ``replan`` (groups as the policy
+    designs them: running jobs are stopped and placed again to join them, as the simulator's default mode)."""
+    value = doc.get("regroup", str, "keep")
+    if value not in ("keep", "replan"):
+        raise doc.fail("regroup", f"expected keep or replan, got {value!r}")
+    return value
 
 
 def _step(doc: _Doc, key: str, default: str) -> str:

@@ -491,7 +491,7 @@ class Controller:
     def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
         plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s,
                               admission=self.cfg.admission, load_threshold=self.cfg.load_threshold,
-                              placement=self.cfg.placement)
+                              placement=self.cfg.placement, regroup=self.cfg.regroup)
         if plan.sizing:
             self._note_sizing(plan.sizing)
         return plan

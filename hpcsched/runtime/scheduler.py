@@ -26,13 +26,13 @@ def resolve_policy(name: str) -> Policy:
 
 def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s: float = 0.0,
          tfwd_s: float = 60.0, *, admission: str = "accept-all", load_threshold: float = 1.0,
-         placement: str = "consolidated") -> Plan:
+         placement: str = "consolidated", regroup: str = "keep") -> Plan:
     """Decide which jobs run, at which size, and where new ones go (``policy_name``: registered name, or the
     policy itself; ``min_runtime_s``: the hysteresis rule of ``hpcsched.core.decide``; ``admission`` and
-    ``placement``: its plug-in steps by name)."""
+    ``placement``: its plug-in steps by name; ``regroup``: keep running jobs where they are, or replan)."""
     if not state.jobs:
         return Plan()
     policy = resolve_policy(policy_name) if isinstance(policy_name, str) else policy_name
     options = DecideOptions(min_runtime_s=min_runtime_s, tfwd_s=tfwd_s, admission=admission,
-                            load_threshold=load_threshold, placement=placement)
+                            load_threshold=load_threshold, placement=placement, regroup=regroup)
     return decide(DecideRequest(state, policy, options))
