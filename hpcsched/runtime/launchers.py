@@ -119,8 +119,12 @@ def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     env = _env(t, devices)
     if t.node_rank != 0:
         return None, env
+    # ras/plm ^slurm: in a pilot (a Slurm job) Open MPI would take Slurm's allocation (the pilot's one node) over
+    # --host and refuse to start ("All nodes which are allocated for this job are already filled"), and would
+    # start remote daemons with srun; the controller places the ranks, so --host is the allocation.
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size),
-           "--host", merged_hosts(list(t.hosts)), "--bind-to", "none", *mpi_remote_args(t, python)]
+           "--host", merged_hosts(list(t.hosts)), "--bind-to", "none", "--mca", "ras", "^slurm", "--mca", "plm",
+           "^slurm", *mpi_remote_args(t, python)]
     for k in sorted(env):  # the job's own variables and ours reach every rank, remote ones included
         cmd += ["-x", k]
     return [*cmd, *RANK_SHIM, *_program(list(t.command), python)], env
