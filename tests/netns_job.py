@@ -114,6 +114,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--step-ms", type=float, default=50.0)
+    ap.add_argument("--work-ms", type=float, default=None,
+                    help="strong scaling: a step takes WORK_MS / world size (instead of --step-ms at any size)")
     args = ap.parse_args()
     stop = StopFlag()
     comm = MpiSum() if args.comm == "mpi" else TcpSum(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
@@ -124,8 +126,9 @@ def main() -> int:
     step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
     rep = Reporter(rank, world, step if ckpt.exists() else -1)
     rep.report(step, loss=0.0)
+    step_s = (args.work_ms / world if args.work_ms is not None else args.step_ms) / 1e3
     while step < steps:
-        time.sleep(args.step_ms / 1e3)
+        time.sleep(step_s)
         total, stopping = comm.sum((float(rank + 1), float(stop.requested or superseded(ckpt_dir))))
         assert total == world * (world + 1) / 2, (total, world)  # every rank took part
         step += 1
