@@ -249,3 +249,20 @@ def test_controller_config_regroup(tmp_path) -> None:  # noqa: ANN001
 def _yaml(d, name: str, text: str):  # noqa: ANN001, ANN202
     (d / name).write_text(text)
     return d / name
+
+
+def test_an_admitted_elastic_job_the_milp_would_pause_is_held_at_its_minimum() -> None:
+    """Two slots, two admitted elastic jobs of 1..2: the MILP alone would pause the flat one (0 + 2 nodes of the
+    steep one: 230 samples/s against 100 + 100), but both were admitted and run. The flat one is held at its
+    minimum, the steep one sized over what is left, and the status says a job was held (no longer 'does not
+    fit: minimum sizes' with every size left as admitted)."""
+    from hpcsched.model import ScalingCurve
+
+    flat, steep = ScalingCurve((1, 2), (100, 100.5)), ScalingCurve((1, 2), (100, 230))
+    jobs = (JobState("a", 0, False, 0, 1, 2, curve=flat), JobState("b", 1, False, 0, 1, 2, curve=steep))
+    fifo = lambda s: [Group((j.id,)) for j in sorted(s.jobs, key=lambda j: j.submit)]  # noqa: E731
+    p = decide(DecideRequest(ClusterState(0, jobs, (WorkerState("w0", 2),)), fifo))
+    assert p.sizes == {"a": 1, "b": 1}
+    assert p.sizing == {"a": "optimal, 1 held at their minimum", "b": "optimal, 1 held at their minimum"}
+    three = decide(DecideRequest(ClusterState(0, jobs, (WorkerState("w0", 3),)), fifo))
+    assert three.sizes == {"a": 1, "b": 2} and three.sizing["b"] == "optimal"  # room for both: the joint optimum

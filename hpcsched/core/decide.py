@@ -132,33 +132,46 @@ def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[st
                 tfwd_s: float, first: str = "highs") -> tuple[int, str]:
     """Resize the curve jobs ``ids`` (admitted at ``sizes``) with the MILP over their slots plus ``left``;
     returns the slots left and how the sizes were reached (the allocator's status, or why it was not used).
-    Keeps the admitted sizes if no solver runs or its answer does not fit."""
+
+    The MILP may pause a job (0 nodes: BFTrainer's model), but every job here was admitted and runs at least
+    at its minimum. A job the answer pauses is held at its minimum and the others are sized again over what
+    is left (at most once per job); the status then says how many were held, since the result is the best
+    for the others, not the joint optimum. Keeps the admitted sizes if no solver runs."""
     from hpcsched.milp import JobState as MilpJob
     from hpcsched.milp import Problem, SolverUnavailable, allocate
 
-    pool_n = left + sum(sizes[i] for i in ids)
-    pool = tuple(f"s{k}" for k in range(pool_n))
-    states, k = [], 0
-    for i in ids:
-        j = by_id[i]
-        held = min(j.procs if j.running else 0, pool_n - k)  # its current count: resizes cost it resize_s
-        ej = ElasticJob(i, j.submit, j.min_procs, j.max_procs, j.curve, 1.0, j.resize_s, j.resize_s)
-        states.append(MilpJob(ej, nodes=pool[k:k + held]))
-        k += held
-    problem = Problem(tuple(states), pool, tfwd=tfwd_s)
-    for solver in dict.fromkeys((first, "dp")):  # the chosen one, else the exact dynamic programme (no package)
-        try:
-            d = allocate(problem, solver, time_limit=2.0)
-            break
-        except SolverUnavailable:
+    free, held_at_min = list(ids), 0
+    while free:
+        pool_n = left + sum(sizes[i] for i in free)
+        pool = tuple(f"s{k}" for k in range(pool_n))
+        states, k = [], 0
+        for i in free:
+            j = by_id[i]
+            now = min(j.procs if j.running else 0, pool_n - k)  # its current count: resizes cost it resize_s
+            ej = ElasticJob(i, j.submit, j.min_procs, j.max_procs, j.curve, 1.0, j.resize_s, j.resize_s)
+            states.append(MilpJob(ej, nodes=pool[k:k + now]))
+            k += now
+        problem = Problem(tuple(states), pool, tfwd=tfwd_s)
+        for solver in dict.fromkeys((first, "dp")):  # the chosen one, else the exact dynamic programme (no package)
+            try:
+                d = allocate(problem, solver, time_limit=2.0)
+                break
+            except SolverUnavailable:
+                continue
+        else:
+            return left, "no solver: minimum sizes"
+        paused = [i for i in free if d.counts[i] < sizes[i]]
+        if paused:  # admitted jobs run: hold them at their minimum, size the rest over what is left
+            held_at_min += len(paused)
+            free = [i for i in free if i not in paused]
             continue
-    else:
-        return left, "no solver: minimum sizes"
-    new = {i: max(d.counts[i], sizes[i]) for i in ids}  # admitted jobs run: never below their minimum
-    if sum(new.values()) > pool_n:
-        return left, f"{d.solver} {d.status} answer does not fit: minimum sizes"
-    sizes.update(new)
-    return pool_n - sum(new.values()), d.status if d.status == "optimal" else f"{d.solver} {d.status}"
+        if sum(d.counts[i] for i in free) > pool_n:
+            return left, f"{d.solver} {d.status} answer does not fit: minimum sizes"
+        sizes.update({i: d.counts[i] for i in free})
+        left = pool_n - sum(d.counts[i] for i in free)
+        status = d.status if d.status == "optimal" else f"{d.solver} {d.status}"
+        return left, status if not held_at_min else f"{status}, {held_at_min} held at their minimum"
+    return left, f"every job held at its minimum ({held_at_min})"
 
 
 @dataclass(slots=True)
