@@ -148,8 +148,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _maybe_gavel(args: list[str]) -> bool:
+    """A cheap look at a ``simulate`` line: could it be ``--compat gavel`` or a ``type=count`` cluster? Only
+    then is the hetero package imported (every other simulate must not pay its import: issue 14)."""
+    return any(a == "gavel" or a.endswith("=gavel") or ("=" in a and not a.startswith("-")) for a in args)
+
+
 def main() -> None:
-    if sys.argv[1:2] == ["simulate"]:
+    if sys.argv[1:2] == ["simulate"] and _maybe_gavel(sys.argv[2:]):
         from hpcsched.hetero.simulate import fast_main
 
         code = fast_main(sys.argv[2:])  # None: not a plain `simulate --compat gavel` line, Typer parses it

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import typer
 
-from hpcsched.hetero.cluster import looks_hetero
 from hpcsched.progress import progress_bar, wanted
 
 # The simulator, metrics and rich are imported inside the commands, so that `hpcsched --help` and the other
@@ -81,7 +80,8 @@ def simulate_cmd(
     --policy srsf --out out/srsf --compat muri
     """
     _check_compat(compat)
-    if compat == "gavel" or looks_hetero(str(cluster)):  # Gavel's policies and round mechanism (issue 19)
+    if compat == "gavel" or ("=" in str(cluster) and "/" not in str(cluster)):  # a type=count cluster string:
+        # Gavel's policies and round mechanism (issue 19; ``hetero.cluster.looks_hetero``, not imported: start-up)
         from hpcsched.hetero.simulate import simulate_command  # before the simulator's imports: start-up counts
 
         simulate_command(trace, str(cluster), policy, out, as_json)

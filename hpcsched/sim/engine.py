@@ -67,7 +67,6 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.allocator import Group, JobView, Policy, Snapshot, hints_of, policy_name
 from hpcsched.compat import MODES as COMPAT_MODES
-from hpcsched.compat.accounting import ReferenceAccounting, ReferenceLists, list_position
 from hpcsched.compat.muri import CompatRules
 from hpcsched.core import placement as pl
 from hpcsched.core.replan import Planned, Planner
@@ -294,18 +293,27 @@ class _Engine(Planner):
         self.fast = not self.compat and hints.runs_every_job
         # compat + service thresholds (Tiresias): the reference's per-queue lists, whose order is history
         self.queued = self.compat and bool(self.thresholds)
-        self.lists = ReferenceLists(self) if self.queued else None
+        self.lists: Any = None
+        if self.queued:
+            from hpcsched.compat.accounting import ReferenceLists  # compat only: a default run skips its import
+
+            self.lists = ReferenceLists(self)
         # the event core (one heap) and how progress is settled: the simulator's lazy accounting, or the
         # reference's per-event one (``hpcsched.compat.accounting``)
         self.queue = EventQueue(self._live_entry)
-        self.acct: LazyAccounting | ReferenceAccounting = (
-            ReferenceAccounting(self, self.rules) if self.compat else LazyAccounting(self))
+        self.acct: Any = LazyAccounting(self)
+        if self.compat:
+            from hpcsched.compat.accounting import ReferenceAccounting
+
+            self.acct = ReferenceAccounting(self, self.rules)
         self.next_arrival = 0  # the arrival cursor: jobs in submit order, one ARRIVAL entry ahead
         okey = hints.order_key
         self.jkey: Callable[[JobRun], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
         if okey is not None and (not self.compat or not hints.compat_rank_order):
             self.jkey = lambda j: okey(j.live or self._live(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
+            from hpcsched.compat.accounting import list_position
+
             self.jkey = list_position
         # static order keys (FIFO): the running jobs' (key, idx), kept sorted as they start and stop (item 9)
         self.rsorted: list[tuple[Any, int]] | None = [] if self.jkey is not None and hints.order_key_static and \
