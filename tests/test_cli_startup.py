@@ -268,3 +268,39 @@ def test_simulate_writes_what_pandas_wrote(tmp_path: Path, trace3: list, n8g8: A
         assert list(result.timeline.columns) == ["time", "busy_gpus", "running_jobs", "queued_jobs"]
         assert len(result.timeline) == result.events and str(result.timeline.dtypes.iloc[2]) == "float64"
         assert _same_bits(result.summary(), _pandas_summary(result.frame(), result.meta))
+
+
+def test_plain_simulate_line_skips_building_typer_and_says_what_typer_says(tmp_path: Path) -> None:
+    """``hpcsched simulate --trace T --cluster C --policy P --out D [--compat muri] [--json]`` runs the command
+    function without building the Typer app (its pydantic adapters were a fifth of the start-up): same JSON,
+    same files and the same errors and exit codes as through Typer; any other word goes to Typer."""
+    import json
+    import subprocess
+    import sys
+
+    from hpcsched.cli import _fast_simulate
+
+    root = Path(__file__).resolve().parents[1]
+    base = ["--trace", str(root / "trace-data/muri/trace3.csv"), "--cluster", str(root / "cluster_spec/n8g8.csv")]
+    for extra in (["--help"], ["--restart-s", "0"], ["--as-controller"], ["--compat", "gavel"]):
+        assert _fast_simulate([*base, "--policy", "fifo", "--out", str(tmp_path / "x"), *extra]) is None
+    assert _fast_simulate([*base, "--policy", "fifo"]) is None  # no --out: Typer's message
+    code = ("import sys; from hpcsched import cli; sys.argv = ['hpcsched'] + sys.argv[1:]; "
+            "cli.main() if sys.argv[-1] != 'typer' else (sys.argv.pop(), cli.__getattr__('app')())")
+
+    def run(policy: str, out: str, *more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-X", "importtime", "-c", code, "simulate", *base, "--policy", policy,
+                               "--out", str(tmp_path / out), "--compat", "muri", "--json", *more],
+                              capture_output=True, text=True, timeout=120)
+
+    fast, slow = run("srsf", "fast"), run("srsf", "slow", "typer")
+    assert fast.returncode == slow.returncode == 0, fast.stderr[-500:] + slow.stderr[-500:]
+    a, b = json.loads(fast.stdout), json.loads(slow.stdout)
+    for d in (a, b):
+        d.pop("wall_s"), d.pop("dir")
+    assert a == b
+    assert (tmp_path / "fast/jobs.csv").read_text() == (tmp_path / "slow/jobs.csv").read_text()
+    assert "pydantic" not in fast.stderr and "pydantic" in slow.stderr  # importtime lists every module loaded
+    bad_fast, bad_slow = run("nope", "b1"), run("nope", "b2", "typer")
+    strip = lambda text: "\n".join(x for x in text.splitlines() if not x.startswith("import time:"))  # noqa: E731
+    assert bad_fast.returncode == bad_slow.returncode == 2 and strip(bad_fast.stderr) == strip(bad_slow.stderr)
