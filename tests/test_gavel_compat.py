@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hpcsched.hetero.cluster import parse_hetero_cluster
-from hpcsched.hetero.policies import AllocationInput, FifoPolicy, MaxMinFairnessPerf, make_policy
+from hpcsched.hetero.policies import AllocationInput, FifoPolicy, MaxMinFairnessPacked, MaxMinFairnessPerf, make_policy
 from hpcsched.hetero.rounds import RoundJob, simulate_rounds
 from hpcsched.hetero.simulate import load_round_jobs, run_gavel
 from hpcsched.hetero.throughputs import load_throughputs
@@ -60,7 +60,7 @@ def _run(trace: str, policy: str, table) -> tuple[float, float]:  # noqa: ANN001
     return res.avg_jct, res.makespan
 
 
-CASES = [(t, p) for (t, p) in GAVEL if p != "max-min-fairness-packed"]
+CASES = list(GAVEL)
 
 
 @pytest.mark.parametrize(("trace", "policy"), CASES)
@@ -303,3 +303,82 @@ def test_hierarchical_fairness_by_hand() -> None:
     x = make_policy("max-min-fairness-water-filling", entity_weights={"u1": 3, "u2": 1}).allocate(
         _inp2(thr, [1] * 3, gpus, entities=users))
     assert x[:, 1] == pytest.approx([3 / 8, 3 / 8, 1 / 4], abs=1e-6)
+
+
+# ---- space sharing (max-min-fairness-packed) ------------------------------------------------------------------
+
+def _packed(iso: list[float], pair: tuple[float, float]) -> np.ndarray:
+    """Two jobs on one V100 (one GPU), isolated rates ``iso``, rates ``pair`` when they share it."""
+    inp = AllocationInput((0, 1), ("v100",), np.array([[iso[0]], [iso[1]]]), np.ones(2), np.ones(2), np.full(2, 1e6),
+                          np.zeros(2), np.array([1.0]), pairs=((0, 1),), pair_throughputs=np.array([[pair]]))
+    return MaxMinFairnessPacked(name="packed").allocate(inp)
+
+
+def test_packed_lp_by_hand() -> None:
+    """Job a keeps 0.8 of its rate in the pair, b 0.9 (rates 1 and 2 alone: normalised by each job's own).
+
+    max t: x_a + 0.8 x_p >= t, x_b + 0.9 x_p >= t, x_a + x_b + x_p <= 1. The duals (9/11, 2/11 on the jobs,
+    9/11 on the GPU) make x_b = 0 and both rows tight: x_p = 1 / 1.1 = 10/11, x_a = 1/11, t = 9/11."""
+    x = _packed([1.0, 2.0], (0.8, 1.8))
+    assert x.shape == (3, 1)  # job 0, job 1, pair (0, 1)
+    assert x[:, 0] == pytest.approx([1 / 11, 0.0, 10 / 11], abs=1e-6)
+    # a pair that slows both jobs below half their rate is never chosen: each job gets half the GPU alone
+    x = _packed([1.0, 2.0], (0.3, 0.6))
+    assert x[:, 0] == pytest.approx([0.5, 0.5, 0.0], abs=1e-6)
+
+
+def test_packed_allocations_fit_the_cluster(table) -> None:  # noqa: ANN001
+    """Per type sum(sf x) <= GPUs counting a pair once; per job its alone and pair time sums to <= 1."""
+    kinds = ["ResNet-18 (batch size 16)", "ResNet-50 (batch size 32)", "ResNet-18 (batch size 64)",
+             "ResNet-18 (batch size 256)", "ResNet-50 (batch size 64)"]
+    types = ("k80", "p100", "v100")
+    sf = [1, 1, 2, 1, 2]
+    thr = np.array([[table.isolated(k, t, s) for t in types] for k, s in zip(kinds, sf, strict=True)])
+    pairs = tuple((a, b) for a in range(5) for b in range(a + 1, 5) if sf[a] == sf[b])
+    pthr = np.array([[table.colocated(kinds[a], kinds[b], t, sf[a]) for t in types] for a, b in pairs])
+    gpus = np.array([2.0, 2.0, 2.0])
+    inp = AllocationInput(tuple(range(5)), types, thr, np.array(sf, float), np.ones(5), np.full(5, 1e6), np.zeros(5),
+                          gpus, pairs=pairs, pair_throughputs=pthr)
+    x = make_policy("max-min-fairness-packed").allocate(inp)
+    assert x.shape == (5 + len(pairs), 3) and (x >= 0).all()
+    sfc = np.array(sf + [sf[a] for a, _ in pairs], float)
+    assert ((sfc[:, None] * x).sum(axis=0) <= gpus + 1e-6).all()
+    for i in range(5):
+        rows = [i] + [5 + p for p, ab in enumerate(pairs) if i in ab]
+        assert x[rows].sum() <= 1 + 1e-6
+    assert x[5:].sum() > 0.1  # sharing pays on this table: some pair gets time
+
+
+def test_packed_mechanism_pair_by_hand(table) -> None:  # noqa: ANN001
+    """Two ResNet-18 jobs on one V100 share it (the table gives each its full rate in the pair): both run every
+    round from t = 0; job 0 ends with the first round; the pair dies with it and job 1 runs alone after that."""
+    kind = "ResNet-18 (batch size 16)"
+    iso = table.isolated(kind, "v100")
+    r0, r1 = table.colocated(kind, kind, "v100")
+    s0, s1 = int(r0 * 360), int(r1 * 360)
+    first = max(s0 / r0, s1 / r1)  # the pair's round ends when its slower job does
+    alone = int(iso * 360)
+    jobs = [RoundJob(0, kind, s0, 1, 0.0), RoundJob(1, kind, s1 + alone, 1, 0.0)]
+    seen: list[tuple[float, dict[int, str]]] = []
+    res = simulate_rounds(jobs, parse_hetero_cluster("v100=1"), make_policy("max-min-fairness-packed"), table,
+                          on_round=lambda t, s: seen.append((t, dict(s))))
+    assert seen[0] == (0.0, {0: "v100", 1: "v100"})  # both jobs on the one GPU in the first round
+    assert res.end[0] == pytest.approx(first, rel=1e-12)
+    assert res.end[1] == pytest.approx(first + alone / iso, rel=1e-12)
+    assert seen[1] == (pytest.approx(first, rel=1e-12), {1: "v100"})
+    assert res.rounds == 2
+
+
+def test_packed_cli() -> None:
+    """The packed policy through the issue's command line contract (Typer and the fast path)."""
+    from hpcsched.cli import app
+
+    path, cluster = TRACES["A4"]
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cluster", cluster, "--policy",
+                                 "max-min-fairness-packed", "--compat", "gavel", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    ref_jct, ref_makespan = GAVEL[("A4", "max-min-fairness-packed")]
+    assert out["avg_jct"] == pytest.approx(ref_jct, rel=0.01)
+    assert out["makespan"] == pytest.approx(ref_makespan, rel=0.01)
+    assert out["unfinished"] == 0 and out["solver"]["lp_solves"] > 0

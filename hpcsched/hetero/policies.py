@@ -51,6 +51,10 @@ class AllocationInput:
     prices: np.ndarray | None = None  # $ per GPU-hour per type (min cost); None: every type costs 1
     slo_left: np.ndarray | None = None  # s until each job's deadline (inf: none); min cost's SLOs
     entities: tuple[str | None, ...] = ()  # each job's user or project (hierarchical fairness)
+    # space sharing: co-located pairs (ids, smaller first, sorted) and their steps/s, pairs x types x 2
+    # (each member's rate while it shares the GPU(s) with the other); empty unless the policy shares space
+    pairs: tuple[tuple[int, int], ...] = ()
+    pair_throughputs: np.ndarray | None = None
 
 
 @dataclass
@@ -60,6 +64,7 @@ class GavelPolicy:
     name: str = ""
     heterogeneity_aware: bool = True  # False: the mechanism shuffles the type order every round (as Gavel)
     skip_zero_priority: bool = False
+    space_sharing: bool = False  # True: allocate() also rows for ``inp.pairs`` (after the single jobs)
     stats: dict[str, int] = field(default_factory=dict)
     _solvers: dict[str, highspy.Highs] = field(default_factory=dict, init=False, repr=False, compare=False)
     _answers: dict[tuple, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -76,7 +81,8 @@ class GavelPolicy:
         The interior point is a deterministic function of the program, so the answer is the same.
         """
         key = (inp.throughputs.tobytes(), inp.scale_factors.tobytes(), inp.priority_weights.tobytes(),
-               inp.gpus.tobytes(), inp.throughputs.shape)
+               inp.gpus.tobytes(), inp.throughputs.shape, inp.pairs,
+               inp.pair_throughputs.tobytes() if inp.pair_throughputs is not None else b"")
         x = self._answers.get(key)
         if x is None:
             x = solve()
@@ -323,6 +329,99 @@ class MaxMinFairnessPerf(GavelPolicy):
         thr = np.ones_like(inp.throughputs) if self.agnostic else inp.throughputs
         coef = thr / (inp.priority_weights * _proportional(thr, inp.gpus))[:, None] * inp.scale_factors[:, None]
         return self._memo(inp, lambda: np.clip(_max_min(self, coef, inp.scale_factors, inp.gpus), 0.0, 1.0))
+
+
+@dataclass
+class MaxMinFairnessPacked(GavelPolicy):
+    """Max-min fairness with space sharing (Gavel's ``max_min_fairness_packed``, ``MaxMinFairnessPolicyWithPacking``).
+
+    Why a program over combinations: two jobs sharing a GPU each run slower than alone, but together they can
+    do more than either; the program decides how much time each job gets alone and in each pair. Variables
+    ``x_cj`` for every combination c (the m single jobs, then the pairs) and type j; per type
+    ``sum_c sf_c x_cj <= GPUs`` (a pair holds ``sf`` GPUs once); per job, the time of all its combinations
+    ``<= 1``; maximise ``t`` with ``t <= sum_{c containing i} sum_j sf T_icj x_cj / (w_i P_i)``, where
+    ``T_icj`` is job i's rate in c on j and ``P_i`` its rate on an equal share of every type (from its
+    isolated rates). Gavel holds the rates in a float32 matrix divided by the weight there; so do we.
+    Returns (m + pairs) x types, the pairs' rows after the jobs' in ``inp.pairs`` order.
+    """
+
+    space_sharing: bool = True
+
+    def allocate(self, inp: AllocationInput) -> np.ndarray:
+        import numpy as np
+
+        def solve() -> np.ndarray:
+            m, n = inp.throughputs.shape
+            pairs = inp.pairs
+            pthr = inp.pair_throughputs if inp.pair_throughputs is not None else np.zeros((0, n, 2))
+            if len(pairs) != pthr.shape[0]:
+                raise ValueError(f"{len(pairs)} pairs but {pthr.shape[0]} rows of pair throughputs")
+            w32 = inp.priority_weights.astype(np.float32)
+            norm = inp.scale_factors / _proportional(inp.throughputs, inp.gpus)  # sf_i / P_i
+            single = (inp.throughputs.astype(np.float32) / w32[:, None]).astype(float) * norm[:, None]
+            row = {jid: r for r, jid in enumerate(inp.job_ids)}
+            members = [(row[a], row[b]) for a, b in pairs]
+            pair_coef = np.empty((len(pairs), n, 2))
+            for p, (ra, rb) in enumerate(members):
+                pair_coef[p, :, 0] = (pthr[p, :, 0].astype(np.float32) / w32[ra]).astype(float) * norm[ra]
+                pair_coef[p, :, 1] = (pthr[p, :, 1].astype(np.float32) / w32[rb]).astype(float) * norm[rb]
+            sf_pair = np.array([inp.scale_factors[ra] for ra, _ in members], dtype=float)
+            x = _solve_ipm(self, _packed_program(single, pair_coef, members, inp.scale_factors, sf_pair, inp.gpus))
+            return np.clip(x[:-1].reshape(m + len(pairs), n), 0.0, 1.0)
+
+        return self._memo(inp, solve)
+
+
+def _packed_program(single: np.ndarray, pair_coef: np.ndarray, members: list[tuple[int, int]], sf: np.ndarray,
+                    sf_pair: np.ndarray, gpus: np.ndarray) -> highspy.HighsLp:
+    """The space-sharing max-min LP, column-wise: x (singles then pairs, row-major over types), then t.
+
+    Rows: n type rows (``sum sf x <= GPUs``), m job rows (``sum of the job's combinations <= 1``), m objective
+    rows (``sum coef x - t >= 0``). A pair's column enters both members' job and objective rows.
+    """
+    import highspy
+    import numpy as np
+
+    m, n = single.shape
+    inf = highspy.kHighsInf
+    index: list[int] = []
+    value: list[float] = []
+    starts = [0]
+    for i in range(m):
+        for j in range(n):
+            index += [j, n + i, n + m + i]
+            value += [float(sf[i]), 1.0, float(single[i, j])]
+            starts.append(len(index))
+    for p, (a, b) in enumerate(members):
+        lo, hi = (a, b) if a < b else (b, a)  # row indices ascending within a column
+        clo, chi = (pair_coef[p, :, 0], pair_coef[p, :, 1]) if a < b else (pair_coef[p, :, 1], pair_coef[p, :, 0])
+        for j in range(n):
+            index += [j, n + lo, n + hi, n + m + lo, n + m + hi]
+            value += [float(sf_pair[p]), 1.0, 1.0, float(clo[j]), float(chi[j])]
+            starts.append(len(index))
+    index += list(range(n + m, n + 2 * m))
+    value += [-1.0] * m
+    starts.append(len(index))
+    nv = (m + len(members)) * n + 1
+    lp = highspy.HighsLp()
+    lp.num_col_ = nv
+    lp.num_row_ = n + 2 * m
+    cost = np.zeros(nv)
+    cost[-1] = -1.0
+    lp.col_cost_ = cost
+    lower = np.zeros(nv)
+    lower[-1] = -inf
+    lp.col_lower_ = lower
+    lp.col_upper_ = np.full(nv, inf)
+    lp.row_lower_ = np.concatenate([np.full(n + m, -inf), np.zeros(m)])
+    lp.row_upper_ = np.concatenate([np.asarray(gpus, dtype=float), np.ones(m), np.full(m, inf)])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(value)
+    lp.a_matrix_.num_col_ = nv
+    lp.a_matrix_.num_row_ = lp.num_row_
+    return lp
 
 
 @dataclass
@@ -648,6 +747,8 @@ POLICIES: dict[str, str] = {
     "finish-time-fairness-perf": "minimise the worst finish-time ratio rho (Themis's metric, heterogeneity-aware)",
     "min-total-duration-perf": "finish all active jobs as soon as possible (makespan)",
     "max-sum-throughput-perf": "maximise total throughput",
+    "max-min-fairness-packed": "heterogeneity-aware max-min fairness with space sharing (pairs of jobs of equal "
+                               "size co-located on a GPU type, at the pair rates of the throughput table)",
     "max-sum-throughput-normalized-by-cost-perf": "minimum cost: maximise throughput per dollar (prices: "
                                                   "type=count@$/h)",
     "max-sum-throughput-normalized-by-cost-perf-SLOs": "minimum cost, every job finishing by its SLO when "
@@ -681,4 +782,6 @@ def make_policy(name: str, seed: int = 0, *, entity_weights: dict[str, float] | 
         return MinTotalDurationPerf(name=name)
     if name == "max-sum-throughput-perf":
         return MaxSumThroughputPerf(name=name)
+    if name == "max-min-fairness-packed":
+        return MaxMinFairnessPacked(name=name)
     raise KeyError(f"unknown Gavel policy {name!r}; known: {', '.join(POLICIES)}")

@@ -122,6 +122,11 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
     speed in Gavel's simulator either). Raises ValueError when a job can never run (it needs more GPUs
     than any type has, or has no throughput anywhere): Gavel's own loop spins forever on such a trace.
     """
+    if policy.space_sharing:  # pairs of jobs share GPUs: Gavel's combination bookkeeping (its own loop)
+        from hpcsched.hetero.packing import simulate_packed_rounds
+
+        return simulate_packed_rounds(jobs, cluster, policy, table, round_s=round_s, reset_s=reset_s, seed=seed,
+                                      on_round=on_round)
     t0 = time.perf_counter()
     order = [t for t in MECHANISM_ORDER if t in cluster.types] + [t for t in cluster.types
                                                                   if t not in MECHANISM_ORDER]

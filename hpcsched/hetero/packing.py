@@ -1,0 +1,297 @@
+"""Gavel's round mechanism with space sharing: pairs of jobs co-located on one GPU type (``--compat gavel``).
+
+Why a loop of its own: with space sharing the unit Gavel schedules is a *combination* (a job alone, or a pair
+of jobs of the same scale factor sharing the same GPUs), and its bookkeeping differs from single jobs in ways
+that move the figures. Keeping it apart leaves ``rounds.simulate_rounds``' single-job loop (and the figures
+it reproduces to the millisecond) untouched. The rules, read from Gavel's ``scheduler.py`` (c4fa400:
+``add_job``, ``_populate_job_combination_metadata``, ``_add_to_priorities``, ``_remove_job``,
+``_update_priorities``, ``_reset_time_run_so_far``, ``_schedule_jobs_on_workers_helper``,
+``_get_job_steps_and_finish_times``, ``_done_callback``) and written here anew, on top of the single-job
+rules in ``rounds``' docstring:
+
+- **Pairs.** When a job arrives, a pair is formed with every active job of the same scale factor. A pair has
+  its own time received per type, deficit and allocation row; it starts with **0 s** on every type (a job
+  starts with half a round), so until the next reset its time is 0 and at that reset it is charged
+  ``-half`` received. A pair dies with the first of its jobs to end (or be dropped); the other job keeps
+  only its own row of the allocation.
+- **Order.** Per type, the combinations are taken in the order Gavel's priority dict holds them: a job,
+  then its new pairs (with the older jobs, in arrival order), job by job in arrival order; the sort by
+  (priority, deficit, allocation), highest first, is stable, so ties keep that order.
+- **Greedy pass.** A pair is skipped when either job was already given GPUs this round, or either has no
+  rate on the type; otherwise it takes ``sf`` GPUs once, for both jobs. A pair not in the current
+  allocation (formed after it) is picked like a job outside it: its GPUs idle for the round.
+- **A pair's micro-task.** Each job runs ``min(int(pair rate x round), its remaining steps)`` steps at its
+  rate in the pair (the table's pair entry for the two job types, smaller id first); the pair ends when the
+  slower of the two ends, and both jobs are charged that end. The pair (not its jobs) is charged the time,
+  once; the type's total too. Each job is credited its own steps and ends (JCT) at the pair's end when it
+  has no steps left.
+- **Failures.** A pair's micro-task fails like a job's (a GPU given no steps of either job, or no time);
+  nothing is credited, and the failure counts against neither job (Gavel counts single jobs' failures
+  only), nor does a pair's success reset their counts.
+- **Micro-tasks end** latest first, then single jobs before pairs, then by ids (Gavel's heap order).
+
+``gpu_seconds`` credits each job of a pair the GPUs it shared for the micro-task's time (the pair's GPU time
+is counted for both jobs, as Gavel's utilisation counts it; its utilisation can exceed 1 with packing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from hpcsched.hetero.cluster import HeteroCluster
+from hpcsched.hetero.rounds import MAX_FAILED_ATTEMPTS, MECHANISM_ORDER, RoundJob, RoundsResult
+
+if TYPE_CHECKING:
+    from hpcsched.hetero.policies import AllocationInput, GavelPolicy
+    from hpcsched.hetero.throughputs import ThroughputTable
+
+
+class _State:
+    """One active job's progress (its combinations' times live in ``_Combo``)."""
+
+    __slots__ = ("job", "thr", "steps_left", "failures")
+
+    def __init__(self, job: RoundJob, thr: list[float]) -> None:
+        self.job = job
+        self.thr = thr  # isolated steps/s per mechanism type index
+        self.steps_left = job.total_steps
+        self.failures = 0
+
+
+class _Combo:
+    """A job alone or a pair: what Gavel keys by ``JobIdPair``: time received, deficit, allocation, rates."""
+
+    __slots__ = ("members", "thr", "time", "deficit", "alloc")
+
+    def __init__(self, members: tuple[int, ...], thr: list[tuple[float, ...]], time0: float, n_types: int) -> None:
+        self.members = members  # (id,) or (smaller id, larger id)
+        self.thr = thr  # per mechanism type: each member's steps/s in this combination
+        self.time = [time0] * n_types
+        self.deficit = [0.0] * n_types
+        self.alloc: list[float] | None = None  # None: not in the current allocation
+
+
+def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: GavelPolicy,
+                           table: ThroughputTable, *, round_s: float, reset_s: float, seed: int = 0,
+                           on_round: Callable[[float, dict[int, str]], None] | None = None) -> RoundsResult:
+    """``rounds.simulate_rounds`` for a space-sharing policy (``policy.space_sharing``); same inputs and result.
+
+    Raises ValueError for a trace Gavel's loop would spin on (a job no type can run), and KeyError (naming
+    the job types) when the throughput table lacks a pair's rates, as Gavel's own lookup fails.
+    """
+    t0 = time.perf_counter()
+    del seed  # the packed policy is heterogeneity-aware: Gavel never shuffles its type order
+    order = [t for t in MECHANISM_ORDER if t in cluster.types] + [t for t in cluster.types
+                                                                  if t not in MECHANISM_ORDER]
+    n_types = len(order)
+    gpus = [cluster.gpus(t) for t in order]
+    lp_types = sorted(order)
+    lp_to_mech = [order.index(t) for t in lp_types]
+    for a, b in zip(jobs, jobs[1:], strict=False):
+        if b.arrival < a.arrival:
+            raise ValueError(f"job {b.id}: arrivals must be sorted (Gavel asserts it), {b.arrival} < {a.arrival}")
+    for j in jobs:
+        thr = [table.isolated(j.job_type, t, j.scale_factor) for t in order]
+        if not any(r > 0 and j.scale_factor <= g for r, g in zip(thr, gpus, strict=True)):
+            raise ValueError(f"job {j.id} ({j.job_type!r}, {j.scale_factor} GPUs) fits no GPU type of "
+                             f"{cluster} with a throughput > 0; Gavel never splits a job across types")
+    half = round_s / 2.0
+
+    active: dict[int, _State] = {}  # arrival order
+    combos: dict[tuple[int, ...], _Combo] = {}  # Gavel's priority-dict order
+    worker_time = [0.0] * n_types
+    end: list[float | None] = [None] * len(jobs)
+    first_start: list[float | None] = [None] * len(jobs)
+    gpu_seconds = [0.0] * len(jobs)
+    ptr = 0
+    remaining = len(jobs)
+    t = jobs[0].arrival if jobs else 0.0
+    round_start = 0.0
+    prev_round_end: float | None = None
+    last_reset = 0.0
+    need_update = False
+    # (finish, members, mechanism type, steps per member)
+    running: list[tuple[float, tuple[int, ...], int, list[int]]] = []
+    rounds = allocations = 0
+
+    def remove(jid: int) -> None:
+        del active[jid]
+        for key in [k for k in combos if jid in k]:
+            del combos[key]
+
+    while remaining:
+        next_arrival = jobs[ptr].arrival if ptr < len(jobs) else None
+        if next_arrival is None and not running:
+            last_reset = 0.0
+        mx = max(r[0] for r in running) if running else 0.0
+        if mx > 0:
+            if prev_round_end is not None:
+                round_start = prev_round_end
+            prev_round_end = mx
+            t = mx
+        elif next_arrival is not None:
+            t = next_arrival
+
+        running.sort(key=lambda r: (-r[0], len(r[1]), r[1]))
+        for finish, members, k, steps in running:
+            sf = active[members[0]].job.scale_factor
+            exec_s = finish - round_start
+            failed = exec_s <= 0
+            for s in steps:
+                per = s // sf
+                if (sf > 1 and per <= 0) or s - per * (sf - 1) <= 0:
+                    failed = True
+            if failed:
+                need_update = True
+                if len(members) == 1:
+                    st = active[members[0]]
+                    st.failures += 1
+                    if st.failures >= MAX_FAILED_ATTEMPTS:
+                        remove(members[0])
+                        remaining -= 1
+                continue
+            if len(members) == 1:
+                active[members[0]].failures = 0
+            combo = combos[members]
+            combo.time[k] += exec_s
+            worker_time[k] += exec_s
+            done = []
+            for jid, s in zip(members, steps, strict=True):
+                st = active[jid]
+                st.steps_left -= s
+                gpu_seconds[jid] += exec_s * sf
+                if st.steps_left <= 0:
+                    done.append(jid)
+            for jid in done:
+                end[jid] = finish
+                remove(jid)
+                remaining -= 1
+                need_update = True
+        running = []
+        if not remaining:
+            break
+
+        while ptr < len(jobs) and jobs[ptr].arrival <= t:
+            j = jobs[ptr]
+            thr = [table.isolated(j.job_type, ty, j.scale_factor) for ty in order]
+            combos[(j.id,)] = _Combo((j.id,), [(r,) for r in thr], half, n_types)
+            for oid, other in active.items():
+                if other.job.scale_factor != j.scale_factor:
+                    continue
+                lo, hi = (oid, j.id) if oid < j.id else (j.id, oid)
+                lo_t = other.job.job_type if lo == oid else j.job_type
+                hi_t = j.job_type if lo == oid else other.job.job_type
+                rates = [table.colocated(lo_t, hi_t, ty, j.scale_factor) for ty in order]
+                combos[(lo, hi)] = _Combo((lo, hi), rates, 0.0, n_types)
+            active[j.id] = _State(j, thr)
+            need_update = True
+            ptr += 1
+
+        if need_update and (t - last_reset >= reset_s or last_reset == 0):
+            elapsed = t - last_reset
+            for k in range(n_types):
+                worker_time[k] = 0.0
+                for c in combos.values():
+                    should = c.alloc[k] * elapsed if c.alloc is not None else 0
+                    c.deficit[k] += should - (c.time[k] - half)
+                    c.time[k] = half
+                    worker_time[k] += half
+            last_reset = t
+            if active:
+                inp = _packed_input(active, combos, lp_types, lp_to_mech, gpus, order, t)
+                x = policy.allocate(inp)
+                allocations += 1
+                keys = [(i,) for i in inp.job_ids] + list(inp.pairs)
+                if x.shape[0] != len(keys):
+                    raise ValueError(f"{policy.name}: {x.shape[0]} allocation rows for {len(keys)} combinations")
+                for row, key in zip(x, keys, strict=True):
+                    a = [0.0] * n_types
+                    for c_, k in enumerate(lp_to_mech):
+                        a[k] = float(row[c_])
+                    combos[key].alloc = a
+            need_update = False
+
+        queue: list[tuple[float, float, float, tuple[int, ...], int]] = []
+        for k in range(n_types):
+            wt = worker_time[k]
+            entries = []
+            for key, c in combos.items():
+                a = c.alloc
+                if a is None:
+                    entries.append((0.0, c.deficit[k], 0.0, key, k))
+                    continue
+                ak = a[k]
+                if ak == 0.0 or any(r == 0 for r in c.thr[k]):
+                    p = 0.0
+                else:
+                    frac = c.time[k] / wt if wt != 0.0 else 0.0
+                    p = ak / frac if frac > 0.0 else ak * 1e9
+                entries.append((p, c.deficit[k], ak, key, k))
+            entries.sort(key=lambda e: (e[0], e[1], e[2]), reverse=True)  # stable: ties keep the dict order
+            queue += entries
+        left = list(gpus)
+        free = sum(left)
+        taken: set[int] = set()
+        scheduled: dict[int, str] = {}
+        for _, _, _, key, k in queue:
+            if not free:
+                break
+            if not left[k] or any(m in taken for m in key):
+                continue
+            c = combos[key]
+            if any(r <= 0 for r in c.thr[k]):
+                continue
+            sf = active[key[0]].job.scale_factor
+            if sf > left[k]:
+                continue
+            left[k] -= sf
+            free -= sf
+            taken.update(key)
+            if c.alloc is None:
+                continue  # picked, but outside the allocation: Gavel gives it no GPUs, they idle
+            finish = t
+            steps = []
+            for jid, r in zip(key, c.thr[k], strict=True):
+                s = min(int(r * round_s), active[jid].steps_left)
+                steps.append(s)
+                finish = max(finish, t + s / r)
+                if first_start[jid] is None:
+                    first_start[jid] = t
+                scheduled[jid] = order[k]
+            running.append((finish, key, k, steps))
+        if on_round is not None:
+            on_round(t, scheduled)
+        if running:
+            rounds += 1
+        elif ptr >= len(jobs) and not need_update:
+            stuck = ", ".join(str(j) for j in sorted(active))
+            raise ValueError(f"no job can run and none will arrive (jobs {stuck}): Gavel's loop spins forever here")
+    return RoundsResult(list(jobs), end, first_start, t, rounds, allocations, gpu_seconds,
+                        time.perf_counter() - t0, dict(policy.stats))
+
+
+def _packed_input(active: dict[int, _State], combos: dict[tuple[int, ...], _Combo], lp_types: list[str],
+                  lp_to_mech: list[int], gpus: list[int], order: list[str], now: float) -> AllocationInput:
+    """The policy's input: single jobs sorted by id, then the live pairs sorted by ids (Gavel's matrix order)."""
+    import numpy as np
+
+    from hpcsched.hetero.policies import AllocationInput
+
+    ids = sorted(active)
+    sts = [active[i] for i in ids]
+    pairs = sorted(key for key in combos if len(key) == 2)
+    pthr = np.array([[combos[p].thr[k] for k in lp_to_mech] for p in pairs], dtype=float).reshape(len(pairs),
+                                                                                                 len(lp_types), 2)
+    return AllocationInput(
+        job_ids=tuple(ids), types=tuple(lp_types),
+        throughputs=np.array([[st.thr[k] for k in lp_to_mech] for st in sts], dtype=float),
+        scale_factors=np.array([st.job.scale_factor for st in sts], dtype=float),
+        priority_weights=np.array([st.job.priority_weight for st in sts], dtype=float),
+        steps_remaining=np.array([st.steps_left for st in sts], dtype=float),
+        times_since_start=np.array([now - st.job.arrival for st in sts], dtype=float),
+        gpus=np.array([gpus[order.index(t)] for t in lp_types], dtype=float),
+        job_types=tuple(st.job.job_type for st in sts),
+        pairs=tuple(pairs), pair_throughputs=pthr,
+    )
