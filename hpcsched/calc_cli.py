@@ -57,8 +57,58 @@ def harvest_metrics(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def is_controller_state(path: Path) -> Path | None:
+    """The controller state behind ``path``: a SQLite file, or a folder holding ``state.db`` (or ``run/state.db``)
+    and no ``jobs.csv``; None for a result directory."""
+    if path.is_dir():
+        if (path / "jobs.csv").exists():
+            return None
+        for cand in (path / "state.db", path / "run" / "state.db"):
+            if cand.is_file():
+                return cand
+        return None
+    try:
+        with path.open("rb") as f:
+            return path if f.read(16) == b"SQLite format 3\x00" else None
+    except OSError:
+        return None
+
+
+def controller_run(state: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """A controller run read from its state (read-only; the controller may still run): the jobs table as
+    ``read_results`` gives it (times in unix seconds; ``end`` for completed jobs only; ``nodes`` the largest size
+    it ran at, ``node_seconds`` the worker-seconds its attempts held), its meta, and ``metrics.pilot_metrics``."""
+    import pandas as pd
+
+    from hpcsched.metrics import job_attempts, pilot_metrics
+    from hpcsched.results import COLUMNS
+    from hpcsched.runtime.store import Store
+
+    store = Store(state, query_only=True)
+    try:
+        jobs, events, progress = store.jobs(), store.events(), store.progress()
+    finally:
+        store.close()
+    pilots = pilot_metrics(events, progress)
+    end = max([e["time"] for e in events] + [r["time"] for r in progress], default=0.0)
+    attempts = job_attempts(events, end)
+    rows = []
+    for j in jobs:
+        att = attempts.get(j.id, [])
+        rows.append({"job_id": j.id, "submit": j.submit_time, "start": j.start_time,
+                     "end": j.end_time if j.state == "completed" else None, "gpus": 0,
+                     "nodes": max((len(w) for _, _, w in att), default=0),
+                     "gpu_seconds": 0.0, "node_seconds": sum((b - a) * len(w) for a, b, w in att),
+                     "status": j.state})
+    df = pd.DataFrame(rows, columns=list(COLUMNS)).astype({"job_id": str})
+    for c in ("submit", "start", "end"):
+        df[c] = pd.to_numeric(df[c])
+    return df, {"tool": "controller", "state": str(state)}, pilots
+
+
 def calc(
-    result_dirs: list[Path] = typer.Argument(..., help="Result directories (each holds jobs.csv, meta.json)."),
+    result_dirs: list[Path] = typer.Argument(..., help="Result directories (each holds jobs.csv, meta.json), or a "
+                                            "controller's state file (state.db, or a folder holding it)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list for several dirs)."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a JCT CDF of all given runs to this PNG."),
     isolated: str | None = typer.Option(
@@ -86,6 +136,7 @@ def calc(
     from hpcsched.metrics import (
         FAIRNESS_UNITS,
         METRIC_UNITS,
+        PILOT_UNITS,
         entities_from_trace,
         fairness_metrics,
         parse_prices,
@@ -110,15 +161,23 @@ def calc(
     metas = []
     summaries = []
     for d in result_dirs:
-        df, meta = read_results(d)
+        state = is_controller_state(d)
+        pilots: dict[str, Any] = {}
+        if state is not None:
+            df, meta, pilots = controller_run(state)
+        else:
+            df, meta = read_results(d)
         frames.append(df)
         metas.append(meta | {"dir": str(d)})
         summary = {"dir": str(d)} | summarize(df, meta)
         summary |= {k: v for k, v in harvest_metrics(meta).items() if k not in summary}
+        summary |= {k: v for k, v in pilots.items() if k not in summary}
         baseline, name, reason = (baseline_run, isolated, None) if not fluid else \
             _fluid_baseline(meta, trace, traces)
         fair = fairness_metrics(df, meta, baseline, name, entities, str(trace) if trace else None, prices, reason)
-        summaries.append(summary | {k: v for k, v in fair.items() if k not in summary})
+        if "unavailable" in summary and "unavailable" in fair:  # both say why: keep the reasons of both
+            fair = fair | {"unavailable": summary["unavailable"] | fair["unavailable"]}
+        summaries.append(summary | {k: v for k, v in fair.items() if k not in summary or k == "unavailable"})
     labels = run_labels(metas)
     subject = runs_subject(metas)
     for s, label in zip(summaries, labels, strict=True):
@@ -132,9 +191,10 @@ def calc(
     keys = ["jobs", "unfinished", "avg_jct", "p50_jct", "p95_jct", "p99_jct", "p99_jct_interp",
             "makespan", "span", "avg_queue", "utilization", "harvested_node_hours", "preemptions", "max_lost_steps"]
     keys += [k for k in HARVEST_KEYS if k not in keys]
+    keys += [k for k in PILOT_UNITS if k not in keys]
     keys += ["ftf_rho_max", "ftf_rho_worst_job", "ftf_rho_p50", "ftf_rho_p90", "ftf_rho_p99", "ftf_rho_mean",
              "ftf_jobs", "ftf_unmatched", "jain_share", "jain_jobs", "gpu_hours", "cost", "jain_entity_gpu_hours"]
-    units = METRIC_UNITS | FAIRNESS_UNITS
+    units = METRIC_UNITS | FAIRNESS_UNITS | PILOT_UNITS
     if any(s.get("first_submit") for s in summaries):  # a trace on a calendar clock: show the times behind makespan
         keys[keys.index("span") + 1:keys.index("span") + 1] = ["first_submit", "last_end"]
     table = Table(title=f"hpcsched calc: {subject}")

@@ -206,15 +206,16 @@ def jobs(
         print(json.dumps([{k: v if isinstance(v, str | int | float) else list(v) for k in fields
                            for v in [getattr(j, k)]} for j in rows], indent=1))
         return
-    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "interleaved with",
-              "sized by", "message")
+    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "pilots",
+              "interleaved with", "sized by", "message")
     for j in rows:
         steps = f"{j.steps_done}/{j.steps_total}" if j.steps_total else str(j.steps_done)
         sized = "" if not j.sizing else "MILP" if j.sizing == "optimal" else f"[yellow]{j.sizing} (not optimal)[/]"
         # Names and messages are the user's and the programs' text: escaped, so "[rank0]: ..." is not rich markup.
         t.add_row(j.job_id, escape(j.name), j.state, str(j.procs), steps,
                   f"{j.first_loss:.3f} -> {j.last_loss:.3f}" if j.steps_done else "", str(j.last_checkpoint_step),
-                  str(j.restarts), ",".join(j.workers), ",".join(j.interleaved_with), sized,
+                  str(j.restarts), ",".join(j.workers), ",".join(j.pilot_jobs) or ("-" if j.workers else ""),
+                  ",".join(j.interleaved_with), sized,
                   escape(j.message))
     Console().print(t)
 
@@ -244,25 +245,56 @@ def workers(
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
     as_json: bool = typer.Option(False, "--json", help="one object per worker (keys: the WorkerInfo fields)"),
+    nodes: bool = typer.Option(False, "--nodes", help="the Slurm nodes the controller sees instead (node_source "
+                               "slurm): what each does for it (a pilot) or why it is not used"),
 ) -> None:
-    """List the workers the controller knows: slots, GPUs and their type, liveness."""
+    """List the workers the controller knows: slots, GPUs and their type, liveness.
+
+    Which workers are harvested pilots (node_source slurm: their Slurm job, node and state); ``--nodes``: the
+    Slurm nodes the controller sees instead, with what each does for it or why it is not used."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from hpcsched.runtime.client import ClientError
 
     try:
-        rows = _client(controller, address_file, token_file, tls_ca).workers()
+        c = _client(controller, address_file, token_file, tls_ca)
+        if nodes:
+            reply = c.nodes()
+        else:
+            rows = c.workers()
     except ClientError as e:
         _fail(e)
+    if nodes:
+        listed = [{"node": n.node, "use": n.use, "slurm_job_id": n.slurm_job_id} for n in reply.nodes]
+        if as_json:
+            print(json.dumps({"node_source": reply.node_source, "time": reply.nodes_time, "nodes": listed}, indent=1))
+            return
+        if reply.node_source != "slurm":
+            print(f"node source {reply.node_source or 'static'}: workers register themselves; the controller "
+                  "watches no Slurm nodes")
+            return
+        if not reply.nodes_time:
+            print("node source slurm: the pilot manager has not polled Slurm yet")
+            return
+        import time
+
+        t = Table("node", "pilot", "use (or why not used)",
+                  title=f"Slurm nodes as of {time.strftime('%H:%M:%S', time.localtime(reply.nodes_time))}")
+        for n in listed:
+            t.add_row(n["node"], n["slurm_job_id"] or "-", escape(n["use"]))
+        Console().print(t)
+        return
     if as_json:
         fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []  # every field, set or not
         print(json.dumps([{k: getattr(w, k) for k in fields} for w in rows], indent=1))
         return
-    t = Table("worker", "host", "slots", "used", "gpus", "gpu type", "alive")
+    t = Table("worker", "host", "slots", "used", "gpus", "gpu type", "alive", "harvested pilot")
     for w in rows:
+        pilot = f"Slurm job {w.slurm_job_id} on {w.slurm_node} ({w.pilot_state.lower()})" if w.pilot else "-"
         t.add_row(w.worker_id, w.host, str(w.slots), str(w.used), str(w.gpus), w.gpu_type or "-",
-                  "yes" if w.alive else "no")
+                  "yes" if w.alive else "no", pilot)
     Console().print(t)
 
 

@@ -114,5 +114,10 @@ class Client:
             if not token:
                 return out
 
+    def nodes(self) -> pb.ListWorkersReply:
+        """The controller's node source and, for ``slurm``, each node of the pilots' partition with what it does
+        for the controller or why it is not used (``node_source``, ``nodes``, ``nodes_time``; one small page)."""
+        return self._call("ListWorkers", pb.ListWorkersRequest(page_size=1, with_nodes=True))
+
     def close(self) -> None:
         self.channel.close()

@@ -28,6 +28,7 @@ decision is logged with its reason and kept in ``events``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -158,6 +159,10 @@ class ControllerView(Protocol):
         """worker -> (alive, slots, used)."""
         ...
 
+    # Optional (``ControllerDemand`` has both): ``record(detail)`` keeps a pilot event in the controller's store
+    # (``hpcsched calc`` reads pilot node time from them), ``pilot_history()`` gives worker -> (Slurm job, node)
+    # of the pilots a predecessor on the same state recorded.
+
 
 @dataclass(slots=True)
 class PilotEvent:
@@ -203,6 +208,11 @@ class PilotManager:
         self._thread: threading.Thread | None = None
         self.failures = 0  # pilots in a row that never served (reset when one registers)
         self.hold_until = 0.0  # no new pilot before this (monotonic): the back-off after failures
+        # worker -> (Slurm job, node) of every pilot this controller (or its predecessor on this state) had, so
+        # `hpcsched workers` names a pilot's worker as one after its pilot has left Slurm; bounded.
+        self.known: dict[str, tuple[str, str]] = dict(getattr(view, "pilot_history", dict)())
+        # What `hpcsched workers --nodes` shows: replaced whole at the end of each step (read from other threads).
+        self.snapshot = PilotSnapshot()
 
     # ------------------------------------------------------------------------------------------- loop
     def start(self) -> None:
@@ -236,6 +246,11 @@ class PilotManager:
             left = [p.job_id for p in self._listed()]
             if left:
                 log.error("pilots: %s still listed %.0f s after scancel", ",".join(left), wait_s)
+            for jid in ids:
+                if jid not in left:
+                    p = self.pilots.pop(jid, None)
+                    self._event("gone", jid, "cancelled: controller stopping", node=p.node if p else "",
+                                cancelled=True)
         except commands.SlurmError as e:
             log.error("pilots: could not cancel the pilots at stop: %s", e)
 
@@ -252,14 +267,15 @@ class PilotManager:
             if jid not in listed:
                 gone = self.pilots.pop(jid)
                 self._event("gone", jid, gone.ended or f"left Slurm's queue ({gone.state}: ended, preempted or "
-                                                      "past its time limit)")
+                                                      "past its time limit)", node=gone.node,
+                            cancelled=bool(gone.ended))
         workers = self.view.workers()
         for p in self.pilots.values():
             q = listed[p.job_id]
+            p.state, p.node = q.state, q.node or p.node
             if q.state == "RUNNING" and p.running_since is None:
                 p.running_since = now
                 self._event("running", p.job_id, f"on {q.node}")
-            p.state, p.node = q.state, q.node or p.node
             self._check(p, now, workers)
         live_slots = sum(slots for alive, slots, _ in workers.values() if alive)
         # A pilot not serving yet counts as on its way, a cancelled one too until it has left Slurm's queue.
@@ -294,6 +310,8 @@ class PilotManager:
             w = workers.get(p.worker)
             serving = "worker alive" if w and w[0] else "worker gone" if w else "no worker yet"
             nodes[p.node] = f"pilot {p.job_id} ({p.state.lower()}, {serving}{'; ' + p.ended if p.ended else ''})"
+        self.snapshot = PilotSnapshot(time.time(), {p.worker: (p.job_id, p.node, p.state)
+                                                    for p in self.pilots.values()}, dict(sorted(nodes.items())))
         status = {"time": time.time(), "controller": self.controller, "pilot_job_name": self.name,
                   "demand_slots": demand, "live_slots": live,
                   "pilots": [{"job_id": p.job_id, "node": p.node, "state": p.state, "worker": p.worker,
@@ -403,10 +421,41 @@ class PilotManager:
     def log_path(self, job_id: str) -> Path:
         return self.cfg.work_dir / f"pilot-{job_id}.log"
 
-    def _event(self, kind: str, job_id: str, detail: str) -> None:
-        self.events.append(PilotEvent(time.time(), kind, job_id, detail))
+    def _event(self, kind: str, job_id: str, detail: str, node: str | None = None, cancelled: bool = False) -> None:
+        """Log, keep (the last 1000) and record in the controller's store: a ``pilot`` event with the Slurm job,
+        its node, its worker and, for ``gone``, whether this controller had cancelled it (else Slurm ended it:
+        preempted, its time limit, an operator's scancel)."""
+        e = PilotEvent(time.time(), kind, job_id, detail)
+        self.events.append(e)
         del self.events[:-1000]  # bounded: a controller runs for weeks
         log.info("pilot %s: %s %s", job_id, kind, detail)
+        p = self.pilots.get(job_id)
+        node = node if node is not None else p.node if p else ""
+        worker = f"pilot-{job_id}"
+        if node:
+            self.known[worker] = (job_id, node)
+            if len(self.known) > 10000:
+                del self.known[next(iter(self.known))]
+        record = getattr(self.view, "record", None)
+        if record is not None:
+            detail_d: dict[str, Any] = {"event": kind, "slurm_job": job_id, "node": node, "worker": worker,
+                                        "state": p.state if p else "", "detail": detail}
+            if kind == "gone":
+                detail_d["cancelled"] = cancelled
+            try:
+                record(detail_d)
+            except Exception:  # the store busy or closing: the status file and the log still have it
+                log.exception("pilots: could not record %s of pilot %s in the store", kind, job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class PilotSnapshot:
+    """The manager's last poll, for listings: worker -> (Slurm job, node, state) of its pilots, and each node of
+    the partition with what it does for the controller or why it is not used (as in ``status-TAG.json``)."""
+
+    time: float = 0.0
+    pilots: dict[str, tuple[str, str, str]] = dataclasses.field(default_factory=dict)
+    nodes: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -423,6 +472,17 @@ class ControllerDemand:
 
     def workers(self) -> dict[str, tuple[bool, int, int]]:
         return {w.worker_id: (w.alive, w.slots, w.used) for w in self.ctl.list_workers()}
+
+    def record(self, detail: dict[str, Any]) -> None:
+        """A ``pilot`` event in the store (job_id NULL): what ``hpcsched calc`` reads pilot node time from."""
+        with self.ctl.lock:
+            self.ctl.store.event(None, "pilot", **detail)
+
+    def pilot_history(self) -> dict[str, tuple[str, str]]:
+        """worker -> (Slurm job, node) of the pilots recorded in the store (a predecessor's included)."""
+        with self.ctl.lock:
+            events = self.ctl.store.events(kind="pilot")
+        return {e["worker"]: (e["slurm_job"], e["node"]) for e in events if e.get("worker") and e.get("node")}
 
 
 def reachable(address: str) -> str:

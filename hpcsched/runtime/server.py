@@ -111,6 +111,7 @@ class _Service(pb_grpc.ControllerServicer):
         self.timings = timings
         self.auth = auth
         self.own_jobs_only = own_jobs_only
+        self.pilots: PilotManager | None = None  # node_source slurm: set once the manager runs (ControllerServer)
 
     @_timed
     def Register(self, request, context):
@@ -140,6 +141,8 @@ class _Service(pb_grpc.ControllerServicer):
     @_timed
     def ListJobs(self, request, context):
         jobs, token = self.ctl.jobs_page(request.page_size, request.page_token, owner=self._owner_filter(context))
+        if self.pilots is not None:
+            mark_pilot_jobs(jobs, self.pilots)
         return pb.ListJobsReply(jobs=jobs, next_page_token=token)
 
     @_timed
@@ -150,11 +153,44 @@ class _Service(pb_grpc.ControllerServicer):
     @_timed
     def ListWorkers(self, request, context):
         workers, token = self.ctl.workers_page(request.page_size, request.page_token)
-        return pb.ListWorkersReply(workers=workers, next_page_token=token)
+        reply = pb.ListWorkersReply(workers=workers, next_page_token=token)
+        if self.pilots is not None:
+            mark_pilot_workers(reply.workers, self.pilots)
+        if request.with_nodes and not request.page_token:
+            reply.node_source = "static" if self.pilots is None else "slurm"
+            if self.pilots is not None:
+                snap = self.pilots.snapshot
+                reply.nodes_time = snap.time
+                jobs_on = {node: jid for jid, node, _ in snap.pilots.values()}
+                reply.nodes.extend(pb.SlurmNode(node=n, use=use, slurm_job_id=jobs_on.get(n, ""))
+                                   for n, use in snap.nodes.items())
+        return reply
 
     @_timed
     def Leave(self, request, context):
         return self.ctl.leave(request)
+
+
+def mark_pilot_workers(workers, pilots: PilotManager) -> None:
+    """Fill the pilot fields of ``WorkerInfo`` rows from the pilot manager: its live pilots (last poll), else the
+    pilots it or a predecessor on this state had (their state ``GONE``: the pilot has left Slurm)."""
+    snap, known = pilots.snapshot, dict(pilots.known)
+    for w in workers:
+        if w.worker_id in snap.pilots:
+            w.slurm_job_id, w.slurm_node, w.pilot_state = snap.pilots[w.worker_id]
+            w.pilot = True
+        elif w.worker_id in known:
+            (w.slurm_job_id, w.slurm_node), w.pilot_state = known[w.worker_id], "GONE"
+            w.pilot = True
+
+
+def mark_pilot_jobs(jobs, pilots: PilotManager) -> None:
+    """``JobInfo.pilot_jobs``: the Slurm jobs of the pilots among each job's workers."""
+    snap, known = pilots.snapshot, dict(pilots.known)
+    for j in jobs:
+        ids = [snap.pilots[w][0] if w in snap.pilots else known[w][0] for w in j.workers
+               if w in snap.pilots or w in known]
+        j.pilot_jobs.extend(ids)
 
 
 class ControllerServer:
@@ -170,8 +206,8 @@ class ControllerServer:
         interceptors = [self.auth] if self.auth is not None else []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
-        pb_grpc.add_ControllerServicer_to_server(_Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only),
-                                                 self.server)
+        self.service = _Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only)
+        pb_grpc.add_ControllerServicer_to_server(self.service, self.server)
         host, port = parse_address(cfg.listen, "listen")
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if cfg.tls_cert and cfg.tls_key:
@@ -204,6 +240,7 @@ class ControllerServer:
         if self.cfg.pilots is not None:  # node_source: slurm: harvest idle nodes with pilot jobs (pilots.py)
             self.pilots = PilotManager(self.cfg.pilots, ControllerDemand(self.ctl), reachable(self.address),
                                        self.cfg.worker_token or self.cfg.token, self.cfg.state)
+            self.service.pilots = self.pilots
             self.pilots.start()
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
                  ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
