@@ -142,6 +142,14 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         assert sorted(j.workers) == sorted(w.worker_id for w in c.workers() if w.alive)
         assert all(w.startswith("pilot-") for w in j.workers), j.workers
         assert len(pilots_listed()) == 2
+        # Operable (issue 18): the listings say which workers are pilots, where, and what each node does
+        ws = {w.worker_id: w for w in c.workers()}
+        assert all(ws[w].pilot and ws[w].slurm_job_id == w.removeprefix("pilot-") and ws[w].slurm_node in
+                   ("n1", "n2", "n3", "n4") for w in j.workers), ws
+        assert sorted(jobs_by_id(c)[jid].pilot_jobs) == sorted(w.removeprefix("pilot-") for w in j.workers)
+        nodes = c.nodes()
+        assert nodes.node_source == "slurm" and len(nodes.nodes) == 4
+        assert sorted(n.slurm_job_id for n in nodes.nodes if n.slurm_job_id) == sorted(pilots_listed())
         # A batch job wants all four nodes: Slurm preempts the two scavenger pilots (SIGTERM, GraceTime 5 s).
         batch = sh("sbatch", "--parsable", "-p", "batch", "-N4", "-J", "batch-hog", "--wrap", "sleep 10").strip()
         t1 = time.monotonic()
@@ -173,6 +181,14 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         except subprocess.TimeoutExpired:
             stop(ctl)
     assert pilots_listed() == []  # the controller cancelled its pilots when it stopped
+    # hpcsched calc on the run's state: pilot node time, the pool's utilisation, the preemption, lost steps
+    from hpcsched.calc_cli import controller_run
+
+    _, _, figures = controller_run(tmp_path / "run" / "state.db")
+    assert figures["pilots"] >= 4 and figures["pilots_preempted"] >= 2, figures
+    assert figures["harvested_node_hours"] > 0 and 0 < figures["pilot_utilization"] <= 1, figures
+    assert figures["preemptions"] >= 1 and figures["max_lost_steps"] <= 20, figures
+    print(f"calc: {figures}")
 
 
 def test_controller_killed_and_restarted_adopts_its_pilots(tmp_path: Path) -> None:
