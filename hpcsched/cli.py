@@ -165,24 +165,12 @@ def _fast_simulate(args: list[str]) -> int | None:
     ``--opt value`` or ``--opt=value``); None for anything else, which Typer then parses with its own help and
     messages. Why: building the app loads Typer's pydantic adapters, about a fifth of the command's start-up
     (issue 14's 5x target against the reference simulator's whole run). The command is the same function."""
-    opts: dict[str, str] = {}
-    as_json = False
-    i = 0
-    while i < len(args):
-        word = args[i]
-        if word == "--json" and not as_json:
-            as_json, i = True, i + 1
-            continue
-        name, eq, value = word.partition("=")
-        key = _FAST_SIMULATE.get(name)
-        if key is None or key in opts:
-            return None
-        if not eq:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                return None
-            value, i = args[i + 1], i + 1
-        opts[key] = value
-        i += 1
+    from hpcsched.argline import read_plain_line
+
+    line = read_plain_line(args, _FAST_SIMULATE)
+    if line is None:
+        return None
+    opts, as_json = line
     if not {"trace", "cluster", "policy", "out"} <= set(opts) or opts.get("compat", "muri") != "muri":
         return None
     import typer

@@ -167,26 +167,12 @@ def fast_main(argv: list[str]) -> int | None:
     option) returns None and Typer parses the line as it always did, with its own messages. Returns the
     exit code.
     """
-    opts: dict[str, str] = {}
-    as_json = False
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "--json" and not as_json:
-            as_json = True
-            i += 1
-            continue
-        name, eq, value = word.partition("=")
-        key = _FAST_OPTIONS.get(name)
-        if key is None or key in opts:
-            return None
-        if not eq:
-            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                return None
-            value = argv[i + 1]
-            i += 1
-        opts[key] = value
-        i += 1
+    from hpcsched.argline import read_plain_line
+
+    line = read_plain_line(argv, _FAST_OPTIONS)
+    if line is None:
+        return None
+    opts, as_json = line
     if opts.get("compat") != "gavel" or not {"trace", "cluster", "policy"} <= set(opts):
         return None
     out = Path(opts["out"]) if "out" in opts else None
