@@ -9,13 +9,18 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import typer
 
 _DEFAULT_JOBS = {"cobalt": 22500, "philly": 150000}
 _DEFAULT_NODES = {"cobalt": 49152, "swf": 160000}
 _DEFAULT_LOAD = {"cobalt": 0.6, "swf": 0.6, "philly": 0.8}
+
+
+T = TypeVar("T")
 
 
 def _cluster_gpus(spec: str) -> int:
@@ -91,19 +96,8 @@ def generate_cmd(
     from hpcsched.progress import wanted
 
     progress = wanted(as_json, quiet)
-    try:
-        result = generate(kind, out, seed, progress=progress, **options)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise typer.Exit(2) from None
-    except OSError as e:
-        print(f"error: {out}: cannot write: {e.strerror or e}", file=sys.stderr)
-        raise typer.Exit(2) from None
-    if as_json:
-        print(json.dumps({"kind": kind, "seed": seed, "out": str(out), "jobs": result.jobs, "bytes": result.bytes,
-                          "seconds": round(result.seconds, 3), "options": options}))
-    else:
-        print(f"{out}: {result.jobs:,} jobs, {result.bytes:,} bytes, {result.seconds:.1f} s (kind {kind}, seed {seed})")
+    result = _written(out, lambda: generate(kind, out, seed, progress=progress, **options))
+    _report(out, kind, seed, result.jobs, result.bytes, result.seconds, options, as_json)
 
 
 def _generate_gavel(out: Path, seed: int, jobs: int, rate: float, max_scale: int, as_json: bool) -> None:
@@ -113,20 +107,30 @@ def _generate_gavel(out: Path, seed: int, jobs: int, rate: float, max_scale: int
     from hpcsched.hetero.workload import generate, write_trace
 
     t0 = time.perf_counter()
+    n_bytes = _written(out, lambda: write_trace(generate(jobs, rate, seed, max_scale=max_scale), out))
+    _report(out, "gavel", seed, jobs, n_bytes, time.perf_counter() - t0, {"rate": rate, "max_scale": max_scale},
+            as_json)
+
+
+def _written(out: Path, write: Callable[[], T]) -> T:
+    """``write()``, with bad options and an unwritable ``out`` said on stderr (exit 2), as every kind does."""
     try:
-        n_bytes = write_trace(generate(jobs, rate, seed, max_scale=max_scale), out)
+        return write()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
     except OSError as e:
         print(f"error: {out}: cannot write: {e.strerror or e}", file=sys.stderr)
         raise typer.Exit(2) from None
-    seconds = time.perf_counter() - t0
+
+
+def _report(out: Path, kind: str, seed: int, jobs: int, n_bytes: int, seconds: float, options: dict[str, Any],
+            as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"kind": "gavel", "seed": seed, "out": str(out), "jobs": jobs, "bytes": n_bytes,
-                          "seconds": round(seconds, 3), "options": {"rate": rate, "max_scale": max_scale}}))
+        print(json.dumps({"kind": kind, "seed": seed, "out": str(out), "jobs": jobs, "bytes": n_bytes,
+                          "seconds": round(seconds, 3), "options": options}))
     else:
-        print(f"{out}: {jobs:,} jobs, {n_bytes:,} bytes, {seconds:.1f} s (kind gavel, seed {seed})")
+        print(f"{out}: {jobs:,} jobs, {n_bytes:,} bytes, {seconds:.1f} s (kind {kind}, seed {seed})")
 
 
 def register(trace_app: typer.Typer) -> None:
