@@ -351,16 +351,12 @@ def decide(request: DecideRequest) -> Plan:
 
         _accept(ctx)
         _order(ctx)
-        return replan(ctx.state, ctx.policy_groups, ctx.workers, ctx.out, _policy_label(request))
+        return replan(ctx.state, ctx.policy_groups, ctx.workers, ctx.out, policy_name(request.policy))
     if request.options.regroup != "keep":
         raise ValueError(f"unknown regroup {request.options.regroup!r}: 'keep' or 'replan'")
     for step in _STEPS:
         step(ctx)
     return ctx.out
-
-
-def _policy_label(request: DecideRequest) -> str:
-    return policy_name(request.policy)
 
 
 def _resources_used(jobs: tuple[JobState, ...]) -> tuple[dict[str, float], dict[str, float]]:
