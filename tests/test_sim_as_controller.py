@@ -153,3 +153,15 @@ def test_compare_refuses_compat_gavel_with_the_reason(tmp_path: Path) -> None:
                           timeout=120)
     assert done.returncode == 2 and "simulate --compat gavel" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_co_located_jobs_without_a_profile_are_counted_not_guessed_silently() -> None:
+    """Declared profiles pair two jobs whose trace has no stage profile: their group runs at a compute-only
+    period, and the run counts them (``untimed_colocated_jobs``); with real profiles the count is 0."""
+    bare = [Job(i, submit=0, gpus=1, iterations=50, iteration_time=1.0, duration=50.0, model="toy") for i in "ab"]
+    declared = {"a": ResourceProfile(0.9, 0.05, 0.05), "b": ResourceProfile(0.05, 0.9, 0.05)}
+    r = simulate(bare, ONE_GPU, "muri-s", restart_s=0.0, as_controller=AsController(declared=declared))
+    assert [d.workers for d in r.decisions] == [("n0",), ("n0",)] and r.meta["untimed_colocated_jobs"] == 2
+    timed = [_job("a", 0, 50, DATA_HEAVY), _job("b", 0, 50, GPU_HEAVY)]
+    r = simulate(timed, ONE_GPU, "muri-s", restart_s=0.0, as_controller=AsController(declared=declared))
+    assert r.meta["untimed_colocated_jobs"] == 0

@@ -134,6 +134,9 @@ def simulate_cmd(
     if result.rejected:
         print(f"warning: {len(result.rejected)} jobs larger than the cluster never ran (status rejected)",
               file=sys.stderr)
+    if result.meta.get("untimed_colocated_jobs"):
+        print(f"note: {result.meta['untimed_colocated_jobs']} co-located jobs had no stage profile in the trace; "
+              "their groups ran at a compute-only period (meta.json untimed_colocated_jobs)", file=sys.stderr)
     if as_json:
         print(json.dumps(summary))
         return

@@ -82,6 +82,7 @@ class CoreDecider:
         self.keys: dict[str, str] = {}  # running job -> co-location key of its slots
         self.attempt: dict[str, float] = {}  # running job -> when its current attempt started
         self.log: list[Decision] = []
+        self.untimed: set[str] = set()  # co-located jobs without a stage profile, timed as compute-only
 
     def state(self, active: Iterable[JobRun], free: list[int], t: float) -> ClusterState:
         """What the controller would see now: the active jobs as it knows them, the workers and their use."""
@@ -117,6 +118,7 @@ class CoreDecider:
                 out.append((members[0].solo, (members[0],), need, place))
             else:
                 ids = tuple(m.id for m in members)
+                self.untimed.update(m.id for m in members if not _profiled(m))
                 out.append((Group(ids, _period(members)), tuple(members), need, place))
         return out
 
@@ -150,12 +152,16 @@ def _gpus(j: JobRun) -> int:
     return j.gpus
 
 
+def _profiled(m: JobRun) -> bool:
+    return m.job.profile is not None and m.job.profile.total_s > 0
+
+
 def _period(members: list[JobRun]) -> float:
-    """Raw pipeline period of co-located jobs from their stage profiles (compute-only where unknown)."""
+    """Raw pipeline period of co-located jobs from their stage profiles (compute-only where unknown; the
+    engine counts those jobs in ``meta.json`` as ``untimed_colocated_jobs``)."""
     import numpy as np
 
     from hpcsched.interleave.period import pipeline_periods
 
-    stages = [m.job.profile.stages() if m.job.profile is not None and m.job.profile.total_s > 0
-              else (0.0, m.it, 0.0) for m in members]
+    stages = [m.job.profile.stages() if _profiled(m) else (0.0, m.it, 0.0) for m in members]
     return float(pipeline_periods(np.asarray([stages], dtype=float))[0][0])

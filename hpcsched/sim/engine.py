@@ -236,6 +236,8 @@ def simulate(
         meta["executor"] = "controller"
         meta["min_runtime_s"] = as_controller.options.min_runtime_s
         meta["declared_profiles"] = len(as_controller.declared)
+        # co-located jobs with no stage profile, run at a compute-only pipeline period: a guess, so counted
+        meta["untimed_colocated_jobs"] = len(eng.core.untimed) if eng.core is not None else 0
         meta["admission"] = as_controller.options.admission
         meta["placement"] = as_controller.options.placement
         if as_controller.options.admission != "accept-all":
