@@ -40,7 +40,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +54,7 @@ from runtime_procs import (
     submit,
     wait_for,
 )
+from slurm_cluster import NODES, clean_cluster, sh, squeue  # noqa: F401 (clean_cluster: autouse fixture)
 
 from hpcsched.slurm import commands
 
@@ -86,33 +86,6 @@ GRACE_S = 5.0  # the scavenger partition's GraceTime (deploy/slurm/slurm.conf)
 # and charges a relaunch only Tcup/Tcdw). Asserted: within 15% for both, a margin over what was measured, not 10%.
 REPLAY_TOLERANCE = 0.15
 RESIZE_S = 3.0  # the jobs' declared resize cost (scaling.resize_s) = the replay's Tcup and Tcdw
-NODES = ("n1", "n2", "n3", "n4")
-
-
-def sh(*argv: str) -> str:
-    return commands.run(argv)
-
-
-def squeue() -> dict[str, tuple[str, str]]:
-    out = {}
-    for line in sh("squeue", "-h", "-o", "%i|%j|%T").splitlines():
-        jid, name, state = line.split("|")
-        out[jid] = (name, state)
-    return out
-
-
-@pytest.fixture(autouse=True)
-def clean_cluster() -> Iterator[None]:
-    def reset() -> None:
-        ids = list(squeue())
-        if ids:
-            sh("scancel", *ids)
-        wait_for("all nodes idle and no job", lambda: not squeue() and set(
-            sh("sinfo", "-N", "-h", "-p", "batch", "-o", "%T").split()) == {"idle"}, 60)
-
-    reset()
-    yield
-    reset()
 
 
 def batch_segment() -> list[dict]:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from runtime_procs import (
     submit,
     wait_for,
 )
+from slurm_cluster import NODES, clean_cluster, sh, squeue  # noqa: F401 (clean_cluster: autouse fixture)
 
 from hpcsched.runtime.pilots import PilotConfig, PilotManager
 from hpcsched.slurm import commands
@@ -36,35 +36,6 @@ from hpcsched.slurm import commands
 WHY_NOT = commands.available()
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}")]
-NODES = ("n1", "n2", "n3", "n4")
-
-
-def sh(*argv: str) -> str:
-    return commands.run(argv)
-
-
-def squeue() -> dict[str, tuple[str, str]]:
-    """job id -> (name, state) of every job Slurm lists."""
-    out = {}
-    for line in sh("squeue", "-h", "-o", "%i|%j|%T").splitlines():
-        jid, name, state = line.split("|")
-        out[jid] = (name, state)
-    return out
-
-
-@pytest.fixture(autouse=True)
-def clean_cluster() -> Iterator[None]:
-    """Every node idle and no job before and after (a failed test's pilots are cancelled here too)."""
-    def reset() -> None:
-        ids = list(squeue())
-        if ids:
-            sh("scancel", *ids)
-        wait_for("all nodes idle and no job", lambda: not squeue() and set(
-            sh("sinfo", "-N", "-h", "-p", "batch", "-o", "%T").split()) == {"idle"}, 60)
-
-    reset()
-    yield
-    reset()
 
 
 class FakeView:
