@@ -78,9 +78,9 @@ def replan(state: ClusterState, groups: list[Group], workers: Sequence[WorkerSta
     """Re-plan ``groups`` (the policy's, highest priority first, over known jobs) on ``workers`` (sorted by id);
     ``out`` may already hold waiting reasons (admission). Rules in the module docstring."""
     view = _Cluster(state, workers, name)
-    plan: list[Planned] | None = view._place_in_place(groups)
+    plan: list[Planned] | None = view.place_in_place(groups)
     if plan is None:
-        plan = view._place(groups)
+        plan = view.place_fresh(groups)
     by_id = {j.id: j for j in state.jobs}
     free_now = list(view.free)
     placed: set[str] = set()

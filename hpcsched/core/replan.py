@@ -5,7 +5,7 @@ default, ``DecideOptions(regroup="keep")``) never moves a running job to form a 
 (``regroup="replan"``, the simulator's default mode and the testbed's sim-grouped) runs the policy as designed:
 groups are chosen in priority order on an empty cluster, chosen running groups stay on their GPUs where those
 are free (sticky), the rest are placed first fit, and whoever lands elsewhere is restarted. An in-place pass
-comes first as a shortcut that returns the same answer when it can tell (rules on ``_place_in_place``); the
+comes first as a shortcut that returns the same answer when it can tell (rules on ``place_in_place``); the
 compat rules (two passes, count-only placement) are the reference simulator's variants of the fresh plan.
 
 ``Planner`` is written over a small contract, not over one executor's records: the state it reads (below)
@@ -96,7 +96,7 @@ class Planner:
             raise ValueError(f"policy {self.name!r}: group {g.job_ids} of {len(members)} jobs has no period_s")
         return members, max((m.gpus for m in members), default=0)
 
-    def _place_in_place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[Planned] | None:
+    def place_in_place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[Planned] | None:
         """Default mode, the common case: running groups stay where they are and new ones fit beside.
 
         Walks the groups in priority order; an unchanged running group keeps its GPUs, a new group
@@ -179,7 +179,7 @@ class Planner:
             _taken(sizes, members, 0)
         return plan if unclaimed == 0 else None
 
-    def _place(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[Planned]:
+    def place_fresh(self, groups: Iterable[Group], dead: set[int] | None = None) -> list[Planned]:
         """Take the policy's groups in order while GPUs are left; each is checked as it is considered."""
         by_id, name = self.by_id, self.name
         count = self.rules.placement == "count"  # compat Tiresias: counting only, no nodes

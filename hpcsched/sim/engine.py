@@ -547,10 +547,10 @@ class _Engine(Planner):
             key = self.jkey
             run = self.rsorted if self.rsorted is not None else sorted([(key(j), j.idx) for j in self.running.values()])
             dead: set[int] = set()
-            plan = None if self.compat else self._place_in_place(self._ordered(run, dead), dead)
+            plan = None if self.compat else self.place_in_place(self._ordered(run, dead), dead)
             if plan is None:
                 dead = set()
-                plan = self._place(self._ordered(run, dead), dead)
+                plan = self.place_fresh(self._ordered(run, dead), dead)
             self._apply(plan, t)
             return
         if self.lists is not None:
@@ -558,8 +558,8 @@ class _Engine(Planner):
         if self.vorder is not None:
             order = self._vector_order(t)
             jobs = self.jobs
-            plan = None if self.compat else self._place_in_place(jobs[i].solo for i in order())
-            self._apply(plan if plan is not None else self._place(jobs[i].solo for i in order()), t)
+            plan = None if self.compat else self.place_in_place(jobs[i].solo for i in order())
+            self._apply(plan if plan is not None else self.place_fresh(jobs[i].solo for i in order()), t)
             return
         snap = Snapshot(
             now=t,
@@ -569,8 +569,8 @@ class _Engine(Planner):
             compat=self.mode,
         )
         groups = self.policy(snap)
-        plan = None if self.compat else self._place_in_place(groups)
-        self._apply(plan if plan is not None else self._place(groups), t)
+        plan = None if self.compat else self.place_in_place(groups)
+        self._apply(plan if plan is not None else self.place_fresh(groups), t)
 
     def _decide_core(self, t: float) -> None:
         """Decide through the shared core until a decision stops nothing (rules in ``sim.core_decisions``)."""
