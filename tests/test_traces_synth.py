@@ -120,13 +120,19 @@ def test_bad_options_are_errors_before_any_file(tmp_path: Path) -> None:
         generate("lsf", tmp_path / "x", 1)
 
 
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_progress_shows_eta_only_when_enabled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    err = io.StringIO()
+    err = _Tty()
     monkeypatch.setattr(sys, "stderr", err)
-    monkeypatch.setattr(synth._Progress, "interval", 0.0)
-    generate("philly", tmp_path / "p.csv", 1, progress=True, jobs=300)
-    assert "ETA" in err.getvalue() and "300/300 jobs" in err.getvalue()
+    generate("philly", tmp_path / "p.csv", 1, progress=True, jobs=3000)
+    shown = err.getvalue()
+    assert "generating p.csv: 2,001/3,000 jobs" in shown and "eta" in shown
     err.truncate(0)
+    err.seek(0)
     generate("philly", tmp_path / "q.csv", 1, progress=False, jobs=300)
     assert err.getvalue() == ""
 

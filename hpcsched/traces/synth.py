@@ -47,7 +47,6 @@ import heapq
 import io
 import math
 import random
-import sys
 import time
 import zlib
 from collections.abc import Iterator
@@ -56,6 +55,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcsched.model import ResourceProfile
+from hpcsched.progress import Update, progress_bar
 
 # ------------------------------------------------------------------------------------------- fill rule
 
@@ -290,45 +290,18 @@ class GenerateResult:
     seconds: float
 
 
-class _Progress:
-    """``\\r`` progress with ETA on stderr, at most twice a second; silent unless enabled (a TTY)."""
-
-    interval = 0.5  # seconds between redraws
-
-    def __init__(self, label: str, total: float, enabled: bool) -> None:
-        self.label, self.total, self.enabled = label, total, enabled
-        self.t0 = self.last = time.monotonic()
-
-    def update(self, done: float, note: str = "") -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self.last < self.interval:
-            return
-        self.last = now
-        frac = min(1.0, done / self.total) if self.total else 0.0
-        eta = (now - self.t0) * (1 - frac) / frac if frac > 0 else float("nan")
-        eta_txt = f"ETA {eta:,.0f} s" if math.isfinite(eta) else "ETA ?"
-        sys.stderr.write(f"\r{self.label}: {frac:6.1%} {note} {eta_txt}   ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * 78 + "\r")
-            sys.stderr.flush()
-
-
 def _open_out(path: Path) -> tuple[IO[bytes], IO[str]]:
     raw = path.open("wb")
     binary: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else raw
     return raw, io.TextIOWrapper(binary, encoding="utf-8", newline="\n", write_through=False)
 
 
+PROGRESS_EVERY = 1000  # jobs between progress updates: a redraw per job would cost more than the job
 Lines = tuple[list[str], Iterator[str]]  # (header lines, one data line per job)
 
 
 def cobalt_lines(seed: int, jobs: int = 22500, nodes: int = 49152, load: float = 0.6, start: int = DEFAULT_START,
-                 cores_per_node: int = 64, progress: _Progress | None = None) -> Lines:
+                 cores_per_node: int = 64, progress: Update | None = None, label: str = "") -> Lines:
     """The Cobalt CSV: header, then one line per job in submit order (options checked before anything is drawn)."""
     _check(jobs >= 1 and nodes >= 1 and load > 0 and cores_per_node >= 1,
            "need --jobs >= 1, --nodes >= 1, --load > 0, --cores-per-node >= 1")
@@ -344,8 +317,8 @@ def cobalt_lines(seed: int, jobs: int = 22500, nodes: int = 49152, load: float =
 
     def rows() -> Iterator[str]:
         for i, submit, begin, job in _fcfs(draws(), nodes):
-            if progress is not None:
-                progress.update(i + 1, f"{i + 1:,}/{jobs:,} jobs")
+            if progress is not None and i % PROGRESS_EVERY == 0:
+                progress(i + 1, label=f"{label}: {i + 1:,}/{jobs:,} jobs")
             user = 1 + int(rng.paretovariate(1.2)) % 300
             yield (f"{i},{1000000 + i},u{user},p{1 + user % 60},0,0,{job.nodes * cores_per_node},{job.nodes},"
                    f"{submit:.0f},{begin - submit:.0f},{job.run},{job.wall},{job.nodes * job.run / 3600:.4f},"
@@ -360,7 +333,7 @@ _SWF_STATUS = {"Pass": 1, "Killed": 5, "Failed": 0}
 
 
 def swf_lines(seed: int, nodes: int = 160000, days: float = 365.0, load: float = 0.6, start: int = DEFAULT_START,
-              progress: _Progress | None = None) -> Lines:
+              progress: Update | None = None, label: str = "") -> Lines:
     """An SWF 2.2 log of ``days`` of submits on ``nodes`` one-processor nodes: header, then one line per job."""
     _check(nodes >= 1 and days > 0 and load > 0, "need --nodes >= 1, --days > 0, --load > 0")
     rng = random.Random(f"swf:{seed}")
@@ -384,8 +357,8 @@ def swf_lines(seed: int, nodes: int = 160000, days: float = 365.0, load: float =
 
     def rows() -> Iterator[str]:
         for i, submit, begin, job in _fcfs(draws(), nodes):
-            if progress is not None:
-                progress.update(submit, f"day {submit / 86400:,.0f} of {days:,.0f}, {i + 1:,} jobs")
+            if progress is not None and i % PROGRESS_EVERY == 0:
+                progress(submit, label=f"{label}: day {submit / 86400:,.0f} of {days:,.0f}, {i + 1:,} jobs")
             user = 1 + int(rng.paretovariate(1.2)) % 300
             yield (f"{i + 1} {submit:.0f} {begin - submit:.0f} {job.run} {job.nodes} -1 -1 {job.nodes} {job.wall} -1 "
                    f"{_SWF_STATUS[job.status]} {user} {1 + user % 60} -1 1 1 -1 -1")
@@ -398,7 +371,7 @@ MURI_HEADER = ("job_id,num_gpu,submit_time,iterations,model_name,batch_size,dura
 
 
 def philly_lines(seed: int, jobs: int = 150000, cluster_gpus: int = 1024, load: float = 0.8,
-                 max_days: float = 60.0, progress: _Progress | None = None) -> Lines:
+                 max_days: float = 60.0, progress: Update | None = None, label: str = "") -> Lines:
     """A Muri CSV (ms) of Philly-like jobs: header, then one line per job; models by the fill rule."""
     _check(jobs >= 1 and cluster_gpus >= 1 and load > 0 and max_days > 0,
            "need --jobs >= 1, cluster GPUs >= 1, --load > 0, --max-days > 0")
@@ -432,8 +405,8 @@ def philly_lines(seed: int, jobs: int = 150000, cluster_gpus: int = 1024, load: 
             it_ms = round(m.iteration_ms)
             iters = max(1, round(dur * 1000.0 / it_ms))
             interval = round(t * 1000) - submit_ms if i + 1 < jobs else 0
-            if progress is not None:
-                progress.update(i + 1, f"{i + 1:,}/{jobs:,} jobs")
+            if progress is not None and i % PROGRESS_EVERY == 0:
+                progress(i + 1, label=f"{label}: {i + 1:,}/{jobs:,} jobs")
             yield (f"{i},{g},{submit_ms},{iters},{name},{m.batch_size},{iters * it_ms},{interval},{it_ms},"
                    f"{m.data_ms:g},{m.compute_ms:g},{m.network_ms:g},0")
 
@@ -453,25 +426,27 @@ def generate(kind: str, out: str | Path, seed: int, progress: bool = False, **op
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     path = Path(out)
     t0 = time.perf_counter()
-    if kind == "swf":
-        bar = _Progress(f"generating {path.name}", float(options.get("days", 365.0)) * 86400.0, progress)
-        header, rows = swf_lines(seed, progress=bar, **options)
-    else:
-        bar = _Progress(f"generating {path.name}", options.get("jobs", 22500 if kind == "cobalt" else 150000), progress)
-        header, rows = (cobalt_lines if kind == "cobalt" else philly_lines)(seed, progress=bar, **options)
+    label = f"generating {path.name}"
+    total = (float(options.get("days", 365.0)) * 86400.0 if kind == "swf"
+             else options.get("jobs", 22500 if kind == "cobalt" else 150000))
     n = 0
-    raw, text = _open_out(path)
-    try:
-        for line in header:
-            text.write(line + "\n")
-        for n, line in enumerate(rows, 1):  # noqa: B007 - n is the count
-            text.write(line)
-            text.write("\n")
-        text.flush()
-    finally:
-        text.close()
-        raw.close()
-        bar.close()
+    with progress_bar(label, total, progress) as bar:
+        if kind == "swf":
+            header, rows = swf_lines(seed, progress=bar, label=label, **options)
+        else:
+            header, rows = (cobalt_lines if kind == "cobalt" else philly_lines)(seed, progress=bar, label=label,
+                                                                                **options)
+        raw, text = _open_out(path)
+        try:
+            for line in header:
+                text.write(line + "\n")
+            for n, line in enumerate(rows, 1):  # noqa: B007 - n is the count
+                text.write(line)
+                text.write("\n")
+            text.flush()
+        finally:
+            text.close()
+            raw.close()
     return GenerateResult(kind, str(path), n, path.stat().st_size, time.perf_counter() - t0)
 
 
