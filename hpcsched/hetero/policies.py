@@ -229,7 +229,7 @@ def _program(coef: np.ndarray | None, sf: np.ndarray, gpus: np.ndarray, *, t_coe
     return lp
 
 
-def _highs(policy: GavelPolicy, method: str) -> highspy.Highs:
+def highs_solver(policy: GavelPolicy, method: str) -> highspy.Highs:
     """The policy's HiGHS object for ``method`` ('ipm': interior point, no crossover; 'simplex'), made once."""
     h = policy._solvers.get(method)
     if h is None:
@@ -246,7 +246,7 @@ def _highs(policy: GavelPolicy, method: str) -> highspy.Highs:
     return h
 
 
-def _run_lp(policy: GavelPolicy, h: highspy.Highs, what: str) -> np.ndarray:
+def run_lp(policy: GavelPolicy, h: highspy.Highs, what: str) -> np.ndarray:
     """Solve the model in ``h``; a status other than optimal is counted and said once; returns the columns."""
     import highspy
     import numpy as np
@@ -261,16 +261,16 @@ def _run_lp(policy: GavelPolicy, h: highspy.Highs, what: str) -> np.ndarray:
     return np.asarray(h.getSolution().col_value)
 
 
-def _solve_ipm(policy: GavelPolicy, lp: highspy.HighsLp) -> np.ndarray:
+def solve_ipm(policy: GavelPolicy, lp: highspy.HighsLp) -> np.ndarray:
     """Solve ``lp`` with HiGHS's interior-point method, crossover off; returns the columns.
 
     Why interior point without crossover: among equally optimal allocations it returns one inside the
     optimal face, as Gavel's ECOS does, rather than a vertex (which starves every job it can; the round
     mechanism then runs a different schedule).
     """
-    h = _highs(policy, "ipm")
+    h = highs_solver(policy, "ipm")
     h.passModel(lp)
-    return _run_lp(policy, h, "interior point")
+    return run_lp(policy, h, "interior point")
 
 
 def _max_min(policy: GavelPolicy, coef: np.ndarray, sf: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -278,7 +278,7 @@ def _max_min(policy: GavelPolicy, coef: np.ndarray, sf: np.ndarray, gpus: np.nda
     import numpy as np
 
     m, n = coef.shape
-    v = _solve_ipm(policy, _program(coef, sf, gpus, t_coef=-np.ones(m), lo=np.zeros(m)))
+    v = solve_ipm(policy, _program(coef, sf, gpus, t_coef=-np.ones(m), lo=np.zeros(m)))
     return v[:-1].reshape(m, n)
 
 
@@ -298,7 +298,7 @@ class _MaxMinValue:
         m, n = thr.shape
         self.m, self.t_col = m, m * n
         self.rows = np.arange(n + m, n + 2 * m, dtype=np.int32)
-        self.h = _highs(policy, "simplex")
+        self.h = highs_solver(policy, "simplex")
         self.h.passModel(_program(thr, sf, gpus, t_coef=-np.ones(m), lo=np.zeros(m)))
 
     def __call__(self, need: np.ndarray) -> tuple[float, np.ndarray]:
@@ -307,12 +307,12 @@ class _MaxMinValue:
 
         for r, c in zip(self.rows.tolist(), need.tolist(), strict=True):
             self.h.changeCoeff(r, self.t_col, -c)
-        v = _run_lp(self.policy, self.h, "simplex")
+        v = run_lp(self.policy, self.h, "simplex")
         x = np.clip(v[:-1].reshape(self.m, -1), 0.0, 1.0)
         return float(((self.thr * x).sum(axis=1) / need).min()), x
 
 
-def _proportional(thr: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+def proportional(thr: np.ndarray, gpus: np.ndarray) -> np.ndarray:
     """Each job's throughput on an equal share of every type (Gavel's ``ProportionalPolicy``)."""
     return (thr * (gpus / gpus.sum())).sum(axis=1)
 
@@ -327,7 +327,7 @@ class MaxMinFairnessPerf(GavelPolicy):
         import numpy as np
 
         thr = np.ones_like(inp.throughputs) if self.agnostic else inp.throughputs
-        coef = thr / (inp.priority_weights * _proportional(thr, inp.gpus))[:, None] * inp.scale_factors[:, None]
+        coef = thr / (inp.priority_weights * proportional(thr, inp.gpus))[:, None] * inp.scale_factors[:, None]
         return self._memo(inp, lambda: np.clip(_max_min(self, coef, inp.scale_factors, inp.gpus), 0.0, 1.0))
 
 
@@ -357,7 +357,7 @@ class MaxMinFairnessPacked(GavelPolicy):
             if len(pairs) != pthr.shape[0]:
                 raise ValueError(f"{len(pairs)} pairs but {pthr.shape[0]} rows of pair throughputs")
             w32 = inp.priority_weights.astype(np.float32)
-            norm = inp.scale_factors / _proportional(inp.throughputs, inp.gpus)  # sf_i / P_i
+            norm = inp.scale_factors / proportional(inp.throughputs, inp.gpus)  # sf_i / P_i
             single = (inp.throughputs.astype(np.float32) / w32[:, None]).astype(float) * norm[:, None]
             row = {jid: r for r, jid in enumerate(inp.job_ids)}
             members = [(row[a], row[b]) for a, b in pairs]
@@ -366,13 +366,13 @@ class MaxMinFairnessPacked(GavelPolicy):
                 pair_coef[p, :, 0] = (pthr[p, :, 0].astype(np.float32) / w32[ra]).astype(float) * norm[ra]
                 pair_coef[p, :, 1] = (pthr[p, :, 1].astype(np.float32) / w32[rb]).astype(float) * norm[rb]
             sf_pair = np.array([inp.scale_factors[ra] for ra, _ in members], dtype=float)
-            x = _solve_ipm(self, _packed_program(single, pair_coef, members, inp.scale_factors, sf_pair, inp.gpus))
+            x = solve_ipm(self, packed_program(single, pair_coef, members, inp.scale_factors, sf_pair, inp.gpus))
             return np.clip(x[:-1].reshape(m + len(pairs), n), 0.0, 1.0)
 
         return self._memo(inp, solve)
 
 
-def _packed_program(single: np.ndarray, pair_coef: np.ndarray, members: list[tuple[int, int]], sf: np.ndarray,
+def packed_program(single: np.ndarray, pair_coef: np.ndarray, members: list[tuple[int, int]], sf: np.ndarray,
                     sf_pair: np.ndarray, gpus: np.ndarray) -> highspy.HighsLp:
     """The space-sharing max-min LP, column-wise: x (singles then pairs, row-major over types), then t.
 
@@ -434,13 +434,13 @@ class MaxSumThroughputPerf(GavelPolicy):
         m, n = inp.throughputs.shape
 
         def solve() -> np.ndarray:
-            v = _solve_ipm(self, _program(None, inp.scale_factors, inp.gpus, cost=-inp.throughputs.ravel()))
+            v = solve_ipm(self, _program(None, inp.scale_factors, inp.gpus, cost=-inp.throughputs.ravel()))
             return np.clip(v.reshape(m, n), 0.0, 1.0)
 
         return self._memo(inp, solve)
 
 
-def _isolated(thr: np.ndarray, sf: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+def isolated(thr: np.ndarray, sf: np.ndarray, gpus: np.ndarray) -> np.ndarray:
     """Each job's throughput on a 1/m share of every type (Gavel's ``IsolatedPolicy``): the reference
     finish-time fairness compares against."""
     import numpy as np
@@ -470,7 +470,7 @@ class FinishTimeFairnessPerf(GavelPolicy):
         import numpy as np
 
         thr, sf, rem, since = inp.throughputs, inp.scale_factors, inp.steps_remaining, inp.times_since_start
-        iso = _isolated(thr, sf, inp.gpus)
+        iso = isolated(thr, sf, inp.gpus)
         for r, j in enumerate(inp.job_ids):
             c = self._cum_iso.setdefault(j, 0.0)
             if j in self._prev_rem:
@@ -546,6 +546,27 @@ class FinishTimeFairnessPerf(GavelPolicy):
         return feasible
 
 
+def gavel_horizon(t_star: float) -> float:
+    """The horizon T Gavel's min-total-duration bisection stops at, given the smallest feasible one ``t_star``.
+
+    Gavel bisects [100 s, 10^6 s] until the ends are within 5% (growing the range tenfold while nothing is
+    feasible) and keeps the last feasible T, not ``t_star``; its allocation is the feasibility program's at
+    that T. Raises ValueError when no horizon is feasible (a job with no throughput).
+    """
+    max_t, min_t, last_max, feasible_t = 1_000_000.0, 100.0, 1_000_000.0, None
+    while feasible_t is None:
+        if last_max > 1e30:
+            raise ValueError("min-total-duration: no horizon is feasible (a job with no throughput?)")
+        while 1.05 * min_t < max_t:
+            t = (min_t + max_t) / 2.0
+            if t >= t_star:
+                feasible_t, max_t = t, t
+            else:
+                min_t = t
+        max_t, min_t, last_max = last_max * 10.0, last_max, last_max * 10.0
+    return feasible_t
+
+
 @dataclass
 class MinTotalDurationPerf(GavelPolicy):
     """The allocation that lets every job finish soonest (Gavel's ``min_total_duration_perf``).
@@ -565,20 +586,9 @@ class MinTotalDurationPerf(GavelPolicy):
         # lambda* from the interior point, not a simplex: Gavel's bisection compares T with 1 / lambda*, and a
         # T within the interior point's tolerance of it flips (A4's average JCT moves by 1%)
         lam = float(((thr * x).sum(axis=1) / rem).min())
-        t_star = 1.0 / lam if lam > 0 else float("inf")
-        max_t, min_t, last_max, feasible_t = 1_000_000.0, 100.0, 1_000_000.0, None
-        while feasible_t is None:
-            if last_max > 1e30:
-                raise ValueError("min-total-duration: no horizon is feasible (a job with no throughput?)")
-            while 1.05 * min_t < max_t:
-                t = (min_t + max_t) / 2.0
-                if t >= t_star:
-                    feasible_t, max_t = t, t
-                else:
-                    min_t = t
-            max_t, min_t, last_max = last_max * 10.0, last_max, last_max * 10.0
+        feasible_t = gavel_horizon(1.0 / lam if lam > 0 else float("inf"))
         m, n = thr.shape
-        v = _solve_ipm(self, _program(thr, sf, inp.gpus, lo=rem / feasible_t, cost=np.zeros(m * n)))
+        v = solve_ipm(self, _program(thr, sf, inp.gpus, lo=rem / feasible_t, cost=np.zeros(m * n)))
         return np.clip(v.reshape(m, n), 0.0, 1.0)
 
 
@@ -605,13 +615,13 @@ class MinCostPerf(GavelPolicy):
             with np.errstate(divide="ignore"):
                 need = np.where(np.isfinite(inp.slo_left), inp.steps_remaining / inp.slo_left, -np.inf)
             need = np.where(inp.slo_left > 0, need, -np.inf)  # a deadline already past: Gavel's row is void
-            v = _solve_ipm(self, _program(thr, inp.scale_factors, inp.gpus, lo=need, cost=cost))
+            v = solve_ipm(self, _program(thr, inp.scale_factors, inp.gpus, lo=need, cost=cost))
             if self._solvers["ipm"].getModelStatus() == _infeasible():
                 self._count("slo_infeasible", "min cost: no allocation meets every SLO; solved without them, "
                                               "as Gavel does")
             else:
                 return np.clip(v.reshape(m, n), 0.0, 1.0)
-        v = _solve_ipm(self, _program(None, inp.scale_factors, inp.gpus, cost=cost))
+        v = solve_ipm(self, _program(None, inp.scale_factors, inp.gpus, cost=cost))
         return np.clip(v.reshape(m, n), 0.0, 1.0)
 
 
@@ -647,7 +657,7 @@ class WaterFilling(GavelPolicy):
 
         thr = np.ones_like(inp.throughputs) if self.agnostic else inp.throughputs
         sf, gpus, m = inp.scale_factors, inp.gpus, len(inp.job_ids)
-        prop = _proportional(thr, gpus)
+        prop = proportional(thr, gpus)
         norm = thr / prop[:, None]  # normalised throughput per unit of x
         level = np.zeros(m)  # each job's normalised throughput reached so far
         frozen = np.zeros(m, dtype=bool)
@@ -696,7 +706,7 @@ class WaterFilling(GavelPolicy):
         mult = np.where(live, sf / np.where(live, w, 1.0), 0.0)  # Gavel's: a larger weight, a larger raise
         # rows: sum_j norm_ij x_ij - t / mult_i >= level_i for live jobs; >= level_i (no t) for the others
         t_coef = np.where(live, -1.0 / np.where(live, mult, 1.0), 0.0)
-        v = _solve_ipm(self, _program(norm, sf, gpus, t_coef=t_coef, lo=level))
+        v = solve_ipm(self, _program(norm, sf, gpus, t_coef=t_coef, lo=level))
         h = self._solvers["ipm"]
         if h.getModelStatus() == _infeasible():
             return None, 0.0
