@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hpcsched.hetero.cluster import HeteroCluster
-from hpcsched.hetero.rounds import MAX_FAILED_ATTEMPTS, MECHANISM_ORDER, RoundJob, RoundsResult
+from hpcsched.hetero.rounds import MAX_FAILED_ATTEMPTS, MECHANISM_ORDER, RoundJob, RoundsResult, slo_deadline
 
 if TYPE_CHECKING:
     from hpcsched.hetero.policies import AllocationInput, GavelPolicy
@@ -98,6 +98,8 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
             raise ValueError(f"job {j.id} ({j.job_type!r}, {j.scale_factor} GPUs) fits no GPU type of "
                              f"{cluster} with a throughput > 0; Gavel never splits a job across types")
     half = round_s / 2.0
+    skip_zero = policy.skip_zero_priority
+    prices = [cluster.price(t) or 1.0 for t in lp_types]
 
     active: dict[int, _State] = {}  # arrival order
     combos: dict[tuple[int, ...], _Combo] = {}  # Gavel's priority-dict order
@@ -200,7 +202,7 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
                     worker_time[k] += half
             last_reset = t
             if active:
-                inp = _packed_input(active, combos, lp_types, lp_to_mech, gpus, order, t)
+                inp = _packed_input(active, combos, lp_types, lp_to_mech, gpus, order, t, prices)
                 x = policy.allocate(inp)
                 allocations += 1
                 keys = [(i,) for i in inp.job_ids] + list(inp.pairs)
@@ -235,10 +237,12 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
         free = sum(left)
         taken: set[int] = set()
         scheduled: dict[int, str] = {}
-        for _, _, _, key, k in queue:
+        for p, _, _, key, k in queue:
             if not free:
                 break
             if not left[k] or any(m in taken for m in key):
+                continue
+            if skip_zero and p <= 0.0:  # FIFO (fifo-packed) never places a combination of priority 0
                 continue
             c = combos[key]
             if any(r <= 0 for r in c.thr[k]):
@@ -273,7 +277,8 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
 
 
 def _packed_input(active: dict[int, _State], combos: dict[tuple[int, ...], _Combo], lp_types: list[str],
-                  lp_to_mech: list[int], gpus: list[int], order: list[str], now: float) -> AllocationInput:
+                  lp_to_mech: list[int], gpus: list[int], order: list[str], now: float,
+                  prices: list[float]) -> AllocationInput:
     """The policy's input: single jobs sorted by id, then the live pairs sorted by ids (Gavel's matrix order)."""
     import numpy as np
 
@@ -293,5 +298,7 @@ def _packed_input(active: dict[int, _State], combos: dict[tuple[int, ...], _Comb
         times_since_start=np.array([now - st.job.arrival for st in sts], dtype=float),
         gpus=np.array([gpus[order.index(t)] for t in lp_types], dtype=float),
         job_types=tuple(st.job.job_type for st in sts),
+        prices=np.array(prices, dtype=float),
+        slo_left=np.array([slo_deadline(st.job, st.thr) - now for st in sts], dtype=float),
         pairs=tuple(pairs), pair_throughputs=pthr,
     )

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hpcsched.hetero.cluster import HeteroCluster
 
@@ -92,6 +92,19 @@ class RoundsResult:
         return float(np.mean(jct)) if jct else None
 
 
+class RoundState(Protocol):
+    """What the rules below read and write of one active job (``_Job`` here; the runtime's executor,
+    ``hpcsched.hetero.round_executor``, keeps its own): times and deficits per mechanism type index."""
+
+    job: RoundJob
+    thr: list[float]  # steps/s per mechanism type index
+    steps_left: int
+    time: list[float]  # time received per type since the last reset (+ half a round)
+    deficit: list[float]
+    alloc: list[float] | None  # None: not in the current allocation
+    deadline: float
+
+
 class _Job:
     """Mutable per-run state of one active job (kept apart from the frozen input)."""
 
@@ -105,11 +118,14 @@ class _Job:
         self.deficit = [0.0] * n_types
         self.failures = 0
         self.alloc: list[float] | None = None  # per mechanism type; None: not in the current allocation
-        # Gavel's SLO deadline: arrival + SLO x the job's duration, which its generator defines on a V100 (the
-        # fastest type); here on the fastest type the job has
-        best = max(thr) if thr else 0.0
-        self.deadline = job.arrival + job.slo * job.total_steps / best if job.slo is not None and best > 0 \
-            else float("inf")
+        self.deadline = slo_deadline(job, thr)
+
+
+def slo_deadline(job: RoundJob, thr: Sequence[float]) -> float:
+    """Gavel's SLO deadline: arrival + SLO x the job's duration, which its generator defines on a V100 (the
+    fastest type); here on the fastest type the job has (``thr``: its isolated steps/s per type). inf: none."""
+    best = max(thr) if thr else 0.0
+    return job.arrival + job.slo * job.total_steps / best if job.slo is not None and best > 0 else float("inf")
 
 
 def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: GavelPolicy,
@@ -128,8 +144,7 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         return simulate_packed_rounds(jobs, cluster, policy, table, round_s=round_s, reset_s=reset_s, seed=seed,
                                       on_round=on_round)
     t0 = time.perf_counter()
-    order = [t for t in MECHANISM_ORDER if t in cluster.types] + [t for t in cluster.types
-                                                                  if t not in MECHANISM_ORDER]
+    order = mechanism_order(cluster.types)
     n_types = len(order)
     gpus = [cluster.gpus(t) for t in order]
     lp_types = sorted(order)  # the policies see types sorted by name, as Gavel's do
@@ -210,18 +225,11 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
 
         # Priorities (and, when due, a reset and a new allocation).
         if need_update and (t - last_reset >= reset_s or last_reset == 0):
-            elapsed = t - last_reset
-            for k in range(n_types):
-                worker_time[k] = 0.0
-                for st in active.values():
-                    should = st.alloc[k] * elapsed if st.alloc is not None else 0
-                    st.deficit[k] += should - (st.time[k] - half)
-                    st.time[k] = half
-                    worker_time[k] += half
+            reset_period(active.values(), worker_time, t - last_reset, half)
             last_reset = t
             ids = sorted(active)
             if ids:
-                inp = _allocation_input(ids, active, lp_types, lp_to_mech, gpus, order, t, cluster)
+                inp = allocation_input(ids, active, lp_types, lp_to_mech, gpus, order, t, cluster)
                 x = policy.allocate(inp)
                 allocations += 1
                 for row, jid in zip(x, ids, strict=True):
@@ -234,51 +242,10 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         types = list(range(n_types))
         if shuffler is not None:
             shuffler.shuffle(types)
-        # Per type, (priority, deficit, allocation) highest first, ties in arrival order: the entries carry
-        # -id last, so one plain descending tuple sort (no key function) gives that order (ids follow arrivals).
-        queue: list[tuple[float, float, float, int, int]] = []
-        items = list(active.items())
-        for k in types:
-            wt = worker_time[k]
-            entries = []
-            add = entries.append
-            for jid, st in items:
-                a = st.alloc
-                if a is None:
-                    if not skip_zero:
-                        add((0.0, st.deficit[k], 0.0, -jid, k))
-                    continue
-                ak = a[k]
-                if ak == 0.0 or st.thr[k] == 0:
-                    if skip_zero:
-                        continue  # never placed (below): FIFO's queue, most of the jobs, costs nothing
-                    p = 0.0
-                elif wt == 0.0:
-                    p = ak * 1e9
-                else:
-                    p = ak / (st.time[k] / wt)
-                add((p, st.deficit[k], ak, -jid, k))
-            entries.sort(reverse=True)
-            queue += entries
-        left = list(gpus)
-        free = sum(left)
-        taken: set[int] = set()
+        queue = round_queue(list(active.items()), types, worker_time, skip_zero)
         scheduled: dict[int, str] = {}
-        for p, _, _, neg, k in queue:
-            if not free:
-                break  # every GPU is given: nothing later in the queue can be placed
-            jid = -neg
-            if not left[k] or jid in taken:
-                continue
+        for jid, k in round_picks(queue, active, gpus, skip_zero):
             st = active[jid]
-            if st.thr[k] <= 0 or (skip_zero and p <= 0.0):
-                continue
-            sf = st.job.scale_factor
-            if sf > left[k]:
-                continue
-            left[k] -= sf
-            free -= sf
-            taken.add(jid)
             if st.alloc is None:
                 continue  # picked, but Gavel assigns no GPUs to a job outside the allocation: they idle
             thr = st.thr[k]
@@ -298,9 +265,93 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
                         time.perf_counter() - t0, dict(policy.stats))
 
 
-def _allocation_input(ids: list[int], active: dict[int, _Job], lp_types: list[str], lp_to_mech: list[int],
-                      gpus: list[int], order: list[str], now: float,
-                      cluster: HeteroCluster | None = None) -> AllocationInput:
+def mechanism_order(types: Iterable[str]) -> list[str]:
+    """The order of GPU types in the greedy pass: Gavel's ``MECHANISM_ORDER`` first, then the others as given."""
+    types = list(types)
+    return [t for t in MECHANISM_ORDER if t in types] + [t for t in types if t not in MECHANISM_ORDER]
+
+
+def reset_period(states: Iterable[RoundState], worker_time: list[float], elapsed: float, half: float) -> None:
+    """Gavel's reset (``_reset_time_run_so_far``): each job's deficit gains ``allocation x elapsed - time
+    received`` per type, and a new accounting period starts with half a round per job and type (the type's
+    total: half a round per job). ``worker_time`` (per type) is rewritten in place."""
+    sts = list(states)
+    for k in range(len(worker_time)):
+        worker_time[k] = 0.0
+        for st in sts:
+            should = st.alloc[k] * elapsed if st.alloc is not None else 0
+            st.deficit[k] += should - (st.time[k] - half)
+            st.time[k] = half
+            worker_time[k] += half
+
+
+def round_queue(items: Sequence[tuple[int, RoundState]], types: Sequence[int], worker_time: Sequence[float],
+                skip_zero: bool) -> list[tuple[float, float, float, int, int]]:
+    """Gavel's priority queue of one round: per type (in ``types``' order), the entries (priority, deficit,
+    allocation, -job id, type index), highest first, ties in arrival order; priority = allocation / (job's
+    time / type's time), 0 where the allocation or the throughput is 0 (``skip_zero``, FIFO: such entries are
+    left out, as they are never placed)."""
+    # The entries carry -id last, so one plain descending tuple sort (no key function) gives that order (ids
+    # follow arrivals).
+    queue: list[tuple[float, float, float, int, int]] = []
+    for k in types:
+        wt = worker_time[k]
+        entries = []
+        add = entries.append
+        for jid, st in items:
+            a = st.alloc
+            if a is None:
+                if not skip_zero:
+                    add((0.0, st.deficit[k], 0.0, -jid, k))
+                continue
+            ak = a[k]
+            if ak == 0.0 or st.thr[k] == 0:
+                if skip_zero:
+                    continue  # never placed (below): FIFO's queue, most of the jobs, costs nothing
+                p = 0.0
+            elif wt == 0.0:
+                p = ak * 1e9
+            else:
+                p = ak / (st.time[k] / wt)
+            add((p, st.deficit[k], ak, -jid, k))
+        entries.sort(reverse=True)
+        queue += entries
+    return queue
+
+
+def round_picks(queue: Sequence[tuple[float, float, float, int, int]], states: Mapping[int, RoundState],
+                gpus: Sequence[int], skip_zero: bool) -> list[tuple[int, int]]:
+    """Gavel's greedy pass over ``round_queue``: each job gets the first type in the queue with room for its
+    scale factor and a throughput > 0 there (FIFO: and a priority > 0); (job id, type index) in pass order. A
+    job outside the allocation (``alloc`` None) is picked too: Gavel then leaves its GPUs idle for the round."""
+    left = list(gpus)
+    free = sum(left)
+    taken: set[int] = set()
+    picks: list[tuple[int, int]] = []
+    for p, _, _, neg, k in queue:
+        if not free:
+            break  # every GPU is given: nothing later in the queue can be placed
+        jid = -neg
+        if not left[k] or jid in taken:
+            continue
+        st = states[jid]
+        if st.thr[k] <= 0 or (skip_zero and p <= 0.0):
+            continue
+        sf = st.job.scale_factor
+        if sf > left[k]:
+            continue
+        left[k] -= sf
+        free -= sf
+        taken.add(jid)
+        picks.append((jid, k))
+    return picks
+
+
+def allocation_input(ids: list[int], active: Mapping[int, RoundState], lp_types: list[str], lp_to_mech: list[int],
+                     gpus: list[int], order: list[str], now: float,
+                     cluster: HeteroCluster | None = None) -> AllocationInput:
+    """The policy's input for the jobs ``ids`` (sorted) over the types ``lp_types`` (sorted by name, Gavel's
+    matrix order; ``lp_to_mech`` maps them to mechanism indices); prices from ``cluster`` where given."""
     import numpy as np
 
     from hpcsched.hetero.policies import AllocationInput
