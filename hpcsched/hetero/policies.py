@@ -759,6 +759,13 @@ POLICIES: dict[str, str] = {
     "max-sum-throughput-perf": "maximise total throughput",
     "max-min-fairness-packed": "heterogeneity-aware max-min fairness with space sharing (pairs of jobs of equal "
                                "size co-located on a GPU type, at the pair rates of the throughput table)",
+    # Gavel's other space-sharing variants (hetero/packed_policies.py)
+    "fifo-packed": "FIFO with space sharing: queued jobs packed onto placed jobs of equal size when the pair "
+                   "runs > 1.5x their normalised rates",
+    "finish-time-fairness-packed": "finish-time fairness (worst rho) with space sharing",
+    "min-total-duration-packed": "finish all active jobs as soon as possible, with space sharing",
+    "max-sum-throughput-normalized-by-cost-packed-SLOs": "minimum cost with space sharing and SLOs (without "
+                                                         "prices or SLOs: packed max-sum throughput)",
     "max-sum-throughput-normalized-by-cost-perf": "minimum cost: maximise throughput per dollar (prices: "
                                                   "type=count@$/h)",
     "max-sum-throughput-normalized-by-cost-perf-SLOs": "minimum cost, every job finishing by its SLO when "
@@ -778,6 +785,10 @@ def make_policy(name: str, seed: int = 0, *, entity_weights: dict[str, float] | 
     if name.startswith("max-min-fairness-water-filling") and name in POLICIES:
         return WaterFilling(name=name, heterogeneity_aware=name.endswith("-perf"),
                             agnostic=not name.endswith("-perf"), entity_weights=dict(entity_weights or {}))
+    if name.endswith(("-packed", "-packed-SLOs")) and name in POLICIES and name != "max-min-fairness-packed":
+        from hpcsched.hetero.packed_policies import make_packed_policy  # imports this module: not at the top
+
+        return make_packed_policy(name)
     if name.startswith("max-sum-throughput-normalized-by-cost-perf") and name in POLICIES:
         return MinCostPerf(name=name, slos=name.endswith("-SLOs"))
     if name == "fifo":
