@@ -778,10 +778,19 @@ POLICIES: dict[str, str] = {
 """Gavel's policies this package runs, by Gavel's names with hyphens."""
 
 
-def make_policy(name: str, seed: int = 0, *, entity_weights: dict[str, float] | None = None) -> GavelPolicy:
+def make_policy(name: str, seed: int = 0, *, entity_weights: dict[str, float] | None = None,
+                solver: str = "highs") -> GavelPolicy:
     """A fresh policy object for one run (policies keep per-run state: FIFO's queue, FTF's progress).
 
-    ``entity_weights`` ({user or project: weight}) makes the water-filling policies hierarchical."""
+    ``entity_weights`` ({user or project: weight}) makes the water-filling policies hierarchical.
+    ``solver="ecos"``: Gavel's own programs solved with ECOS (``hpcsched.hetero.ecos_programs``, the ``cvxpy``
+    extra), whose allocations are Gavel's; FIFO needs no solver either way."""
+    if solver == "ecos" and name != "fifo":
+        from hpcsched.hetero.ecos_programs import make_ecos_policy
+
+        return make_ecos_policy(name)
+    if solver not in ("highs", "ecos"):
+        raise KeyError(f"unknown solver {solver!r}; known: highs, ecos")
     if name.startswith("max-min-fairness-water-filling") and name in POLICIES:
         return WaterFilling(name=name, heterogeneity_aware=name.endswith("-perf"),
                             agnostic=not name.endswith("-perf"), entity_weights=dict(entity_weights or {}))

@@ -99,10 +99,12 @@ def load_round_jobs(trace: str | Path) -> list[RoundJob]:
 
 
 def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, round_s: float = ROUND_S,
-              throughputs: str | Path | None = None, out: str | Path | None = None) -> dict[str, Any]:
+              throughputs: str | Path | None = None, out: str | Path | None = None,
+              solver: str = "highs") -> dict[str, Any]:
     """Simulate ``policy`` on ``trace`` with Gavel's accounting; returns the summary ``--json`` prints.
 
     With ``out``, also writes ``jobs.csv`` and ``meta.json`` there (what ``hpcsched calc`` reads).
+    ``solver``: 'highs' (the default) or 'ecos' (Gavel's own programs and solver, ``hetero.ecos_programs``).
     """
     from hpcsched.hetero.policies import make_policy
     from hpcsched.hetero.throughputs import load_throughputs
@@ -118,7 +120,10 @@ def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, ro
                                "(type=count)")
     table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()
     jobs = load_round_jobs(trace)
-    pol = make_policy(policy, seed)
+    try:
+        pol = make_policy(policy, seed, solver=solver)
+    except KeyError as e:
+        raise InputError(None, f"--solver {solver}: {e.args[0]}") from None
     try:
         res = simulate_rounds(jobs, spec, pol, table, round_s=round_s, seed=seed)
     except KeyError as e:  # a job type or scale factor the throughput table lacks
@@ -128,13 +133,13 @@ def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, ro
     results = [JobResult(job_id=str(j.id), submit=j.arrival, start=s, end=e, gpus=j.scale_factor,
                          gpu_seconds=g, status="completed" if e is not None else "failed")
                for j, s, e, g in zip(res.jobs, res.first_start, res.end, res.gpu_seconds, strict=True)]
-    meta = _meta(res, str(trace), cluster, policy, seed, round_s, spec.total_gpus)
+    meta = _meta(res, str(trace), cluster, policy, seed, round_s, spec.total_gpus) | {"lp_solver": solver}
     if out is not None:
         write_results(out, results, meta)
     summary = summarize_results(results, meta)
     return ({"dir": str(out)} if out is not None else {}) | summary | {
         "policy": policy, "compat": "gavel", "rounds": res.rounds, "allocations": res.allocations,
-        "gavel_total_duration": res.makespan, "gavel_avg_jct": res.avg_jct, "solver": res.solver,
+        "gavel_total_duration": res.makespan, "gavel_avg_jct": res.avg_jct, "solver": res.solver, "lp_solver": solver,
         "events": res.rounds, "wall_s": res.wall_s}
 
 
@@ -145,9 +150,10 @@ def _meta(res: RoundsResult, trace: str, cluster: str, policy: str, seed: int, r
             "solver": res.solver}
 
 
-def simulate_command(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool) -> None:
+def simulate_command(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool,
+                     solver: str = "highs") -> None:
     """``hpcsched simulate`` with ``--compat gavel``: print the summary (JSON or a line), exit 2 on bad input."""
-    code = _simulate(trace, cluster, policy, out, as_json)
+    code = _simulate(trace, cluster, policy, out, as_json, solver)
     if code:
         import typer
 
@@ -155,14 +161,14 @@ def simulate_command(trace: Path, cluster: str, policy: str, out: Path | None, a
 
 
 _FAST_OPTIONS = {"--trace": "trace", "--cluster": "cluster", "--policy": "policy", "--out": "out",
-                 "--compat": "compat"}
+                 "--compat": "compat", "--solver": "solver"}
 
 
 def fast_main(argv: list[str]) -> int | None:
     """``hpcsched simulate`` without Typer, for the plain ``--compat gavel`` line; None for anything else.
 
     Why: Typer and the pydantic it loads took as long to import as a whole Gavel run takes to simulate
-    here. Only ``--trace``, ``--cluster``, ``--policy``, ``--compat gavel``, ``--out`` (``--opt value``
+    here. Only ``--trace``, ``--cluster``, ``--policy``, ``--compat gavel``, ``--out``, ``--solver`` (``--opt value``
     or ``--opt=value``, each once) and ``--json`` are read; any other word (``--help``, a typo, a missing
     option) returns None and Typer parses the line as it always did, with its own messages. Returns the
     exit code.
@@ -176,10 +182,15 @@ def fast_main(argv: list[str]) -> int | None:
     if opts.get("compat") != "gavel" or not {"trace", "cluster", "policy"} <= set(opts):
         return None
     out = Path(opts["out"]) if "out" in opts else None
-    return _simulate(Path(opts["trace"]), opts["cluster"], opts["policy"], out, as_json)
+    return _simulate(Path(opts["trace"]), opts["cluster"], opts["policy"], out, as_json, opts.get("solver", "highs"))
 
 
-def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool) -> int:
+SOLVERS = ("highs", "ecos")
+"""``--solver`` with ``--compat gavel``: HiGHS's interior point (default), or Gavel's own programs and solver
+(ECOS 2.0.14, the ``cvxpy`` extra; ``hpcsched.hetero.ecos_programs``), whose allocations are Gavel's."""
+
+
+def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool, solver: str = "highs") -> int:
     import json
     import sys
 
@@ -188,15 +199,24 @@ def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json:
     if policy not in POLICIES:
         print(f"error: unknown policy {policy!r} for --compat gavel; known: {', '.join(POLICIES)}", file=sys.stderr)
         return 2
+    if solver not in SOLVERS:
+        print(f"error: unknown --solver {solver!r} for --compat gavel; known: {', '.join(SOLVERS)}", file=sys.stderr)
+        return 2
     try:
-        summary = run_gavel(trace, cluster, policy, out=out)
+        summary = run_gavel(trace, cluster, policy, out=out, solver=solver)
     except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # ecos_programs.EcosMissing (not imported here: the default path never loads it)
+        if type(e).__name__ != "EcosMissing":
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     if as_json:
         print(json.dumps(summary))
         return 0
-    print(f"hpcsched simulate {policy} (compat gavel): {trace} on {cluster}: avg JCT {summary['avg_jct']:.3f} s, "
+    print(f"hpcsched simulate {policy} (compat gavel, {solver}): {trace} on {cluster}: "
+          f"avg JCT {summary['avg_jct']:.3f} s, "
           f"makespan {summary['makespan']:.3f} s, {summary['jobs']} jobs ({summary['unfinished']} failed), "
           f"{summary['rounds']} rounds, {summary['allocations']} allocations in {summary['wall_s']:.2f} s"
           + (f"; results in {out}" if out is not None else ""))

@@ -67,6 +67,10 @@ def simulate_cmd(
              "load-based (oldest first while the admitted jobs ask at most --load-threshold x the GPUs)."),
     load_threshold: float = typer.Option(1.0, "--load-threshold", min=0.0,
                                          help="With --admission load-based: the admitted load, x the GPUs."),
+    solver: str = typer.Option(
+        "highs", "--solver",
+        help="With --compat gavel: the LP solver, highs (default) or ecos (Gavel's own programs and solver, ECOS "
+             "2.0.14 from the cvxpy extra, GPL-3: its allocations, so its figures, are Gavel's; docs/hetero.md)."),
     placement: str = typer.Option(
         "consolidated", "--placement",
         help="With --as-controller: where a job's GPUs go (hpcsched.placements): consolidated (fewest nodes, "
@@ -84,8 +88,10 @@ def simulate_cmd(
         # Gavel's policies and round mechanism (issue 19; ``hetero.cluster.looks_hetero``, not imported: start-up)
         from hpcsched.hetero.simulate import simulate_command  # before the simulator's imports: start-up counts
 
-        simulate_command(trace, str(cluster), policy, out, as_json)
+        simulate_command(trace, str(cluster), policy, out, as_json, solver)
         return
+    if solver != "highs":
+        raise typer.BadParameter("only with --compat gavel (Gavel's policies' programs)", param_hint="--solver")
     from hpcsched.cluster_spec import read_cluster_spec
     from hpcsched.metrics import summarize_results
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
