@@ -3,6 +3,7 @@ the whole path end to end (real controller and worker processes, real gRPC, real
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -21,8 +22,11 @@ from runtime_procs import (
     wait_for,
 )
 
-from hpcsched.runtime import launchers, scheduler
+from hpcsched.runtime import launch, launchers, reconcile, scheduler
+from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState
+from hpcsched.runtime.store import AllocRow, JobRow
 
 horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
     or "horovodrun" not in launchers.available()
@@ -48,19 +52,73 @@ def test_plan_shrinks_and_grows_in_place_on_one_node() -> None:
 
 
 def test_plan_falls_back_to_stop_and_relaunch() -> None:
-    """Not in place: a job that is not elastic Horovod, a job spread over two nodes, and a grow that needs a
-    slot on another node (Horovod would start ranks there over ssh) are resized by stop and relaunch."""
+    """Not in place: a job that is not elastic Horovod, and a grow onto a worker without the horovodrun launcher
+    (nowhere for the new ranks) are resized by stop and relaunch."""
     one = (WorkerState("w1", 2, ("horovodrun",)),)
     rigid = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),), in_place=False), _pending("b")),
                                         one, {"w1": 2}))
     assert rigid.stops == {"a": "resize"} and rigid.resizes == {}
+    other = (WorkerState("w1", 2, ("horovodrun",)), WorkerState("w2", 2, ("torchrun",)))
+    nowhere = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),)),), other, {"w1": 2}))
+    assert nowhere.stops == {"a": "resize"} and nowhere.resizes == {}
+
+
+def test_plan_resizes_in_place_across_workers() -> None:
+    """Issue 18: a job over two workers shrinks in place from its last node (4 -> 3 for a newcomer, whose slot is
+    not handed out in the same step); a one-node job grows in place onto another worker's free slots; a job
+    whose first node (horovodrun's) is gone is not resized in place."""
     two = (WorkerState("w1", 2, ("horovodrun",)), WorkerState("w2", 2, ("horovodrun",)))
     spread = scheduler.plan(ClusterState(10.0, (_running("a", 4, (("w1", 2), ("w2", 2))), _pending("b")),
                                          two, {"w1": 2, "w2": 2}))
-    assert spread.stops == {"a": "resize"} and spread.resizes == {}
-    # 2 -> 4 fits the cluster (2 free on w2) but not w1: stop and relaunch at 4.
-    elsewhere = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),)),), two, {"w1": 2}))
-    assert elsewhere.stops == {"a": "resize"} and elsewhere.resizes == {}
+    assert spread.resizes == {"a": [("w1", 2), ("w2", 1)]} and spread.stops == {} and spread.starts == {}
+    grow = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 2),)),), two, {"w1": 2}))
+    assert grow.resizes == {"a": [("w1", 2), ("w2", 2)]} and grow.stops == {}
+    three = (WorkerState("w1", 2, ("horovodrun",)), WorkerState("w2", 1, ("horovodrun",)),
+             WorkerState("w3", 2, ("horovodrun",)))
+    joined = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w2", 1), ("w1", 1))),), three,
+                                         {"w1": 1, "w2": 1}))
+    assert joined.resizes == {"a": [("w2", 1), ("w1", 2), ("w3", 1)]}, joined  # its own nodes first, then new
+    gone = scheduler.plan(ClusterState(10.0, (_running("a", 2, (("w1", 1), ("w2", 1))), _pending("b")), (two[1],),
+                                       {"w2": 1}))
+    assert gone.resizes == {}, gone
+
+
+def _alloc(task: str, worker: str, rank: int, procs: int, launch: bytes, state: str = "running") -> AllocRow:
+    return AllocRow(task, "j0001", 1, worker, rank, procs, state, None, launch)
+
+
+def test_in_place_change_across_workers(tmp_path: Path) -> None:
+    """The store rows an in-place resize across workers writes: every live task gets the host list indexed by node
+    rank (a released node's entry has 0 slots, so the discovery file leaves it out), a worker the job grows onto
+    gets a slot-holding task with the next node rank and its agent in every task's map; node 0 must stay."""
+    spec = parse_job_spec("command: [t.py]\nsteps: 10\nlauncher: horovodrun\nmin_procs: 1\nmax_procs: 3\n", "j.yaml")
+    hosts = {"w1": "10.0.0.2", "w2": "10.0.0.3", "w3": "10.0.0.4"}
+    agents = {w: f"{h}:700" for w, h in hosts.items()}
+    tasks = [_alloc(m.task_id, w, m.node_rank, m.nprocs, m.SerializeToString()) for w, m in launch.launch_tasks(
+        "j0001", 1, spec, [("w1", 1), ("w2", 1)], hosts, 4242, tmp_path, "j0001", {"w1": agents["w1"],
+                                                                                   "w2": agents["w2"]})]
+    grown = launch.in_place_change(tasks, [("w1", 1), ("w2", 1), ("w3", 1)], hosts, agents)
+    assert isinstance(grown, launch.InPlaceChange) and grown.world_size == 3
+    assert [(t, k) for t, k, _ in grown.resized] == [("j0001.g1.n0", 1), ("j0001.g1.n1", 1)]
+    ((w, new),) = grown.added
+    assert (w, new.task_id, new.node_rank, new.nprocs, new.world_size) == ("w3", "j0001.g1.n2", 2, 1, 3)
+    node0 = pb.LaunchTask.FromString(grown.resized[0][2])
+    assert list(node0.hosts) == list(new.hosts) == ["10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"]
+    assert dict(node0.agents) == {h: agents[w] for w, h in hosts.items()} and node0.nprocs == 1
+    rows = [_alloc(t, r.worker_id, r.node_rank, k, b) for (t, k, b), r in zip(grown.resized, tasks, strict=True)]
+    rows.append(_alloc(new.task_id, "w3", 2, 1, new.SerializeToString()))
+    shrunk = launch.in_place_change(rows, [("w1", 1), ("w3", 1)], hosts, agents)  # w2 leaves
+    assert isinstance(shrunk, launch.InPlaceChange) and shrunk.world_size == 2 and not shrunk.added
+    assert [(t, k) for t, k, _ in shrunk.resized] == [("j0001.g1.n0", 1), ("j0001.g1.n1", 0), ("j0001.g1.n2", 1)]
+    assert list(pb.LaunchTask.FromString(shrunk.resized[0][2]).hosts) == ["10.0.0.2:1", "10.0.0.3:0", "10.0.0.4:1"]
+    assert "first node" in launch.in_place_change(rows, [("w2", 1), ("w3", 1)], hosts, agents)
+    # the released task is stopped (checkpoint signal) while it runs, exits at once if it never started
+    job = JobRow("j0001", 1, "hvd", spec, "running", 2, 2, 1, 0, None, None, -1, None, 0.0, None, None, 0, "",
+                 "in-place", 0.0, None, 0.0, 0.0, None, None, None, None, 0)
+    released = _alloc("j0001.g1.n1", "w2", 1, 0, b"")
+    assert reconcile.expected(released, job, pb.TaskStatus(running=True), 0.0) is reconcile.Expected.RELEASE
+    assert reconcile.expected(dataclasses.replace(released, state="launching"), job, None, 0.0) \
+        is reconcile.Expected.RELEASED
 
 
 def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[str, list[dict]]]:

@@ -41,8 +41,9 @@ objective), and the solver picks the counts. Elastic jobs without a curve then g
 order, into what is left.
 
 A resize normally stops the job (checkpoint) and places it again at its new size. An elastic Horovod job
-(``in_place``) that runs on one node and whose new size fits there is resized in place instead
-(``Plan.resizes``): the controller sends its worker the new host list and Horovod re-forms the ranks.
+(``in_place``) whose first node stays and whose growth fits in free slots (on its nodes, then on other workers)
+is resized in place instead (``Plan.resizes``, over one worker or several): the controller sends its workers the
+new host list and Horovod re-forms the ranks.
 """
 
 from __future__ import annotations
@@ -272,7 +273,7 @@ def _size(ctx: _Context) -> None:
 def _place(ctx: _Context) -> None:
     by_id, out = ctx.by_id, ctx.out
     ctx.free = {w.id: w.slots - ctx.state.used.get(w.id, 0) for w in ctx.workers}
-    _resize_in_place(out, ctx.order, by_id, ctx.free)
+    _resize_in_place(out, ctx.order, by_id, ctx.free, ctx.workers)
     free, workers = ctx.free, ctx.workers
     gpu_type = {w.id: w.gpu_type for w in workers}
     place = get_placement(ctx.request.options.placement)
@@ -386,23 +387,59 @@ def _keeps_running(j: JobState, out: Plan) -> bool:
     return j.id in out.resizes or (j.id in out.sizes and out.sizes[j.id] == j.procs)
 
 
-def _resize_in_place(out: Plan, order: list[str], by_id: dict[str, JobState], free: dict[str, int]) -> None:
-    """Resize in place the in-place-capable running jobs whose size changes and that stay on their one node.
+def _resize_in_place(out: Plan, order: list[str], by_id: dict[str, JobState], free: dict[str, int],
+                     workers: list[WorkerState]) -> None:
+    """Resize in place the in-place-capable running jobs whose size changes (``_in_place_placement``).
 
-    Only a job on one node, staying on it: Horovod starts a grown job's new ranks over ssh on other hosts,
-    which a node-local worker cannot vouch for. A shrink always fits; a grow needs the free slots on that node
-    (taken before pending jobs are placed: the job already runs, its growth was sized before them). Slots a
-    shrink frees are not handed out in this step: the ranks leave only when Horovod re-forms (about 1 s).
+    A grow takes free slots (before pending jobs are placed: the job already runs, its growth was sized before
+    them). Slots a shrink frees are not handed out in this step: the ranks leave only when Horovod re-forms
+    (about 1 s).
     """
     for jid in order:  # running jobs admitted at another size, in priority order
         j = by_id[jid]
-        if not j.running or jid not in out.sizes or out.sizes[jid] == j.procs:
+        if not j.running or jid not in out.sizes or out.sizes[jid] == j.procs or not j.in_place or not j.placement:
             continue
-        if not j.in_place or len(j.placement) != 1:
+        where = _in_place_placement(j, out.sizes[jid], free, workers)
+        if where is None:
             continue
-        wid, _ = j.placement[0]
-        grow = out.sizes[jid] - j.procs
-        if grow > free.get(wid, 0):
+        out.resizes[jid] = where
+        held = dict(j.placement)
+        for wid, k in where:
+            free[wid] -= max(0, k - held.get(wid, 0))
+
+
+def _in_place_placement(j: JobState, size: int, free: dict[str, int], workers: list[WorkerState]
+                        ) -> list[tuple[str, int]] | None:
+    """Where a running elastic Horovod job goes at ``size`` without a restart, or None. Its first node stays
+    (it runs ``horovodrun``, whose discovery file is the host list); a shrink gives up slots from its last nodes
+    first; a grow tops up the nodes it runs on, then adds workers that have its launcher and a GPU type it
+    accepts, in id order (the worker's agent starts the new ranks there: no ssh). None when its first node is
+    no longer among ``workers`` or the growth does not fit in free slots."""
+    live = {w.id for w in workers}
+    if j.placement[0][0] not in live:
+        return None
+    cur = [(wid, k) for wid, k in j.placement if wid in live]
+    have = sum(k for _, k in cur)
+    if size <= have:
+        out, left = [], size
+        for wid, k in cur:
+            if left > 0:
+                out.append((wid, min(k, left)))
+                left -= min(k, left)
+        return out
+    add = size - have
+    out = []
+    for wid, k in cur:
+        more = min(add, max(0, free.get(wid, 0)))
+        out.append((wid, k + more))
+        add -= more
+    for w in workers:
+        if add == 0:
+            break
+        if w.id in dict(cur) or j.launcher not in w.launchers or (j.gpu_types and w.gpu_type not in j.gpu_types):
             continue
-        out.resizes[jid] = [(wid, out.sizes[jid])]
-        free[wid] -= max(0, grow)
+        more = min(add, max(0, free.get(w.id, 0)))
+        if more:
+            out.append((w.id, more))
+            add -= more
+    return out if add == 0 else None

@@ -13,12 +13,19 @@ reason in the job's message, and it is retried (from the last checkpoint, by the
 a resized job is placed again at its new size and the time from the stop to its first progress report
 at the new size is recorded as ``last_resize_s``.
 
-An elastic Horovod job (``horovodrun``, ``min_procs < max_procs``) is launched in Horovod's elastic mode and,
-while it stays on its one node, resized in place (the scheduler's ``Plan.resizes``): its allocation takes the
-new size and host list at once, the job stays running (same generation, no checkpoint), and the changed
-LaunchTask is sent again on every heartbeat of its worker until a report at the new size arrives; the worker,
-seeing a LaunchTask for a task it runs with another host list, rewrites the task's discovery file. The time
-from the decision to that report is ``last_resize_s`` too (event ``resized``, kind ``in-place``).
+An elastic Horovod job (``horovodrun``, ``min_procs < max_procs``) is launched in Horovod's elastic mode and
+resized in place (the scheduler's ``Plan.resizes``), on one worker or across several: the job stays running
+(same generation, no checkpoint) and its allocations take the new placement at once (``launch.in_place_change``):
+every live task of the attempt gets the new host list, a worker it grows onto gets a new slot-holding task (its
+agent then starts the ranks node 0's horovodrun asks for), and a worker it leaves keeps a released task (0 procs)
+that is stopped with a checkpoint signal once Horovod has removed its ranks, its end no part of the outcome. The
+changed LaunchTasks are sent again on every heartbeat until a report at the new size arrives; the node-0 worker,
+seeing a LaunchTask for a task it runs with another host list, rewrites the task's discovery file (and the agent
+map its rsh agent reads). The time from the decision to that report is ``last_resize_s`` too (event ``resized``,
+kind ``in-place``). A worker that leaves or is lost does not stop such a job when its first node is elsewhere and
+the rest hold its minimum: it shrinks in place onto the rest. An in-place resize that cannot be made (its first
+node not in the placement) or is not seen within ``IN_PLACE_TIMEOUT_S`` falls back to stop and relaunch, said
+by event ``resize`` with ``resize_kind: relaunch`` and the reason.
 
 The rules live beside it, named for what they are, as functions this class calls: ``lifecycle`` (the job state
 machine as a transition table), ``reconcile`` (what a heartbeat's tasks mean against the store), ``launch``
@@ -41,7 +48,7 @@ from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
 from hpcsched.runtime.config import GPU_TYPE, MAX_NAME_CHARS, ControllerConfig, parse_job_spec
-from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, launch_tasks, resized_launch, slot_use
+from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, in_place_change, launch_tasks, slot_use
 from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
@@ -144,6 +151,7 @@ class Controller:
                           time.time(), True, req.gpu_type.lower())
             self.store.upsert_worker(w)
             self.leaving.discard(w.id)
+            self.agent_port.pop(w.id, None)  # a new daemon's agent listens elsewhere: known at its first heartbeat
             self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots, gpu_type=w.gpu_type)
             self.last_seen[w.id] = self.mono()
         log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
@@ -193,6 +201,8 @@ class Controller:
             self.leaving.add(wid)
             for a in self.store.allocations(worker_id=wid):
                 job = self.store.job(a.job_id)
+                if a.nprocs == 0 or self._shrink_away(job, wid, f"worker {wid} left", now):
+                    continue  # released, or shrunk in place onto the job's other workers: it keeps running
                 if next_state(job.state, Event.STOP)[1] is Action.STOP:
                     self.store.update_job(job.id, state="stopping", stop_reason="preempt", stop_time=now,
                                           message=f"worker {wid} left")
@@ -204,9 +214,12 @@ class Controller:
                 self.spare_port.pop(wid, None)
                 self.store.set_worker_alive(wid, False)
                 for a in self.store.allocations(worker_id=wid):
+                    job = self.store.job(a.job_id)
+                    if a.nprocs == 0 and job.state == "running":
+                        self._release_exited(job, a, f"went with worker {wid}")
+                        continue
                     self.store.set_alloc_state(a.task_id, "exited", -9)
-                    self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} left while it ran",
-                                      lost=True)
+                    self._task_exited(job, a, -9, f"lost: worker {wid} left while it ran", lost=True)
             self.store.event(None, "worker_left" if req.final else "worker_draining", worker=wid)
         log.info("worker %s %s (%d jobs stopping)", wid, "left" if req.final else "is leaving", stopping)
         self.wakeup.set()
@@ -223,6 +236,9 @@ class Controller:
         verdict = reconcile.reported(t.running, a, job)
         if verdict in (reconcile.Reported.EXITED, reconcile.Reported.FORGET):
             reply.forget.append(t.task_id)
+        if verdict is reconcile.Reported.EXITED and a.nprocs == 0 and job is not None and job.state == "running":
+            self._release_exited(job, a, f"exited with {t.exit_code}")
+            return True
         if verdict is reconcile.Reported.EXITED:
             self.store.set_alloc_state(a.task_id, "exited", t.exit_code)
             self._task_exited(self.store.job(a.job_id), a, t.exit_code, t.reason)
@@ -245,6 +261,11 @@ class Controller:
             self.store.set_alloc_state(a.task_id, "exited", -1)
             self._check_stopped(self.store.job(a.job_id))
             return True
+        elif verdict is reconcile.Expected.RELEASE:  # Horovod removes its ranks; it exits when they are gone
+            reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=True, grace_s=self.cfg.stop_grace_s))
+        elif verdict is reconcile.Expected.RELEASED:
+            self._release_exited(job, a, "released before it started")
+            return True
         elif verdict is reconcile.Expected.RESIZE_TIMED_OUT:
             # The worker could not resize it in place (it logged why): stop it and relaunch it at the new
             # size, counting the resize from the original decision.
@@ -258,6 +279,9 @@ class Controller:
             if reply.launch and reply.ByteSize() + len(a.launch) + 8 > MAX_REPLY_BYTES:
                 return False
             reply.launch.append(pb.LaunchTask.FromString(a.launch))
+        elif verdict is reconcile.Expected.LOST and a.nprocs == 0:  # released: its ranks had left the job
+            self._release_exited(job, a, f"gone from worker {a.worker_id}")
+            return True
         elif verdict is reconcile.Expected.LOST:
             # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
             self.store.set_alloc_state(a.task_id, "exited", -1)
@@ -555,29 +579,94 @@ class Controller:
             self.store.event(None, "worker_lost", worker=wid, silent_s=now - seen)
             log.warning("worker %s silent for %.1f s: lost", wid, now - seen)
             for a in self.store.allocations(worker_id=wid):
+                job = self.store.job(a.job_id)
+                if a.nprocs > 0:  # an elastic Horovod job carries on without it (its other ranks re-form): shrink it
+                    self._shrink_away(job, wid, f"worker {wid} lost", time.time())
+                    a = self.store.alloc(a.task_id) or a
+                    job = self.store.job(a.job_id)
+                if a.nprocs == 0 and job.state == "running":
+                    self._release_exited(job, a, f"went with worker {wid}")
+                    continue
                 self.store.set_alloc_state(a.task_id, "exited", -9)
-                self._task_exited(self.store.job(a.job_id), a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s",
-                                  lost=True)
+                self._task_exited(job, a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s", lost=True)
 
     def _apply_resizes(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], now: float) -> None:
         hosts = {w.id: w.host for w in workers}
+        agents = self._agent_endpoints(workers)
         for jid, where in resizes.items():
-            self._resize_in_place(self.store.job(jid), where, hosts, now)
+            self._resize_in_place(self.store.job(jid), where, hosts, now, agents)
 
-    def _resize_in_place(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float) -> None:
-        """Give a running elastic Horovod job its new size on the node it runs on (rules in the module docstring).
-        The scheduler only asks this for a job whose one task stays on its worker."""
-        tasks = [a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation]
-        if len(tasks) != 1 or len(where) != 1:  # the scheduler's rule broken: leave the job as it runs
-            log.error("job %s: in-place resize needs one task on one worker, has %d task(s), asked %s; skipped",
-                      job.id, len(tasks), where)
-            return
-        (a,), ((wid, procs),) = tasks, where
-        self.store.resize_allocation(a.task_id, procs, resized_launch(a.launch, hosts[wid], procs))
-        self.store.update_job(job.id, procs=procs, target_procs=procs, stop_reason=IN_PLACE, stop_time=now)
-        self.store.event(job.id, "resize", resize_kind=IN_PLACE, from_procs=job.procs, procs=procs, worker=wid)
+    def _agent_endpoints(self, workers: list[WorkerRow]) -> dict[str, str]:
+        """Worker -> its WorkerAgent ``HOST:PORT`` (those that said their port): how node 0's launcher reaches
+        the other nodes of a job (``rsh_agent``)."""
+        return {w.id: f"[{w.host}]:{self.agent_port[w.id]}" if ":" in w.host else f"{w.host}:{self.agent_port[w.id]}"
+                for w in workers if w.id in self.agent_port}
+
+    def _resize_in_place(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float,
+                         agents: dict[str, str] | None = None, why: str = "") -> bool:
+        """Give a running elastic Horovod job its new placement without a restart (rules in the module docstring):
+        every live task of its attempt gets the new host list (node 0's worker rewrites the discovery file), a
+        worker it grows onto gets a new slot-holding task, a worker it leaves keeps a released task (procs 0) that
+        is stopped once Horovod has removed its ranks. When that cannot be done (``launch.in_place_change`` says
+        why) the job is stopped and relaunched at the new size instead, and the event says so. True: in place."""
+        tasks = [a for a in self.store.allocations(job_id=job.id, live_only=False) if a.generation == job.generation]
+        held = {a.worker_id for a in tasks if a.state != "exited" and a.nprocs > 0}
+        unknown = [w for w, _ in where if w not in held and agents is not None and w not in agents]
+        if unknown:  # a worker that just registered: its agent's port comes with its first heartbeat (next step)
+            log.info("job %s: in-place resize onto %s waits for its agent port", job.id, ", ".join(unknown))
+            return False
+        change = in_place_change(tasks, where, hosts, agents)
+        procs = sum(k for _, k in where)
+        if isinstance(change, str):
+            log.warning("job %s: in-place resize %d -> %d procs to %s refused (%s): stop and relaunch instead",
+                        job.id, job.procs, procs, where, change)
+            self.store.update_job(job.id, state="stopping", stop_reason="resize", stop_time=now, target_procs=procs)
+            self.store.event(job.id, "resize", resize_kind="relaunch", from_procs=job.procs, procs=procs,
+                             reason=f"in-place resize refused: {change}")
+            return False
+        for tid, k, launch in change.resized:
+            self.store.resize_allocation(tid, k, launch)
+        for wid, msg in change.added:
+            self.store.add_allocation(AllocRow(msg.task_id, job.id, job.generation, wid, msg.node_rank, msg.nprocs,
+                                               "launching", None, msg.SerializeToString()))
+        self.store.update_job(job.id, procs=change.world_size, target_procs=change.world_size, stop_reason=IN_PLACE,
+                              stop_time=now)
+        workers = [w for w, _ in where]
+        released = [a.worker_id for a in tasks if a.state != "exited" and a.nprocs > 0 and a.worker_id not in workers]
+        detail = {"worker": workers[0]} if len(workers) == 1 else {"workers": workers}
+        if released:
+            detail["released"] = released
+        if why:
+            detail["reason"] = why
+        self.store.event(job.id, "resize", resize_kind=IN_PLACE, from_procs=job.procs, procs=change.world_size,
+                         **detail)
         self.attempt_start[job.id] = now  # hysteresis: the new size must run min_runtime_s before the next change
-        log.info("job %s: resize in place %d -> %d procs on %s", job.id, job.procs, procs, wid)
+        log.info("job %s: resize in place %d -> %d procs on %s%s", job.id, job.procs, change.world_size, where,
+                 f" ({why})" if why else "")
+        return True
+
+    def _shrink_away(self, job: JobRow, wid: str, why: str, now: float) -> bool:
+        """A running elastic Horovod job loses worker ``wid`` (it leaves or is lost): shrink it in place onto its
+        other workers when its first node (horovodrun) is elsewhere and they hold at least its minimum, instead of
+        stopping it. True when this took the job in hand (shrunk in place, or stopped to be relaunched when that
+        was refused): the caller then does not stop it again."""
+        if job.state != "running" or not in_place_capable(job.spec):
+            return False
+        tasks = [a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation and a.nprocs > 0]
+        rest = [(a.worker_id, a.nprocs) for a in sorted(tasks, key=lambda a: a.node_rank) if a.worker_id != wid]
+        if not rest or len(rest) == len(tasks) or min(a.node_rank for a in tasks) != 0 \
+                or tasks[0].worker_id == wid or sum(k for _, k in rest) < job.spec.min_procs:
+            return False
+        hosts = {w.id: w.host for w in self.store.workers()}
+        self._resize_in_place(job, rest, hosts, now, why=why)
+        return True
+
+    def _release_exited(self, job: JobRow, a: AllocRow, how: str) -> None:
+        """A task released by an in-place shrink ended (or went with its worker): its ranks had left the job, so
+        its end is no part of the attempt's outcome (recorded as 0; the real end is logged)."""
+        log.info("job %s: released task %s on %s %s", job.id, a.task_id, a.worker_id, how)
+        self.store.set_alloc_state(a.task_id, "exited", 0)
+        self._task_exited(job, a, 0)
 
     def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str,
                agents: dict[str, str] | None = None) -> None:

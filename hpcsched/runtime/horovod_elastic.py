@@ -7,7 +7,9 @@ in the task's directory instead of a fixed ``-H`` list. The script only prints a
 ranks, which re-form the world at their next commit (``workloads/horovod_train.py``): survivors keep
 their process and in-memory state, removed ranks exit, new ranks are started and receive the state by
 broadcast. Resizing the job is then one atomic rewrite of that file (``resize``), against a checkpoint,
-a stop, a relaunch of every rank and a restore for the other launchers.
+a stop, a relaunch of every rank and a restore for the other launchers. Across hosts Horovod starts a new
+host's rank by running ``ssh`` (the worker's shim: ``rsh_agent``), which finds that host's worker in the task's
+agent map (``AGENTS``), rewritten with the host list.
 
 Each rewrite is logged (``resizes.jsonl``) so the time from the request to the program's first report at
 the new size can be measured from the task's own files (``resize_times``).
@@ -30,6 +32,7 @@ log = logging.getLogger("hpcsched.runtime.horovod_elastic")
 
 MIN_ENV, MAX_ENV = "HPCSCHED_MIN_PROCS", "HPCSCHED_MAX_PROCS"  # the job's size range, in the task environment
 SCRIPT, HOSTS, RANGE, LOG = "discover_hosts.sh", "horovod_hosts", "horovod_range", "resizes.jsonl"
+AGENTS = "agents.json"  # host -> its worker's agent service: read by the rsh agent on every call (rsh_agent.FILE_ENV)
 
 
 def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
@@ -55,6 +58,16 @@ def _write_hosts(task_dir: Path, hosts: list[str]) -> None:
     os.replace(tmp, task_dir / HOSTS)  # the script never prints half a list
 
 
+def write_agents(task_dir: Path, agents: dict[str, str]) -> Path:
+    """The host -> agent map the task's rsh agent reads (``rsh_agent.FILE_ENV``), replaced atomically. A job that
+    grows in place onto a host it was not launched on needs that host's agent: the launcher's environment, fixed
+    at launch, cannot say it."""
+    tmp = task_dir / f".{AGENTS}.tmp"
+    tmp.write_text(json.dumps(dict(sorted(agents.items()))))
+    os.replace(tmp, task_dir / AGENTS)
+    return task_dir / AGENTS
+
+
 def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[str]:
     """The rigid ``horovodrun`` command line with its fixed ``-H`` list swapped for the discovery script and
     the job's size range; writes the script and the first host list (the launch placement)."""
@@ -67,6 +80,7 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
     task_dir.mkdir(parents=True, exist_ok=True)
     _write_hosts(task_dir, list(t.hosts))
     (task_dir / RANGE).write_text(f"{rng[0]} {rng[1]}\n")  # what resize() may ask for
+    write_agents(task_dir, dict(t.agents))
     script = task_dir / SCRIPT
     script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(task_dir / HOSTS))}\n")
     script.chmod(0o755)
@@ -76,8 +90,10 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
             *argv[i + 2:]]
 
 
-def resize(task_dir: Path, hosts: list[str]) -> int:
-    """Ask a running elastic task for a new placement (``host:slots`` per node); returns its new size.
+def resize(task_dir: Path, hosts: list[str], agents: dict[str, str] | None = None) -> int:
+    """Ask a running elastic task for a new placement (``host:slots`` per node, hosts with 0 slots left out);
+    returns its new size. ``agents``: the host -> agent map for the new placement, written first, so the rsh
+    agent knows a new host before Horovod's driver sees it.
 
     Horovod's driver sees the change within about a second and the ranks re-form at their next commit. A size
     outside the job's range is refused here: below ``--min-np`` Horovod would wait (10 minutes) for slots,
@@ -90,6 +106,8 @@ def resize(task_dir: Path, hosts: list[str]) -> int:
     lo, hi = (int(x) for x in (task_dir / RANGE).read_text().split())
     if not lo <= size <= hi:
         raise ValueError(f"{size} processes is outside the job's range {lo}..{hi}")
+    if agents:
+        write_agents(task_dir, agents)
     _write_hosts(task_dir, hosts)
     with open(task_dir / LOG, "a") as f:
         f.write(json.dumps({"time": time.time(), "hosts": list(hosts), "world_size": size}) + "\n")

@@ -1,5 +1,6 @@
-"""A task's launch order, built from a plan's placement: the LaunchTask messages of one attempt, the rewrite an
-in-place resize makes, and the co-location accounting read back from stored LaunchTasks.
+"""A task's launch order, built from a plan's placement: the LaunchTask messages of one attempt, the rewrites an
+in-place resize makes (one node, or an attempt across several: ``in_place_change``), and the co-location
+accounting read back from stored LaunchTasks.
 
 Pure functions over their arguments (no store, no lock, no clock), so the controller's launch rules can be read
 and tested without a controller: it picks the port (a worker's last reported free one) and writes the rows.
@@ -8,6 +9,7 @@ and tested without a controller: it picks the port (a worker's last reported fre
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcsched.runtime import horovod_elastic
@@ -77,6 +79,74 @@ def resized_launch(launch: bytes, host: str, procs: int) -> bytes:
     return msg.SerializeToString()
 
 
+@dataclass(frozen=True, slots=True)
+class InPlaceChange:
+    """What an in-place resize of an elastic Horovod attempt writes (``in_place_change``).
+
+    ``resized``: (task id, its procs, its LaunchTask) for every live task of the attempt, in node-rank order; procs
+    0 marks a released task (its worker left the placement: the task stops once Horovod has removed its ranks).
+    ``added``: (worker, LaunchTask) of a new slot-holding task for each worker the job grows onto (the worker's
+    agent starts the ranks node 0's horovodrun asks it for only while such a task is live there)."""
+
+    resized: list[tuple[str, int, bytes]]
+    added: list[tuple[str, pb.LaunchTask]]
+    world_size: int
+
+
+def in_place_change(tasks: list[AllocRow], where: list[tuple[str, int]], hosts: dict[str, str],
+                    agents: dict[str, str] | None = None) -> InPlaceChange | str:
+    """An elastic Horovod attempt (``tasks``: all its allocations, exited ones too) resized in place to ``where``
+    ((worker, procs), node-rank order), or why it cannot be ('' never: a str is the reason).
+
+    Node 0 runs ``horovodrun``, whose discovery file is the job's host list: it must stay. Each node keeps its node
+    rank; a worker the job grows onto gets the next one. Every task's host list stays indexed by node rank (a
+    released node's entry has 0 slots, which the discovery file leaves out), so a task finds its own entry as at
+    launch. ``agents`` (worker -> agent ``HOST:PORT``) is merged into every task's map: node 0's rsh agent needs
+    the endpoint of a host the job grows onto."""
+    ordered = sorted(tasks, key=lambda a: a.node_rank)
+    if [a.node_rank for a in ordered] != list(range(len(ordered))):
+        return f"node ranks {[a.node_rank for a in ordered]} are not 0..{len(ordered) - 1}"
+    live = {a.worker_id: a for a in ordered if a.state != "exited" and a.nprocs > 0}
+    if not ordered or ordered[0].state == "exited" or ordered[0].worker_id not in dict(where):
+        return "its first node, which runs horovodrun, is not in the new placement"
+    if len({w for w, _ in where}) != len(where) or any(k < 1 for _, k in where):
+        return f"the placement {where} names a worker twice or gives one no procs"
+    if any(w not in live and w not in hosts for w, _ in where):
+        return f"a worker of {where} is not live"
+    node0 = pb.LaunchTask.FromString(ordered[0].launch)
+    want = dict(where)
+    entries: list[tuple[str, int]] = []  # (host, procs) by node rank
+    for a in ordered:
+        old = pb.LaunchTask.FromString(a.launch)
+        host = old.hosts[a.node_rank].rpartition(":")[0] if a.node_rank < len(old.hosts) else hosts[a.worker_id]
+        keep = live.get(a.worker_id) is a
+        entries.append((host, want.get(a.worker_id, 0) if keep else 0))
+    new = [(w, k) for w, k in where if w not in live]
+    entries += [(hosts[w], k) for w, k in new]
+    host_list = [f"{h}:{k}" for h, k in entries]
+    size = sum(k for _, k in entries)
+    agent_of = dict(node0.agents) | {hosts[w]: agents[w] for w, _ in where if agents and w in agents and w in hosts}
+
+    def rewrite(msg: pb.LaunchTask, procs: int) -> pb.LaunchTask:
+        msg.nprocs, msg.world_size, msg.nnodes = procs, size, len(host_list)
+        del msg.hosts[:]
+        msg.hosts.extend(host_list)
+        msg.agents.clear()
+        msg.agents.update(agent_of)
+        return msg
+
+    resized = [(a.task_id, entries[a.node_rank][1], rewrite(pb.LaunchTask.FromString(a.launch),
+                                                             entries[a.node_rank][1]).SerializeToString())
+               for a in ordered if a.state != "exited"]
+    added = []
+    for i, (w, k) in enumerate(new, start=len(ordered)):
+        msg = rewrite(pb.LaunchTask.FromString(ordered[0].launch), k)
+        msg.task_id, msg.node_rank = task_id(node0.job_id, node0.generation, i), i
+        msg.rank_offset = sum(n for _, n in entries[:i])
+        added.append((w, msg))
+    return InPlaceChange(resized, added, size)
+
+
 def group_key(launch: bytes, job_id: str) -> str:
     """A task's co-location key, as its LaunchTask carries it (the job's own id for one written without)."""
     return pb.LaunchTask.FromString(launch).group or job_id
@@ -99,7 +169,8 @@ def slot_use(allocations: Iterable[AllocRow], known: dict[str, str]
         cache[a.task_id] = key
         groups[a.job_id] = key
         peak[a.worker_id, key] = max(peak.get((a.worker_id, key), 0), a.nprocs)
-        where.setdefault(a.job_id, []).append((a.node_rank, a.worker_id, a.nprocs))
+        if a.nprocs > 0:  # a task released by an in-place shrink holds nothing: not part of the job's placement
+            where.setdefault(a.job_id, []).append((a.node_rank, a.worker_id, a.nprocs))
     used: dict[str, int] = {}
     for (wid, _), k in peak.items():
         used[wid] = used.get(wid, 0) + k

@@ -35,6 +35,8 @@ class Expected(StrEnum):
     NEVER_STARTED = "never_started"  # its job is stopping and the task never started: it exits now, nothing to stop
     RESEND_RESIZE = "resend_resize"  # an in-place resize not seen at its new size: send the LaunchTask again
     RESIZE_TIMED_OUT = "resize_timed_out"  # that resize never showed within IN_PLACE_TIMEOUT_S: stop and relaunch
+    RELEASE = "release"  # an in-place shrink left its worker out (procs 0): stop it once Horovod removed its ranks
+    RELEASED = "released"  # released before it ever started: it exits now (code 0: it is no part of the outcome)
     LAUNCH = "launch"  # not started yet: send (or resend) its LaunchTask
     LOST = "lost"  # it was running and the worker no longer knows it (the worker restarted): the attempt is lost
 
@@ -64,6 +66,11 @@ def expected(a: AllocRow, job: JobRow, seen: pb.TaskStatus | None, now: float,
             return Expected.STOP
         if seen is None and a.state == "launching":
             return Expected.NEVER_STARTED
+    if a.nprocs == 0 and job.state == "running":  # released by an in-place shrink (``launch.in_place_change``)
+        if seen is not None and seen.running:
+            return Expected.RELEASE
+        if seen is None and a.state == "launching":
+            return Expected.RELEASED
     if seen is not None:
         if seen.running and job.state == "running" and job.stop_reason == IN_PLACE:
             if job.stop_time is not None and now - job.stop_time > timeout_s:

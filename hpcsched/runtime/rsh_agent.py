@@ -8,7 +8,8 @@ live task there, so the agent says which job and attempt it acts for.
 Everything it needs comes from the environment the worker gave the launcher's task:
 
 - ``HPCSCHED_AGENTS``: JSON ``{host: "ADDR:PORT"}``, the agent service of each node of the job (from the
-  controller, ``LaunchTask.agents``);
+  controller, ``LaunchTask.agents``), updated by the file ``HPCSCHED_AGENTS_FILE`` names, when set (an elastic
+  Horovod job's node-0 worker rewrites it when the job grows in place onto another host);
 - ``HPCSCHED_AGENT_KEY``: this job attempt's key (``worker_agent.job_key``), when auth is on;
 - ``HPCSCHED_JOB_ID``, ``HPCSCHED_GENERATION``: the job and attempt.
 
@@ -29,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 AGENTS_ENV = "HPCSCHED_AGENTS"
+FILE_ENV = "HPCSCHED_AGENTS_FILE"  # a JSON file of the same map, read on every call: an elastic job's hosts change
 KEY_ENV = "HPCSCHED_AGENT_KEY"
 _SSH_OPTS_WITH_ARG = set("bcDEeFIiJLlmOopQRSWw")  # ssh(1) options that take a value
 _AFTER_HOST = ("-p", "-i", "-o", "-x", "-T", "-q", "-n")
@@ -70,11 +72,26 @@ def endpoint(host: str, agents: dict[str, str]) -> str:
     raise LookupError(f"no hpcsched worker agent known for host {host!r} (known: {known}; ${AGENTS_ENV})")
 
 
+def agents_map(env: dict[str, str] | os._Environ) -> dict[str, str]:
+    """Host -> agent ``ADDR:PORT`` from ``$HPCSCHED_AGENTS``, updated by ``$HPCSCHED_AGENTS_FILE`` when that names a
+    file: an elastic Horovod job resized in place onto a new host learns its agent there (the worker rewrites it)."""
+    agents = json.loads(env.get(AGENTS_ENV) or "{}")
+    path = env.get(FILE_ENV)
+    if path:
+        try:
+            agents |= json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            pass
+        except ValueError as e:
+            raise ValueError(f"${FILE_ENV} ({path}): not a JSON map: {e}") from None
+    return agents
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         host, command = split_argv(argv)
-        target = endpoint(host, json.loads(os.environ.get(AGENTS_ENV) or "{}"))
+        target = endpoint(host, agents_map(os.environ))
         job, generation = os.environ["HPCSCHED_JOB_ID"], int(os.environ["HPCSCHED_GENERATION"])
         key = os.environ.get(KEY_ENV) or None
     except (ValueError, LookupError, OSError, KeyError) as e:

@@ -373,9 +373,16 @@ class Worker:
 
     def _resize(self, t: Task, launch: pb.LaunchTask) -> None:
         """Apply an in-place resize the controller decided. It re-sends the LaunchTask until the program reports
-        at the new size, so this runs once per change: afterwards the task's LaunchTask is the new one."""
+        at the new size, so this runs once per change: afterwards the task's LaunchTask is the new one. A task
+        that only holds slots for node 0's launcher (another node of a job across workers) just takes the new
+        LaunchTask: node 0's horovodrun starts or removes the ranks here, through this worker's agent."""
+        if t.proc is None and t.held is not None and horovod_elastic.size_range(launch):
+            log.info("task %s holds %d slot(s) of a job resized in place to %d", t.launch.task_id, launch.nprocs,
+                     launch.world_size)
+            t.launch = launch
+            return
         try:
-            done = self.resize_in_place(t.launch.task_id, list(launch.hosts))
+            done = self.resize_in_place(t.launch.task_id, list(launch.hosts), dict(launch.agents))
         except (ValueError, OSError) as e:  # outside its range, or its host file is gone: the controller falls
             # back to stop/relaunch when the new size is not reported (controller.IN_PLACE_TIMEOUT_S)
             log.error("task %s: in-place resize to %s refused: %s", t.launch.task_id, list(launch.hosts), e)
@@ -430,6 +437,7 @@ class Worker:
         argv, env = launchers.build(t, self.python, ",".join(map(str, devices)))
         if argv is not None and horovod_elastic.size_range(t):  # elastic Horovod: resized in place (issue 6b)
             argv = horovod_elastic.elastic_command(argv, t, run_dir)
+            env[rsh_agent.FILE_ENV] = str(run_dir / horovod_elastic.AGENTS)  # follows the job's hosts (issue 18)
         progress = run_dir / "progress.jsonl"
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
@@ -465,13 +473,14 @@ class Worker:
         log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding")
 
     # --- elastic Horovod in-place resize (issue 6b, logic in horovod_elastic.py): begin ---
-    def resize_in_place(self, task_id: str, hosts: list[str]) -> bool:
-        """Grow or shrink a running elastic Horovod task without stopping it (new ``host:slots`` list);
-        False when the task is not one (the caller then stops and relaunches it)."""
+    def resize_in_place(self, task_id: str, hosts: list[str], agents: dict[str, str] | None = None) -> bool:
+        """Grow or shrink a running elastic Horovod task without stopping it (new ``host:slots`` list, and the
+        agents of its hosts when it spans several); False when the task is not one (the caller then stops and
+        relaunches it)."""
         t = self.tasks.get(task_id)
         if t is None or t.exit_code is not None or t.proc is None or not horovod_elastic.size_range(t.launch):
             return False
-        horovod_elastic.resize(self.cfg.work_dir / task_id, hosts)
+        horovod_elastic.resize(self.cfg.work_dir / task_id, hosts, agents)
         log.info("task %s resized in place to %s", task_id, ",".join(hosts))
         return True
     # --- elastic Horovod in-place resize: end ---
