@@ -31,9 +31,15 @@ GAVEL = {  # (trace, policy): (average JCT, makespan) printed by Gavel's simulat
     ("A4", "fifo-packed"): (225916.168, 1699888.739),
     ("A", "finish-time-fairness-packed"): (60519.774, 1499221.012),
     ("A4", "finish-time-fairness-packed"): (76604.995, 1563712.906),
+    ("A", "min-total-duration-packed"): (69089.501, 1497733.387),
+    ("A4", "min-total-duration-packed"): (159276.744, 1496039.633),
     ("A", "max-sum-throughput-normalized-by-cost-packed-SLOs"): (57917.732, 1495896.107),
     ("A4", "max-sum-throughput-normalized-by-cost-packed-SLOs"): (72475.755, 1537684.176),
 }
+# Known gaps (docs/hetero.md, "Space sharing"): min total duration's answer is *any* point of a feasibility set,
+# and Gavel's is the one ECOS stops at; Gavel's own programs solved by ECOS inside our mechanism give Gavel's
+# figures to the millisecond on both traces, so the gap is the solver's choice. (figure, bound we do meet)
+GAPS = {("A", "min-total-duration-packed"): ("avg_jct", 0.05), ("A4", "min-total-duration-packed"): ("avg_jct", 0.18)}
 NEW = ("fifo-packed", "finish-time-fairness-packed", "min-total-duration-packed",
        "max-sum-throughput-normalized-by-cost-packed-SLOs")
 
@@ -43,18 +49,41 @@ def table():  # noqa: ANN201 - a fixture
     return load_throughputs()
 
 
+@pytest.fixture(scope="module")
+def runs(table):  # noqa: ANN001, ANN201 - fixtures
+    """(trace, policy) -> (average JCT, makespan), each run once for this module (the gap tests reuse them)."""
+    done: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def run(trace: str, policy: str) -> tuple[float, float]:
+        if (trace, policy) not in done:
+            path, cluster = TRACES[trace]
+            res = simulate_rounds(load_round_jobs(path), parse_hetero_cluster(cluster), make_policy(policy), table)
+            assert all(e is not None for e in res.end), "every job of Gavel's traces completes"
+            assert res.avg_jct is not None
+            done[(trace, policy)] = (res.avg_jct, res.makespan)
+        return done[(trace, policy)]
+    return run
+
+
 @pytest.mark.parametrize(("trace", "policy"), list(GAVEL))
-def test_packed_figures_vs_gavel(trace: str, policy: str, table) -> None:  # noqa: ANN001
-    path, cluster = TRACES[trace]
-    res = simulate_rounds(load_round_jobs(path), parse_hetero_cluster(cluster), make_policy(policy), table)
-    assert all(e is not None for e in res.end), "every job of Gavel's traces completes"
+def test_packed_figures_vs_gavel(trace: str, policy: str, runs) -> None:  # noqa: ANN001
+    jct, makespan = runs(trace, policy)
     ref_jct, ref_makespan = GAVEL[(trace, policy)]
     if policy == "fifo-packed":  # no solver: the pair rules and Gavel's FIFO packing, to the millisecond
-        assert res.avg_jct == pytest.approx(ref_jct, abs=1e-3)
-        assert res.makespan == pytest.approx(ref_makespan, abs=1e-3)
-    else:
-        assert abs(res.avg_jct / ref_jct - 1) <= 0.01, f"{trace} {policy}: ours {res.avg_jct:.3f}, Gavel's {ref_jct}"
-        assert abs(res.makespan / ref_makespan - 1) <= 0.01
+        assert jct == pytest.approx(ref_jct, abs=1e-3)
+        assert makespan == pytest.approx(ref_makespan, abs=1e-3)
+        return
+    gap = GAPS.get((trace, policy))
+    for name, ours, ref in (("avg_jct", jct, ref_jct), ("makespan", makespan, ref_makespan)):
+        bound = gap[1] if gap is not None and gap[0] == name else 0.01
+        assert abs(ours / ref - 1) <= bound, f"{trace} {policy} {name}: ours {ours:.3f}, Gavel's {ref:.3f}"
+
+
+@pytest.mark.xfail(strict=True, reason="known gap, explained in docs/hetero.md: another feasible allocation")
+@pytest.mark.parametrize(("trace", "policy"), list(GAPS))
+def test_packed_gaps_within_contract(trace: str, policy: str, runs) -> None:  # noqa: ANN001
+    jct, _ = runs(trace, policy)
+    assert abs(jct / GAVEL[(trace, policy)][0] - 1) <= 0.01
 
 
 def test_registered_with_gavels_names() -> None:
