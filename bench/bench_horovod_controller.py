@@ -9,12 +9,21 @@ scheduling decision -> first progress report at the new size). The scenario is t
 (this process and every waited child: controller, worker, launchers, ranks).
 
     .venv/bin/python bench/bench_horovod_controller.py [--json]
+
+``--across-hosts`` (issue 18, as root: network namespaces) runs the scenario of
+``tests/test_runtime_netns.py::test_controller_resizes_elastic_horovod_in_place_across_hosts`` instead: a
+controller and three workers on namespace hosts, an elastic Horovod job (min 1 / max 3, a scaling curve: the
+MILP sizes it) started on two hosts, grown 2 -> 3 in place when the third worker joins, shrunk 3 -> 2 in place
+when another worker leaves; each resize timed from the decision to the ``resized`` event.
+
+    .venv/bin/python bench/bench_horovod_controller.py --across-hosts [--runs N] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -35,10 +44,15 @@ def _cpu_s() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    ap.add_argument("--across-hosts", action="store_true",
+                    help="the issue-18 scenario on three network-namespace hosts (root), grow and shrink across them")
+    ap.add_argument("--runs", type=int, default=1, help="--across-hosts: runs, one cluster each (default 1)")
     args = ap.parse_args()
     if horovod_missing:
         print("Horovod with PyTorch is not installed (make horovod): nothing to measure", file=sys.stderr)
         return 1
+    if args.across_hosts:
+        return across_hosts(args.runs, args.json)
     wall0, cpu0 = time.perf_counter(), _cpu_s()
     with tempfile.TemporaryDirectory(prefix="bench-hvd-ctl-") as tmp:
         jobs, e, s, ev = in_place_scenario(Path(tmp))
@@ -60,6 +74,41 @@ def main() -> int:
               f"checkpoint restores {out['restores']}")
         print(f"whole run: {out['wall_s']:.1f} s wall, {out['cpu_s']:.1f} s CPU (this process and its children)")
     ok = jobs[e].state == "completed" and [r["kind"] for r in out["resizes"]] == ["in-place", "in-place"]
+    return 0 if ok else 1
+
+
+def across_hosts(runs: int, as_json: bool) -> int:
+    """``--across-hosts``: run the netns scenario ``runs`` times and print each resize's seconds."""
+    from netns_hosts import why_not
+    from test_runtime_netns import elastic_across_hosts, start_cluster
+
+    why = why_not()
+    if why is not None:
+        print(f"no network-namespace hosts here: {why}", file=sys.stderr)
+        return 1
+    out = []
+    ok = True
+    for _ in range(runs):
+        wall0, cpu0 = time.perf_counter(), _cpu_s()
+        with tempfile.TemporaryDirectory(prefix="bench-hvd-hosts-") as tmp, start_cluster(Path(tmp)) as cluster:
+            run = elastic_across_hosts(cluster)
+        row = {
+            "job_state": run.job["state"], "generation": int(run.job["generation"]),
+            "resizes": [{"kind": x["resize_kind"], "to_procs": x["procs"], "seconds": round(x["seconds"], 3)}
+                        for x in run.events["resized"]],
+            "relaunches": len(run.events["stop"]), "restores": len(run.events["resume"]),
+            "wall_s": round(time.perf_counter() - wall0, 2), "cpu_s": round(_cpu_s() - cpu0, 2),
+            "load_1min": round(os.getloadavg()[0], 2),
+        }
+        ok &= row["job_state"] == "completed" and [r["kind"] for r in row["resizes"]] == ["in-place", "in-place"]
+        out.append(row)
+        if not as_json:
+            sizes = ", ".join(f"-> {r['to_procs']} ({r['kind']}) {r['seconds']:.2f} s" for r in row["resizes"])
+            print(f"across hosts: {sizes}; job {row['job_state']}, generation {row['generation']}, relaunches "
+                  f"{row['relaunches']}, restores {row['restores']}; {row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s "
+                  f"CPU, load {row['load_1min']}")
+    if as_json:
+        print(json.dumps({"runs": out}))
     return 0 if ok else 1
 
 

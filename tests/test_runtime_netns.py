@@ -257,57 +257,82 @@ def _reports(path: Path) -> list[dict]:
         return []
 
 
-@pytest.mark.horovod
-@pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
-def test_controller_resizes_elastic_horovod_in_place_across_hosts(cluster: Cluster) -> None:
-    """Issue 18: the controller grows and shrinks an elastic Horovod job (min 1, max 3, a scaling curve: sized by
-    the MILP) across hosts in place. It starts on two hosts (h3's worker has left); h3's worker joins and the
-    MILP grows the job to 3: h3 gets a slot-holding task and node 0's horovodrun starts the new rank there
-    through h3's worker (Horovod runs ssh: the agent; h3 was no host of the launch). Then the other first host's
-    worker leaves (SIGTERM: drain) and the job shrinks in place onto the two left: its rank there is removed by
-    Horovod and its task ends cleanly. One attempt throughout (no stop, no relaunch, no checkpoint restored), the
-    step counter never goes back, and the job ends at exactly its steps."""
+@dataclass
+class ElasticRun:
+    """What ``elastic_across_hosts`` saw: the job as listed at its end, its events by kind, its tasks (store rows),
+    the host of its first node and the host whose worker left."""
+
+    jid: str
+    steps: int
+    first: str
+    leaver: str
+    job: dict
+    events: dict[str, list[dict]]
+    tasks: list
+    progress: Path
+
+
+def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
+    """The issue-18 scenario on the three hosts (also run by ``bench/bench_horovod_controller.py --across-hosts``):
+    h3's worker leaves; an elastic Horovod job (min 1, max 3, a scaling curve: the MILP sizes it) starts on the two
+    others; h3's worker joins again (the MILP grows the job to 3); once it trains at 3, the worker of the first two
+    hosts that is not the job's first node leaves (SIGTERM: drain), and the job ends. The workers that left are
+    started again at the end, so the module's cluster is whole for the next test."""
     from hpcsched.runtime.store import Store
 
     cluster.workers.pop("h3").send_signal(signal.SIGTERM)
-    wait_for("h3's worker gone", lambda: "h3" not in cluster.alive(), 30, poll=0.2)
-    steps = 200
-    jid = cluster.job("hvd-elastic", "horovodrun", 2, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
-                      "--commit-every, '2', --io-latency-ms, '40'", steps=steps,
-                      extra="min_procs: 1\nmax_procs: 3\n"
-                      "scaling: {procs: [1, 2, 3], rates: [10, 19, 27], resize_s: 1}\n")
-    first = wait_for("the job's first node", lambda: [h for h in HOSTS if (cluster.dir / "run" / h / f"{jid}.g1.n0")
-                                                      .is_dir()], 60, poll=0.2)[0]
-    progress = cluster.dir / "run" / first / f"{jid}.g1.n0" / "progress.jsonl"
-    wait_for("2 ranks training", lambda: any(r.get("world_size") == 2 and r["step"] >= 4 for r in _reports(progress)),
-             120, poll=0.2)
-    cluster.start_worker("h3")  # a third worker joins
-    wait_for("the grow to 3 in place", lambda: (j := cluster.client.jobs()[jid])["procs"] == 3
-             and float(j.get("last_resize_s", 0)) > 0 and any(r.get("world_size") == 3 for r in _reports(progress)),
-             120, poll=0.2)
-    leaver = next(h for h in ("h1", "h2") if h != first)
-    cluster.workers.pop(leaver).send_signal(signal.SIGTERM)  # drain: it leaves, the job shrinks onto the rest
-    wait_for("the shrink to 2 in place", lambda: any(r.get("world_size") == 2 and r.get("resized_in_place")
-                                                     for r in _reports(progress)), 60, poll=0.2)
-    j = cluster.finished(jid, 120)
+    leaver = ""
+    try:
+        wait_for("h3's worker gone", lambda: "h3" not in cluster.alive(), 30, poll=0.2)
+        jid = cluster.job("hvd-elastic", "horovodrun", 2, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
+                          "--commit-every, '2', --io-latency-ms, '40'", steps=steps,
+                          extra="min_procs: 1\nmax_procs: 3\n"
+                          "scaling: {procs: [1, 2, 3], rates: [10, 19, 27], resize_s: 1}\n")
+        first = wait_for("the job's first node", lambda: [
+            h for h in HOSTS if (cluster.dir / "run" / h / f"{jid}.g1.n0").is_dir()], 60, poll=0.2)[0]
+        progress = cluster.dir / "run" / first / f"{jid}.g1.n0" / "progress.jsonl"
+        wait_for("2 ranks training", lambda: any(r.get("world_size") == 2 and r["step"] >= 4
+                                                 for r in _reports(progress)), 120, poll=0.2)
+        cluster.start_worker("h3")  # a third worker joins
+        wait_for("the grow to 3 in place", lambda: (j := cluster.client.jobs()[jid])["procs"] == 3 and float(
+            j.get("last_resize_s", 0)) > 0 and any(r.get("world_size") == 3 for r in _reports(progress)), 120, poll=0.2)
+        leaver = next(h for h in ("h1", "h2") if h != first)
+        cluster.workers.pop(leaver).send_signal(signal.SIGTERM)  # drain: it leaves, the job shrinks onto the rest
+        wait_for("the shrink to 2 in place", lambda: any(r.get("world_size") == 2 and r.get("resized_in_place")
+                                                         for r in _reports(progress)), 60, poll=0.2)
+        j = cluster.finished(jid, 120)
+    finally:
+        for h in ("h3", leaver):
+            if h and h not in cluster.workers:
+                cluster.start_worker(h)
     store = Store(cluster.dir / "run" / "state.db", query_only=True)
     try:
         ev = {k: store.events(jid, k) for k in ("start", "stop", "resize", "resized", "resume", "task_failed")}
-        tasks = {a.task_id: a for a in store.allocations(job_id=jid, live_only=False)}
+        tasks = store.allocations(job_id=jid, live_only=False)
     finally:
         store.close()
-    for h in (leaver, "h3"):  # the module's cluster whole again for any test after this one
-        if h not in cluster.workers:
-            cluster.start_worker(h)
+    return ElasticRun(jid, steps, first, leaver, j, ev, tasks, progress)
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
+def test_controller_resizes_elastic_horovod_in_place_across_hosts(cluster: Cluster) -> None:
+    """Issue 18: the controller grows and shrinks an elastic Horovod job across hosts in place
+    (``elastic_across_hosts``). The grow to 3: h3 gets a slot-holding task and node 0's horovodrun starts the new
+    rank there through h3's worker (Horovod runs ssh: the agent; h3 was no host of the launch). The shrink when a
+    worker leaves: its rank is removed by Horovod and its task ends by itself. One attempt throughout (no stop,
+    no relaunch, no checkpoint restored), the step counter never goes back, the job ends at exactly its steps."""
+    run = elastic_across_hosts(cluster)
+    j, ev, jid, leaver, first = run.job, run.events, run.jid, run.leaver, run.first
     assert j["state"] == "completed", (j["message"], ev, cluster.logs())
-    assert int(j["steps_done"]) == steps and cluster.result(jid)["steps"] == steps
+    assert int(j["steps_done"]) == run.steps and cluster.result(jid)["steps"] == run.steps
     assert int(j["generation"]) == 1 and int(j.get("restarts", 0)) == 0, j
     assert [(e["resize_kind"], e["from_procs"], e["procs"]) for e in ev["resize"]] == [
         ("in-place", 2, 3), ("in-place", 3, 2)], ev["resize"]
     assert [(e["resize_kind"], e["procs"]) for e in ev["resized"]] == [("in-place", 3), ("in-place", 2)], ev
     assert len(ev["start"]) == 1 and not ev["stop"] and not ev["resume"] and not ev["task_failed"], ev
     assert ev["resize"][1]["released"] == [leaver] and ev["resize"][1]["reason"] == f"worker {leaver} left"
-    reports = _reports(progress)
+    reports = _reports(run.progress)
     assert [r["step"] for r in reports] == sorted(r["step"] for r in reports)  # no step went back
     assert all(r.get("resumed_from", -1) == -1 for r in reports)
     # Rank 0 may move to another process when Horovod re-forms; the one that ended the job lived through both.
@@ -315,9 +340,9 @@ def test_controller_resizes_elastic_horovod_in_place_across_hosts(cluster: Clust
     assert [h["resumed_from"] for h in history if "resumed_from" in h] == [-1], history  # one start, no restore
     assert [h["world_size"] for h in history if "in_place_at" in h] == [3, 2], history
     assert len({h["pid"] for h in history if "in_place_at" in h}) == 1, history
-    # h3's slot-holding task (node rank 2) ran the new rank; the leaver's task was released and ended cleanly
-    assert {(t.worker_id, t.node_rank, t.exit_code) for t in tasks.values()} == {
-        (first, 0, 0), (leaver, 1, 0), ("h3", 2, 0)}, tasks
+    # h3's slot-holding task (node rank 2) ran the new rank; the leaver's task was released and ended by itself
+    assert {(t.worker_id, t.node_rank, t.exit_code) for t in run.tasks} == {
+        (first, 0, 0), (leaver, 1, 0), ("h3", 2, 0)}, run.tasks
     assert f"job {jid} attempt 1: started" in (cluster.dir / "h3.log").read_text()
     assert not (cluster.dir / "ssh-called").exists()
     assert not _processes(cluster, leaver, "horovod_train.py")  # the removed rank is gone from the host it left
