@@ -175,3 +175,79 @@ def test_controller_resizes_horovod_job_in_place(tmp_path: Path) -> None:
     assert result["steps"] == steps and result["world_size"] == 2, result
     assert [h["world_size"] for h in result["history"] if "in_place_at" in h] == [1, 2], result["history"]
     assert result["final_loss"] < result["first_loss"]
+
+
+def test_controller_resize_rows_across_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller's side of issue 18 in process (no Horovod: heartbeats are written by hand): an elastic
+    Horovod job on w1+w2 grows in place onto w3 when it registers (a new slot-holding task, every task's host
+    list and agent map), the first report at 3 ends the resize; w2 leaving shrinks it in place (its task released:
+    stopped with a checkpoint signal, its exit counts as 0, nothing lost when the worker is gone); an in-place
+    resize never seen at its size falls back to stop and relaunch, said by an event."""
+    from hpcsched.runtime import controller as controller_mod
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", min_runtime_s=0))
+    c.started()
+    running: dict[str, list[pb.TaskStatus]] = {}
+
+    def join(w: str) -> None:
+        c.register(pb.RegisterRequest(worker_id=w, host=f"10.0.0.{w[1]}", slots=1, launchers=["horovodrun"],
+                                      instance=w))
+
+    def beat(w: str, **progress: int) -> pb.HeartbeatReply:
+        for t in running.get(w, []):
+            del t.progress[:]
+            if progress:
+                t.progress.append(pb.Progress(**progress))
+        reply = c.heartbeat(pb.HeartbeatRequest(worker_id=w, spare_port=40000, agent_port=7000 + int(w[1]),
+                                                tasks=running.get(w, []), instance=w))
+        for order in reply.launch:  # the worker starts it (or applies the resize): it runs from now on
+            if all(t.task_id != order.task_id for t in running.get(w, [])):
+                running.setdefault(w, []).append(pb.TaskStatus(task_id=order.task_id, job_id=order.job_id,
+                                                               generation=order.generation, running=True))
+        return reply
+
+    for w in ("w1", "w2"):
+        join(w)
+        beat(w)
+    jid = c.submit("name: hvd\nlauncher: horovodrun\ncommand: [t.py]\nsteps: 100\nmin_procs: 1\nmax_procs: 3\n", "j")
+    c.tick()
+    for w in ("w1", "w2"):
+        beat(w)
+    assert c.store.job(jid).procs == 2
+    join("w3")
+    beat("w3")  # its agent's port
+    c.tick()
+    assert (c.store.job(jid).procs, c.store.job(jid).stop_reason) == (3, "in-place")
+    (resize,) = c.store.events(jid, "resize")
+    assert (resize["resize_kind"], resize["from_procs"], resize["procs"], resize["workers"]) == (
+        "in-place", 2, 3, ["w1", "w2", "w3"])
+    node0 = next(t for t in beat("w1").launch if t.node_rank == 0)  # resent until a report at 3
+    assert list(node0.hosts) == ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"] and node0.world_size == 3
+    assert dict(node0.agents) == {f"10.0.0.{i}": f"10.0.0.{i}:{7000 + i}" for i in (1, 2, 3)}
+    (held,) = beat("w3").launch
+    assert (held.task_id, held.node_rank, held.nprocs) == (f"{jid}.g1.n2", 2, 1)
+    beat("w1", step=10, world_size=3)
+    (done,) = c.store.events(jid, "resized")
+    assert (done["resize_kind"], done["procs"]) == ("in-place", 3) and c.store.job(jid).stop_reason is None
+
+    c.leave(pb.LeaveRequest(worker_id="w2", final=False, instance="w2"))
+    job = c.store.job(jid)
+    assert (job.state, job.procs, job.stop_reason) == ("running", 2, "in-place")
+    shrink = c.store.events(jid, "resize")[-1]
+    assert (shrink["procs"], shrink["released"], shrink["reason"]) == (2, ["w2"], "worker w2 left")
+    (kill,) = beat("w2").kill
+    assert kill.task_id == f"{jid}.g1.n1" and kill.checkpoint
+    running["w2"][0].running, running["w2"][0].exit_code = False, 134  # its rank aborted as Horovod removed it
+    beat("w2")
+    c.leave(pb.LeaveRequest(worker_id="w2", final=True, instance="w2"))
+    assert [a.exit_code for a in c.store.allocations(job_id=jid, live_only=False) if a.worker_id == "w2"] == [0]
+    assert c.store.job(jid).state == "running" and not c.store.events(jid, "task_failed")
+
+    monkeypatch.setattr(controller_mod, "IN_PLACE_TIMEOUT_S", 0.0)  # the shrink is never seen at 2
+    beat("w1")
+    job = c.store.job(jid)
+    assert (job.state, job.stop_reason) == ("stopping", "resize")
+    fallback = c.store.events(jid, "resize")[-1]
+    assert (fallback["resize_kind"], fallback["reason"]) == ("relaunch", "in-place resize timed out")
