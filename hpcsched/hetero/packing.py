@@ -29,6 +29,8 @@ rules in ``rounds``' docstring:
   nothing is credited, and the failure counts against neither job (Gavel counts single jobs' failures
   only), nor does a pair's success reset their counts.
 - **Micro-tasks end** latest first, then single jobs before pairs, then by ids (Gavel's heap order).
+- **FIFO** (``policy.skip_zero_priority``, ``fifo-packed``): a combination of priority 0 is never placed, as
+  Gavel's scheduler skips them for its FIFO policies.
 
 ``gpu_seconds`` credits each job of a pair the GPUs it shared for the micro-task's time (the pair's GPU time
 is counted for both jobs, as Gavel's utilisation counts it; its utilisation can exceed 1 with packing).
