@@ -104,6 +104,12 @@ EXPECTED: dict[str, tuple[str, int, dict[str, int]]] = {
     "gavel/A_120jobs_0.5jph_seed0.trace": ("gavel", 120, {}),
     # the same one-liners on gavel/A4_120jobs_0.5jph_seed0_sfmax4.trace -> 120, 0, 0 (scale factors 80/17/23)
     "gavel/A4_120jobs_0.5jph_seed0_sfmax4.trace": ("gavel", 120, {}),
+    # the same one-liners on gavel/B_80jobs_1jph_seed1_sfmax4.trace -> 80, 0, 0 (scale factors 58/4/18),
+    # gavel/C_100jobs_1jph_seed2.trace -> 100, 0, 0 (71/7/19/3), gavel/D4_120jobs_1jph_seed3_sfmax4.trace -> 120, 0, 0
+    # (91/10/19)
+    "gavel/B_80jobs_1jph_seed1_sfmax4.trace": ("gavel", 80, {}),
+    "gavel/C_100jobs_1jph_seed2.trace": ("gavel", 100, {}),
+    "gavel/D4_120jobs_1jph_seed3_sfmax4.trace": ("gavel", 120, {}),
 }
 
 
