@@ -150,6 +150,13 @@ def test_launchers_give_each_task_its_environment() -> None:
     assert ["-x", "MINE"] == argv[argv.index("MINE") - 1: argv.index("MINE") + 1]
     assert argv[-3:] == ["/py", "train.py", "-x"] and "RANK=$OMPI_COMM_WORLD_RANK" in " ".join(argv)
     assert launchers.build(_launch("mpirun", node_rank=1), "/py", "")[0] is None  # holds its slots only
+    # Workers at their own loopback addresses (the loopback Slurm's pilots): Open MPI counts 127.0.0.11 another
+    # node unless an interface holds it, so the launching node is named localhost and only 127.0.0.12 is remote.
+    t = _launch("mpirun")
+    t.hosts[:] = ["127.0.0.11:1", "127.0.0.12:1"]
+    t.master_addr = "127.0.0.11"
+    t.agents.update({"127.0.0.11": "127.0.0.11:4001", "127.0.0.12": "127.0.0.12:4002"})
+    assert "localhost:1,127.0.0.12:1" in launchers.build(t, "/py", "")[0]
 
     argv, env = launchers.build(_launch("direct", node_rank=1), "/py", "1")
     assert argv[:3] == ["/py", "-P", launchers.RANKS_SCRIPT] and argv[-4:] == ["--", "/py", "train.py", "-x"]

@@ -50,6 +50,16 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def holds_exactly(address: str) -> bool:
+    """Whether an interface here holds exactly the IPv4 ``address``: Open MPI's test of "this node" (127.0.0.12
+    on a machine whose ``lo`` holds 127.0.0.1 is another node to it, though the kernel routes it here)."""
+    try:
+        want = ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    return any(_ipv4(name) == want for _, name in socket.if_nameindex())
+
+
 def subnet_of(address: str) -> str | None:
     """The IPv4 network (``10.213.5.0/24``) of the interface holding ``address``: how Open MPI is told which
     interface to use when interface names differ between hosts. None as for ``interface_of``."""

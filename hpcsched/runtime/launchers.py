@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import os
 import shutil
@@ -123,11 +124,30 @@ def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     # --host and refuse to start ("All nodes which are allocated for this job are already filled"), and would
     # start remote daemons with srun; the controller places the ranks, so --host is the allocation.
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(t.world_size),
-           "--host", merged_hosts(list(t.hosts)), "--bind-to", "none", "--mca", "ras", "^slurm", "--mca", "plm",
+           "--host", mpi_hosts(t), "--bind-to", "none", "--mca", "ras", "^slurm", "--mca", "plm",
            "^slurm", *mpi_remote_args(t, python)]
     for k in sorted(env):  # the job's own variables and ours reach every rank, remote ones included
         cmd += ["-x", k]
     return [*cmd, *RANK_SHIM, *_program(list(t.command), python)], env
+
+
+def mpi_hosts(t: pb.LaunchTask) -> str:
+    """mpirun's ``--host``: this node's own entry written ``localhost`` when it is a loopback address no interface
+    here holds exactly (a worker given ``--host 127.0.0.11``, as on the loopback Slurm's nodes): Open MPI would
+    count it another node and start a daemon for it through the agent, which this node's worker refuses, since
+    mpirun itself, not a held slot, is its task. Other nodes' loopback addresses stay other nodes to it."""
+    own = own_host(t)
+    slots = host_slots(list(t.hosts))
+    if own in slots and "localhost" not in slots and _is_loopback(own) and not hostaddr.holds_exactly(own):
+        slots = {("localhost" if h == own else h): n for h, n in slots.items()}
+    return ",".join(f"{h}:{n}" for h, n in slots.items())
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def agents_env(t: pb.LaunchTask) -> dict[str, str]:
