@@ -210,3 +210,25 @@ def test_bad_curves_refused_before_replaying(forty) -> None:
     with pytest.raises(ValueError, match="Jmin"):
         replay(tl, [bad], ReplayConfig())
     assert math.isfinite(replay(tl, [good], ReplayConfig(solver="dp")).summary["utilization"])
+
+
+def test_a_small_job_on_epoch_times_completes_when_it_reaches_pmax() -> None:
+    """Found by the harvesting end-to-end test's replay (epoch-second times, Pmax 1600 samples at 20/s): the
+    completion event landed a hair short of Pmax, closer than the clock can tell apart from the event, so the job
+    held its nodes until the next pool change (the end of the data, an hour later) instead of completing."""
+    from hpcsched.harvest.replay import replay as run
+
+    t0 = 1795759517.9103096
+    rows = [("n1", 1795759521.3396788, 1795759570.0), ("n1", 1795759598.4293692, 1795759622.0),
+            ("n1", 1795759644.4293692, t0 + 3600), ("n2", 1795759521.3396788, 1795759539.685329),
+            ("n2", 1795759560.666765, 1795759570.0), ("n2", 1795759598.4293692, 1795759622.0),
+            ("n2", 1795759644.4293692, t0 + 3600), ("n3", 1795759521.3396788, 1795759622.0),
+            ("n3", 1795759644.4293692, t0 + 3600), ("n4", 1795759521.3396788, 1795759622.0),
+            ("n4", 1795759644.4293692, t0 + 3600)]
+    tl = timeline_from_intervals([IdleInterval(*r) for r in rows], nodes=["n1", "n2", "n3", "n4"], start=t0)
+    curve = ScalingCurve((0.0, 1.0, 2.0), (0.0, 10.0, 20.0))
+    jobs = [ElasticJob("a", t0, 1, 2, curve, 1600.0, 3.0, 3.0), ElasticJob("b", 1795759517.921099, 1, 2, curve,
+                                                                           1600.0, 3.0, 3.0)]
+    res = run(tl, jobs, ReplayConfig(tfwd=10.0, exact_events=True))
+    ends = {j.job_id: j.end for j in res.jobs}
+    assert ends["a"] == pytest.approx(1795759673.189, abs=0.01) and ends["b"] < ends["a"], ends

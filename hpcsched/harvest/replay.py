@@ -394,8 +394,11 @@ class _Replay:
 
     def complete(self, now: float, lost: dict[str, list[Run]]) -> None:
         # a relative tolerance: an exact completion event lands on Pmax only up to rounding (epoch-second
-        # times carry ~1e-7 s of error, i.e. a few samples at these rates)
-        finished = [r for r in self.active if r.samples >= r.job.total_samples * (1 - 1e-9)]
+        # times carry ~1e-7 s of error, i.e. a few samples at these rates); and what is left takes less than the
+        # clock's resolution at ``now`` (a small Pmax on epoch times: no later event could be told apart from
+        # ``now``, so the job would wait, holding its nodes, for the next pool change)
+        finished = [r for r in self.active if r.samples >= r.job.total_samples * (1 - 1e-9)
+                    or r.job.total_samples - r.samples <= 4 * math.ulp(now) * r.rate]
         for r in finished:
             self.overshoot += r.samples - r.job.total_samples  # work past Pmax before an event saw it
             r.past_pmax_ns += r.step_past_ns
