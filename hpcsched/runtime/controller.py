@@ -557,8 +557,7 @@ class Controller:
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
         hosts = {w.id: w.host for w in workers}
-        agents = {w.id: f"[{w.host}]:{self.agent_port[w.id]}" if ":" in w.host else f"{w.host}:{self.agent_port[w.id]}"
-                  for w in workers if w.id in self.agent_port}
+        agents = self._agent_endpoints(workers)
         for jid in starts:
             self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
 
