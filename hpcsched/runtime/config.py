@@ -260,6 +260,12 @@ class ControllerConfig:
     placement: str = "consolidated"  # the decision core's placement step (hpcsched.placements)
     regroup: str = "keep"  # keep: running jobs never move to form groups; replan: the policy as designed
     rpc_stats_file: Path | None = None  # per-RPC handler time quantiles (JSON), written when the controller stops
+    # executor: decide (the decision core, every tick) or rounds (Gavel's round mechanism: hpcsched.runtime.rounds)
+    executor: str = "decide"
+    hetero_policy: str = "max-min-fairness-perf"  # rounds: Gavel's policy, by Gavel's name with hyphens
+    round_s: float = 360.0  # rounds: a round's length (Gavel's --time_per_iteration)
+    round_reset_s: float = 1920.0  # rounds: least time between two allocations (Gavel's minimum between resets)
+    throughputs: Path | None = None  # rounds: Gavel-format throughput table (None: the bundled one)
     # node_source: static (workers register themselves) or slurm (the controller submits pilot jobs: pilots.py)
     pilots: PilotConfig | None = None  # the ``slurm:`` section when node_source is slurm
 
@@ -270,8 +276,11 @@ CONTROLLER_KEYS = {
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
-    "node_source", "slurm",
+    "node_source", "slurm", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
 }
+EXECUTORS = ("decide", "rounds")
+ROUND_KEYS = ("hetero_policy", "round_s", "round_reset_s", "throughputs")  # read by the rounds executor only
+NOT_ROUNDS_KEYS = ("policy", "admission", "load_threshold", "regroup", "min_runtime_s", "milp_tfwd_s")
 
 
 def read_controller_config(path: str | Path) -> ControllerConfig:
@@ -352,7 +361,40 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         regroup=_regroup(doc),
         rpc_stats_file=doc.path("rpc_stats_file", base, None),
         pilots=_node_source(doc, base),
+        **_executor(doc, base),
     )
+
+
+def _executor(doc: _Doc, base: Path) -> dict[str, Any]:
+    """``executor: decide`` (default) or ``rounds`` with its keys. A key the chosen executor does not read is refused
+    (naming the line), not ignored: a site that sets ``policy:`` beside ``executor: rounds`` would otherwise believe
+    it ran."""
+    executor = doc.get("executor", str, "decide")
+    if executor not in EXECUTORS:
+        raise doc.fail("executor", f"expected one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor != "rounds":
+        for k in ROUND_KEYS:
+            if k in doc.data:
+                raise doc.fail(k, "read by Gavel's round mechanism only: set executor: rounds")
+        return {}
+    for k in NOT_ROUNDS_KEYS:
+        if k in doc.data:
+            raise doc.fail(k, "not read by executor: rounds (Gavel's policy orders the jobs: hetero_policy)")
+    from hpcsched.hetero.policies import POLICIES
+
+    policy = doc.get("hetero_policy", str, "max-min-fairness-perf")
+    if policy not in POLICIES:
+        raise doc.fail("hetero_policy", f"unknown Gavel policy {policy!r}; known: {', '.join(POLICIES)}")
+    if policy == "max-min-fairness-packed":
+        raise doc.fail("hetero_policy", "space sharing (pairs of jobs on one GPU) is simulated only "
+                                        "(hpcsched simulate --compat gavel), not run by the controller")
+    table = doc.path("throughputs", base, None)
+    if table is not None:
+        from hpcsched.hetero.throughputs import load_throughputs
+
+        load_throughputs(table)  # a missing or malformed table stops the controller now, naming that file
+    return {"executor": executor, "hetero_policy": policy, "round_s": doc.positive("round_s", float, 360.0),
+            "round_reset_s": doc.non_negative("round_reset_s", float, 1920.0), "throughputs": table}
 
 
 def _node_source(doc: _Doc, base: Path) -> PilotConfig | None:

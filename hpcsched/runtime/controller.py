@@ -115,6 +115,11 @@ class Controller:
             self._readers.put(self.store.reader())
         self._query_waiting = 0
         self._query_lock = threading.Lock()
+        self.rounds = None  # executor: rounds: Gavel's round mechanism plans instead (hpcsched.runtime.round_planner)
+        if cfg.executor == "rounds":
+            from hpcsched.runtime.round_planner import RoundPlanner
+
+            self.rounds = RoundPlanner(cfg, self.store.reader())
 
     def started(self) -> None:
         """Called once the server listens. Liveness is in memory only: after a restart every worker
@@ -449,6 +454,8 @@ class Controller:
         self._last_tick = mono
         workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
         self._note_waiting(jobs, workers)
+        if self.rounds is not None:
+            self.rounds.flush(self.store)  # the round the last step decided: its event and the jobs' notes
         return (now, jobs, workers, *self._slot_use(), dict(self.attempt_start))
 
     def _note_waiting(self, jobs: list[JobRow], workers: list[WorkerRow]) -> None:
@@ -513,6 +520,8 @@ class Controller:
         return state, {j.id: j for j in jobs}, workers
 
     def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
+        if self.rounds is not None:
+            return self.rounds.plan(state)
         plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s,
                               admission=self.cfg.admission, load_threshold=self.cfg.load_threshold,
                               placement=self.cfg.placement, regroup=self.cfg.regroup)
