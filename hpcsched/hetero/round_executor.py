@@ -104,13 +104,19 @@ def _norm(name: str) -> str:
     return re.sub(r"\s+", " ", name).strip().lower()
 
 
-def throughputs(job: JobView, types: Sequence[str], table: ThroughputTable) -> list[float] | str:
+def model_names(table: ThroughputTable) -> dict[str, str]:
+    """{normalised name: the table's name} of every job type in ``table``."""
+    return {_norm(t): t for gt in table.gpu_types for t, _ in table.isolated_rates[gt]}
+
+
+def throughputs(job: JobView, types: Sequence[str], table: ThroughputTable,
+                names: Mapping[str, str] | None = None) -> list[float] | str:
     """Steps/s of ``job`` at its procs on each of ``types`` (0 where the table lacks the type or the job does not
-    accept it), or why it has none: the policies' programs need the job's rate on every type."""
+    accept it), or why it has none: the policies' programs need the job's rate on every type. ``names``:
+    ``model_names(table)``, when the caller keeps it."""
     if not job.model:
         return "no model: in its job file (Gavel's policies need its throughput per GPU type)"
-    names = {_norm(t): t for gt in table.gpu_types for t, _ in table.isolated_rates[gt]}
-    name = names.get(_norm(job.model))
+    name = (names if names is not None else model_names(table)).get(_norm(job.model))
     if name is None:
         return f"model {job.model!r} is not in the throughput table {table.source}"
     out = []
@@ -137,6 +143,7 @@ class RoundExecutor:
             raise ValueError(f"{self.policy.name}: space sharing (pairs of jobs on one GPU) is not run by the "
                              "round executor; use it in the simulator (hpcsched simulate --compat gavel)")
         self.table = table
+        self._names = model_names(table)
         self.round_s = round_s
         self.reset_s = reset_s
         self.rounds = 0
@@ -170,7 +177,7 @@ class RoundExecutor:
         by_int: dict[int, JobView] = {}
         for j in sorted(jobs, key=lambda j: (j.submit, j.id)):
             jid = self._int_id(j)
-            thr = throughputs(j, order, self.table)
+            thr = throughputs(j, order, self.table, self._names)
             if isinstance(thr, str):
                 excluded[j.id] = thr
                 continue

@@ -141,11 +141,14 @@ class RoundPlanner:
         self.round_jobs = frozenset(j.id for j in state.jobs)
         self.sizes = {j.id: j.spec.procs for j in rows}
         notes = {}
+        launcher = {j.id: j.spec.launcher for j in rows}
         for v in views:
             p = d.priorities.get(v.id, {})
             if v.id in d.assignment:
                 t = d.assignment[v.id]
                 notes[v.id] = f"round {d.round}: on {t} (priority {p.get(t, 0.0):.3g})"
+                if not any(w.gpu_type == t and launcher[v.id] in w.launchers for w in state.workers):
+                    notes[v.id] += f", but no live {t} worker has its {launcher[v.id]} launcher: they idle this round"
             elif v.id in d.idle:
                 notes[v.id] = (f"round {d.round}: not in the allocation yet (it arrived after the last one, "
                                f"re-solved at most every {self.executor.reset_s:g} s)")
