@@ -81,6 +81,7 @@ def test_rounds_rotate_jobs_by_gavel_priorities(tmp_path: Path) -> None:
         # A first job alone makes round 1; the four arrive during it, wait for a round (Gavel), and the
         # cancelled first job ends round 1, so round 2 starts with the four at once, as the simulator's jobs do.
         first = c.submit(_job("first", MODELS[3], 100000), "first.yaml")
+        bare = c.submit(_job("bare", "", 10).replace("model: \n", ""), "bare.yaml")  # no model: cannot take part
         wait_for("the first job running", lambda: [j for j in c.jobs() if j.job_id == first and j.state == "running"],
                  30, 0.1)
         ids = [c.submit(_job(f"g{i}", m, s), f"g{i}.yaml") for i, (m, s) in enumerate(zip(MODELS, STEPS, strict=True))]
@@ -106,6 +107,11 @@ def test_rounds_rotate_jobs_by_gavel_priorities(tmp_path: Path) -> None:
         assert {index[j]: a for j, a in alloc.items()} == {int(i): pytest.approx(a, abs=1e-5) for i, a in fresh.items()}
         listing = {j.job_id: j for j in c.jobs()}
         assert any(m.startswith("round ") for m in (listing[j].message for j in ids))
+        assert listing[bare].state == "pending" and listing[bare].message.startswith("round ")
+        assert "not scheduled: no model: in its job file" in listing[bare].message
+        assert all(r["excluded"] == {bare: listing[bare].message.split("not scheduled: ", 1)[1]} for r in got[1:])
+        log = (tmp_path / "controller.log").read_text()
+        assert "max-min-fairness-perf in Gavel's rounds of 4 s" in log and "round 2 (allocation re-solved): " in log
 
         wait_for("the four jobs completed", lambda: all(j.state == "completed" for j in c.jobs() if j.job_id in ids),
                  60)
@@ -134,6 +140,7 @@ def test_rounds_rotate_jobs_by_gavel_priorities(tmp_path: Path) -> None:
             for a, b in zip(gens, gens[1:], strict=False):  # exact: each attempt resumes where the last one stopped
                 assert first_of[b] == last[a], (jid, a, b, first_of, last)
         con.close()
+        c.cancel(bare)
         moved = [jid for jid in ids if len({types[w] for e in events if e["kind"] == "start" and e["job_id"] == jid
                                             for w in e["workers"]}) > 1]
         assert ids[1] in moved  # Recommendation 8192 ran on the V100, then moved to the P100

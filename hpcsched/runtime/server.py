@@ -244,7 +244,9 @@ class ControllerServer:
             self.pilots.start()
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
                  ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
-                 else "OFF", "on" if self.cfg.tls_cert else "off", self.cfg.policy, self.cfg.state)
+                 else "OFF", "on" if self.cfg.tls_cert else "off",
+                 self.cfg.policy if self.cfg.executor != "rounds"
+                 else f"{self.cfg.hetero_policy} in Gavel's rounds of {self.cfg.round_s:g} s", self.cfg.state)
         if list(self.roles) == [ADMIN]:
             log.warning("one token for every role: whoever can submit jobs can also act as a worker (heartbeats, "
                         "Leave, Register); set worker_token_file (and admin_token_file) in the controller config")
