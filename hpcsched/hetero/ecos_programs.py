@@ -35,6 +35,9 @@ ECOS_POLICIES = ("max-min-fairness", "max-min-fairness-perf", "finish-time-fairn
                  "max-sum-throughput-perf", "max-min-fairness-packed")
 """The policies with an ECOS program here (FIFO needs no solver: it runs as it is with either solver)."""
 
+ECOS_VERSION = "2.0.14"
+"""The ECOS Gavel's figures were made with (../shared/reference/gavel/README.md)."""
+
 _OPTIMAL, _OPTIMAL_INACCURATE = 0, 10  # ECOS exit flags (cvxpy: 'optimal', 'optimal_inaccurate')
 _NAMES = {0: "optimal", 1: "infeasible", 2: "unbounded", 10: "optimal_inaccurate", 11: "infeasible_inaccurate",
           12: "unbounded_inaccurate", -1: "max iterations", -2: "numerical trouble", -3: "numerical trouble",
@@ -189,6 +192,10 @@ class EcosPolicy(GavelPolicy):
 
     def __post_init__(self) -> None:
         self._ecos = import_ecos()
+        version = getattr(self._ecos, "__version__", "?")
+        if version != ECOS_VERSION:  # another ECOS may stop at another point: say so, the figures may move
+            self._count("ecos_other_version", f"ecos {version} is not {ECOS_VERSION}, Gavel's; its allocations, "
+                                              "so the figures, may differ from Gavel's")
 
     def _solve(self, program: tuple[np.ndarray, Any, np.ndarray, dict[str, Any]], what: str, *,
                probe: bool = False) -> tuple[np.ndarray | None, int]:
