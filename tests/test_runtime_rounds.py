@@ -24,7 +24,7 @@ from hpcsched.runtime.client import Client
 from hpcsched.runtime.config import read_controller_config
 
 # Chosen so that the first three rounds do not hinge on a near tie: the simulator's choice holds with the time a
-# stop or a start costs here (up to 2 s of a 4 s round in a noise model of this controller; see the commit).
+# stop or a start costs here (charges off by up to 2 s of a 4 s round; docs/hetero.md, "Runtime").
 MODELS = ("Recommendation (batch size 2048)", "Recommendation (batch size 8192)", "Recommendation (batch size 1024)",
           "ResNet-18 (batch size 64)")
 STEPS = (200, 120, 200, 120)  # none ends before the third round is decided (20 steps/s, at most 8 s each by then)
