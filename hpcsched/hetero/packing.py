@@ -38,12 +38,21 @@ is counted for both jobs, as Gavel's utilisation counts it; its utilisation can 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hpcsched.hetero.cluster import HeteroCluster
-from hpcsched.hetero.rounds import MAX_FAILED_ATTEMPTS, MECHANISM_ORDER, RoundJob, RoundsResult, slo_deadline
+from hpcsched.hetero.rounds import (
+    MAX_FAILED_ATTEMPTS,
+    RoundJob,
+    RoundRun,
+    RoundsResult,
+    alloc_rows,
+    micro_task_fails,
+    reset_period,
+    slo_deadline,
+    stuck_error,
+)
 
 if TYPE_CHECKING:
     from hpcsched.hetero.policies import AllocationInput, GavelPolicy
@@ -83,78 +92,39 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
     Raises ValueError for a trace Gavel's loop would spin on (a job no type can run), and KeyError (naming
     the job types) when the throughput table lacks a pair's rates, as Gavel's own lookup fails.
     """
-    t0 = time.perf_counter()
     del seed  # the packed policy is heterogeneity-aware: Gavel never shuffles its type order
-    order = [t for t in MECHANISM_ORDER if t in cluster.types] + [t for t in cluster.types
-                                                                  if t not in MECHANISM_ORDER]
-    n_types = len(order)
-    gpus = [cluster.gpus(t) for t in order]
-    lp_types = sorted(order)
-    lp_to_mech = [order.index(t) for t in lp_types]
-    for a, b in zip(jobs, jobs[1:], strict=False):
-        if b.arrival < a.arrival:
-            raise ValueError(f"job {b.id}: arrivals must be sorted (Gavel asserts it), {b.arrival} < {a.arrival}")
-    for j in jobs:
-        thr = [table.isolated(j.job_type, t, j.scale_factor) for t in order]
-        if not any(r > 0 and j.scale_factor <= g for r, g in zip(thr, gpus, strict=True)):
-            raise ValueError(f"job {j.id} ({j.job_type!r}, {j.scale_factor} GPUs) fits no GPU type of "
-                             f"{cluster} with a throughput > 0; Gavel never splits a job across types")
-    half = round_s / 2.0
+    run = RoundRun(jobs, cluster, table, round_s)
+    order, n_types, gpus, half, clock = run.order, run.n_types, run.gpus, run.half, run.clock
+    worker_time, first_start, gpu_seconds = run.worker_time, run.first_start, run.gpu_seconds
     skip_zero = policy.skip_zero_priority
-    prices = [cluster.price(t) or 1.0 for t in lp_types]
-
+    prices = [cluster.price(t) or 1.0 for t in run.lp_types]
     active: dict[int, _State] = {}  # arrival order
     combos: dict[tuple[int, ...], _Combo] = {}  # Gavel's priority-dict order
-    worker_time = [0.0] * n_types
-    end: list[float | None] = [None] * len(jobs)
-    first_start: list[float | None] = [None] * len(jobs)
-    gpu_seconds = [0.0] * len(jobs)
-    ptr = 0
-    remaining = len(jobs)
-    t = jobs[0].arrival if jobs else 0.0
-    round_start = 0.0
-    prev_round_end: float | None = None
-    last_reset = 0.0
     need_update = False
     # (finish, members, mechanism type, steps per member)
     running: list[tuple[float, tuple[int, ...], int, list[int]]] = []
-    rounds = allocations = 0
 
     def remove(jid: int) -> None:
         del active[jid]
         for key in [k for k in combos if jid in k]:
             del combos[key]
 
-    while remaining:
-        next_arrival = jobs[ptr].arrival if ptr < len(jobs) else None
-        if next_arrival is None and not running:
-            last_reset = 0.0
-        mx = max(r[0] for r in running) if running else 0.0
-        if mx > 0:
-            if prev_round_end is not None:
-                round_start = prev_round_end
-            prev_round_end = mx
-            t = mx
-        elif next_arrival is not None:
-            t = next_arrival
+    while run.remaining:
+        clock.advance(max(r[0] for r in running) if running else None, run.next_arrival())
+        t, round_start = clock.t, clock.round_start
 
         running.sort(key=lambda r: (-r[0], len(r[1]), r[1]))
         for finish, members, k, steps in running:
             sf = active[members[0]].job.scale_factor
             exec_s = finish - round_start
-            failed = exec_s <= 0
-            for s in steps:
-                per = s // sf
-                if (sf > 1 and per <= 0) or s - per * (sf - 1) <= 0:
-                    failed = True
-            if failed:
+            if exec_s <= 0 or any(micro_task_fails(s, sf) for s in steps):
                 need_update = True
                 if len(members) == 1:
                     st = active[members[0]]
                     st.failures += 1
                     if st.failures >= MAX_FAILED_ATTEMPTS:
                         remove(members[0])
-                        remaining -= 1
+                        run.gone(members[0], None)
                 continue
             if len(members) == 1:
                 active[members[0]].failures = 0
@@ -169,16 +139,14 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
                 if st.steps_left <= 0:
                     done.append(jid)
             for jid in done:
-                end[jid] = finish
                 remove(jid)
-                remaining -= 1
+                run.gone(jid, finish)
                 need_update = True
         running = []
-        if not remaining:
+        if not run.remaining:
             break
 
-        while ptr < len(jobs) and jobs[ptr].arrival <= t:
-            j = jobs[ptr]
+        for j in run.arrivals():
             thr = [table.isolated(j.job_type, ty, j.scale_factor) for ty in order]
             combos[(j.id,)] = _Combo((j.id,), [(r,) for r in thr], half, n_types)
             for oid, other in active.items():
@@ -191,29 +159,18 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
                 combos[(lo, hi)] = _Combo((lo, hi), rates, 0.0, n_types)
             active[j.id] = _State(j, thr)
             need_update = True
-            ptr += 1
 
-        if need_update and (t - last_reset >= reset_s or last_reset == 0):
-            elapsed = t - last_reset
-            for k in range(n_types):
-                worker_time[k] = 0.0
-                for c in combos.values():
-                    should = c.alloc[k] * elapsed if c.alloc is not None else 0
-                    c.deficit[k] += should - (c.time[k] - half)
-                    c.time[k] = half
-                    worker_time[k] += half
-            last_reset = t
+        if clock.reset_due(need_update, reset_s):
+            reset_period(combos.values(), worker_time, t - clock.last_reset, half)
+            clock.last_reset = t
             if active:
-                inp = _packed_input(active, combos, lp_types, lp_to_mech, gpus, order, t, prices)
+                inp = _packed_input(active, combos, run.lp_types, run.lp_to_mech, gpus, order, t, prices)
                 x = policy.allocate(inp)
-                allocations += 1
+                run.allocations += 1
                 keys = [(i,) for i in inp.job_ids] + list(inp.pairs)
                 if x.shape[0] != len(keys):
                     raise ValueError(f"{policy.name}: {x.shape[0]} allocation rows for {len(keys)} combinations")
-                for row, key in zip(x, keys, strict=True):
-                    a = [0.0] * n_types
-                    for c_, k in enumerate(lp_to_mech):
-                        a[k] = float(row[c_])
+                for a, key in zip(alloc_rows(x, run.lp_to_mech), keys, strict=True):
                     combos[key].alloc = a
             need_update = False
 
@@ -270,12 +227,10 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
         if on_round is not None:
             on_round(t, scheduled)
         if running:
-            rounds += 1
-        elif ptr >= len(jobs) and not need_update:
-            stuck = ", ".join(str(j) for j in sorted(active))
-            raise ValueError(f"no job can run and none will arrive (jobs {stuck}): Gavel's loop spins forever here")
-    return RoundsResult(list(jobs), end, first_start, t, rounds, allocations, gpu_seconds,
-                        time.perf_counter() - t0, dict(policy.stats))
+            run.rounds += 1
+        elif run.next_arrival() is None and not need_update:
+            raise stuck_error(active)
+    return run.result(policy)
 
 
 def _packed_input(active: dict[int, _State], combos: dict[tuple[int, ...], _Combo], lp_types: list[str],

@@ -105,6 +105,14 @@ class RoundState(Protocol):
     deadline: float
 
 
+class PeriodState(Protocol):
+    """What a reset reads and writes: a job's (or, with space sharing, a pair's) accounting per type."""
+
+    time: list[float]
+    deficit: list[float]
+    alloc: list[float] | None
+
+
 class _Job:
     """Mutable per-run state of one active job (kept apart from the frozen input)."""
 
@@ -143,65 +151,32 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
 
         return simulate_packed_rounds(jobs, cluster, policy, table, round_s=round_s, reset_s=reset_s, seed=seed,
                                       on_round=on_round)
-    t0 = time.perf_counter()
-    order = mechanism_order(cluster.types)
-    n_types = len(order)
-    gpus = [cluster.gpus(t) for t in order]
-    lp_types = sorted(order)  # the policies see types sorted by name, as Gavel's do
-    lp_to_mech = [order.index(t) for t in lp_types]
-    for a, b in zip(jobs, jobs[1:], strict=False):
-        if b.arrival < a.arrival:
-            raise ValueError(f"job {b.id}: arrivals must be sorted (Gavel asserts it), {b.arrival} < {a.arrival}")
-    for j in jobs:
-        thr = [table.isolated(j.job_type, t, j.scale_factor) for t in order]
-        if not any(r > 0 and j.scale_factor <= g for r, g in zip(thr, gpus, strict=True)):
-            raise ValueError(f"job {j.id} ({j.job_type!r}, {j.scale_factor} GPUs) fits no GPU type of "
-                             f"{cluster} with a throughput > 0; Gavel never splits a job across types")
-    half = round_s / 2.0
+    run = RoundRun(jobs, cluster, table, round_s)
+    order, n_types, gpus, half, clock = run.order, run.n_types, run.gpus, run.half, run.clock
+    worker_time, first_start, gpu_seconds = run.worker_time, run.first_start, run.gpu_seconds
     shuffler = random.Random(seed + 5) if not policy.heterogeneity_aware else None
     skip_zero = policy.skip_zero_priority
-
     active: dict[int, _Job] = {}  # insertion order = arrival order, as Gavel's dicts
-    worker_time = [0.0] * n_types
-    end: list[float | None] = [None] * len(jobs)
-    first_start: list[float | None] = [None] * len(jobs)
-    gpu_seconds = [0.0] * len(jobs)
-    ptr = 0
-    remaining = len(jobs)
-    t = jobs[0].arrival if jobs else 0.0
-    round_start = 0.0
-    prev_round_end: float | None = None
-    last_reset = 0.0
     need_update = False
     running: list[tuple[float, int, int, int]] = []  # (finish, job id, mechanism type, steps)
-    rounds = allocations = 0
+    all_types = list(range(n_types))
 
-    while remaining:
-        next_arrival = jobs[ptr].arrival if ptr < len(jobs) else None
-        if next_arrival is None and not running:
-            last_reset = 0.0  # Gavel forces a reset when nothing runs and nothing is queued
-        mx = max(r[0] for r in running) if running else 0.0
-        if mx > 0:
-            if prev_round_end is not None:
-                round_start = prev_round_end
-            prev_round_end = mx
-            t = mx
-        elif next_arrival is not None:
-            t = next_arrival
+    while run.remaining:
+        clock.advance(max(running)[0] if running else None, run.next_arrival())
+        t, round_start = clock.t, clock.round_start
 
         # Micro-tasks end (Gavel pops them latest-first, ties by job id).
-        running.sort(key=lambda r: (-r[0], r[1]))
+        running.sort(key=_finish_order)
         for finish, jid, k, steps in running:
             st = active[jid]
             sf = st.job.scale_factor
             exec_s = finish - round_start
-            per = steps // sf
-            if exec_s <= 0 or (sf > 1 and per <= 0) or steps - per * (sf - 1) <= 0:
+            if exec_s <= 0 or micro_task_fails(steps, sf):
                 st.failures += 1
                 need_update = True
                 if st.failures >= MAX_FAILED_ATTEMPTS:
                     del active[jid]
-                    remaining -= 1
+                    run.gone(jid, None)
                 continue
             st.failures = 0
             st.steps_left -= steps
@@ -209,38 +184,33 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
             worker_time[k] += exec_s
             gpu_seconds[jid] += exec_s * sf
             if st.steps_left <= 0:
-                end[jid] = finish
                 del active[jid]
-                remaining -= 1
+                run.gone(jid, finish)
                 need_update = True
         running = []
-        if not remaining:
+        if not run.remaining:
             break
 
-        while ptr < len(jobs) and jobs[ptr].arrival <= t:
-            j = jobs[ptr]
+        for j in run.arrivals():
             active[j.id] = _Job(j, [table.isolated(j.job_type, ty, j.scale_factor) for ty in order], n_types, half)
             need_update = True
-            ptr += 1
 
         # Priorities (and, when due, a reset and a new allocation).
-        if need_update and (t - last_reset >= reset_s or last_reset == 0):
-            reset_period(active.values(), worker_time, t - last_reset, half)
-            last_reset = t
+        if clock.reset_due(need_update, reset_s):
+            reset_period(active.values(), worker_time, t - clock.last_reset, half)
+            clock.last_reset = t
             ids = sorted(active)
             if ids:
-                inp = allocation_input(ids, active, lp_types, lp_to_mech, gpus, order, t, cluster)
+                inp = allocation_input(ids, active, run.lp_types, run.lp_to_mech, gpus, order, t, cluster)
                 x = policy.allocate(inp)
-                allocations += 1
-                for row, jid in zip(x, ids, strict=True):
-                    a = [0.0] * n_types
-                    for c, k in enumerate(lp_to_mech):
-                        a[k] = float(row[c])
+                run.allocations += 1
+                for a, jid in zip(alloc_rows(x, run.lp_to_mech), ids, strict=True):
                     active[jid].alloc = a
             need_update = False
 
-        types = list(range(n_types))
+        types = all_types
         if shuffler is not None:
+            types = list(all_types)
             shuffler.shuffle(types)
         queue = round_queue(list(active.items()), types, worker_time, skip_zero)
         scheduled: dict[int, str] = {}
@@ -257,12 +227,143 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         if on_round is not None:
             on_round(t, scheduled)
         if running:
-            rounds += 1
-        elif ptr >= len(jobs) and not need_update:
-            stuck = ", ".join(str(j) for j in sorted(active))
-            raise ValueError(f"no job can run and none will arrive (jobs {stuck}): Gavel's loop spins forever here")
-    return RoundsResult(list(jobs), end, first_start, t, rounds, allocations, gpu_seconds,
-                        time.perf_counter() - t0, dict(policy.stats))
+            run.rounds += 1
+        elif run.next_arrival() is None and not need_update:
+            raise stuck_error(active)
+    return run.result(policy)
+
+
+class RoundRun:
+    """What both loops (single jobs here, pairs in ``hetero.packing``) set up and report: the GPU types in
+    mechanism order, the policies' type order, the type totals, each job's first start, end and GPU time,
+    the clock and the counters; ``result`` makes the run's ``RoundsResult``."""
+
+    __slots__ = ("jobs", "order", "n_types", "gpus", "lp_types", "lp_to_mech", "half", "worker_time", "end",
+                 "first_start", "gpu_seconds", "clock", "rounds", "allocations", "t0", "next_job", "remaining")
+
+    def __init__(self, jobs: Sequence[RoundJob], cluster: HeteroCluster, table: ThroughputTable,
+                 round_s: float) -> None:
+        self.t0 = time.perf_counter()
+        self.jobs = jobs
+        self.next_job = 0  # the first job not yet arrived
+        self.remaining = len(jobs)  # jobs neither ended nor dropped
+        self.order = mechanism_order(cluster.types)
+        self.n_types = len(self.order)
+        self.gpus = [cluster.gpus(t) for t in self.order]
+        self.lp_types, self.lp_to_mech = lp_layout(self.order)
+        check_jobs(jobs, cluster, table, self.order, self.gpus)
+        self.half = round_s / 2.0  # every job starts an accounting period with half a round per type
+        self.worker_time = [0.0] * self.n_types
+        self.end: list[float | None] = [None] * len(jobs)
+        self.first_start: list[float | None] = [None] * len(jobs)
+        self.gpu_seconds = [0.0] * len(jobs)
+        self.clock = RoundClock(jobs[0].arrival if jobs else 0.0)
+        self.rounds = self.allocations = 0
+
+    def next_arrival(self) -> float | None:
+        """When the next job arrives; None when every job has."""
+        return self.jobs[self.next_job].arrival if self.next_job < len(self.jobs) else None
+
+    def arrivals(self) -> list[RoundJob]:
+        """The jobs that arrived by the clock's time and were not yet taken (arrival order)."""
+        jobs, i, t = self.jobs, self.next_job, self.clock.t
+        while i < len(jobs) and jobs[i].arrival <= t:
+            i += 1
+        out, self.next_job = list(jobs[self.next_job:i]), i
+        return out
+
+    def gone(self, jid: int, finish: float | None) -> None:
+        """Job ``jid`` ended at ``finish`` (None: dropped after repeated failures)."""
+        if finish is not None:
+            self.end[jid] = finish
+        self.remaining -= 1
+
+    def result(self, policy: GavelPolicy) -> RoundsResult:
+        return RoundsResult(list(self.jobs), self.end, self.first_start, self.clock.t, self.rounds, self.allocations,
+                            self.gpu_seconds, time.perf_counter() - self.t0, dict(policy.stats))
+
+
+def _finish_order(r: tuple[float, int, int, int]) -> tuple[float, int]:
+    return -r[0], r[1]
+
+
+class RoundClock:
+    """Gavel's clock between rounds, for both loops (single jobs here, pairs in ``hetero.packing``).
+
+    ``t`` is the start of the round about to be scheduled; ``round_start`` the start of the round whose
+    micro-tasks end now (what their time is charged from: the previous round that ran anything, so an idle
+    gap is charged too); ``last_reset`` the time of the last reset (0: none yet, or one forced)."""
+
+    __slots__ = ("t", "round_start", "prev_end", "last_reset")
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.round_start = 0.0
+        self.prev_end: float | None = None
+        self.last_reset = 0.0
+
+    def advance(self, latest_finish: float | None, next_arrival: float | None) -> None:
+        """The next round starts when the latest running micro-task ends (``latest_finish``; None: nothing
+        runs), or, with nothing running, at the next arrival. Gavel forces a reset when nothing runs and
+        nothing is queued."""
+        if next_arrival is None and latest_finish is None:
+            self.last_reset = 0.0
+        if latest_finish is not None and latest_finish > 0:
+            if self.prev_end is not None:
+                self.round_start = self.prev_end
+            self.prev_end = latest_finish
+            self.t = latest_finish
+        elif next_arrival is not None:
+            self.t = next_arrival
+
+    def reset_due(self, need_update: bool, reset_s: float) -> bool:
+        """A new allocation is due: a job arrived or ended since the last one, and ``reset_s`` passed since
+        the last reset (or none happened yet)."""
+        return need_update and (self.t - self.last_reset >= reset_s or self.last_reset == 0)
+
+
+def micro_task_fails(steps: int, sf: int) -> bool:
+    """Gavel splits a micro-task's steps over its ``sf`` GPUs (``steps // sf`` each, the rest on the last); a
+    GPU given no step fails the whole micro-task (so does a round of no time, which the caller checks)."""
+    per = steps // sf
+    return (sf > 1 and per <= 0) or steps - per * (sf - 1) <= 0
+
+
+def lp_layout(order: Sequence[str]) -> tuple[list[str], list[int]]:
+    """The policies' type order (sorted by name, as Gavel's matrices) and each one's mechanism index."""
+    lp_types = sorted(order)
+    return lp_types, [order.index(t) for t in lp_types]
+
+
+def alloc_rows(x: object, lp_to_mech: Sequence[int]) -> list[list[float]]:
+    """The policy's allocation matrix (rows x types in ``lp_layout`` order) as per-row lists indexed by
+    mechanism type, as Python floats."""
+    import numpy as np
+
+    mech_to_lp = [0] * len(lp_to_mech)
+    for c, k in enumerate(lp_to_mech):
+        mech_to_lp[k] = c
+    return np.asarray(x, dtype=float)[:, mech_to_lp].tolist()
+
+
+def check_jobs(jobs: Sequence[RoundJob], cluster: HeteroCluster, table: ThroughputTable, order: Sequence[str],
+               gpus: Sequence[int]) -> None:
+    """ValueError unless arrivals are sorted (Gavel asserts it) and every job fits a GPU type with a rate > 0
+    (a job that fits none would make Gavel's loop spin forever)."""
+    for a, b in zip(jobs, jobs[1:], strict=False):
+        if b.arrival < a.arrival:
+            raise ValueError(f"job {b.id}: arrivals must be sorted (Gavel asserts it), {b.arrival} < {a.arrival}")
+    for j in jobs:
+        thr = [table.isolated(j.job_type, t, j.scale_factor) for t in order]
+        if not any(r > 0 and j.scale_factor <= g for r, g in zip(thr, gpus, strict=True)):
+            raise ValueError(f"job {j.id} ({j.job_type!r}, {j.scale_factor} GPUs) fits no GPU type of "
+                             f"{cluster} with a throughput > 0; Gavel never splits a job across types")
+
+
+def stuck_error(active: Iterable[int]) -> ValueError:
+    """The error for a round where no job can run and none will arrive (Gavel's loop spins forever there)."""
+    stuck = ", ".join(str(j) for j in sorted(active))
+    return ValueError(f"no job can run and none will arrive (jobs {stuck}): Gavel's loop spins forever here")
 
 
 def mechanism_order(types: Iterable[str]) -> list[str]:
@@ -271,7 +372,7 @@ def mechanism_order(types: Iterable[str]) -> list[str]:
     return [t for t in MECHANISM_ORDER if t in types] + [t for t in types if t not in MECHANISM_ORDER]
 
 
-def reset_period(states: Iterable[RoundState], worker_time: list[float], elapsed: float, half: float) -> None:
+def reset_period(states: Iterable[PeriodState], worker_time: list[float], elapsed: float, half: float) -> None:
     """Gavel's reset (``_reset_time_run_so_far``): each job's deficit gains ``allocation x elapsed - time
     received`` per type, and a new accounting period starts with half a round per job and type (the type's
     total: half a round per job). ``worker_time`` (per type) is rewritten in place."""
@@ -292,28 +393,20 @@ def round_queue(items: Sequence[tuple[int, RoundState]], types: Sequence[int], w
     time / type's time), 0 where the allocation or the throughput is 0 (``skip_zero``, FIFO: such entries are
     left out, as they are never placed)."""
     # The entries carry -id last, so one plain descending tuple sort (no key function) gives that order (ids
-    # follow arrivals).
+    # follow arrivals). Comprehensions over each job's lists, fetched once per round: this runs every round for
+    # every job and type, the largest part of the loop's own time.
+    rows = [(-jid, st.alloc, st.time, st.deficit, st.thr) for jid, st in items]
     queue: list[tuple[float, float, float, int, int]] = []
     for k in types:
         wt = worker_time[k]
-        entries = []
-        add = entries.append
-        for jid, st in items:
-            a = st.alloc
-            if a is None:
-                if not skip_zero:
-                    add((0.0, st.deficit[k], 0.0, -jid, k))
-                continue
-            ak = a[k]
-            if ak == 0.0 or st.thr[k] == 0:
-                if skip_zero:
-                    continue  # never placed (below): FIFO's queue, most of the jobs, costs nothing
-                p = 0.0
-            elif wt == 0.0:
-                p = ak * 1e9
-            else:
-                p = ak / (st.time[k] / wt)
-            add((p, st.deficit[k], ak, -jid, k))
+        if skip_zero:  # entries of priority 0 are never placed (below): FIFO's queue, most of the jobs, costs nothing
+            entries = [(a[k] * 1e9 if wt == 0.0 else a[k] / (tm[k] / wt), d[k], a[k], neg, k)
+                       for neg, a, tm, d, thr in rows if a is not None and a[k] != 0.0 and thr[k] != 0]
+        else:
+            entries = [(0.0, d[k], 0.0, neg, k) if a is None else
+                       (0.0 if a[k] == 0.0 or thr[k] == 0 else a[k] * 1e9 if wt == 0.0 else a[k] / (tm[k] / wt),
+                        d[k], a[k], neg, k)
+                       for neg, a, tm, d, thr in rows]
         entries.sort(reverse=True)
         queue += entries
     return queue
