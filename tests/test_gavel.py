@@ -150,6 +150,26 @@ def test_throughputs_match_the_json(table) -> None:  # noqa: ANN001
             assert table.isolated(t.job_type, "v100", sf) > 0
 
 
+def test_bundled_isolated_rates_are_the_json(table, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The bundled table's isolated rates come from its compact derivative (throughputs.ISOLATED): they must be
+    the JSON's, in the JSON's order, and a derivative of another version of the JSON must not be used."""
+    from hpcsched.hetero import throughputs
+
+    assert table.source == str(BUNDLED)
+    plain = tmp_path / "plain.json"  # not the bundled path: read from the JSON itself
+    plain.write_bytes(gzip.decompress(BUNDLED.read_bytes()))
+    full = load_throughputs(plain)
+    assert [(g, list(r.items())) for g, r in table.isolated_rates.items()] == \
+        [(g, list(r.items())) for g, r in full.isolated_rates.items()]
+    assert throughputs._bundled_isolated() is not None  # the shipped derivative matches the shipped JSON
+    stale = tmp_path / "stale.json.gz"
+    stale.write_bytes(gzip.compress(json.dumps({"source": [1, 2], "isolated": {"v100": [["A3C", 1, 9.0]]}}).encode()))
+    monkeypatch.setattr(throughputs, "ISOLATED", stale)
+    again = load_throughputs()
+    assert again.isolated("A3C", "v100") == full.isolated("A3C", "v100") != 9.0
+    assert again.colocated("A3C", "CycleGAN", "p100") == full.colocated("A3C", "CycleGAN", "p100")
+
+
 def test_throughput_errors(table, tmp_path: Path) -> None:  # noqa: ANN001
     with pytest.raises(KeyError, match="GPU type 'a100' not in the throughput table"):
         table.isolated("A3C", "a100")

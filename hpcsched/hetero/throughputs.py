@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,10 @@ from hpcsched.errors import InputError
 
 # Beside this module, not in trace-data/: every file there is read as a trace by the real-trace tests.
 BUNDLED = Path(__file__).resolve().parent / "simulation_throughputs.json.gz"
+ISOLATED = BUNDLED.with_name("simulation_throughputs.isolated.json.gz")
+"""The bundled table's isolated rates alone, derived from ``BUNDLED`` by ``write_isolated`` (and checked
+against it by a test): reading them takes ~1 ms where the whole table's JSON takes ~8 ms, and every
+``simulate --compat gavel`` run reads the table while only space sharing needs the pairs."""
 _KEY = re.compile(r"""\(\s*(['"])(?P<type>.*)\1\s*,\s*(?P<scale>\d+)\s*\)""")
 
 JobKey = tuple[str, int]  # (job type, scale factor)
@@ -101,17 +105,20 @@ class ThroughputTable:
 
 
 def load_throughputs(path: str | Path = BUNDLED) -> ThroughputTable:
-    """Read Gavel's throughput JSON (``.gz`` or plain); a malformed file is an InputError naming the bad key."""
+    """Read Gavel's throughput JSON (``.gz`` or plain); a malformed file is an InputError naming the bad key.
+
+    The bundled table's isolated rates come from ``ISOLATED`` when it was derived from this very file (same
+    size and CRC-32); its pairs, and any other file, from the JSON itself."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        data = json.loads(raw)
-    except FileNotFoundError:
-        raise InputError(p, "no such throughput file") from None
-    except (OSError, EOFError, ValueError) as e:
-        raise InputError(p, f"not a Gavel throughput JSON: {e}") from None
+    if p == BUNDLED:
+        table = _bundled_isolated()
+        if table is not None:
+            return table
+    return _parse_table(_read_json(p), p)
+
+
+def _parse_table(data: object, p: Path) -> ThroughputTable:
+    """The table in Gavel's JSON ``data`` (read from ``p``), its isolated rates checked; pairs parsed lazily."""
     if not isinstance(data, dict) or not data:
         raise InputError(p, "not a Gavel throughput JSON: expected an object of GPU types")
     isolated: dict[str, dict[JobKey, float]] = {}
@@ -127,7 +134,48 @@ def load_throughputs(path: str | Path = BUNDLED) -> ThroughputTable:
                 iso[key] = float(entry["null"])
             except (ValueError, TypeError) as e:
                 raise InputError(p, f"{gpu_type} / {key_text}: {e}") from None
-    return ThroughputTable(isolated, _LazyPairs(data, p), str(p))
+    return ThroughputTable(isolated, _LazyPairs(lambda: data, p), str(p))
+
+
+def _read_json(p: Path) -> dict:
+    """The JSON in ``p`` (gzipped or plain); InputError naming the file when it cannot be read."""
+    try:
+        raw = p.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        return json.loads(raw)
+    except FileNotFoundError:
+        raise InputError(p, "no such throughput file") from None
+    except (OSError, EOFError, ValueError) as e:
+        raise InputError(p, f"not a Gavel throughput JSON: {e}") from None
+
+
+def _fingerprint(raw: bytes) -> list[int]:
+    import zlib
+
+    return [len(raw), zlib.crc32(raw)]
+
+
+def _bundled_isolated() -> ThroughputTable | None:
+    """The bundled table with its isolated rates read from ``ISOLATED``; None when that file is missing or was
+    derived from another version of ``BUNDLED`` (the caller then reads the whole JSON: same table, slower)."""
+    try:
+        compact = json.loads(gzip.decompress(ISOLATED.read_bytes()))
+        if compact.get("source") != _fingerprint(BUNDLED.read_bytes()):
+            return None
+        isolated = {gpu: {(t, int(sf)): float(r) for t, sf, r in rows} for gpu, rows in compact["isolated"].items()}
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return None
+    return ThroughputTable(isolated, _LazyPairs(lambda: _read_json(BUNDLED), BUNDLED), str(BUNDLED))
+
+
+def write_isolated(path: Path = ISOLATED) -> None:
+    """Derive ``ISOLATED`` from ``BUNDLED`` (run after replacing the bundled table:
+    ``python -c "from hpcsched.hetero.throughputs import write_isolated; write_isolated()"``)."""
+    table = _parse_table(_read_json(BUNDLED), BUNDLED)
+    rows = {gpu: [[t, sf, r] for (t, sf), r in rates.items()] for gpu, rates in table.isolated_rates.items()}
+    text = json.dumps({"source": _fingerprint(BUNDLED.read_bytes()), "isolated": rows}, separators=(",", ":"))
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))
 
 
 class _LazyPairs(Mapping[str, Mapping[tuple[JobKey, JobKey], tuple[float, float]]]):
@@ -138,9 +186,16 @@ class _LazyPairs(Mapping[str, Mapping[tuple[JobKey, JobKey], tuple[float, float]
     naming the file and key, raised by the first lookup that reaches it.
     """
 
-    def __init__(self, data: dict[str, dict], path: Path) -> None:
-        self._data, self._path = data, path
+    def __init__(self, data: Callable[[], dict[str, dict]], path: Path) -> None:
+        self._load, self._path = data, path  # the JSON, read on first use (the bundled table's pairs: lazily)
+        self._json: dict[str, dict] | None = None
         self._parsed: dict[str, dict[tuple[JobKey, JobKey], tuple[float, float]]] = {}
+
+    @property
+    def _data(self) -> dict[str, dict]:
+        if self._json is None:
+            self._json = self._load()
+        return self._json
 
     def __getitem__(self, gpu_type: str) -> Mapping[tuple[JobKey, JobKey], tuple[float, float]]:
         col = self._parsed.get(gpu_type)
