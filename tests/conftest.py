@@ -24,3 +24,12 @@ def n8g8():
     from hpcsched.cluster_spec import read_cluster_spec
 
     return read_cluster_spec(ROOT / "cluster_spec/n8g8.csv")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for ``pytest -n N --dist loadgroup`` (``make test`` runs two workers): a module's tests stay in one
+    worker, so a module-scoped fixture (three network-namespace hosts, a controller) is built once, not once per
+    worker; every test that drives the one live Slurm shares a group, so two never submit to it at once."""
+    for item in items:
+        group = "live-slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
