@@ -254,19 +254,28 @@ class Worker:
 
         The controller hears of it at once (Leave RPC) rather than after ``worker_timeout_s`` of silence,
         and the jobs stop as preempted (resumed elsewhere from their checkpoint, no restart counted). With
-        the controller unreachable the tasks still checkpoint; the controller then times the worker out."""
+        the controller unreachable the tasks still checkpoint, and the notice is tried again while they stop and
+        for ``stop_grace_s`` after (a controller restarted meanwhile, as after a kill -9, then hears it: found by
+        the harvesting end-to-end test, where a pilot preempted during the restart counted as a failed attempt);
+        a controller still away then times the worker out."""
         grace = self.cfg.stop_grace_s
-        self._say_leave(final=False)
+        said = self._say_leave(final=False)
         for tid in list(self.tasks):
             self.kill(tid, checkpoint=True, grace_s=grace)
         deadline = time.time() + grace + 5.0  # past the grace the kill escalates to SIGKILL; then a reap margin
         while any(t.exit_code is None for t in self.tasks.values()) and time.time() < deadline:
             time.sleep(0.1)
             self._poll()
+            said = said or self._say_leave(final=False, timeout=1.0)
             for tid in list(self.tasks):
                 self.kill(tid, checkpoint=True, grace_s=grace)  # escalates once the grace is over
             self._deliver()
         self._poll()
+        notice_until = time.time() + grace  # its tasks have stopped: wait that long more for the controller
+        while not said and time.time() < notice_until:
+            said = self._say_leave(final=False, timeout=1.0)
+            if not said:
+                time.sleep(0.2)
         self._deliver()
         self._say_leave(final=True)
         self.shutdown()
@@ -313,12 +322,16 @@ class Worker:
         for tid in list(self.tasks):
             self.kill(tid, checkpoint=False)
 
-    def _say_leave(self, final: bool) -> None:
-        with contextlib.suppress(grpc.RpcError):
+    def _say_leave(self, final: bool, timeout: float = 5.0) -> bool:
+        """Whether the controller heard it."""
+        try:
             reply = self.stub.Leave(pb.LeaveRequest(worker_id=self.cfg.name, final=final, instance=self.instance),
-                                    timeout=5, metadata=self.md)
-            log.info("told the controller this worker %s (%d jobs stopping)", "left" if final else "is leaving",
-                     reply.stopping_jobs)
+                                    timeout=timeout, metadata=self.md)
+        except grpc.RpcError:
+            return False
+        log.info("told the controller this worker %s (%d jobs stopping)", "left" if final else "is leaving",
+                 reply.stopping_jobs)
+        return True
 
     def _deliver(self) -> None:
         """One heartbeat that only reports (a leaving worker launches nothing and answers no kill)."""
