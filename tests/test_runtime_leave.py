@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runtime_procs import client, controller_config, start_controller, start_worker, stop, wait_for
+from runtime_procs import client, controller_config, kill_tree, start_controller, start_worker, stop, wait_for
 
 # Reports step 1, then idles; on SIGTERM writes a checkpoint at step 3 and exits 0 (what a workload does).
 PROGRAM = (
@@ -57,6 +57,32 @@ def test_sigterm_worker_checkpoints_and_leaves(tmp_path: Path) -> None:
         for p in reversed(procs):
             stop(p)
 
+
+@pytest.mark.slow
+def test_a_worker_leaving_while_its_controller_restarts_is_heard(tmp_path: Path) -> None:
+    """A pilot preempted while its controller is down (kill -9, restarted a moment later): the worker's Leave
+    notice reaches the new controller, so the job stops as preempted (no failed attempt), not timed out as lost."""
+    ctl, address = start_controller(tmp_path, controller_config(tmp_path, worker_timeout_s=3))
+    a = start_worker(tmp_path, address, "a", extra=("--stop-grace", "3"))
+    procs = [a]
+    try:
+        c = client(address)
+        jid = c.submit(f"name: idle\nprocs: 1\nsteps: 10\ncommand: {json.dumps(['sh', '-c', PROGRAM])}\n", "j.yaml")
+        wait_for("the job to report", lambda: [j for j in c.jobs() if j.job_id == jid and j.steps_done == 1], 60)
+        c.close()
+        kill_tree(ctl)
+        a.send_signal(signal.SIGTERM)  # its task checkpoints and exits at once: nobody to tell yet
+        time.sleep(0.5)
+        ctl, _ = start_controller(tmp_path, controller_config(tmp_path, listen=address, worker_timeout_s=3))
+        assert a.wait(timeout=30) == 0
+        c = client(address)
+        time.sleep(4)  # past worker_timeout_s: a worker not heard from would be lost by now
+        (job,) = [j for j in c.jobs() if j.job_id == jid]
+        assert (job.state, job.restarts, job.last_checkpoint_step) == ("pending", 0, 3), job.message
+        assert "worker a is leaving" in (tmp_path / "controller.log").read_text()
+    finally:
+        for p in [*procs, ctl]:
+            stop(p)
 
 def _stage_program(data_s: float, compute_s: float) -> str:
     """Reports a step with these stage times every 0.2 s; checkpoints and exits 0 on SIGTERM."""
