@@ -1,5 +1,6 @@
 """A torch-free multi-host job for the network-namespace tests: every step sums one number per rank across
-all ranks (over TCP to MASTER_ADDR:MASTER_PORT with ``--comm tcp``, by MPI Allreduce with ``--comm mpi``),
+all ranks (over TCP to MASTER_ADDR:MASTER_PORT with ``--comm tcp``, by MPI Allreduce with ``--comm mpi``, by
+torch.distributed's Gloo all-reduce with ``--comm gloo``, for torchrun, whose agent holds MASTER_PORT),
 and rank 0 records, in ``result.json``, the host name and address every rank ran at. So a test can check
 that the ranks really ran on different hosts and talked over their namespace addresses.
 
@@ -19,7 +20,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
-from _common import Reporter, StopFlag, atomic_write, checkpoint_dir, superseded, total_steps, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    Reporter,
+    StageTurns,
+    StopFlag,
+    atomic_write,
+    checkpoint_dir,
+    superseded,
+    total_steps,
+    write_result,
+)
 
 
 class TcpSum:
@@ -108,17 +118,48 @@ class MpiSum:
         return a, b
 
 
+class GlooSum:
+    """torch.distributed over Gloo, as a torchrun job talks (torchrun's agent holds MASTER_PORT for its own store,
+    so the TCP star cannot listen there)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        self.dist = dist
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((os.environ["MASTER_ADDR"], 9))
+            addr = s.getsockname()[0]
+        hosts: list = [None] * self.world
+        dist.all_gather_object(hosts, {"rank": self.rank, "hostname": socket.gethostname(), "addr": addr})
+        self.hosts = hosts if self.rank == 0 else []
+
+    def sum(self, values: tuple[float, float]) -> tuple[float, float]:
+        import torch
+
+        t = torch.tensor(values, dtype=torch.float64)
+        self.dist.all_reduce(t)
+        return float(t[0]), float(t[1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--comm", choices=("tcp", "mpi"), default="tcp")
+    ap.add_argument("--comm", choices=("tcp", "mpi", "gloo"), default="tcp")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--step-ms", type=float, default=50.0)
     ap.add_argument("--work-ms", type=float, default=None,
                     help="strong scaling: a step takes WORK_MS / world size (instead of --step-ms at any size)")
+    ap.add_argument("--stage-ms", default=None, metavar="DATA,COMPUTE",
+                    help="a step is DATA ms of data loading then COMPUTE ms of compute, each holding its stage's turn "
+                         "(workloads/_common.StageTurns: an interleaved group's members take turns); the seconds "
+                         "waited for turns go in result.json")
     args = ap.parse_args()
+    stages = [float(x) / 1e3 for x in args.stage_ms.split(",")] if args.stage_ms else None
     stop = StopFlag()
-    comm = MpiSum() if args.comm == "mpi" else TcpSum(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    comm = MpiSum() if args.comm == "mpi" else GlooSum() if args.comm == "gloo" else \
+        TcpSum(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     rank, world = comm.rank, comm.world
     steps = args.steps or total_steps(100)
     ckpt_dir = checkpoint_dir("checkpoints/netns")
@@ -127,8 +168,17 @@ def main() -> int:
     rep = Reporter(rank, world, step if ckpt.exists() else -1)
     rep.report(step, loss=0.0)
     step_s = (args.work_ms / world if args.work_ms is not None else args.step_ms) / 1e3
+    turns = StageTurns(int(os.environ.get("LOCAL_RANK", 0))) if stages else None
+    waited = {"data": 0.0, "compute": 0.0}
     while step < steps:
-        time.sleep(step_s)
+        if turns is not None and stages is not None:
+            for stage, seconds in zip(("data", "compute"), stages, strict=True):
+                with turns.turn(stage):
+                    time.sleep(seconds)
+            for k, v in turns.take_waits().items():
+                waited[k] = waited.get(k, 0.0) + v
+        else:
+            time.sleep(step_s)
         total, stopping = comm.sum((float(rank + 1), float(stop.requested or superseded(ckpt_dir))))
         assert total == world * (world + 1) / 2, (total, world)  # every rank took part
         step += 1
@@ -136,11 +186,18 @@ def main() -> int:
         if rank == 0 and (step % args.checkpoint_every == 0 or step == steps or stopping) and not superseded(ckpt_dir):
             atomic_write(ckpt, lambda p, s=step: p.write_text(json.dumps({"step": s})))
             saved = str(ckpt)
-        rep.report(step, loss=1.0 / step, checkpoint=saved, done=step == steps)
+        stage_s = dict(zip(("data_s", "compute_s", "comm_s"), [*stages, 0.0], strict=True)) if stages else {}
+        rep.report(step, loss=1.0 / step, checkpoint=saved, done=step == steps, **stage_s)
         if stopping:
+            if turns is not None:
+                turns.close()
             return 0
+    if turns is not None:
+        turns.close()
     if rank == 0:
-        write_result(ckpt_dir, {"steps": step, "world_size": world, "hosts": comm.hosts})
+        where = os.environ.get("HPCSCHED_INTERLEAVE_DIR", "")
+        extra = {"turn_wait_s": waited, "interleave_dir": where} if stages else {}
+        write_result(ckpt_dir, {"steps": step, "world_size": world, "hosts": comm.hosts} | extra)
     return 0
 
 
