@@ -104,6 +104,8 @@ class FakeSlurm:
         self.jobs: dict[str, dict] = {}  # id -> name, state, node, argv
         self.next_id = 100
         self.calls: list[list[str]] = []
+        self.reservations = "No reservations in the system\n"
+        self.pending = ""
 
     def run(self, argv: list[str]) -> str:
         self.calls.append(argv)
@@ -114,6 +116,11 @@ class FakeSlurm:
             name = argv[argv.index("--name") + 1]
             return "".join(f"{jid}|{j['state']}|{j['node'] if j['state'] == 'RUNNING' else ''}\n"
                            for jid, j in self.jobs.items() if j["name"] == name)
+        if tool == "scontrol":  # fit-idle-window: scontrol -o show reservation
+            return self.reservations
+        if tool == "squeue" and "PD" in argv:  # fit-idle-window: pending jobs, ours with their requested node
+            return self.pending + "".join(f"{jid}|batch|{j['name']}|2026-11-27T06:30:41|{j['node']}\n"
+                                          for jid, j in self.jobs.items() if j["state"] == "PENDING")
         if tool == "squeue":
             return "".join(f"{jid}|scavenger|{j['name']}|RUNNING|{j['node']}\n"
                            for jid, j in self.jobs.items() if j["state"] == "RUNNING")
@@ -236,3 +243,176 @@ def test_a_restarted_manager_adopts_its_predecessors_pilots(tmp_path: Path) -> N
     other = _manager(tmp_path / "other", slurm, View(demand=1), clock)  # another controller's state: its own
     other.step()
     assert len(slurm.jobs) == 3
+
+
+# ---------------------------------------------------------------------------------------- fit-idle-window
+# Recorded from the loopback Slurm (slurm-wlm 22.05.8, tests/slurm_cluster.py) at the times given.
+# scontrol -o show reservation, at 2026-11-27T06:24:06: maint1 (MAINT) on n[1-2] from +5 min, now3 active on n3
+RESV_ONE_LINE = (
+    "ReservationName=maint1 StartTime=2026-11-27T06:29:05 EndTime=2026-11-27T06:39:05 Duration=00:10:00 Nodes=n[1-2] "
+    "NodeCnt=2 CoreCnt=4 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES TRES=cpu=4 Users=root "
+    "Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
+    "ReservationName=now3 StartTime=2026-11-27T06:24:05 EndTime=2026-11-27T06:25:05 Duration=00:01:00 Nodes=n3 "
+    "NodeCnt=1 CoreCnt=2 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=2 Users=root Groups=(null) "
+    "Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n")
+# the same reservations, scontrol show reservation (multi-line)
+RESV_MULTI_LINE = """ReservationName=maint1 StartTime=2026-11-27T06:29:05 EndTime=2026-11-27T06:39:05 Duration=00:10:00
+   Nodes=n[1-2] NodeCnt=2 CoreCnt=4 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES
+   TRES=cpu=4
+   Users=root Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a
+   MaxStartDelay=(null)
+
+ReservationName=now3 StartTime=2026-11-27T06:24:05 EndTime=2026-11-27T06:25:05 Duration=00:01:00
+   Nodes=n3 NodeCnt=1 CoreCnt=2 Features=(null) PartitionName=(null) Flags=SPEC_NODES
+   TRES=cpu=2
+   Users=root Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a
+   MaxStartDelay=(null)
+
+"""
+# squeue -h -t PD -o '%i|%P|%j|%S|%Y' at 2026-11-27T06:30:40: a job on n1,n3,n4 until 06:32:37 (-t 2), a 4-node job
+# backfill planned after it (sinfo: n2 planned), and one held by --begin (a start, no nodes yet)
+PENDING = "88|batch|site-wide|2026-11-27T06:32:37|n[1-4]\n89|batch|site-later|2026-11-27T06:31:07|(null)\n"
+SINFO_PLANNED = "n1 allocated\nn1 allocated\nn2 planned\nn2 planned\nn3 allocated\nn3 allocated\nn4 allocated\n"
+
+
+def test_idle_windows_from_recorded_slurm_output() -> None:
+    from hpcsched.slurm.idle_windows import estimate, parse_planned, parse_reservations, slurm_time
+
+    resv = parse_reservations(RESV_ONE_LINE)
+    assert parse_reservations(RESV_MULTI_LINE) == resv and parse_reservations("No reservations in the system\n") == []
+    assert [(r.name, r.nodes, r.state, r.end - r.start) for r in resv] == [
+        ("maint1", ("n1", "n2"), "INACTIVE", 600), ("now3", ("n3",), "ACTIVE", 60)]
+    t = slurm_time("2026-11-27T06:24:06")
+    w = estimate(t, resv, [])
+    assert {n: (c.at - t, c.what) for n, c in w.claims.items()} == {
+        "n1": (299, "reservation maint1"), "n2": (299, "reservation maint1"),
+        "n3": (0, "in reservation now3 (until 06:25:05)")}
+    assert (w.seconds("n1", 900), w.seconds("n3", 900), w.seconds("n4", 900)) == (299, 0, 900)  # n4: the cap
+    assert estimate(slurm_time("2026-11-27T06:40:00"), resv, []).claims == {}  # both have ended
+    planned = parse_planned(PENDING)
+    assert [(j.id, j.nodes) for j in planned] == [("88", ("n1", "n2", "n3", "n4")), ("89", ())]
+    t2 = slurm_time("2026-11-27T06:30:40")
+    w2 = estimate(t2, [], planned)
+    assert {n: (c.at - t2, c.what) for n, c in w2.claims.items()} == {n: (117, "job 88 (batch)")
+                                                                       for n in ("n1", "n2", "n3", "n4")}
+    assert w2.unplaced == ("89",)  # a start but no nodes: said by the manager, not guessed
+    assert estimate(t2, [], planned, lambda j: j.name == "site-wide").claims == {}  # our own pilots claim nothing
+    both = estimate(t, resv, planned)  # each node's earliest claim
+    assert (both.claims["n1"].what, both.claims["n4"].what) == ("reservation maint1", "job 88 (batch)")
+    with pytest.raises(ValueError, match="not in the format"):
+        parse_planned("88|batch|x\n")
+    with pytest.raises(ValueError, match="not a Slurm time: 'soon'"):
+        parse_reservations("ReservationName=x StartTime=soon EndTime=N/A Nodes=n1")
+
+
+def test_fit_idle_window_section(tmp_path: Path) -> None:
+    p = _cfg(tmp_path, "node_source: slurm\nslurm:\n  partition: batch\n  time_limit: fit-idle-window\n"
+                       "  min_window_s: 300\n  window_margin_s: 30\n  time_limit_s: 7200\n").pilots
+    assert p is not None and (p.time_limit, p.min_window_s, p.window_margin_s, p.time_limit_s) == \
+        ("fit-idle-window", 300, 30, 7200)
+    assert _cfg(tmp_path, "node_source: slurm\n").pilots.time_limit == "fixed"
+    for text, message in [
+        ("  time_limit: fit\n", "slurm: time_limit: expected one of fixed, fit-idle-window, got 'fit'"),
+        ("  min_window_s: 300\n", "slurm: min_window_s is read only with time_limit: fit-idle-window"),
+        ("  time_limit: fit-idle-window\n  min_window_s: 100\n  window_margin_s: 60\n",
+         r"min_window_s \(100\) minus window_margin_s \(60\) must give a time limit of at least one whole minute"),
+        ("  time_limit: fit-idle-window\n  min_window_s: 110\n  window_margin_s: 30\n  leave_before_s: 60\n",
+         r"above leave_before_s \(60\); it gives 60 s")]:
+        with pytest.raises(InputError, match=message) as e:
+            _cfg(tmp_path, "node_source: slurm\nslurm:\n" + text)
+        assert "controller.yaml" in str(e.value) and ":2" in str(e.value)  # the slurm: section's line
+
+
+def test_manager_fits_pilots_into_idle_windows(tmp_path: Path) -> None:
+    """Recorded reservations: n1, n2 claimed in 299 s, n3 in an active reservation, n4 unclaimed. Each pilot's
+    --time is its node's window less the margin in whole minutes, longest window first, no --signal (the script's
+    deadline instead); a node whose window is below min_window_s gets none and says why."""
+    from hpcsched.slurm.idle_windows import slurm_time
+
+    slurm, view, clock = FakeSlurm(), View(demand=3), Clock()
+    slurm.reservations = RESV_ONE_LINE
+    t = slurm_time("2026-11-27T06:24:06")
+    m = _manager(tmp_path, slurm, view, clock, partition=None, time_limit="fit-idle-window", min_window_s=240,
+                 window_margin_s=60)
+    m.wall = lambda: t
+    m.step()
+    subs = {j["node"]: j["argv"] for j in slurm.jobs.values()}
+    assert list(subs) == ["n4", "n1", "n2"]  # longest window first; n3 is in a reservation now
+    assert [a[a.index("--time") + 1] for a in subs.values()] == ["30", "3", "3"]  # 1800 s cap; 239 s -> 3 min
+    assert not any(x.startswith("--signal") for a in subs.values() for x in a)
+    assert subs["n4"][-2:] == [str(int(t + 1800 - 60)), "1740"] and subs["n1"][-2:] == [str(int(t + 179)), "120"]
+    nodes = json.loads(m.status_path.read_text())["nodes"]
+    assert nodes["n3"] == "idle window too short (0 s: in reservation now3 (until 06:25:05); min_window_s 240)"
+    assert nodes["n1"] == "pilot 101 (pending, no worker yet; leaves by 06:26:06, before reservation maint1 at " \
+                          "06:29:05)"
+    assert any(e.detail.startswith("on n1: queue wants 3 slots") and "idle window 299 s until reservation maint1 at "
+               "06:29:05: --time 3 min, leaves by 06:26:06" in e.detail for e in m.events)
+    other = FakeSlurm()
+    other.reservations = RESV_ONE_LINE
+    strict = _manager(tmp_path / "strict", other, View(demand=3), clock, partition=None,
+                      time_limit="fit-idle-window", min_window_s=600)
+    strict.wall = lambda: t
+    strict.step()
+    assert [j["node"] for j in other.jobs.values()] == ["n4"]
+    nodes = json.loads(strict.status_path.read_text())["nodes"]
+    assert nodes["n1"] == "idle window too short (299 s until reservation maint1 at 06:29:05; min_window_s 600)"
+
+
+def test_planned_nodes_serve_until_backfill_needs_them_and_pilots_are_replaced_at_their_windows_end(
+        tmp_path: Path) -> None:
+    """n2 is planned (recorded sinfo and squeue): its window is job 88's expected start; the pilot there leaves by
+    then, and once its worker has left at its window's end a replacement is claimed at once, before Slurm has let
+    the old pilot go; its going is said as the end of its window."""
+    from hpcsched.slurm.idle_windows import slurm_time
+
+    slurm, view, clock = FakeSlurm(), View(demand=1), Clock()
+    slurm.nodes = dict(line.split() for line in SINFO_PLANNED.splitlines())
+    t = [slurm_time("2026-11-27T06:30:40")]
+    m = _manager(tmp_path, slurm, view, clock, partition=None, time_limit="fit-idle-window", min_window_s=100,
+                 window_margin_s=30, leave_before_s=20)
+    m.wall = lambda: t[0]
+    m.step()  # n2 planned, but squeue gives no start for it: not used
+    assert not slurm.jobs
+    assert json.loads(m.status_path.read_text())["nodes"]["n2"].startswith("planned by backfill for a pending job")
+    slurm.pending = PENDING
+    m.step()
+    ((jid, job),) = slurm.jobs.items()
+    assert job["node"] == "n2" and job["argv"][job["argv"].index("--time") + 1] == "1"  # 117 - 30 s -> 1 min
+    status = json.loads(m.status_path.read_text())
+    assert status["idle_windows"]["pending_jobs_without_nodes"] == ["89"]
+    slurm.start(jid)
+    view.w[f"pilot-{jid}"] = (True, 1, 1)
+    m.step()
+    assert m.pilots[jid].leave_by == t[0] + 40  # its time limit (60 s) less leave_before_s, from its start
+    t[0] += 41
+    view.w[f"pilot-{jid}"] = (False, 1, 0)  # its worker left (Leave); Slurm still lists the pilot
+    slurm.nodes["n1"], slurm.pending = "idle", ""
+    m.step()
+    assert len(slurm.jobs) == 2 and slurm.jobs[str(int(jid) + 1)]["node"] == "n1"  # replaced at once
+    del slurm.jobs[jid]
+    m.step()
+    assert any(e.kind == "gone" and e.detail.startswith("left at the end of its idle window (by ")
+               and e.detail.endswith("before job 88 (batch) at 06:32:37)") for e in m.events), m.events
+
+
+def test_fit_window_script_leaves_at_its_deadline(tmp_path: Path) -> None:
+    """The pilot script runs the worker under timeout: SIGTERM at the earlier of its two limits, the worker's exit
+    status kept (a clean leave ends the job COMPLETED); a window already over starts no worker."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ntrap 'echo left; exit 0' TERM\necho \"$@\" > \"$(dirname $0)/args\"\n"
+                    "sleep 30 & wait\n")
+    fake.chmod(0o755)
+    cfg = PilotConfig(time_limit="fit-idle-window", leave_before_s=20, work_dir=tmp_path, python=str(fake))
+    script = tmp_path / "pilot.sh"
+    script.write_text(pilot_script(cfg, "ctl:1", None, "t"))
+    env = os.environ | {"SLURM_JOB_ID": "7"}
+    t0 = time.monotonic()
+    p = subprocess.run(["sh", str(script), str(int(time.time()) + 100), "1"], env=env, capture_output=True, text=True,
+                       timeout=20)
+    assert p.returncode == 0 and p.stdout.splitlines() == ["hpcsched pilot: the worker leaves in 1 s", "left"], p
+    assert 0.9 < time.monotonic() - t0 < 5
+    assert "--name pilot-7" in (tmp_path / "args").read_text()
+    (tmp_path / "args").unlink()
+    p = subprocess.run(["sh", str(script), str(int(time.time()) - 1), "100"], env=env, capture_output=True,
+                       text=True, timeout=20)
+    assert p.returncode == 0 and "its idle window ended" in p.stdout and not (tmp_path / "args").exists()

@@ -254,3 +254,87 @@ def test_a_hung_pilot_is_cancelled_and_replaced(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             stop(ctl)
     assert pilots_listed() == []
+
+
+def slurm_job(jid: str) -> dict[str, str]:
+    """``scontrol -o show job`` as a mapping (Slurm keeps an ended job there for MinJobAge, 300 s)."""
+    return dict(w.split("=", 1) for w in sh("scontrol", "-o", "show", "job", jid).split() if "=" in w)
+
+
+def test_pilots_fit_idle_windows_without_a_scavenger_partition(tmp_path: Path) -> None:
+    """A site without a scavenger partition (issue 18): pilots in ``batch`` (no preemption) with ``time_limit:
+    fit-idle-window``. n1 is reserved from +45 s (window too short: no pilot), n2 from +85 s (a window: one pilot
+    whose whole-minute time limit ends before the reservation), n3/n4 are held by a batch job for 20 s. The job runs
+    on the n2 pilot, whose worker leaves at its own deadline (checkpoint, Leave) before Slurm's time limit, so the
+    pilot ends COMPLETED, not TIMEOUT; the controller re-plans, a pilot on n3/n4 (free now, unbounded window) takes
+    the job, which finishes with exact steps."""
+    from hpcsched.slurm.idle_windows import slurm_time
+
+    resv = {"hp-short": ("n1", 45), "hp-window": ("n2", 85)}
+    for name, (node, start) in resv.items():
+        sh("scontrol", "create", "reservation", f"ReservationName={name}", f"StartTime=now+{start}", "Duration=2",
+           f"Nodes={node}", "Users=root")
+    ctl = None
+    try:
+        hold = sh("sbatch", "--parsable", "-p", "batch", "-N2", "-w", "n3,n4", "-t", "1", "-J", "batch-hold",
+                  "--wrap", "sleep 20").strip()
+        wait_for("the batch job holding n3, n4", lambda: squeue().get(hold, ("", ""))[1] == "RUNNING", 20, poll=0.2)
+        starts = {name: slurm_time(dict(w.split("=", 1) for w in sh("scontrol", "-o", "show", "reservation", name)
+                                        .split() if "=" in w)["StartTime"]) for name in resv}
+        cfg = controller_config(tmp_path, min_runtime_s=2, stop_grace_s=4)
+        with cfg.open("a") as f:
+            f.write("node_source: slurm\nslurm:\n  partition: batch\n  time_limit: fit-idle-window\n"
+                    "  time_limit_s: 300\n  min_window_s: 70\n  window_margin_s: 5\n  leave_before_s: 25\n"
+                    "  max_pilots: 2\n  slots: 1\n  stop_grace_s: 3\n  poll_s: 1\n  work_dir: pilots\n")
+        ctl, addr = start_controller(tmp_path, cfg)
+        c = client(addr)
+        steps = 800
+        job = tmp_path / "one.yaml"
+        job.write_text(f"name: one\nlauncher: direct\nprocs: 1\nsteps: {steps}\nworkdir: {ROOT}\n"
+                       "command: [tests/netns_job.py, --checkpoint-every, '20', --step-ms, '50']\n")
+        jid = submit(c, job)
+        j = wait_for("the job running on a pilot", lambda: (j := jobs_by_id(c)[jid]).steps_done >= 20 and j, 60,
+                     poll=0.3)
+        (first,) = j.pilot_jobs
+        info = slurm_job(first)
+        assert info["NodeList"] == "n2" and info["Partition"] == "batch" and info["TimeLimit"] == "00:01:00", info
+        assert slurm_time(info["EndTime"]) < starts["hp-window"], (info["EndTime"], starts)  # ends before the claim
+        use = {n.node: n.use for n in c.nodes().nodes}
+        assert use["n1"].startswith("idle window too short (") and "until reservation hp-short" in use["n1"], use
+        assert use["n2"].startswith(f"pilot {first} (running, worker alive; leaves by "), use
+        wait_for("the job stopped when its pilot left", lambda: jobs_by_id(c)[jid].state == "pending", 60, poll=0.2)
+        left_at = time.time()
+        ckpt = json.loads((tmp_path / "run" / "ckpt" / jid / "ckpt.json").read_text())["step"]
+        done_at_stop = jobs_by_id(c)[jid].steps_done
+        assert ckpt >= done_at_stop - 1, (ckpt, done_at_stop)  # checkpointed as it left: nothing to redo
+        assert left_at < starts["hp-window"] - 5, (left_at, starts)
+        j = wait_for("the job running again", lambda: (j := jobs_by_id(c)[jid]).state == "running" and j, 30, poll=0.2)
+        back_s = time.time() - left_at
+        (second,) = j.pilot_jobs
+        assert slurm_job(second)["NodeList"] in ("n3", "n4")
+        ended = wait_for("the first pilot ended", lambda: (s := slurm_job(first))["JobState"] not in
+                         ("RUNNING", "COMPLETING") and s, 30)
+        assert ended["JobState"] == "COMPLETED", ended  # its worker left in time: no TIMEOUT, no kill
+        assert slurm_time(ended["EndTime"]) < slurm_time(info["EndTime"]), (ended["EndTime"], info["EndTime"])
+        j = wait_for("the job done", lambda: (j := jobs_by_id(c)[jid]).state in ("completed", "failed") and j, 90,
+                     poll=0.5)
+        assert j.state == "completed" and j.steps_done == steps and j.restarts == 0, j.message
+        assert json.loads((tmp_path / "run" / "ckpt" / jid / "result.json").read_text())["steps"] == steps
+        log = (tmp_path / "controller.log").read_text()
+        assert ": submit on n1" not in log and log.count(": submit on n2") == 1, log[-3000:]
+        assert f"pilot {first}: gone left at the end of its idle window" in log, log[-3000:]
+        c.close()
+        print(f"\npilot {first} on n2: --time 1 min, Slurm end {info['EndTime']} < reservation "
+              f"{time.strftime('%H:%M:%S', time.localtime(starts['hp-window']))}; left "
+              f"{starts['hp-window'] - left_at:.1f} s before it; job running again on {second} after {back_s:.1f} s")
+    finally:
+        if ctl is not None:
+            ctl.send_signal(signal.SIGTERM)
+            try:
+                ctl.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                stop(ctl)
+        for name in resv:
+            with contextlib.suppress(commands.SlurmError):
+                sh("scontrol", "delete", f"ReservationName={name}")
+    assert pilots_listed() == []

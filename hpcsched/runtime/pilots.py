@@ -46,7 +46,8 @@ from typing import Any, Protocol
 
 from hpcsched.errors import InputError
 from hpcsched.slurm import commands
-from hpcsched.slurm.nodes import parse_sinfo
+from hpcsched.slurm.idle_windows import Windows, read_windows
+from hpcsched.slurm.nodes import NodeState, parse_sinfo
 from hpcsched.slurm.source import derive_pool, parse_squeue
 
 log = logging.getLogger("hpcsched.runtime.pilots")
@@ -61,7 +62,10 @@ class PilotConfig:
     partition: str | None = None  # the preemptible partition the site gives (scavenger); None: Slurm's default
     qos: str | None = None
     account: str | None = None
-    time_limit_s: int = 3600  # each pilot's --time
+    time_limit_s: int = 3600  # each pilot's --time (fit-idle-window: the longest a pilot asks for)
+    time_limit: str = "fixed"  # fixed: time_limit_s; fit-idle-window: each node's idle window (idle_windows.py)
+    min_window_s: int = 600  # fit-idle-window: a node idle for less is not used ('idle window too short')
+    window_margin_s: int = 60  # fit-idle-window: the pilot's time limit ends this long before the node's claim
     leave_before_s: int = 60  # SIGTERM this long before the time limit: checkpoint and leave in time
     signal: str = "TERM"  # the signal Slurm sends then (--signal=B:SIG@leave_before_s)
     max_pilots: int = 4
@@ -79,6 +83,9 @@ class PilotConfig:
 
 
 _KEYS = {f for f in PilotConfig.__dataclass_fields__}
+FIT = "fit-idle-window"
+TIME_LIMITS = ("fixed", FIT)
+_FIT_KEYS = ("min_window_s", "window_margin_s")  # read only by fit-idle-window: refused beside fixed
 
 
 def read_pilot_config(data: Any, source: str, line: int | None, base: Path) -> PilotConfig:
@@ -97,7 +104,12 @@ def read_pilot_config(data: Any, source: str, line: int | None, base: Path) -> P
         want = type(getattr(defaults, k))
         if k in ("partition", "qos", "account"):
             want = str
-        if k == "work_dir":
+        if k == "time_limit":
+            if v not in TIME_LIMITS:
+                raise InputError(source, f"slurm: time_limit: expected one of {', '.join(TIME_LIMITS)}, got {v!r}",
+                                 line)
+            out[k] = v
+        elif k == "work_dir":
             p = Path(str(v))
             out[k] = p if p.is_absolute() else (base / p).resolve()
         elif k == "sbatch_args":
@@ -119,6 +131,20 @@ def read_pilot_config(data: Any, source: str, line: int | None, base: Path) -> P
     if cfg.leave_before_s >= cfg.time_limit_s:
         raise InputError(source, f"slurm: leave_before_s ({cfg.leave_before_s}) must be below time_limit_s "
                                  f"({cfg.time_limit_s})", line)
+    if cfg.time_limit != FIT:
+        given = [k for k in _FIT_KEYS if k in data]
+        if given:
+            raise InputError(source, f"slurm: {given[0]} is read only with time_limit: {FIT} (time_limit is "
+                                     f"{cfg.time_limit})", line)
+    else:
+        # Slurm keeps time limits in whole minutes (--time=0:45 becomes 1:00), so the shortest window used must
+        # leave a whole minute after the margin, and the pilot must still run before it leaves.
+        shortest = (cfg.min_window_s - cfg.window_margin_s) // 60 * 60
+        if shortest < 60 or shortest <= cfg.leave_before_s:
+            raise InputError(source, f"slurm: min_window_s ({cfg.min_window_s}) minus window_margin_s "
+                                     f"({cfg.window_margin_s}) must give a time limit of at least one whole minute "
+                                     f"(Slurm's unit) above leave_before_s ({cfg.leave_before_s}); it gives "
+                                     f"{shortest} s", line)
     return cfg
 
 
@@ -144,6 +170,10 @@ class Pilot:
     idle_since: float | None = None  # its worker alive with nothing to run, since
     dead_since: float | None = None  # its worker gone from the controller while the job still runs, since
     ended: str = ""  # why the manager ended it, when it did
+    leave_by: float | None = None  # fit-idle-window: unix time its worker leaves at (before the node's claim)
+    deadline: float | None = None  # fit-idle-window: ... at the latest, whenever it starts (script's $1)
+    run_s: int = 0  # fit-idle-window: ... and at the latest this long after its start (script's $2)
+    claim: str = ""  # fit-idle-window: what needs the node next ('reservation maint1 at 06:29:05'), if known
 
     @property
     def worker(self) -> str:
@@ -173,7 +203,16 @@ class PilotEvent:
 
 
 def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag: str) -> str:
-    """The batch script: the worker, named after the pilot job, exec'd so that Slurm's signals reach it."""
+    """The batch script: the worker, named after the pilot job, exec'd so that Slurm's signals reach it.
+
+    With ``time_limit: fit-idle-window`` the script takes two arguments, the unix time its worker must have left
+    by (the node's claim less the margin and ``leave_before_s``) and the seconds after its start it leaves at
+    (its time limit less ``leave_before_s``), and runs the worker under ``timeout``, which sends it SIGTERM at the
+    earlier of the two, to the second. Slurm's ``--signal`` is not used then: Slurm sends it from a timer, early by
+    up to its check period (measured: 11 s), and counts from the job's start, not from the claim; the time limit
+    itself stays the backstop (SIGTERM, on which the worker still checkpoints, then SIGKILL after KillWait). GNU
+    ``timeout`` passes on the SIGTERM Slurm sends it (a preemption, scancel) and, with ``--preserve-status``, exits
+    with the worker's status, so a pilot that left cleanly ends COMPLETED rather than TIMEOUT."""
     argv = [cfg.python, "-m", "hpcsched.runtime", "worker", "--controller", controller, "--slots", str(cfg.slots),
             "--gpus", str(cfg.gpus), "--stop-grace", str(cfg.stop_grace_s), "--orphan-timeout",
             str(cfg.orphan_timeout_s)]
@@ -181,8 +220,16 @@ def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag
         argv += ["--token-file", str(token_file)]
     words = " ".join(shlex.quote(a) for a in argv)
     work = shlex.quote(str(cfg.work_dir))
-    return (f"#!/bin/sh\n# hpcsched pilot ({tag}): one worker for the controller at {controller}\n"
-            f'exec {words} --name "pilot-$SLURM_JOB_ID" --work-dir {work}/"$SLURM_JOB_ID"\n')
+    head = f"#!/bin/sh\n# hpcsched pilot ({tag}): one worker for the controller at {controller}\n"
+    run = f'{words} --name "pilot-$SLURM_JOB_ID" --work-dir {work}/"$SLURM_JOB_ID"\n'
+    if cfg.time_limit != FIT:
+        return head + "exec " + run
+    # SIGKILL only if the worker is still there at its time limit, as Slurm would
+    return (head + "# fit-idle-window: $1 = unix time to have left by, $2 = seconds after the start to leave at\n"
+            'left=$(( $1 - $(date +%s) ))\n[ "$left" -gt "$2" ] && left=$2\n'
+            'if [ "$left" -lt 1 ]; then echo "hpcsched pilot: its idle window ended at $1: no worker"; exit 0; fi\n'
+            'echo "hpcsched pilot: the worker leaves in $left s"\n'
+            f'exec timeout --preserve-status -s TERM -k {cfg.leave_before_s} "$left" ' + run)
 
 
 class PilotManager:
@@ -190,8 +237,10 @@ class PilotManager:
 
     def __init__(self, cfg: PilotConfig, view: ControllerView, controller: str, token: str | None, state: Path,
                  clock: Callable[[], float] = time.monotonic,
-                 run: Callable[[list[str]], str] = lambda argv: commands.run(argv)) -> None:
+                 run: Callable[[list[str]], str] = lambda argv: commands.run(argv),
+                 wall: Callable[[], float] = time.time) -> None:
         self.cfg, self.view, self.controller, self.clock, self.run = cfg, view, controller, clock, run
+        self.wall = wall  # unix time: idle windows end at Slurm's clock times
         # One tag per state file: a restarted controller (same state) knows its predecessor's pilots by name.
         self.tag = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:8]
         self.name = f"hpcsched-pilot-{self.tag}"
@@ -213,6 +262,9 @@ class PilotManager:
         self.known: dict[str, tuple[str, str]] = dict(getattr(view, "pilot_history", dict)())
         # What `hpcsched workers --nodes` shows: replaced whole at the end of each step (read from other threads).
         self.snapshot = PilotSnapshot()
+        self.windows: Windows | None = None  # fit-idle-window: the last poll's estimate
+        self._unplaced_said: tuple[str, ...] = ()
+        self._planned: set[str] = set()  # fit-idle-window: idle nodes backfill holds for a pending job (last poll)
 
     # ------------------------------------------------------------------------------------------- loop
     def start(self) -> None:
@@ -258,6 +310,9 @@ class PilotManager:
     def step(self) -> None:
         now = self.clock()
         idle_nodes, why_not = self._idle_nodes()
+        fits: dict[str, float] = {}  # fit-idle-window: node -> its usable window (s), longest first
+        if self.cfg.time_limit == FIT:
+            idle_nodes, fits = self._fit_windows(idle_nodes, why_not)
         listed = {p.job_id: p for p in self._listed()}
         for jid, p in listed.items():  # new to us: submitted by a predecessor on this state
             if jid not in self.pilots:
@@ -266,22 +321,28 @@ class PilotManager:
         for jid in list(self.pilots):
             if jid not in listed:
                 gone = self.pilots.pop(jid)
-                self._event("gone", jid, gone.ended or f"left Slurm's queue ({gone.state}: ended, preempted or "
-                                                      "past its time limit)", node=gone.node,
-                            cancelled=bool(gone.ended))
+                why = f"left Slurm's queue ({gone.state}: ended, preempted or past its time limit)"
+                if gone.leave_by is not None and self.wall() >= gone.leave_by - self.cfg.poll_s:
+                    why = (f"left at the end of its idle window (by {_clock_time(gone.leave_by)}"
+                           f"{', before ' + gone.claim if gone.claim else ''})")
+                self._event("gone", jid, gone.ended or why, node=gone.node, cancelled=bool(gone.ended))
         workers = self.view.workers()
         for p in self.pilots.values():
             q = listed[p.job_id]
             p.state, p.node = q.state, q.node or p.node
             if q.state == "RUNNING" and p.running_since is None:
                 p.running_since = now
+                if p.deadline is not None:
+                    p.leave_by = min(p.deadline, self.wall() + p.run_s)
                 self._event("running", p.job_id, f"on {q.node}")
             self._check(p, now, workers)
         live_slots = sum(slots for alive, slots, _ in workers.values() if alive)
-        # A pilot not serving yet counts as on its way, a cancelled one too until it has left Slurm's queue.
-        pending = sum(1 for p in self.pilots.values() if p.ended or p.running_since is None
-                      or not workers.get(p.worker, (False, 0, 0))[0])
-        running = len(self.pilots) - pending
+        # A pilot not serving yet counts as on its way, a cancelled one too until it has left Slurm's queue; one
+        # whose worker left at the end of its idle window is neither (its replacement is claimed at once).
+        wall = self.wall()
+        pending = sum(1 for p in self.pilots.values() if not self._window_over(p, workers, wall) and (
+            p.ended or p.running_since is None or not workers.get(p.worker, (False, 0, 0))[0]))
+        running = sum(1 for p in self.pilots.values() if not self._window_over(p, workers, wall)) - pending
         claimed = {p.node for p in self.pilots.values()}
         idle = [n for n in idle_nodes if n not in claimed]
         demand = self.view.demand_slots()
@@ -289,7 +350,8 @@ class PilotManager:
         if new and now < self.hold_until:
             new = 0  # backing off after pilots that never started or hung (see _cancel)
         for node in idle[:new]:
-            self._submit(node, f"queue wants {demand} slots, live workers have {live_slots}, {pending} pilots coming")
+            self._submit(node, f"queue wants {demand} slots, live workers have {live_slots}, {pending} pilots coming",
+                         fits.get(node))
         self._release_idle(now, workers, demand, live_slots)
         if demand <= live_slots + pending * self.cfg.slots:
             unused = f"idle, not needed: the queue wants {demand} slots, live workers have {live_slots}" + (
@@ -300,7 +362,56 @@ class PilotManager:
             unused = f"idle, not claimed: max_pilots ({self.cfg.max_pilots}) reached"
         else:
             unused = "idle, to be claimed"
-        self._write_status(demand, live_slots, why_not | {n: unused for n in idle_nodes}, workers)
+        self._write_status(demand, live_slots, why_not | {n: unused + self._window_note(n) for n in idle_nodes},
+                           workers)
+
+    def _window_over(self, p: Pilot, workers: dict[str, tuple[bool, int, int]], wall: float) -> bool:
+        """Its worker has left at the end of its idle window; Slurm lists the pilot until that process exits.
+        (``leave_by`` is set at the poll that first saw it running: up to ``poll_s`` after its start.)"""
+        w = workers.get(p.worker)
+        p_slack = self.cfg.poll_s + 1.0
+        return p.leave_by is not None and wall >= p.leave_by - p_slack and w is not None and not w[0]
+
+    def _fit_windows(self, nodes: list[str], why_not: dict[str, str]) -> tuple[list[str], dict[str, float]]:
+        """fit-idle-window: of the idle (and backfill-planned) nodes, those whose idle window is at least
+        ``min_window_s``, longest window first (a pilot there serves longest), with each one's usable window (the
+        window less ``window_margin_s``, at most ``time_limit_s``); why each other one is not used goes into
+        ``why_not``."""
+        c = self.cfg
+        try:
+            w = read_windows(self.wall(), lambda j: j.name == self.name, self.run)
+        except ValueError as e:  # Slurm printed something this reader does not know: no guessing at windows
+            raise commands.SlurmError(f"could not read the idle windows: {e}") from None
+        self.windows = w
+        if w.unplaced != self._unplaced_said:  # said once per change, and in every status file
+            self._unplaced_said = w.unplaced
+            if w.unplaced:
+                log.warning("pilots: pending jobs %s have an expected start but no scheduled nodes: their claims "
+                            "on nodes are not known and not counted in the idle windows", ",".join(w.unplaced))
+        fits = {}
+        for n in nodes:
+            window = w.seconds(n, c.time_limit_s + c.window_margin_s)
+            if n in self._planned and n not in w.claims:  # held for a job whose start squeue does not give
+                why_not[n] = "planned by backfill for a pending job whose start Slurm does not give: window unknown"
+            elif window < c.min_window_s:
+                why_not[n] = f"idle window too short ({window:.0f} s{self._window_note(n, bare=True)}; " \
+                             f"min_window_s {c.min_window_s})"
+            else:
+                fits[n] = min(window - c.window_margin_s, float(c.time_limit_s))
+        return sorted(fits, key=lambda n: -fits[n]), fits
+
+    def _window_note(self, node: str, bare: bool = False) -> str:
+        """' until reservation X at 06:29:05' (bare) or '; idle window 540 s until ...' for a node's status line."""
+        w = self.windows
+        if w is None or self.cfg.time_limit != FIT:
+            return ""
+        claim = w.claims.get(node)
+        if claim is None:
+            return "" if bare else "; idle window unbounded (no reservation or planned job)"
+        until = f": {claim.what}" if claim.at <= w.now else f" until {claim.what} at {_clock_time(claim.at)}"
+        if bare:
+            return until
+        return f"; idle window {w.seconds(node, self.cfg.time_limit_s + self.cfg.window_margin_s):.0f} s{until}"
 
     def _write_status(self, demand: int, live: int, nodes: dict[str, str],
                       workers: dict[str, tuple[bool, int, int]]) -> None:
@@ -309,17 +420,26 @@ class PilotManager:
         for p in self.pilots.values():
             w = workers.get(p.worker)
             serving = "worker alive" if w and w[0] else "worker gone" if w else "no worker yet"
-            nodes[p.node] = f"pilot {p.job_id} ({p.state.lower()}, {serving}{'; ' + p.ended if p.ended else ''})"
+            leaves = f"; leaves by {_clock_time(p.leave_by)}{', before ' + p.claim if p.claim else ''}" \
+                if p.leave_by is not None else ""
+            nodes[p.node] = (f"pilot {p.job_id} ({p.state.lower()}, {serving}{leaves}"
+                             f"{'; ' + p.ended if p.ended else ''})")
         self.snapshot = PilotSnapshot(time.time(), {p.worker: (p.job_id, p.node, p.state)
                                                     for p in self.pilots.values()}, dict(sorted(nodes.items())))
         status = {"time": time.time(), "controller": self.controller, "pilot_job_name": self.name,
                   "demand_slots": demand, "live_slots": live,
                   "pilots": [{"job_id": p.job_id, "node": p.node, "state": p.state, "worker": p.worker,
-                              "worker_alive": bool(workers.get(p.worker, (False,))[0]), "cancelled": p.ended}
+                              "worker_alive": bool(workers.get(p.worker, (False,))[0]), "cancelled": p.ended,
+                              "leave_by": p.leave_by}
                              for p in self.pilots.values()],
                   "nodes": dict(sorted(nodes.items())),
                   "events": [{"time": e.time, "kind": e.kind, "job_id": e.job_id, "detail": e.detail}
                              for e in self.events[-50:]]}
+        if self.cfg.time_limit == FIT and self.windows is not None:
+            w = self.windows
+            status["idle_windows"] = {"time": w.now, "claims": {n: {"at": c.at, "what": c.what}
+                                                                for n, c in sorted(w.claims.items())},
+                                      "pending_jobs_without_nodes": list(w.unplaced)}
         path = self.status_path
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(status, indent=1) + "\n")
@@ -334,7 +454,9 @@ class PilotManager:
         if p.ended:
             return
         w = workers.get(p.worker)
-        if p.running_since is None and now - p.seen > self.cfg.start_timeout_s:
+        if p.running_since is None and p.deadline is not None and self.wall() >= p.deadline:
+            self._cancel(p, f"never started within its idle window (it was to leave by {_clock_time(p.deadline)})")
+        elif p.running_since is None and now - p.seen > self.cfg.start_timeout_s:
             self._cancel(p, f"never started: pending {now - p.seen:.0f} s "
                             f"(start_timeout_s {self.cfg.start_timeout_s:g})")
         elif p.running_since is not None and w is None and now - p.running_since > self.cfg.register_timeout_s:
@@ -366,21 +488,41 @@ class PilotManager:
                 return
 
     # ------------------------------------------------------------------------------------- Slurm verbs
-    def _submit(self, node: str, why: str) -> None:
+    def _submit(self, node: str, why: str, usable_s: float | None = None) -> None:
+        """One pilot on ``node``. fit-idle-window (``usable_s``: the node's window less the margin): its time
+        limit is that window in whole minutes, rounded down (Slurm rounds seconds up to a minute, which would
+        overlap the claim, and then would not start the pilot before the claim has passed)."""
         script = self.cfg.work_dir / f"pilot-{self.tag}.sh"
         tmp = script.with_name(script.name + f".{os.getpid()}.tmp")
         tmp.write_text(pilot_script(self.cfg, self.controller, self.token_file, self.tag))
         os.replace(tmp, script)
         c = self.cfg
+        minutes = max(1, math.ceil(c.time_limit_s / 60)) if usable_s is None else int(usable_s // 60)
         argv = ["sbatch", "--parsable", "--job-name", self.name, "--nodes", "1", "--nodelist", node,
-                "--time", f"{max(1, math.ceil(c.time_limit_s / 60))}",
-                f"--signal=B:{c.signal}@{c.leave_before_s}", "--output", str(c.work_dir / "pilot-%j.log"),
-                "--chdir", str(c.work_dir)]
+                "--time", f"{minutes}", "--output", str(c.work_dir / "pilot-%j.log"), "--chdir", str(c.work_dir)]
+        if usable_s is None:
+            # fit-idle-window leaves by the script's own deadline instead: Slurm sends --signal from a timer, and
+            # on the loopback cluster B:TERM@25 on a 1-minute pilot came 36 s before its limit (11 s early)
+            argv.insert(-4, f"--signal=B:{c.signal}@{c.leave_before_s}")
         for flag, value in (("--partition", c.partition), ("--qos", c.qos), ("--account", c.account)):
             if value:
                 argv += [flag, value]
-        jid = self.run([*argv, *c.sbatch_args, str(script)]).strip().split(";")[0]
-        self.pilots[jid] = Pilot(jid, node, seen=self.clock())
+        args: list[str] = []
+        leave_by, claim = None, ""
+        deadline, run_s = None, 0
+        if usable_s is not None:
+            now = self.wall()
+            deadline, run_s = now + usable_s - c.leave_before_s, minutes * 60 - c.leave_before_s
+            leave_by = min(deadline, now + run_s)  # if it starts at once; set again when it does
+            args = [str(int(deadline)), str(run_s)]
+            cl = self.windows.claims.get(node) if self.windows is not None else None
+            claim = f"{cl.what} at {_clock_time(cl.at)}" if cl else ""
+            window = f"{usable_s + c.window_margin_s:.0f} s until {claim}" if claim else \
+                f"unbounded (time_limit_s {c.time_limit_s})"
+            why += f"; idle window {window}: --time {minutes} min, leaves by {_clock_time(leave_by)}"
+        jid = self.run([*argv, *c.sbatch_args, str(script), *args]).strip().split(";")[0]
+        self.pilots[jid] = Pilot(jid, node, seen=self.clock(), leave_by=leave_by, deadline=deadline, run_s=run_s,
+                                 claim=claim)
         self._event("submit", jid, f"on {node}: {why}")
 
     def _cancel(self, p: Pilot, why: str, failed: bool = True) -> None:
@@ -406,8 +548,13 @@ class PilotManager:
         jobs = parse_squeue(self.run(["squeue", "-h", "-t", "CONFIGURING,RUNNING,COMPLETING,SUSPENDED,SIGNALING",
                                       "-o", "%i|%P|%j|%T|%N"]), commands.hostnames)
         pool, why = derive_pool(states, jobs, lambda j: False)
-        return [n for n in pool if states[n].harvestable], why | {n: states[n].raw for n in pool
-                                                                  if not states[n].harvestable}
+        idle = [n for n in pool if states[n].harvestable]
+        if self.cfg.time_limit == FIT:
+            # Idle nodes backfill holds for a pending job serve until that job's expected start (its window).
+            held = {n for j in jobs for n in j.nodes}
+            self._planned = {n for n, st in states.items() if _planned(st) and n not in held}
+            idle = [n for n in states if n in idle or n in self._planned]
+        return idle, why | {n: states[n].raw for n in pool if not states[n].harvestable}
 
     def _listed(self) -> list[Pilot]:
         out = self.run(["squeue", "-h", "--name", self.name, "-o", "%i|%T|%N"])
@@ -483,6 +630,17 @@ class ControllerDemand:
         with self.ctl.lock:
             events = self.ctl.store.events(kind="pilot")
         return {e["worker"]: (e["slurm_job"], e["node"]) for e in events if e.get("worker") and e.get("node")}
+
+
+def _planned(st: NodeState) -> bool:
+    """Idle, held by backfill for a pending job (``planned``, or ``idle-`` in the suffix notation), and nothing
+    else wrong with it."""
+    return not st.flags and (st.base == "planned" and not st.suffix or st.base == "idle" and st.suffix == "-")
+
+
+def _clock_time(t: float) -> str:
+    """Local HH:MM:SS, as Slurm prints its times on this machine."""
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 def reachable(address: str) -> str:
