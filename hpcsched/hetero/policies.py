@@ -24,6 +24,7 @@ simplex solves instead, and only the allocation the mechanism receives comes fro
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from collections.abc import Callable
@@ -188,48 +189,65 @@ def _program(coef: np.ndarray | None, sf: np.ndarray, gpus: np.ndarray, *, t_coe
     nv = nx + (1 if has_t else 0)
     inf = highspy.kHighsInf
     k = 3 if coef is not None else 2  # entries per x column
-    idx = np.empty((m, n, k), dtype=np.int32)
     val = np.empty((m, n, k))
-    idx[:, :, 0] = np.arange(n, dtype=np.int32)[None, :]
-    idx[:, :, 1] = (n + np.arange(m, dtype=np.int32))[:, None]
     val[:, :, 0] = sf[:, None]
     val[:, :, 1] = 1.0
     if coef is not None:
-        idx[:, :, 2] = (n + m + np.arange(m, dtype=np.int32))[:, None]
         val[:, :, 2] = coef
-    index, value = idx.ravel(), val.ravel()
-    starts = np.arange(0, k * nx + 1, k, dtype=np.int32)
+    starts, index = _structure(m, n, k, has_t)
+    value = val.ravel().tolist()
     if has_t:
-        index = np.concatenate([index, n + m + np.arange(m, dtype=np.int32)])
-        value = np.concatenate([value, t_coef])
-        starts = np.append(starts, k * nx + m).astype(np.int32)
+        value += t_coef.tolist()
+    # HighsLp's fields are std::vectors: pybind11 fills them from a list several times faster than from a numpy
+    # array (it converts element by element either way); the values are the same doubles
     lp = highspy.HighsLp()
     lp.num_col_ = nv
     lp.num_row_ = n + m + (m if coef is not None else 0)
     if cost is None:
-        cost = np.zeros(nv)
+        cost = [0.0] * nv
         if has_t:
             cost[-1] = -1.0
-    lp.col_cost_ = cost
-    lower = np.zeros(nv)
+    lp.col_cost_ = cost.tolist() if isinstance(cost, np.ndarray) else cost
+    lower = [0.0] * nv
     if has_t:
         lower[-1] = -inf
     lp.col_lower_ = lower
-    lp.col_upper_ = np.full(nv, inf)
-    row_lo = [np.full(n + m, -inf)]
-    row_hi = [np.asarray(gpus, dtype=float), np.ones(m)]
+    lp.col_upper_ = [inf] * nv
+    row_lo = [-inf] * (n + m)
+    row_hi = np.asarray(gpus, dtype=float).tolist() + [1.0] * m
     if coef is not None:
-        row_lo.append(np.full(m, -inf) if lo is None else np.where(np.isinf(lo), -inf, lo))
-        row_hi.append(np.full(m, inf) if hi is None else np.where(np.isinf(hi), inf, hi))
-    lp.row_lower_ = np.concatenate(row_lo)
-    lp.row_upper_ = np.concatenate(row_hi)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = starts
-    lp.a_matrix_.index_ = index
-    lp.a_matrix_.value_ = value
-    lp.a_matrix_.num_col_ = nv
-    lp.a_matrix_.num_row_ = lp.num_row_
+        row_lo += [-inf] * m if lo is None else np.where(np.isinf(lo), -inf, lo).tolist()
+        row_hi += [inf] * m if hi is None else np.where(np.isinf(hi), inf, hi).tolist()
+    lp.row_lower_ = row_lo
+    lp.row_upper_ = row_hi
+    a = lp.a_matrix_
+    a.format_ = highspy.MatrixFormat.kColwise
+    a.start_ = starts
+    a.index_ = index
+    a.value_ = value
+    a.num_col_ = nv
+    a.num_row_ = lp.num_row_
     return lp
+
+
+@functools.lru_cache(maxsize=128)
+def _structure(m: int, n: int, k: int, has_t: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``_program``'s column starts and row indices, which depend only on the shape (cached: a run builds a
+    program of the same shape many times). Per x column (job i, type j): type row j, job row n + i and, with
+    k = 3, row n + m + i; then t's column over the last m rows. Tuples: the cached answer cannot be changed."""
+    import numpy as np
+
+    idx = np.empty((m, n, k), dtype=np.int64)
+    idx[:, :, 0] = np.arange(n)[None, :]
+    idx[:, :, 1] = (n + np.arange(m))[:, None]
+    if k == 3:
+        idx[:, :, 2] = (n + m + np.arange(m))[:, None]
+    index = idx.ravel().tolist()
+    starts = list(range(0, k * m * n + 1, k))
+    if has_t:
+        index += range(n + m, n + 2 * m)
+        starts.append(k * m * n + m)
+    return tuple(starts), tuple(index)
 
 
 def highs_solver(policy: GavelPolicy, method: str) -> highspy.Highs:
@@ -422,9 +440,9 @@ def packed_program(single: np.ndarray, pair_coef: np.ndarray, members: list[tupl
     lp.row_lower_ = np.concatenate([np.full(n + m, -inf), np.zeros(m)])
     lp.row_upper_ = np.concatenate([np.asarray(gpus, dtype=float), np.ones(m), np.full(m, inf)])
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(value)
+    lp.a_matrix_.start_ = starts  # lists: pybind11 fills HighsLp's vectors faster from them than from arrays
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
     lp.a_matrix_.num_col_ = nv
     lp.a_matrix_.num_row_ = lp.num_row_
     return lp

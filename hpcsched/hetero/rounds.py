@@ -37,6 +37,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Protocol
 
 from hpcsched.hetero.cluster import HeteroCluster
@@ -113,6 +114,9 @@ class PeriodState(Protocol):
     alloc: list[float] | None
 
 
+_FINISH, _JOB_ID = itemgetter(0), itemgetter(1)  # of a running micro-task (finish, job id, type, steps)
+
+
 class _Job:
     """Mutable per-run state of one active job (kept apart from the frozen input)."""
 
@@ -165,13 +169,14 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         clock.advance(max(running)[0] if running else None, run.next_arrival())
         t, round_start = clock.t, clock.round_start
 
-        # Micro-tasks end (Gavel pops them latest-first, ties by job id).
-        running.sort(key=_finish_order)
+        # Micro-tasks end (Gavel pops them latest-first, ties by job id): two stable C-level sorts.
+        running.sort(key=_JOB_ID)
+        running.sort(key=_FINISH, reverse=True)
         for finish, jid, k, steps in running:
             st = active[jid]
             sf = st.job.scale_factor
             exec_s = finish - round_start
-            if exec_s <= 0 or micro_task_fails(steps, sf):
+            if exec_s <= 0 or steps <= 0 or (sf > 1 and micro_task_fails(steps, sf)):  # sf 1: fails iff no step
                 st.failures += 1
                 need_update = True
                 if st.failures >= MAX_FAILED_ATTEMPTS:
@@ -281,10 +286,6 @@ class RoundRun:
     def result(self, policy: GavelPolicy) -> RoundsResult:
         return RoundsResult(list(self.jobs), self.end, self.first_start, self.clock.t, self.rounds, self.allocations,
                             self.gpu_seconds, time.perf_counter() - self.t0, dict(policy.stats))
-
-
-def _finish_order(r: tuple[float, int, int, int]) -> tuple[float, int]:
-    return -r[0], r[1]
 
 
 class RoundClock:
