@@ -314,6 +314,7 @@ def test_fit_idle_window_section(tmp_path: Path) -> None:
     for text, message in [
         ("  time_limit: fit\n", "slurm: time_limit: expected one of fixed, fit-idle-window, got 'fit'"),
         ("  min_window_s: 300\n", "slurm: min_window_s is read only with time_limit: fit-idle-window"),
+        ("  time_limit: fit-idle-window\n  signal: USR1\n", "slurm: signal is not read with time_limit: fit-idle"),
         ("  time_limit: fit-idle-window\n  min_window_s: 100\n  window_margin_s: 60\n",
          r"min_window_s \(100\) minus window_margin_s \(60\) must give a time limit of at least one whole minute"),
         ("  time_limit: fit-idle-window\n  min_window_s: 110\n  window_margin_s: 30\n  leave_before_s: 60\n",

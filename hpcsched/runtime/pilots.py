@@ -15,8 +15,11 @@ stops its tasks within its grace and leaves (the controller re-plans at once, ``
    their worker registering within ``register_timeout_s`` (hung), or whose worker went silent (died);
 3. decides how many nodes to claim (``pilots_wanted``: the slots the queue could use beyond the live workers,
    bounded by the idle nodes and ``max_pilots``) and submits that many pilots, each pinned to an idle node
-   (``--nodelist``), so a site without a scavenger partition is served too: pilots take only nodes Slurm
-   reports idle and leave ``leave_before_s`` before their time limit (``--signal=B:TERM@...``);
+   (``--nodelist``), leaving ``leave_before_s`` before their time limit (``--signal=B:TERM@...``). With
+   ``time_limit: fit-idle-window`` a site without a scavenger partition is served too: each idle node's window
+   until Slurm next needs it (a reservation, a pending job backfill planned there: ``hpcsched.slurm.idle_windows``)
+   sets its pilot's time limit, nodes with a window below ``min_window_s`` get none, and the pilot's worker leaves
+   at its own deadline before the window ends;
 4. releases a pilot whose worker has had nothing to run for ``idle_release_s`` while the queue needs no more.
 
 Nothing outlives the controller's wish: ``stop()`` cancels every pilot (Slurm sends SIGTERM; the workers
@@ -67,7 +70,7 @@ class PilotConfig:
     min_window_s: int = 600  # fit-idle-window: a node idle for less is not used ('idle window too short')
     window_margin_s: int = 60  # fit-idle-window: the pilot's time limit ends this long before the node's claim
     leave_before_s: int = 60  # SIGTERM this long before the time limit: checkpoint and leave in time
-    signal: str = "TERM"  # the signal Slurm sends then (--signal=B:SIG@leave_before_s)
+    signal: str = "TERM"  # the signal Slurm sends then (--signal=B:SIG@leave_before_s; fixed time_limit only)
     max_pilots: int = 4
     slots: int = 1  # per pilot's worker
     gpus: int = 0
@@ -136,6 +139,9 @@ def read_pilot_config(data: Any, source: str, line: int | None, base: Path) -> P
         if given:
             raise InputError(source, f"slurm: {given[0]} is read only with time_limit: {FIT} (time_limit is "
                                      f"{cfg.time_limit})", line)
+    elif "signal" in data:
+        raise InputError(source, f"slurm: signal is not read with time_limit: {FIT} (its pilots' workers leave at "
+                                 "their own deadline, not on a Slurm --signal)", line)
     else:
         # Slurm keeps time limits in whole minutes (--time=0:45 becomes 1:00), so the shortest window used must
         # leave a whole minute after the margin, and the pilot must still run before it leaves.
