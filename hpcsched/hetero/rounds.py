@@ -217,9 +217,8 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         if shuffler is not None:
             types = list(all_types)
             shuffler.shuffle(types)
-        queue = round_queue(list(active.items()), types, worker_time, skip_zero)
         scheduled: dict[int, str] = {}
-        for jid, k in round_picks(queue, active, gpus, skip_zero):
+        for jid, k in round_schedule(active, types, worker_time, gpus, skip_zero):
             st = active[jid]
             if st.alloc is None:
                 continue  # picked, but Gavel assigns no GPUs to a job outside the allocation: they idle
@@ -393,23 +392,10 @@ def round_queue(items: Sequence[tuple[int, RoundState]], types: Sequence[int], w
     allocation, -job id, type index), highest first, ties in arrival order; priority = allocation / (job's
     time / type's time), 0 where the allocation or the throughput is 0 (``skip_zero``, FIFO: such entries are
     left out, as they are never placed)."""
-    # The entries carry -id last, so one plain descending tuple sort (no key function) gives that order (ids
-    # follow arrivals). Comprehensions over each job's lists, fetched once per round: this runs every round for
-    # every job and type, the largest part of the loop's own time.
-    rows = [(-jid, st.alloc, st.time, st.deficit, st.thr) for jid, st in items]
+    rows = _queue_rows(items)
     queue: list[tuple[float, float, float, int, int]] = []
     for k in types:
-        wt = worker_time[k]
-        if skip_zero:  # entries of priority 0 are never placed (below): FIFO's queue, most of the jobs, costs nothing
-            entries = [(a[k] * 1e9 if wt == 0.0 else a[k] / (tm[k] / wt), d[k], a[k], neg, k)
-                       for neg, a, tm, d, thr in rows if a is not None and a[k] != 0.0 and thr[k] != 0]
-        else:
-            entries = [(0.0, d[k], 0.0, neg, k) if a is None else
-                       (0.0 if a[k] == 0.0 or thr[k] == 0 else a[k] * 1e9 if wt == 0.0 else a[k] / (tm[k] / wt),
-                        d[k], a[k], neg, k)
-                       for neg, a, tm, d, thr in rows]
-        entries.sort(reverse=True)
-        queue += entries
+        queue += _type_entries(rows, k, worker_time[k], skip_zero)
     return queue
 
 
@@ -419,14 +405,68 @@ def round_picks(queue: Sequence[tuple[float, float, float, int, int]], states: M
     scale factor and a throughput > 0 there (FIFO: and a priority > 0); (job id, type index) in pass order. A
     job outside the allocation (``alloc`` None) is picked too: Gavel then leaves its GPUs idle for the round."""
     left = list(gpus)
+    picks: list[tuple[int, int]] = []
+    _take(queue, states, left, set(), picks, skip_zero, sum(left), False)
+    return picks
+
+
+def round_schedule(states: Mapping[int, RoundState], types: Sequence[int], worker_time: Sequence[float],
+                   gpus: Sequence[int], skip_zero: bool) -> list[tuple[int, int]]:
+    """``round_picks(round_queue(...))``, the same picks with less work: the pass takes one type's entries after
+    the other, and a type's entries can only place jobs on that type, so its pass stops once the type is full,
+    and the types after the cluster is full are never queued or sorted."""
+    rows = _queue_rows(states.items())
+    left = list(gpus)
     free = sum(left)
     taken: set[int] = set()
     picks: list[tuple[int, int]] = []
-    for p, _, _, neg, k in queue:
+    for k in types:
+        if not free:
+            break
+        if left[k]:
+            free = _take(_type_entries(rows, k, worker_time[k], skip_zero), states, left, taken, picks, skip_zero,
+                         free, True)
+    return picks
+
+
+_Row = tuple[int, "list[float] | None", list[float], list[float], list[float]]
+
+
+def _queue_rows(items: Iterable[tuple[int, RoundState]]) -> list[_Row]:
+    """(-id, allocation, time, deficit, throughputs) per job: fetched once per round, not once per type."""
+    return [(-jid, st.alloc, st.time, st.deficit, st.thr) for jid, st in items]
+
+
+def _type_entries(rows: Sequence[_Row], k: int, wt: float,
+                  skip_zero: bool) -> list[tuple[float, float, float, int, int]]:
+    """One type's part of ``round_queue``, sorted. The entries carry -id last, so one plain descending tuple sort
+    (no key function) gives the order, ties in arrival order (ids follow arrivals). Comprehensions: this runs
+    every round for every job and type, the largest part of the loop's own time."""
+    if skip_zero:  # entries of priority 0 are never placed: FIFO's queue, most of the jobs, costs nothing
+        entries = [(a[k] * 1e9 if wt == 0.0 else a[k] / (tm[k] / wt), d[k], a[k], neg, k)
+                   for neg, a, tm, d, thr in rows if a is not None and a[k] != 0.0 and thr[k] != 0]
+    else:
+        entries = [(0.0, d[k], 0.0, neg, k) if a is None else
+                   (0.0 if a[k] == 0.0 or thr[k] == 0 else a[k] * 1e9 if wt == 0.0 else a[k] / (tm[k] / wt),
+                    d[k], a[k], neg, k)
+                   for neg, a, tm, d, thr in rows]
+    entries.sort(reverse=True)
+    return entries
+
+
+def _take(entries: Sequence[tuple[float, float, float, int, int]], states: Mapping[int, RoundState], left: list[int],
+          taken: set[int], picks: list[tuple[int, int]], skip_zero: bool, free: int, one_type: bool) -> int:
+    """The greedy pass over ``entries`` (``left``, ``taken`` and ``picks`` updated in place); returns the GPUs
+    still free. ``one_type``: every entry is of one type, so the pass ends when that type is full."""
+    for p, _, _, neg, k in entries:
         if not free:
             break  # every GPU is given: nothing later in the queue can be placed
+        if not left[k]:
+            if one_type:
+                break
+            continue
         jid = -neg
-        if not left[k] or jid in taken:
+        if jid in taken:
             continue
         st = states[jid]
         if st.thr[k] <= 0 or (skip_zero and p <= 0.0):
@@ -438,7 +478,7 @@ def round_picks(queue: Sequence[tuple[float, float, float, int, int]], states: M
         free -= sf
         taken.add(jid)
         picks.append((jid, k))
-    return picks
+    return free
 
 
 def allocation_input(ids: list[int], active: Mapping[int, RoundState], lp_types: list[str], lp_to_mech: list[int],
