@@ -135,6 +135,11 @@ class GlooSum:
         dist.all_gather_object(hosts, {"rank": self.rank, "hostname": socket.gethostname(), "addr": addr})
         self.hosts = hosts if self.rank == 0 else []
 
+    def close(self) -> None:
+        """Leave the group before exiting: a Gloo group torn down at interpreter exit aborted a rank ("terminate
+        called without an active exception") once its peer had gone."""
+        self.dist.destroy_process_group()
+
     def sum(self, values: tuple[float, float]) -> tuple[float, float]:
         import torch
 
@@ -191,9 +196,11 @@ def main() -> int:
         if stopping:
             if turns is not None:
                 turns.close()
+            getattr(comm, "close", lambda: None)()
             return 0
     if turns is not None:
         turns.close()
+    getattr(comm, "close", lambda: None)()
     if rank == 0:
         where = os.environ.get("HPCSCHED_INTERLEAVE_DIR", "")
         extra = {"turn_wait_s": waited, "interleave_dir": where} if stages else {}
