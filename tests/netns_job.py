@@ -175,8 +175,14 @@ def main() -> int:
     step_s = (args.work_ms / world if args.work_ms is not None else args.step_ms) / 1e3
     turns = StageTurns(int(os.environ.get("LOCAL_RANK", 0))) if stages else None
     waited = {"data": 0.0, "compute": 0.0}
+    group_dir = os.environ.get("HPCSCHED_INTERLEAVE_DIR", "")
+    mine = f".{os.getpid()}"
+    with_mate = 0  # steps taken while a group mate was training on the same slot (its turn file there)
     while step < steps:
         if turns is not None and stages is not None:
+            if group_dir and any(n.startswith("turns.") and not n.endswith((mine, ".tmp"))
+                                 for n in os.listdir(group_dir)):
+                with_mate += 1
             for stage, seconds in zip(("data", "compute"), stages, strict=True):
                 with turns.turn(stage):
                     time.sleep(seconds)
@@ -203,7 +209,7 @@ def main() -> int:
     getattr(comm, "close", lambda: None)()
     if rank == 0:
         where = os.environ.get("HPCSCHED_INTERLEAVE_DIR", "")
-        extra = {"turn_wait_s": waited, "interleave_dir": where} if stages else {}
+        extra = {"turn_wait_s": waited, "interleave_dir": where, "steps_with_mate": with_mate} if stages else {}
         write_result(ckpt_dir, {"steps": step, "world_size": world, "hosts": comm.hosts} | extra)
     return 0
 
