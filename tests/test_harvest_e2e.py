@@ -103,7 +103,7 @@ RESIZE_S = 3.0  # the jobs' declared resize cost (scaling.resize_s): what the co
 # muri-s groups them on one slot, where they take turns per stage (workloads/_common.StageTurns).
 TFWD_S = 60.0  # the MILP's look-ahead, live (the controller's milp_tfwd_s default) and replayed
 PAIR = {"pair-io": (30.0, 10.0), "pair-cpu": (10.0, 30.0)}  # ms of data, compute per step
-PAIR_STEPS = 80
+PAIR_STEPS = 250
 
 
 def batch_segment() -> list[dict]:
