@@ -263,32 +263,34 @@ def slurm_job(jid: str) -> dict[str, str]:
 
 def test_pilots_fit_idle_windows_without_a_scavenger_partition(tmp_path: Path) -> None:
     """A site without a scavenger partition (issue 18): pilots in ``batch`` (no preemption) with ``time_limit:
-    fit-idle-window``. n1 is reserved from +45 s (window too short: no pilot), n2 from +85 s (a window: one pilot
-    whose whole-minute time limit ends before the reservation), n3/n4 are held by a batch job for 20 s. The job runs
+    fit-idle-window``. n1 is reserved from +45 s (window too short: no pilot), n2 from +100 s (a window: one pilot
+    whose whole-minute time limit ends before the reservation), n3/n4 are held by a batch job for 12 s. The job runs
     on the n2 pilot, whose worker leaves at its own deadline (checkpoint, Leave) before Slurm's time limit, so the
     pilot ends COMPLETED, not TIMEOUT; the controller re-plans, a pilot on n3/n4 (free now, unbounded window) takes
     the job, which finishes with exact steps."""
     from hpcsched.slurm.idle_windows import slurm_time
 
-    resv = {"hp-short": ("n1", 45), "hp-window": ("n2", 85)}
-    for name, (node, start) in resv.items():
-        sh("scontrol", "create", "reservation", f"ReservationName={name}", f"StartTime=now+{start}", "Duration=2",
-           f"Nodes={node}", "Users=root")
+    resv = {"hp-short": ("n1", 45), "hp-window": ("n2", 100)}
     ctl = None
     try:
+        for name, (node, start) in resv.items():
+            with contextlib.suppress(commands.SlurmError):  # left by an interrupted run
+                sh("scontrol", "delete", f"ReservationName={name}")
+            sh("scontrol", "create", "reservation", f"ReservationName={name}", f"StartTime=now+{start}",
+               "Duration=2", f"Nodes={node}", "Users=root")
         hold = sh("sbatch", "--parsable", "-p", "batch", "-N2", "-w", "n3,n4", "-t", "1", "-J", "batch-hold",
-                  "--wrap", "sleep 20").strip()
+                  "--wrap", "sleep 12").strip()
         wait_for("the batch job holding n3, n4", lambda: squeue().get(hold, ("", ""))[1] == "RUNNING", 20, poll=0.2)
         starts = {name: slurm_time(dict(w.split("=", 1) for w in sh("scontrol", "-o", "show", "reservation", name)
                                         .split() if "=" in w)["StartTime"]) for name in resv}
         cfg = controller_config(tmp_path, min_runtime_s=2, stop_grace_s=4)
         with cfg.open("a") as f:
             f.write("node_source: slurm\nslurm:\n  partition: batch\n  time_limit: fit-idle-window\n"
-                    "  time_limit_s: 300\n  min_window_s: 70\n  window_margin_s: 5\n  leave_before_s: 25\n"
+                    "  time_limit_s: 300\n  min_window_s: 70\n  window_margin_s: 5\n  leave_before_s: 45\n"
                     "  max_pilots: 2\n  slots: 1\n  stop_grace_s: 3\n  poll_s: 1\n  work_dir: pilots\n")
         ctl, addr = start_controller(tmp_path, cfg)
         c = client(addr)
-        steps = 800
+        steps = 500
         job = tmp_path / "one.yaml"
         job.write_text(f"name: one\nlauncher: direct\nprocs: 1\nsteps: {steps}\nworkdir: {ROOT}\n"
                        "command: [tests/netns_job.py, --checkpoint-every, '20', --step-ms, '50']\n")
