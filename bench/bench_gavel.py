@@ -104,6 +104,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_gavel_compat import GAVEL, MORE  # Gavel's figures: the README's, and on our generated traces
 
+    print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
     print("| trace | policy | solver | avg JCT ours / Gavel's (diff) | makespan ours / Gavel's (diff) | ours sim s | "
           "ours CLI wall / CPU s | Gavel wall / CPU s | ratio wall / CPU (Gavel / ours CLI) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -129,6 +130,7 @@ def main() -> None:
                 print(f"| {name} | {policy} | {solver} | {s['avg_jct']:,.3f} / {g_jct:,.3f} ({d_jct:+.2f}%) "
                       f"| {s['makespan']:,.3f} / {g_mk:,.3f} ({100 * (s['makespan'] / g_mk - 1):+.2f}%) "
                       f"| {s['wall_s']:.2f} | {cli_wall:.2f} / {cli_cpu:.2f} | {g} |", flush=True)
+    print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if walls:
         print(f"\nspeed-up, Gavel's process / ours: wall min {min(walls):.1f}x, max {max(walls):.1f}x; "
               f"CPU min {min(cpus):.1f}x, max {max(cpus):.1f}x")
