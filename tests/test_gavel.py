@@ -242,3 +242,33 @@ def test_trace_generate_cli(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert out.read_bytes() == A4.read_bytes()
     assert json.loads(r.stdout)["jobs"] == 120
+
+
+# ---- the greedy pass ------------------------------------------------------------------------------------------
+
+def test_round_schedule_is_round_picks_of_round_queue() -> None:
+    """The simulator's one-type-at-a-time pass (rounds.round_schedule) stops early; it must pick exactly what the
+    full queue's pass (round_picks(round_queue(...)), the runtime executor's) picks, in the same order."""
+    import random
+    from types import SimpleNamespace
+
+    from hpcsched.hetero.rounds import RoundJob, round_picks, round_queue, round_schedule
+
+    rng = random.Random(7)
+    for case in range(300):
+        n_types = rng.randint(1, 3)
+        gpus = [rng.choice([0, 1, 2, 4, 8]) for _ in range(n_types)]
+        states = {}
+        for jid in range(rng.randint(0, 14)):
+            sf = rng.choice([1, 1, 2, 4])
+            alloc = None if rng.random() < 0.15 else [rng.choice([0.0, rng.random()]) for _ in range(n_types)]
+            states[jid] = SimpleNamespace(job=RoundJob(jid, "x", 10, sf, 0.0), alloc=alloc,
+                                          thr=[rng.choice([0.0, 1.0 + rng.random()]) for _ in range(n_types)],
+                                          time=[rng.choice([180.0, rng.uniform(0, 2000)]) for _ in range(n_types)],
+                                          deficit=[rng.choice([0.0, rng.uniform(-50, 50)]) for _ in range(n_types)])
+        worker_time = [rng.choice([0.0, rng.uniform(1, 5000)]) for _ in range(n_types)]
+        types = rng.sample(range(n_types), n_types)
+        for skip_zero in (False, True):
+            want = round_picks(round_queue(list(states.items()), types, worker_time, skip_zero), states, gpus,
+                               skip_zero)
+            assert round_schedule(states, types, worker_time, gpus, skip_zero) == want, (case, skip_zero)
