@@ -78,7 +78,8 @@ def test_a_worker_leaves_once_its_controller_is_gone_for_orphan_timeout(tmp_path
     log = tmp_path / "p1.log"
     with log.open("ab") as out:
         w = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", addr, "--name", "p1",
-                              "--gpus", "0", "--orphan-timeout", "2", "--work-dir", str(tmp_path / "p1")],
+                              "--gpus", "0", "--orphan-timeout", "2", "--stop-grace", "3",  # as a pilot's worker
+                              "--work-dir", str(tmp_path / "p1")],
                              env=os.environ | {"HPCSCHED_TOKEN": TOKEN}, stdout=out, stderr=subprocess.STDOUT)
     c = client(addr)
     try:
