@@ -649,6 +649,7 @@ PILOT_UNITS = {
     "pilot_utilization": "busy / harvested",
     "pilots": "that ran",
     "pilots_preempted": "ended by Slurm",
+    "pilots_window_end": "left at their idle window's end",
 }
 _ATTEMPT_END = ("stopped", "completed")
 
@@ -721,7 +722,9 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     - ``pilot_busy_node_hours``: of that, the time its worker held a task of some job (co-located jobs count
       once); ``pilot_utilization`` = busy / harvested.
     - ``pilots``: pilots that ran; ``pilots_preempted``: of those, the ones Slurm ended, not this controller
-      (preemption, their time limit, an operator's scancel).
+      (preemption, their time limit, an operator's scancel); ``pilots_window_end``: the ones that left by
+      themselves at the end of their idle window (``time_limit: fit-idle-window``), counted apart because
+      leaving then is the plan, not a loss.
     - ``preemptions``: job stops for a pilot (or any worker) leaving or preempted (``stop`` events, reason
       ``preempt``); ``lost_steps``: steps lost past the last checkpoint, summed over every restart of a job
       (preemption, resize, failure), ``max_lost_steps`` the largest one.
@@ -740,7 +743,7 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     runs: dict[str, dict[str, Any]] = {}
     for e in sorted(pilot_ev, key=lambda e: e["time"]):
         p = runs.setdefault(e["slurm_job"], {"worker": e.get("worker") or f"pilot-{e['slurm_job']}", "from": None,
-                                             "to": None, "cancelled": False})
+                                             "to": None, "cancelled": False, "window_end": False})
         kind = e.get("event")
         if p["from"] is None and (kind == "running" or kind == "adopt" and e.get("state") == "RUNNING"):
             p["from"] = e["time"]
@@ -749,6 +752,7 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
         elif kind == "gone" and p["to"] is None:
             p["to"] = e["time"]
             p["cancelled"] = p["cancelled"] or bool(e.get("cancelled"))
+            p["window_end"] = bool(e.get("window_end"))
     ran = {jid: p for jid, p in runs.items() if p["from"] is not None}
     if not ran:
         out["unavailable"] = {k: "no pilot ran in this controller run (node_source static, or a store from before "
@@ -770,5 +774,7 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     out["pilot_busy_node_hours"] = busy / 3600.0
     out["pilot_utilization"] = busy / held if held > 0 else None
     out["pilots"] = len(ran)
-    out["pilots_preempted"] = sum(1 for p in ran.values() if p["to"] is not None and not p["cancelled"])
+    ended = [p for p in ran.values() if p["to"] is not None and not p["cancelled"]]
+    out["pilots_preempted"] = sum(1 for p in ended if not p["window_end"])
+    out["pilots_window_end"] = sum(1 for p in ended if p["window_end"])
     return out

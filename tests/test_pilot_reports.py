@@ -218,3 +218,17 @@ def test_a_static_controller_says_it_watches_no_nodes(tmp_path: Path) -> None:
         assert "node source static" in _cli("workers", "--controller", addr, "--nodes")
     finally:
         srv.stop()
+
+
+def test_a_pilot_leaving_at_its_idle_window_end_is_not_counted_preempted() -> None:
+    """``time_limit: fit-idle-window``: a pilot that leaves by itself before its window ends did what was planned;
+    calc counts it apart (``pilots_window_end``), so ``pilots_preempted`` keeps meaning pilots Slurm took back."""
+    def ev(t: float, event: str, jid: str, **extra: object) -> dict:
+        return {"time": t, "job_id": None, "kind": "pilot", "event": event, "slurm_job": jid, "node": "n1",
+                "worker": f"pilot-{jid}", "state": "RUNNING", "detail": "", **extra}
+
+    events = [ev(0.0, "running", "7"), ev(100.0, "gone", "7", cancelled=False, window_end=True),
+              ev(0.0, "running", "8"), ev(50.0, "gone", "8", cancelled=False, window_end=False),
+              ev(0.0, "running", "9"), ev(60.0, "gone", "9")]  # a store from before window_end was recorded
+    got = pilot_metrics(events, [], end=100.0)
+    assert (got["pilots"], got["pilots_preempted"], got["pilots_window_end"]) == (3, 2, 1)

@@ -328,10 +328,12 @@ class PilotManager:
             if jid not in listed:
                 gone = self.pilots.pop(jid)
                 why = f"left Slurm's queue ({gone.state}: ended, preempted or past its time limit)"
-                if gone.leave_by is not None and self.wall() >= gone.leave_by - self.cfg.poll_s:
+                window_end = gone.leave_by is not None and self.wall() >= gone.leave_by - self.cfg.poll_s
+                if window_end:
                     why = (f"left at the end of its idle window (by {_clock_time(gone.leave_by)}"
                            f"{', before ' + gone.claim if gone.claim else ''})")
-                self._event("gone", jid, gone.ended or why, node=gone.node, cancelled=bool(gone.ended))
+                self._event("gone", jid, gone.ended or why, node=gone.node, cancelled=bool(gone.ended),
+                            window_end=window_end and not gone.ended)
         workers = self.view.workers()
         for p in self.pilots.values():
             q = listed[p.job_id]
@@ -574,10 +576,12 @@ class PilotManager:
     def log_path(self, job_id: str) -> Path:
         return self.cfg.work_dir / f"pilot-{job_id}.log"
 
-    def _event(self, kind: str, job_id: str, detail: str, node: str | None = None, cancelled: bool = False) -> None:
+    def _event(self, kind: str, job_id: str, detail: str, node: str | None = None, cancelled: bool = False,
+               window_end: bool = False) -> None:
         """Log, keep (the last 1000) and record in the controller's store: a ``pilot`` event with the Slurm job,
-        its node, its worker and, for ``gone``, whether this controller had cancelled it (else Slurm ended it:
-        preempted, its time limit, an operator's scancel)."""
+        its node, its worker and, for ``gone``, whether this controller had cancelled it and whether it left by
+        itself at the end of its idle window (``fit-idle-window``); else Slurm ended it: preempted, its time
+        limit, an operator's scancel."""
         e = PilotEvent(time.time(), kind, job_id, detail)
         self.events.append(e)
         del self.events[:-1000]  # bounded: a controller runs for weeks
@@ -595,6 +599,7 @@ class PilotManager:
                                         "state": p.state if p else "", "detail": detail}
             if kind == "gone":
                 detail_d["cancelled"] = cancelled
+                detail_d["window_end"] = window_end
             try:
                 record(detail_d)
             except Exception:  # the store busy or closing: the status file and the log still have it
