@@ -255,13 +255,7 @@ class FinishTimeFairnessPacked(FinishTimeFairnessPerf):
         comb = Combinations(inp, weighted=True)
         thr, sf, rem, since = inp.throughputs, inp.scale_factors, inp.steps_remaining, inp.times_since_start
         iso = isolated(thr, sf, inp.gpus)  # Gavel: from the single jobs' rates, float64
-        for r, j in enumerate(inp.job_ids):
-            c = self._cum_iso.setdefault(j, 0.0)
-            if j in self._prev_rem:
-                self._cum_iso[j] = c + (self._prev_rem[j] - rem[r]) / self._prev_iso[j]
-        e_iso = np.array([self._cum_iso[j] for j in inp.job_ids]) + rem / iso
-        self._prev_rem = dict(zip(inp.job_ids, rem, strict=True))
-        self._prev_iso = dict(zip(inp.job_ids, iso, strict=True))
+        e_iso = self.isolated_finish(inp, iso)
 
         def rho_of(x: np.ndarray) -> float:
             y = comb.y(x)

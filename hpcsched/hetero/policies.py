@@ -490,11 +490,13 @@ class FinishTimeFairnessPerf(GavelPolicy):
     _prev_rem: dict[int, float] = field(init=False, repr=False, default_factory=dict)
     _prev_iso: dict[int, float] = field(init=False, repr=False, default_factory=dict)
 
-    def allocate(self, inp: AllocationInput) -> np.ndarray:
+    def isolated_finish(self, inp: AllocationInput, iso: np.ndarray) -> np.ndarray:
+        """Each job's finish time on its isolated share ``iso`` (steps/s): the progress since the previous call
+        counted at the isolated speed it had then (Gavel keeps this sum across calls), plus what remains at
+        today's. Called once per allocation: it advances the bookkeeping."""
         import numpy as np
 
-        thr, sf, rem, since = inp.throughputs, inp.scale_factors, inp.steps_remaining, inp.times_since_start
-        iso = isolated(thr, sf, inp.gpus)
+        rem = inp.steps_remaining
         for r, j in enumerate(inp.job_ids):
             c = self._cum_iso.setdefault(j, 0.0)
             if j in self._prev_rem:
@@ -502,6 +504,14 @@ class FinishTimeFairnessPerf(GavelPolicy):
         e_iso = np.array([self._cum_iso[j] for j in inp.job_ids]) + rem / iso
         self._prev_rem = dict(zip(inp.job_ids, rem, strict=True))
         self._prev_iso = dict(zip(inp.job_ids, iso, strict=True))
+        return e_iso
+
+    def allocate(self, inp: AllocationInput) -> np.ndarray:
+        import numpy as np
+
+        thr, sf, rem, since = inp.throughputs, inp.scale_factors, inp.steps_remaining, inp.times_since_start
+        iso = isolated(thr, sf, inp.gpus)
+        e_iso = self.isolated_finish(inp, iso)
 
         def rho_of(x: np.ndarray) -> float:
             y = (thr * x).sum(axis=1)
