@@ -216,3 +216,9 @@ def test_packed_cli(tmp_path: Path) -> None:
     summary = json.loads(buf.getvalue().strip().splitlines()[-1])
     assert summary["avg_jct"] == pytest.approx(GAVEL[("A", "fifo-packed")][0], abs=1e-3)
     assert summary["unfinished"] == 0 and (out / "jobs.csv").exists()
+
+
+def test_fifo_packed_needs_no_solver_so_either_runs_it() -> None:
+    assert type(make_policy("fifo-packed", solver="ecos")) is type(make_policy("fifo-packed"))
+    with pytest.raises(KeyError, match="no ECOS program"):
+        make_policy("min-total-duration-packed", solver="ecos")

@@ -476,4 +476,4 @@ def make_ecos_policy(name: str) -> GavelPolicy:
     if name == "max-min-fairness-packed":
         return EcosMaxMinFairnessPacked(name=name)
     raise KeyError(f"no ECOS program for Gavel policy {name!r}; --solver ecos runs: {', '.join(ECOS_POLICIES)} "
-                   "(and fifo, which needs no solver)")
+                   "(and fifo and fifo-packed, which need no solver)")

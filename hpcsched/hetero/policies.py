@@ -812,14 +812,18 @@ POLICIES: dict[str, str] = {
 """Gavel's policies this package runs, by Gavel's names with hyphens."""
 
 
+NO_SOLVER = ("fifo", "fifo-packed")
+"""Policies that solve no program: the same with either ``solver``."""
+
+
 def make_policy(name: str, seed: int = 0, *, entity_weights: dict[str, float] | None = None,
                 solver: str = "highs") -> GavelPolicy:
     """A fresh policy object for one run (policies keep per-run state: FIFO's queue, FTF's progress).
 
     ``entity_weights`` ({user or project: weight}) makes the water-filling policies hierarchical.
     ``solver="ecos"``: Gavel's own programs solved with ECOS (``hpcsched.hetero.ecos_programs``, the ``cvxpy``
-    extra), whose allocations are Gavel's; FIFO needs no solver either way."""
-    if solver == "ecos" and name != "fifo":
+    extra), whose allocations are Gavel's; FIFO (packed too) needs no solver either way."""
+    if solver == "ecos" and name not in NO_SOLVER:
         from hpcsched.hetero.ecos_programs import make_ecos_policy
 
         return make_ecos_policy(name)
