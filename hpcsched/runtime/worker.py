@@ -170,6 +170,8 @@ def spare_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+_LEAVE_NOTICE_S = 5.0  # a leaving worker's retries of its notice after its tasks stopped (see Worker.leave)
+
 class Worker:
     def __init__(self, cfg: WorkerConfig, python: str = sys.executable) -> None:
         # Absolute from the start: a task runs in its job's workdir, where a relative progress-file or
@@ -255,9 +257,9 @@ class Worker:
         The controller hears of it at once (Leave RPC) rather than after ``worker_timeout_s`` of silence,
         and the jobs stop as preempted (resumed elsewhere from their checkpoint, no restart counted). With
         the controller unreachable the tasks still checkpoint, and the notice is tried again while they stop and
-        for ``stop_grace_s`` after (a controller restarted meanwhile, as after a kill -9, then hears it: found by
-        the harvesting end-to-end test, where a pilot preempted during the restart counted as a failed attempt);
-        a controller still away then times the worker out."""
+        up to ``_LEAVE_NOTICE_S`` after (a controller restarted meanwhile, as after a kill -9, then hears it:
+        found by the harvesting end-to-end test, where a pilot preempted during the restart counted as a failed
+        attempt); a controller still away then times the worker out."""
         grace = self.cfg.stop_grace_s
         said = self._say_leave(final=False)
         for tid in list(self.tasks):
@@ -271,7 +273,8 @@ class Worker:
                 self.kill(tid, checkpoint=True, grace_s=grace)  # escalates once the grace is over
             self._deliver()
         self._poll()
-        notice_until = time.time() + grace  # its tasks have stopped: wait that long more for the controller
+        # its tasks have stopped: wait a little more for a controller that is restarting (seconds, after kill -9)
+        notice_until = time.time() + min(grace, _LEAVE_NOTICE_S)
         while not said and time.time() < notice_until:
             said = self._say_leave(final=False, timeout=1.0)
             if not said:
