@@ -232,3 +232,46 @@ def test_a_pilot_leaving_at_its_idle_window_end_is_not_counted_preempted() -> No
               ev(0.0, "running", "9"), ev(60.0, "gone", "9")]  # a store from before window_end was recorded
     got = pilot_metrics(events, [], end=100.0)
     assert (got["pilots"], got["pilots_preempted"], got["pilots_window_end"]) == (3, 2, 1)
+
+
+def test_decisions_wait_for_pilots_about_to_register_so_an_elastic_job_starts_once_at_its_size(
+        tmp_path: Path) -> None:
+    """Two pilots start together; their workers register apart. The controller holds its decisions until the second
+    one is in (Controller.arriving, as node_source slurm wires it), so the elastic job (1-2 procs) starts once on
+    both, instead of at 1 proc on the first and a relaunch at 2 when the second registers."""
+    srv = ControllerServer(read_controller_config(controller_config(tmp_path)))
+    addr = srv.start()
+    slurm, clock = FakeSlurm(), Clock()
+    m = PilotManager(_manager(tmp_path, slurm, View(0), clock).cfg, ControllerDemand(srv.ctl), addr, TOKEN,
+                     tmp_path / "run" / "state.db", clock=clock, run=slurm.run)
+    srv.ctl.arriving = m.arriving
+    c = client(addr)
+    try:
+        spec = parse_job_spec(f"name: e\nlauncher: direct\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: 10\n"
+                              f"workdir: {tmp_path}\ncommand: [x.py]\n", "e.yaml")
+        from hpcsched.runtime.config import job_spec_yaml
+
+        c.submit(job_spec_yaml(spec), "e.yaml")
+        m.step()
+        p1, p2 = slurm.jobs
+        slurm.start(p1)
+        slurm.start(p2)
+        m.step()
+        stub, md = pb_grpc.ControllerStub(c.channel), metadata(TOKEN)
+
+        def register(p: str) -> None:
+            stub.Register(pb.RegisterRequest(worker_id=f"pilot-{p}", host="127.0.0.1", slots=1,
+                                             launchers=["direct"], instance="i"), metadata=md, timeout=10)
+            stub.Heartbeat(pb.HeartbeatRequest(worker_id=f"pilot-{p}", spare_port=40000, instance="i"),
+                           metadata=md, timeout=10)
+
+        register(p1)
+        wait_for("steps held", lambda: srv.ctl.held_steps >= 3, 30, poll=0.1)
+        assert c.jobs()[0].state == "pending"  # not started at 1 proc on the first pilot
+        register(p2)
+        wait_for("the job placed on both pilots", lambda: sorted(c.jobs()[0].workers) == sorted(
+            [f"pilot-{p1}", f"pilot-{p2}"]), 30, poll=0.1)
+        assert c.jobs()[0].procs == 2
+    finally:
+        c.close()
+        srv.stop()

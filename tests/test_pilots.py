@@ -418,3 +418,20 @@ def test_fit_window_script_leaves_at_its_deadline(tmp_path: Path) -> None:
     p = subprocess.run(["sh", str(script), str(int(time.time()) - 1), "100"], env=env, capture_output=True,
                        text=True, timeout=20)
     assert p.returncode == 0 and "its idle window ended" in p.stdout and not (tmp_path / "args").exists()
+
+
+def test_arriving_names_pilot_workers_not_registered_yet_for_at_most_settle_s(tmp_path: Path) -> None:
+    """What the controller holds its decisions for (Controller.arriving): pilots submitted or started whose workers
+    have not registered, each for at most settle_s after it was submitted (pending) or first seen running."""
+    slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
+    m = _manager(tmp_path, slurm, view, clock, settle_s=5.0)
+    m.step()
+    assert m.arriving(set()) == ["pilot-100", "pilot-101"]  # just submitted to idle nodes: about to start
+    assert m.arriving({"pilot-100"}) == ["pilot-101"]
+    clock.t += 4.0
+    slurm.start("100")
+    m.step()  # seen running now: its 5 s count from here
+    clock.t += 2.0
+    assert m.arriving(set()) == ["pilot-100"]  # 101 still pending, 6 s after its submit: not waited for
+    clock.t += 3.5
+    assert m.arriving(set()) == []  # a worker that does not come within settle_s holds nothing more

@@ -42,7 +42,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 
 from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
@@ -110,6 +110,10 @@ class Controller:
         self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
         self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
         self.instance: dict[str, str] = {}  # worker -> the daemon (RegisterRequest.instance) that holds the name
+        # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
+        self.arriving: Callable[[Container[str]], list[str]] | None = None
+        self.held_steps = 0  # scheduling steps held for arriving pilots' workers
+        self._holding: list[str] = []
         self._readers: queue.Queue[Store] = queue.Queue()
         for _ in range(QUERY_SLOTS):
             self._readers.put(self.store.reader())
@@ -414,6 +418,8 @@ class Controller:
         alive and not leaving. Only this thread starts jobs, so slots free in the snapshot are still free.
         A plan that fails the check is dropped and the step re-runs; after ``_MAX_STALE`` drops in a row the
         step runs entirely under the lock, so a storm of changes cannot starve scheduling."""
+        if self._hold_for_arrivals():
+            return scheduler.Plan()
         if self._stale >= _MAX_STALE:
             with self.lock, self.store.tx():
                 state, jobs, workers = self._cluster_state(*self._read())
@@ -443,6 +449,22 @@ class Controller:
                 self._apply(plan, state, workers, stops, batch)
         self._stale = 0
         return plan
+
+    def _hold_for_arrivals(self) -> bool:
+        """Whether this step waits for pilots' workers about to register (node_source slurm; each waited for at
+        most the pilots' ``settle_s``): a plan made between their registrations is undone by the next one, at a
+        relaunch of every elastic job it sized. Said in the log when a hold starts and ends, and counted."""
+        waiting = self.arriving(set(self.last_seen)) if self.arriving is not None else []
+        if waiting != self._holding:
+            if waiting:
+                log.info("scheduling waits for %d pilot worker(s) about to register: %s", len(waiting),
+                         ", ".join(waiting))
+            elif self._holding:
+                log.info("scheduling resumes: the pilot workers registered (or their settle_s passed)")
+            self._holding = waiting
+        if waiting:
+            self.held_steps += 1
+        return bool(waiting)
 
     def _read(self) -> tuple:
         """Read what a step needs (under the lock); building the scheduler's view of it is left to

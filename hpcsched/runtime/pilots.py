@@ -42,7 +42,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -79,6 +79,10 @@ class PilotConfig:
     poll_s: float = 2.0
     start_timeout_s: float = 300.0  # pending longer: cancelled (never started)
     register_timeout_s: float = 120.0  # running, but no worker registered by then: cancelled (hung)
+    # Decisions wait at most this long after a pilot was submitted or started for its worker to register. Pilots
+    # freed together register a few hundred ms apart; planning at each arrival started an elastic job at 1 proc
+    # and relaunched it at every next one (a full stop, checkpoint and start each time).
+    settle_s: float = 10.0
     idle_release_s: float = 60.0  # a pilot with nothing to run this long, while none is needed, is released
     work_dir: Path = Path("pilots")  # pilots' logs, work dirs and token file (a shared file system)
     python: str = sys.executable
@@ -311,6 +315,20 @@ class PilotManager:
                                 cancelled=True)
         except commands.SlurmError as e:
             log.error("pilots: could not cancel the pilots at stop: %s", e)
+
+    def arriving(self, registered: Container[str]) -> list[str]:
+        """The workers of pilots that Slurm runs or was just asked to run, not registered yet, each for at most
+        ``settle_s`` after the pilot was first seen running (pending: submitted): the controller holds its
+        decisions while this is not empty, so nodes that come back together are planned once. Called from the
+        controller's scheduling thread: it reads a copy of the pilot table, which ``step`` replaces entries of."""
+        now = self.clock()
+        out = []
+        for p in list(self.pilots.values()):
+            since = p.running_since if p.running_since is not None else p.seen
+            if (not p.ended and p.state in ("PENDING", "RUNNING") and p.worker not in registered
+                    and now - since < self.cfg.settle_s):
+                out.append(p.worker)
+        return out
 
     # ------------------------------------------------------------------------------------------- step
     def step(self) -> None:

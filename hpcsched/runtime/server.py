@@ -241,6 +241,7 @@ class ControllerServer:
             self.pilots = PilotManager(self.cfg.pilots, ControllerDemand(self.ctl), reachable(self.address),
                                        self.cfg.worker_token or self.cfg.token, self.cfg.state)
             self.service.pilots = self.pilots
+            self.ctl.arriving = self.pilots.arriving
             self.pilots.start()
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
                  ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
