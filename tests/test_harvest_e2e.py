@@ -92,12 +92,12 @@ RATES = (1000 / WORK_MS, 2000 / WORK_MS)  # steps/s at 1 and 2 procs: the declar
 STEPS = 1300
 CKPT_EVERY = 40
 GRACE_S = 5.0  # the scavenger partition's GraceTime (deploy/slurm/slurm.conf)
-# Live vs replay: the issue asks for 10% on utilisation and average JCT; asserted at that. Not reached with the torchrun
-# job in the mix (docs/slurm.md, "End-to-end run"): the replay is given what this run measured (the pool as the
-# pilots served it, each job's relaunch cost and throughput per size) and still re-decides with the same MILP, whose
-# choices under a 10-20 s relaunch cost differ from the live controller's (it planned with the declared 3 s); the
-# two runs differed by up to 20-35% on one figure or the other. A miss is reported as an expected failure (xfail,
-# with the figures), never passed: the live checks before it are asserted as usual.
+# Live vs replay: the issue asks for 10% on utilisation and average JCT; asserted at that. The replay is given what
+# this run measured (the pool as the pilots served it, each job's relaunch cost and throughput per size) and
+# re-decides with the same MILP. Since the controller waits for pilots about to register (slurm.settle_s) instead of
+# starting an elastic job at 1 proc and relaunching it at each next registration, two runs in a row measured JCT
+# -0.6% / -2.4% and utilisation +8.3% / +8.6% (before: JCT -14.5..-18.6%). Utilisation is near the bound, so a miss
+# between 10% and twice that (a loaded machine) is an expected failure with the figures; beyond twice it fails.
 REPLAY_TOLERANCE = 0.10
 RESIZE_S = 3.0  # the jobs' declared resize cost (scaling.resize_s): what the controller's MILP charges a resize
 # The Muri-S pair: two rigid 1-process jobs with complementary declared stage profiles (data-heavy, compute-heavy), so
@@ -540,6 +540,8 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
     if os.environ.get("HPCSCHED_E2E_OUT"):
         Path(os.environ["HPCSCHED_E2E_OUT"]).write_text(json.dumps(figures, indent=1, default=str) + "\n")
     assert replay["jobs_done"] == len(ids)
+    far = {k: round(v, 3) for k, v in figures["diff"].items() if abs(v) > 2 * REPLAY_TOLERANCE}
+    assert not far, f"replay vs live beyond {2 * REPLAY_TOLERANCE:.0%}: {far} ({figures})"
     off = {k: round(v, 3) for k, v in figures["diff"].items() if abs(v) > REPLAY_TOLERANCE}
     if off:  # known gap (REPLAY_TOLERANCE): said as an expected failure with the figures, not passed
         pytest.xfail(f"replay vs live beyond {REPLAY_TOLERANCE:.0%}: {off} (live {figures['live']}, replay "
