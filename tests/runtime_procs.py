@@ -50,14 +50,14 @@ def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
 
 
 def start_worker(d: Path, address: str | None, name: str, slots: int = 1, token: str = TOKEN,
-                 extra: tuple[str, ...] = (), log_name: str | None = None) -> subprocess.Popen:
+                 extra: tuple[str, ...] = (), log_name: str | None = None, gpus: int = 0) -> subprocess.Popen:
     """A worker daemon; ``address`` None: it finds the controller through ``extra``'s --address-file."""
     log = open(d / (log_name or f"{name}.log"), "a")
     env = os.environ | {"HPCSCHED_TOKEN": token}
     where = ["--controller", address] if address else []
     return subprocess.Popen(
         [sys.executable, "-m", "hpcsched.runtime", "worker", *where, "--name", name, "--slots",
-         str(slots), "--gpus", "0", "--work-dir", str(d / "run" / name), *extra],
+         str(slots), "--gpus", str(gpus), "--work-dir", str(d / "run" / name), *extra],
         stdout=log, stderr=subprocess.STDOUT, cwd=d, env=env, start_new_session=True,
     )
 

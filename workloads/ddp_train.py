@@ -135,7 +135,9 @@ def main() -> int:
     turns.close()  # group mates stop waiting for this one
     if rank == 0 and step == steps:
         write_result(ckpt_dir, {"steps": step, "first_loss": first_loss, "final_loss": last_loss,
-                                "world_size": world, "history": history})
+                                "world_size": world, "history": history, "device": str(device),
+                                "backend": dist.get_backend() if distributed else "",
+                                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")})
     if distributed:
         dist.destroy_process_group()
     return 0
