@@ -89,13 +89,14 @@ run: $(STAMP)
 ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
-# Two pytest-xdist workers (CI has 2 cores; most runtime tests wait on heartbeats, not the CPU): a module's tests
-# and all live-Slurm tests each stay in one worker (tests/conftest.py). TEST_WORKERS=0 runs them in this process.
+# Two pytest-xdist workers (CI has 2 cores; most runtime tests wait on heartbeats, not the CPU), a module's tests in
+# one worker (module fixtures built once); tests of the live Slurm take turns (a lock, tests/conftest.py).
+# TEST_WORKERS=0 runs them all in this process.
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 test: $(STAMP) $(EXTRAS_STAMP)
 	@echo "test order: random, seed $(SEED) (rerun this order: make test SEED=$(SEED))"
-	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) -n $(TEST_WORKERS) --dist loadgroup --durations=15 \
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) -n $(TEST_WORKERS) --dist loadfile --durations=15 \
 	  $(PYTEST_ARGS)
 
 # For development: everything but the tests marked slow (real Slurm, real training, long runs); CI runs all.

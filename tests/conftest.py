@@ -3,6 +3,7 @@ seed), so a fixture here must not carry state from one test to the next: these r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,24 @@ def n8g8():
     return read_cluster_spec(ROOT / "cluster_spec/n8g8.csv")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for ``pytest -n N --dist loadgroup`` (``make test`` runs two workers): a module's tests stay in one
-    worker, so a module-scoped fixture (three network-namespace hosts, a controller) is built once, not once per
-    worker; every test that drives the one live Slurm shares a group, so two never submit to it at once."""
-    for item in items:
-        group = "live-slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+
+LIVE_SLURM_LOCK = Path("/tmp/hpcsched-live-slurm.lock")  # the one live Slurm is machine-wide: so is its lock
+
+
+@pytest.fixture(autouse=True)
+def one_live_slurm_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked ``slurm`` drive the one live Slurm of this machine (every node idle before and after): under
+    ``make test``'s two workers (pytest-xdist, a module per worker) two such modules would submit and cancel
+    under each other, so each such test holds an exclusive lock while it runs. Its own clean-up fixtures run
+    inside (this one is the outermost: a conftest autouse fixture)."""
+    if request.node.get_closest_marker("slurm") is None:
+        yield
+        return
+    import fcntl
+
+    with LIVE_SLURM_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
