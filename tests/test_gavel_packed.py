@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_gavel_compat import TRACES  # the two reference traces and their clusters
 
 from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.policies import POLICIES, AllocationInput, gavel_horizon, make_policy
@@ -23,9 +24,6 @@ from hpcsched.hetero.rounds import simulate_rounds
 from hpcsched.hetero.simulate import load_round_jobs
 from hpcsched.hetero.throughputs import load_throughputs
 
-DATA = Path(__file__).resolve().parents[1] / "trace-data" / "gavel"
-TRACES = {"A": (DATA / "A_120jobs_0.5jph_seed0.trace", "v100=8,p100=8,k80=8"),
-          "A4": (DATA / "A4_120jobs_0.5jph_seed0_sfmax4.trace", "v100=4,p100=4,k80=4")}
 GAVEL = {  # (trace, policy): (average JCT, makespan) printed by Gavel's simulator
     ("A", "fifo-packed"): (61437.784, 1497336.979),
     ("A4", "fifo-packed"): (225916.168, 1699888.739),
