@@ -90,14 +90,16 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 # Two pytest-xdist workers (CI has 2 cores; most runtime tests wait on heartbeats, not the CPU), a module's tests in
-# one worker (module fixtures built once); tests of the live Slurm take turns (a lock, tests/conftest.py).
-# TEST_WORKERS=0 runs them all in this process.
+# one worker (module fixtures built once); tests of the live Slurm take turns (a lock, tests/conftest.py). Then the
+# tests marked `alone` (they compare real timings with a model) in one process with nothing beside them. Exit
+# status 5 (no test selected: PYTEST_ARGS named only one kind) is not a failure. TEST_WORKERS=0 runs the first part in one process too.
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 test: $(STAMP) $(EXTRAS_STAMP)
 	@echo "test order: random, seed $(SEED) (rerun this order: make test SEED=$(SEED))"
 	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) -n $(TEST_WORKERS) --dist loadfile --durations=15 \
-	  $(PYTEST_ARGS)
+	  -m "not alone" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # For development: everything but the tests marked slow (real Slurm, real training, long runs); CI runs all.
 test-fast: $(STAMP)

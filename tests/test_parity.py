@@ -60,6 +60,7 @@ def _job_file(d: Path, name: str, steps: int, declared: bool) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # which worker a restart lands on follows real stop times: another test beside it moved them
 def test_simulator_and_controller_take_the_same_decisions(tmp_path: Path) -> None:
     from hpcsched.runtime.store import Store
 
