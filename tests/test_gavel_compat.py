@@ -429,8 +429,9 @@ def test_packed_lp_by_hand() -> None:
     assert x[:, 0] == pytest.approx([0.5, 0.5, 0.0], abs=1e-6)
 
 
-def test_packed_allocations_fit_the_cluster(table) -> None:  # noqa: ANN001
-    """Per type sum(sf x) <= GPUs counting a pair once; per job its alone and pair time sums to <= 1."""
+def packed_fit_case(table, remaining: float, since: float) -> AllocationInput:  # noqa: ANN001
+    """Five jobs of sizes 1 and 2 on two GPUs of each type, every same-size pair allowed: an input on which a packed
+    policy's allocation is checked against the cluster (``assert_packed_fits``)."""
     kinds = ["ResNet-18 (batch size 16)", "ResNet-50 (batch size 32)", "ResNet-18 (batch size 64)",
              "ResNet-18 (batch size 256)", "ResNet-50 (batch size 64)"]
     types = ("k80", "p100", "v100")
@@ -438,16 +439,26 @@ def test_packed_allocations_fit_the_cluster(table) -> None:  # noqa: ANN001
     thr = np.array([[table.isolated(k, t, s) for t in types] for k, s in zip(kinds, sf, strict=True)])
     pairs = tuple((a, b) for a in range(5) for b in range(a + 1, 5) if sf[a] == sf[b])
     pthr = np.array([[table.colocated(kinds[a], kinds[b], t, sf[a]) for t in types] for a, b in pairs])
-    gpus = np.array([2.0, 2.0, 2.0])
-    inp = AllocationInput(tuple(range(5)), types, thr, np.array(sf, float), np.ones(5), np.full(5, 1e6), np.zeros(5),
-                          gpus, pairs=pairs, pair_throughputs=pthr)
-    x = make_policy("max-min-fairness-packed").allocate(inp)
-    assert x.shape == (5 + len(pairs), 3) and (x >= 0).all()
-    sfc = np.array(sf + [sf[a] for a, _ in pairs], float)
-    assert ((sfc[:, None] * x).sum(axis=0) <= gpus + 1e-6).all()
-    for i in range(5):
-        rows = [i] + [5 + p for p, ab in enumerate(pairs) if i in ab]
+    return AllocationInput(tuple(range(5)), types, thr, np.array(sf, float), np.ones(5), np.full(5, remaining),
+                           np.full(5, since), np.array([2.0, 2.0, 2.0]), pairs=pairs, pair_throughputs=pthr)
+
+
+def assert_packed_fits(x: np.ndarray, inp: AllocationInput) -> None:
+    """Per type sum(sf x) <= GPUs counting a pair once; per job its alone and pair time sums to <= 1."""
+    n, pairs = len(inp.job_ids), inp.pairs
+    assert x.shape == (n + len(pairs), 3) and (x >= 0).all()
+    sfc = np.array(list(inp.scale_factors) + [inp.scale_factors[a] for a, _ in pairs], float)
+    assert ((sfc[:, None] * x).sum(axis=0) <= inp.gpus + 1e-6).all()
+    for i in range(n):
+        rows = [i] + [n + p for p, ab in enumerate(pairs) if i in ab]
         assert x[rows].sum() <= 1 + 1e-6
+
+
+def test_packed_allocations_fit_the_cluster(table) -> None:  # noqa: ANN001
+    """Per type sum(sf x) <= GPUs counting a pair once; per job its alone and pair time sums to <= 1."""
+    inp = packed_fit_case(table, 1e6, 0.0)
+    x = make_policy("max-min-fairness-packed").allocate(inp)
+    assert_packed_fits(x, inp)
     assert x[5:].sum() > 0.1  # sharing pays on this table: some pair gets time
 
 

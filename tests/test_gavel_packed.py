@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gavel_compat import TRACES  # the two reference traces and their clusters
+from test_gavel_compat import TRACES, assert_packed_fits, packed_fit_case  # reference traces, shared checks
 
 from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.policies import POLICIES, AllocationInput, gavel_horizon, make_policy
@@ -178,23 +178,8 @@ def test_min_cost_packed_by_hand() -> None:
 @pytest.mark.parametrize("name", NEW)
 def test_packed_allocations_fit_the_cluster(name: str, table) -> None:  # noqa: ANN001
     """Per type sum(sf x) <= GPUs counting a pair once; per job its alone and pair time sums to <= 1."""
-    kinds = ["ResNet-18 (batch size 16)", "ResNet-50 (batch size 32)", "ResNet-18 (batch size 64)",
-             "ResNet-18 (batch size 256)", "ResNet-50 (batch size 64)"]
-    types = ("k80", "p100", "v100")
-    sf = [1, 1, 2, 1, 2]
-    thr = np.array([[table.isolated(k, t, s) for t in types] for k, s in zip(kinds, sf, strict=True)])
-    pairs = tuple((a, b) for a in range(5) for b in range(a + 1, 5) if sf[a] == sf[b])
-    pthr = np.array([[table.colocated(kinds[a], kinds[b], t, sf[a]) for t in types] for a, b in pairs])
-    gpus = np.array([2.0, 2.0, 2.0])
-    inp = AllocationInput(tuple(range(5)), types, thr, np.array(sf, float), np.ones(5), np.full(5, 1e5),
-                          np.full(5, 100.0), gpus, pairs=pairs, pair_throughputs=pthr)
-    x = make_policy(name).allocate(inp)
-    assert x.shape == (5 + len(pairs), 3) and (x >= 0).all()
-    sfc = np.array(sf + [sf[a] for a, _ in pairs], float)
-    assert ((sfc[:, None] * x).sum(axis=0) <= gpus + 1e-6).all()
-    for i in range(5):
-        rows = [i] + [5 + p for p, ab in enumerate(pairs) if i in ab]
-        assert x[rows].sum() <= 1 + 1e-6
+    inp = packed_fit_case(table, 1e5, 100.0)
+    assert_packed_fits(make_policy(name).allocate(inp), inp)
 
 
 def test_packed_cli(tmp_path: Path) -> None:
