@@ -682,10 +682,11 @@ class Controller:
         was refused): the caller then does not stop it again."""
         if job.state != "running" or not in_place_capable(job.spec):
             return False
-        tasks = [a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation and a.nprocs > 0]
-        rest = [(a.worker_id, a.nprocs) for a in sorted(tasks, key=lambda a: a.node_rank) if a.worker_id != wid]
-        if not rest or len(rest) == len(tasks) or min(a.node_rank for a in tasks) != 0 \
-                or tasks[0].worker_id == wid or sum(k for _, k in rest) < job.spec.min_procs:
+        tasks = sorted((a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation
+                        and a.nprocs > 0), key=lambda a: a.node_rank)
+        rest = [(a.worker_id, a.nprocs) for a in tasks if a.worker_id != wid]
+        if not rest or len(rest) == len(tasks) or tasks[0].node_rank != 0 or tasks[0].worker_id == wid \
+                or sum(k for _, k in rest) < job.spec.min_procs:  # node 0 (horovodrun) must stay
             return False
         hosts = {w.id: w.host for w in self.store.workers()}
         self._resize_in_place(job, rest, hosts, now, why=why)
