@@ -22,6 +22,7 @@ import pytest
 from runtime_procs import TOKEN, client, controller_config, start_controller, stop
 
 from hpcsched.runtime import controller as controller_mod
+from hpcsched.runtime import listing as listing_mod
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import ClientError
 from hpcsched.runtime.config import MAX_NAME_CHARS, parse_job_spec, read_controller_config
@@ -47,7 +48,7 @@ def _fill(state: Path, n: int, message: str = "done") -> list[str]:
 
 def test_listing_is_paged_complete_and_bounded_in_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = _fill(tmp_path / "run" / "state.db", 2500, message="m" * 500)
-    monkeypatch.setattr(controller_mod, "MAX_REPLY_BYTES", 64 * 1024)  # so the byte bound, not the count, cuts
+    monkeypatch.setattr(listing_mod, "MAX_REPLY_BYTES", 64 * 1024)  # so the byte bound, not the count, cuts
     srv = ControllerServer(read_controller_config(controller_config(tmp_path)))
     addr = srv.start()
     try:
@@ -58,7 +59,7 @@ def test_listing_is_paged_complete_and_bounded_in_bytes(tmp_path: Path, monkeypa
         stub = pb_grpc.ControllerStub(c.channel)
         md = metadata(TOKEN)
         first = stub.ListJobs(pb.ListJobsRequest(page_size=100_000), metadata=md, timeout=30)
-        assert 0 < len(first.jobs) <= controller_mod.MAX_PAGE and first.next_page_token
+        assert 0 < len(first.jobs) <= listing_mod.MAX_PAGE and first.next_page_token
         assert first.ByteSize() <= 64 * 1024 + 8 * 1024  # the bound, plus at most one row's overshoot check
         small = stub.ListJobs(pb.ListJobsRequest(page_size=7), metadata=md, timeout=30)
         assert [j.job_id for j in small.jobs] == ids[:7]

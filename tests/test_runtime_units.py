@@ -406,7 +406,7 @@ def test_in_place_resize_the_worker_never_applies_falls_back_to_relaunch(tmp_pat
     IN_PLACE_TIMEOUT_S the job is stopped with a checkpoint and relaunched, not re-sent forever."""
     import time
 
-    from hpcsched.runtime.controller import IN_PLACE, IN_PLACE_TIMEOUT_S
+    from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S
 
     c, jid, t = _launched(tmp_path, "launcher: horovodrun\nmin_procs: 1\nmax_procs: 2\n", "horovodrun", slots=2)
     with c.lock, c.store.tx():  # what an in-place resize leaves: still running, waiting for the new size

@@ -13,43 +13,34 @@ reason in the job's message, and it is retried (from the last checkpoint, by the
 a resized job is placed again at its new size and the time from the stop to its first progress report
 at the new size is recorded as ``last_resize_s``.
 
-An elastic Horovod job (``horovodrun``, ``min_procs < max_procs``) is launched in Horovod's elastic mode and
-resized in place (the scheduler's ``Plan.resizes``), on one worker or across several: the job stays running
-(same generation, no checkpoint) and its allocations take the new placement at once (``launch.in_place_change``):
-every live task of the attempt gets the new host list, a worker it grows onto gets a new slot-holding task (its
-agent then starts the ranks node 0's horovodrun asks for), and a worker it leaves keeps a released task (0 procs)
-that is stopped with a checkpoint signal once Horovod has removed its ranks, its end no part of the outcome. The
-changed LaunchTasks are sent again on every heartbeat until a report at the new size arrives; the node-0 worker,
-seeing a LaunchTask for a task it runs with another host list, rewrites the task's discovery file (and the agent
-map its rsh agent reads). The time from the decision to that report is ``last_resize_s`` too (event ``resized``,
-kind ``in-place``). A worker that leaves or is lost does not stop such a job when its first node is elsewhere and
-the rest hold its minimum: it shrinks in place onto the rest. An in-place resize that cannot be made (its first
-node not in the placement) or is not seen within ``IN_PLACE_TIMEOUT_S`` falls back to stop and relaunch, said
-by event ``resize`` with ``resize_kind: relaunch`` and the reason.
+An elastic Horovod job (``horovodrun``, ``min_procs < max_procs``) is resized in place instead, across workers
+too, and a worker that leaves or is lost shrinks it in place onto the rest: the rules and the writes are in
+``inplace_resize`` (``InPlaceResizer``, which this class calls under its lock).
 
 The rules live beside it, named for what they are, as functions this class calls: ``lifecycle`` (the job state
 machine as a transition table), ``reconcile`` (what a heartbeat's tasks mean against the store), ``launch``
-(LaunchTasks from a placement, co-location accounting). This class keeps the lock, the store, liveness, the
-scheduling tick (``scheduler.plan``) and the queries, and does every write and log line.
+(LaunchTasks from a placement, co-location accounting), ``inplace_resize`` (elastic Horovod resized in place),
+``listing`` (the read-only ListJobs / ListWorkers pages). This class keeps the lock, the store, liveness and the
+scheduling tick (``scheduler.plan``), and does every write and log line.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container
 
 from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
-from hpcsched.runtime.config import GPU_TYPE, MAX_NAME_CHARS, ControllerConfig, parse_job_spec
-from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, in_place_change, launch_tasks, slot_use
-from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
+from hpcsched.runtime.config import GPU_TYPE, ControllerConfig, parse_job_spec
+from hpcsched.runtime.inplace_resize import InPlaceResizer, agent_endpoints
+from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, launch_tasks, slot_use
+from hpcsched.runtime.lifecycle import IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
+from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, Listing, every_page, wall
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
 
@@ -58,28 +49,12 @@ log = logging.getLogger("hpcsched.runtime.controller")
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
 _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
-MAX_MESSAGE_CHARS = 500  # a job's message (a failure reason from a worker, a waiting note): one bounded line
 _WAITING = re.compile(r"(?:^|; )waiting: [^;]*$")  # the note a job that no live worker set can hold carries
-_INT64_MAX = 2**63 - 1
-
-# Queries (ListJobs, ListWorkers) are paged, bounded in bytes and served beside the lock, on reader connections of
-# their own, at most QUERY_SLOTS at once; at most QUERY_QUEUE more wait for a slot, and beyond that a query is
-# refused as busy (the client retries): waiting queries hold server threads that heartbeats need (issue 15).
-DEFAULT_PAGE = 500
-MAX_PAGE = 1000
-MAX_REPLY_BYTES = 1 << 20  # a quarter of gRPC's default 4 MiB message limit, whatever the rows hold
-QUERY_SLOTS = 2
-QUERY_QUEUE = 14
-QUERY_WAIT_S = 5.0
 
 # Registration bounds (issue 15: 2^31-1, -5 and 0 slots and a 100 KB id were accepted).
 MAX_WORKER_ID_CHARS = 128
 MAX_SLOTS = 4096  # processes one node runs at once: far above any node, far below int32
 _WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")
-
-
-class Busy(Exception):
-    """Too many queries are in flight or waiting: the caller retries later (gRPC RESOURCE_EXHAUSTED)."""
 
 
 class Refused(Exception):
@@ -114,11 +89,8 @@ class Controller:
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
         self._holding: list[str] = []
-        self._readers: queue.Queue[Store] = queue.Queue()
-        for _ in range(QUERY_SLOTS):
-            self._readers.put(self.store.reader())
-        self._query_waiting = 0
-        self._query_lock = threading.Lock()
+        self.listing = Listing(self.store)  # the read-only views, on reader connections of their own
+        self.resizer = InPlaceResizer(self.store, self.attempt_start, self._task_exited)
         self.rounds = None  # executor: rounds: Gavel's round mechanism plans instead (hpcsched.runtime.round_planner)
         if cfg.executor == "rounds":
             from hpcsched.runtime.round_planner import RoundPlanner
@@ -210,7 +182,7 @@ class Controller:
             self.leaving.add(wid)
             for a in self.store.allocations(worker_id=wid):
                 job = self.store.job(a.job_id)
-                if a.nprocs == 0 or self._shrink_away(job, wid, f"worker {wid} left", now):
+                if a.nprocs == 0 or self.resizer.shrink_away(job, wid, f"worker {wid} left", now):
                     continue  # released, or shrunk in place onto the job's other workers: it keeps running
                 if next_state(job.state, Event.STOP)[1] is Action.STOP:
                     self.store.update_job(job.id, state="stopping", stop_reason="preempt", stop_time=now,
@@ -225,7 +197,7 @@ class Controller:
                 for a in self.store.allocations(worker_id=wid):
                     job = self.store.job(a.job_id)
                     if a.nprocs == 0 and job.state == "running":
-                        self._release_exited(job, a, f"went with worker {wid}")
+                        self.resizer.release_exited(job, a, f"went with worker {wid}")
                         continue
                     self.store.set_alloc_state(a.task_id, "exited", -9)
                     self._task_exited(job, a, -9, f"lost: worker {wid} left while it ran", lost=True)
@@ -246,7 +218,7 @@ class Controller:
         if verdict in (reconcile.Reported.EXITED, reconcile.Reported.FORGET):
             reply.forget.append(t.task_id)
         if verdict is reconcile.Reported.EXITED and a.nprocs == 0 and job is not None and job.state == "running":
-            self._release_exited(job, a, f"exited with {t.exit_code}")
+            self.resizer.release_exited(job, a, f"exited with {t.exit_code}")
             return True
         if verdict is reconcile.Reported.EXITED:
             self.store.set_alloc_state(a.task_id, "exited", t.exit_code)
@@ -273,7 +245,7 @@ class Controller:
         elif verdict is reconcile.Expected.RELEASE:  # Horovod removes its ranks; it exits when they are gone
             reply.kill.append(pb.KillTask(task_id=a.task_id, checkpoint=True, grace_s=self.cfg.stop_grace_s))
         elif verdict is reconcile.Expected.RELEASED:
-            self._release_exited(job, a, "released before it started")
+            self.resizer.release_exited(job, a, "released before it started")
             return True
         elif verdict is reconcile.Expected.RESIZE_TIMED_OUT:
             # The worker could not resize it in place (it logged why): stop it and relaunch it at the new
@@ -289,7 +261,7 @@ class Controller:
                 return False
             reply.launch.append(pb.LaunchTask.FromString(a.launch))
         elif verdict is reconcile.Expected.LOST and a.nprocs == 0:  # released: its ranks had left the job
-            self._release_exited(job, a, f"gone from worker {a.worker_id}")
+            self.resizer.release_exited(job, a, f"gone from worker {a.worker_id}")
             return True
         elif verdict is reconcile.Expected.LOST:
             # It was running and the worker no longer knows it (the worker restarted): the attempt is lost.
@@ -424,7 +396,7 @@ class Controller:
             with self.lock, self.store.tx():
                 state, jobs, workers = self._cluster_state(*self._read())
                 plan = self._plan(state)
-                self._apply_resizes(plan.resizes, workers, state.now)
+                self.resizer.apply(plan.resizes, workers, self.agent_port, state.now)
                 self._apply(plan, state, workers, plan.stops, list(plan.starts))
             self._stale = 0
             return plan
@@ -445,7 +417,7 @@ class Controller:
                     if k == 0:
                         return scheduler.Plan()
                     return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
-                self._apply_resizes(resizes, workers, state.now)
+                self.resizer.apply(resizes, workers, self.agent_port, state.now)
                 self._apply(plan, state, workers, stops, batch)
         self._stale = 0
         return plan
@@ -588,7 +560,7 @@ class Controller:
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
         hosts = {w.id: w.host for w in workers}
-        agents = self._agent_endpoints(workers)
+        agents = agent_endpoints(workers, self.agent_port)
         for jid in starts:
             self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
 
@@ -611,93 +583,14 @@ class Controller:
             for a in self.store.allocations(worker_id=wid):
                 job = self.store.job(a.job_id)
                 if a.nprocs > 0:  # an elastic Horovod job carries on without it (its other ranks re-form): shrink it
-                    self._shrink_away(job, wid, f"worker {wid} lost", time.time())
+                    self.resizer.shrink_away(job, wid, f"worker {wid} lost", time.time())
                     a = self.store.alloc(a.task_id) or a
                     job = self.store.job(a.job_id)
                 if a.nprocs == 0 and job.state == "running":
-                    self._release_exited(job, a, f"went with worker {wid}")
+                    self.resizer.release_exited(job, a, f"went with worker {wid}")
                     continue
                 self.store.set_alloc_state(a.task_id, "exited", -9)
                 self._task_exited(job, a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s", lost=True)
-
-    def _apply_resizes(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], now: float) -> None:
-        hosts = {w.id: w.host for w in workers}
-        agents = self._agent_endpoints(workers)
-        for jid, where in resizes.items():
-            self._resize_in_place(self.store.job(jid), where, hosts, now, agents)
-
-    def _agent_endpoints(self, workers: list[WorkerRow]) -> dict[str, str]:
-        """Worker -> its WorkerAgent ``HOST:PORT`` (those that said their port): how node 0's launcher reaches
-        the other nodes of a job (``rsh_agent``)."""
-        return {w.id: f"[{w.host}]:{self.agent_port[w.id]}" if ":" in w.host else f"{w.host}:{self.agent_port[w.id]}"
-                for w in workers if w.id in self.agent_port}
-
-    def _resize_in_place(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float,
-                         agents: dict[str, str] | None = None, why: str = "") -> bool:
-        """Give a running elastic Horovod job its new placement without a restart (rules in the module docstring):
-        every live task of its attempt gets the new host list (node 0's worker rewrites the discovery file), a
-        worker it grows onto gets a new slot-holding task, a worker it leaves keeps a released task (procs 0) that
-        is stopped once Horovod has removed its ranks. When that cannot be done (``launch.in_place_change`` says
-        why) the job is stopped and relaunched at the new size instead, and the event says so. True: in place."""
-        tasks = [a for a in self.store.allocations(job_id=job.id, live_only=False) if a.generation == job.generation]
-        held = {a.worker_id for a in tasks if a.state != "exited" and a.nprocs > 0}
-        unknown = [w for w, _ in where if w not in held and agents is not None and w not in agents]
-        if unknown:  # a worker that just registered: its agent's port comes with its first heartbeat (next step)
-            log.info("job %s: in-place resize onto %s waits for its agent port", job.id, ", ".join(unknown))
-            return False
-        change = in_place_change(tasks, where, hosts, agents)
-        procs = sum(k for _, k in where)
-        if isinstance(change, str):
-            log.warning("job %s: in-place resize %d -> %d procs to %s refused (%s): stop and relaunch instead",
-                        job.id, job.procs, procs, where, change)
-            self.store.update_job(job.id, state="stopping", stop_reason="resize", stop_time=now, target_procs=procs)
-            self.store.event(job.id, "resize", resize_kind="relaunch", from_procs=job.procs, procs=procs,
-                             reason=f"in-place resize refused: {change}")
-            return False
-        for tid, k, launch in change.resized:
-            self.store.resize_allocation(tid, k, launch)
-        for wid, msg in change.added:
-            self.store.add_allocation(AllocRow(msg.task_id, job.id, job.generation, wid, msg.node_rank, msg.nprocs,
-                                               "launching", None, msg.SerializeToString()))
-        self.store.update_job(job.id, procs=change.world_size, target_procs=change.world_size, stop_reason=IN_PLACE,
-                              stop_time=now)
-        workers = [w for w, _ in where]
-        released = [a.worker_id for a in tasks if a.state != "exited" and a.nprocs > 0 and a.worker_id not in workers]
-        detail = {"worker": workers[0]} if len(workers) == 1 else {"workers": workers}
-        if released:
-            detail["released"] = released
-        if why:
-            detail["reason"] = why
-        self.store.event(job.id, "resize", resize_kind=IN_PLACE, from_procs=job.procs, procs=change.world_size,
-                         **detail)
-        self.attempt_start[job.id] = now  # hysteresis: the new size must run min_runtime_s before the next change
-        log.info("job %s: resize in place %d -> %d procs on %s%s", job.id, job.procs, change.world_size, where,
-                 f" ({why})" if why else "")
-        return True
-
-    def _shrink_away(self, job: JobRow, wid: str, why: str, now: float) -> bool:
-        """A running elastic Horovod job loses worker ``wid`` (it leaves or is lost): shrink it in place onto its
-        other workers when its first node (horovodrun) is elsewhere and they hold at least its minimum, instead of
-        stopping it. True when this took the job in hand (shrunk in place, or stopped to be relaunched when that
-        was refused): the caller then does not stop it again."""
-        if job.state != "running" or not in_place_capable(job.spec):
-            return False
-        tasks = sorted((a for a in self.store.allocations(job_id=job.id) if a.generation == job.generation
-                        and a.nprocs > 0), key=lambda a: a.node_rank)
-        rest = [(a.worker_id, a.nprocs) for a in tasks if a.worker_id != wid]
-        if not rest or len(rest) == len(tasks) or tasks[0].node_rank != 0 or tasks[0].worker_id == wid \
-                or sum(k for _, k in rest) < job.spec.min_procs:  # node 0 (horovodrun) must stay
-            return False
-        hosts = {w.id: w.host for w in self.store.workers()}
-        self._resize_in_place(job, rest, hosts, now, why=why)
-        return True
-
-    def _release_exited(self, job: JobRow, a: AllocRow, how: str) -> None:
-        """A task released by an in-place shrink ended (or went with its worker): its ranks had left the job, so
-        its end is no part of the attempt's outcome (recorded as 0; the real end is logged)."""
-        log.info("job %s: released task %s on %s %s", job.id, a.task_id, a.worker_id, how)
-        self.store.set_alloc_state(a.task_id, "exited", 0)
-        self._task_exited(job, a, 0)
 
     def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str,
                agents: dict[str, str] | None = None) -> None:
@@ -734,110 +627,29 @@ class Controller:
             stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
 
     # ------------------------------------------------------------------------------------- queries
-    @contextlib.contextmanager
-    def query(self) -> Iterator[Store]:
-        """A reader connection for one query page, beside the controller lock (module constants): at most
-        QUERY_SLOTS at once, QUERY_QUEUE waiting, ``Busy`` beyond that or after QUERY_WAIT_S of waiting."""
-        with self._query_lock:
-            if self._query_waiting >= QUERY_SLOTS + QUERY_QUEUE:
-                raise Busy(f"{self._query_waiting} queries in flight; retry")
-            self._query_waiting += 1
-        try:
-            try:
-                reader = self._readers.get(timeout=QUERY_WAIT_S)
-            except queue.Empty:
-                raise Busy(f"no query slot within {QUERY_WAIT_S:g} s; retry") from None
-            try:
-                yield reader
-            finally:
-                self._readers.put(reader)
-        finally:
-            with self._query_lock:
-                self._query_waiting -= 1
-
     def list_jobs(self) -> list[pb.JobInfo]:
         """Every job (all pages of ``jobs_page``): for callers in this process; the RPC serves one page."""
-        out, token = self.jobs_page()
-        while token:
-            page, token = self.jobs_page(page_token=token)
-            out += page
-        return out
+        return every_page(lambda token: self.jobs_page(page_token=token))
 
     def list_workers(self) -> list[pb.WorkerInfo]:
         """Every worker (all pages of ``workers_page``)."""
-        out, token = self.workers_page()
-        while token:
-            page, token = self.workers_page(page_token=token)
-            out += page
-        return out
+        return every_page(lambda token: self.workers_page(page_token=token))
 
     def jobs_page(self, page_size: int = 0, page_token: str = "", owner: str | None = None
                   ) -> tuple[list[pb.JobInfo], str]:
-        """One page of jobs in submit order, and the token of the next page ('' after the last): at most
-        ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. Read on a reader
-        connection, not under the controller's lock: heartbeats never wait for a listing."""
-        after = _page_after(page_token, "j", int)
-        limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
-        with self.query() as rd:
-            jobs = rd.jobs_page(after, limit + 1, owner)
-            allocs = rd.allocations()
-        sizing = self.sizing  # replaced whole by the scheduling thread, never changed in place
-        _, groups, _, _ = slot_use(allocs, self._groups)
-        where: dict[str, list[str]] = {}
-        for a in allocs:
-            where.setdefault(a.job_id, []).append(a.worker_id)
-        members: dict[str, list[str]] = {}
-        for jid, key in groups.items():
-            members.setdefault(key, []).append(jid)
-        out: list[pb.JobInfo] = []
-        size = 0
-        for j in jobs[:limit]:
-            info = pb.JobInfo(
-                job_id=j.id, name=j.name[:MAX_NAME_CHARS], state=j.state, procs=j.procs, steps_done=j.steps_done,
-                # A state file from before submits were validated may hold steps past int64: listing must not fail.
-                steps_total=min(j.spec.steps or 0, _INT64_MAX), generation=j.generation,
-                workers=where.get(j.id, []), submit_time=j.submit_time, start_time=j.start_time or 0,
-                end_time=j.end_time or 0, last_loss=j.last_loss or 0, first_loss=j.first_loss or 0,
-                last_checkpoint_step=j.ckpt_step, launcher=j.spec.launcher, message=j.message[:MAX_MESSAGE_CHARS],
-                last_resize_s=j.last_resize_s or 0, restarts=j.restarts, group=groups.get(j.id, ""),
-                interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
-                sizing=sizing.get(j.id, ""), uid=j.uid or "", owner=j.owner or "",
-            )
-            size += info.ByteSize() + 8  # + the field's tag and length
-            if out and size > MAX_REPLY_BYTES:
-                return out, f"j{jobs[len(out) - 1].seq}"  # the rest from the next page
-            out.append(info)
-        more = len(jobs) > limit
-        return out, f"j{jobs[limit - 1].seq}" if more else ""
-
-    def _wall(self, mono: float | None) -> float:
-        """A monotonic reading as wall-clock seconds (for display): 0 when there is none."""
-        return 0.0 if mono is None else time.time() - (self.mono() - mono)
+        """One page of jobs (``listing.Listing.jobs_page``), read beside the lock: heartbeats never wait for it.
+        ``sizing`` and the group cache are replaced whole by the scheduling thread, never changed in place."""
+        return self.listing.jobs_page(page_size, page_token, owner, self.sizing, self._groups)
 
     def workers_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.WorkerInfo], str]:
-        """One page of workers in id order (as ``jobs_page``); the lock is held only to copy who is alive."""
-        after = _page_after(page_token, "w", str)
-        limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
-        with self.query() as rd:
-            rows = rd.workers_page(after, limit + 1)
-            used = slot_use(rd.allocations(), self._groups)[0]
+        """One page of workers (``listing.Listing.workers_page``); the lock is held only to copy who is alive."""
+        return self.listing.workers_page(page_size, page_token, self._groups, self._last_heard)
+
+    def _last_heard(self, ids: list[str]) -> dict[str, float]:
+        """The live workers among ``ids`` -> when each was last heard (wall clock, for display)."""
         with self.lock:
-            seen = {w.id: self._wall(self.last_seen[w.id]) for w in rows if w.id in self.last_seen}
-        out = [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0), alive=w.id in seen,
-                             last_seen=seen.get(w.id, 0.0), gpus=w.gpus, gpu_type=w.gpu_type) for w in rows[:limit]]
-        return out, f"w{rows[limit - 1].id}" if len(rows) > limit else ""
-
-
-def _page_after(token: str, kind: str, conv: Callable[[str], object]):
-    """The key a page starts after, from the previous reply's token ('' from the start)."""
-    if not token:
-        return conv("0") if conv is int else ""
-    if not token.startswith(kind) or len(token) > MAX_WORKER_ID_CHARS + 1:
-        raise InputError("page_token", f"not a page token of this listing: {_clip(token, 40)!r}")
-    try:
-        return conv(token[1:])
-    except ValueError:
-        raise InputError("page_token", f"not a page token of this listing: {_clip(token, 40)!r}") from None
+            now = self.mono()
+            return {w: wall(now, self.last_seen[w]) for w in ids if w in self.last_seen}
 
 
 def registration_problem(req: pb.RegisterRequest) -> str:

@@ -35,7 +35,8 @@ import grpc
 from hpcsched.errors import InputError
 from hpcsched.runtime.auth import ADMIN, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
-from hpcsched.runtime.controller import Busy, Controller, Refused
+from hpcsched.runtime.controller import Controller, Refused
+from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.pilots import ControllerDemand, PilotManager, reachable
 from hpcsched.runtime.rpc import pb, pb_grpc
 
