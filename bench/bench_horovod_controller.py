@@ -14,7 +14,9 @@ scheduling decision -> first progress report at the new size). The scenario is t
 ``tests/test_runtime_netns.py::test_controller_resizes_elastic_horovod_in_place_across_hosts`` instead: a
 controller and three workers on namespace hosts, an elastic Horovod job (min 1 / max 3, a scaling curve: the
 MILP sizes it) started on two hosts, grown 2 -> 3 in place when the third worker joins, shrunk 3 -> 2 in place
-when another worker leaves; each resize timed from the decision to the ``resized`` event.
+when the third host is killed (kill -9 of every process there), 2 -> 1 when another worker leaves; each resize
+timed from the decision to the ``resized`` event, and the kill from the kill to the controller's decision and to
+the job's first progress report after it.
 
     .venv/bin/python bench/bench_horovod_controller.py --across-hosts [--runs N] [--json]
 """
@@ -97,16 +99,19 @@ def across_hosts(runs: int, as_json: bool) -> int:
             "resizes": [{"kind": x["resize_kind"], "to_procs": x["procs"], "seconds": round(x["seconds"], 3)}
                         for x in run.events["resized"]],
             "relaunches": len(run.events["stop"]), "restores": len(run.events["resume"]),
+            "kill_to_decision_s": round(run.events["resize"][1]["time"] - run.killed_at, 2),
+            "kill_to_progress_s": round(run.progress_after_kill - run.killed_at, 2),
             "wall_s": round(time.perf_counter() - wall0, 2), "cpu_s": round(_cpu_s() - cpu0, 2),
             "load_1min": round(os.getloadavg()[0], 2),
         }
-        ok &= row["job_state"] == "completed" and [r["kind"] for r in row["resizes"]] == ["in-place", "in-place"]
+        ok &= row["job_state"] == "completed" and [r["kind"] for r in row["resizes"]] == ["in-place"] * 3
         out.append(row)
         if not as_json:
             sizes = ", ".join(f"-> {r['to_procs']} ({r['kind']}) {r['seconds']:.2f} s" for r in row["resizes"])
-            print(f"across hosts: {sizes}; job {row['job_state']}, generation {row['generation']}, relaunches "
-                  f"{row['relaunches']}, restores {row['restores']}; {row['wall_s']:.1f} s wall, {row['cpu_s']:.1f} s "
-                  f"CPU, load {row['load_1min']}")
+            print(f"across hosts: {sizes}; kill -> decision {row['kill_to_decision_s']:.2f} s, -> progress "
+                  f"{row['kill_to_progress_s']:.2f} s; job {row['job_state']}, generation {row['generation']}, "
+                  f"relaunches {row['relaunches']}, restores {row['restores']}; {row['wall_s']:.1f} s wall, "
+                  f"{row['cpu_s']:.1f} s CPU, load {row['load_1min']}")
     if as_json:
         print(json.dumps({"runs": out}))
     return 0 if ok else 1

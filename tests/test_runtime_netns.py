@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,10 +258,22 @@ def _reports(path: Path) -> list[dict]:
         return []
 
 
+def _kill_host(cluster: Cluster, host: str) -> None:
+    """``host`` dies as a node does: SIGKILL to every process in its namespace at once (the worker daemon, the
+    ranks and their launchers), nothing drained, nothing told to the controller."""
+    pids = subprocess.run(["ip", "netns", "pids", cluster.hosts.namespace(host)], capture_output=True, text=True)
+    for pid in pids.stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    proc = cluster.workers.pop(host)
+    proc.wait(timeout=10)
+
+
 @dataclass
 class ElasticRun:
     """What ``elastic_across_hosts`` saw: the job as listed at its end, its events by kind, its tasks (store rows),
-    the host of its first node and the host whose worker left."""
+    the host of its first node, the host whose worker left (drained) and the unix times of the kill of h3 and of
+    the first progress report after it."""
 
     jid: str
     steps: int
@@ -270,23 +283,30 @@ class ElasticRun:
     events: dict[str, list[dict]]
     tasks: list
     progress: Path
+    killed_at: float = 0.0
+    progress_after_kill: float = 0.0
 
 
 def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
     """The issue-18 scenario on the three hosts (also run by ``bench/bench_horovod_controller.py --across-hosts``):
     h3's worker leaves; an elastic Horovod job (min 1, max 3, a scaling curve: the MILP sizes it) starts on the two
-    others; h3's worker joins again (the MILP grows the job to 3); once it trains at 3, the worker of the first two
-    hosts that is not the job's first node leaves (SIGTERM: drain), and the job ends. The workers that left are
-    started again at the end, so the module's cluster is whole for the next test."""
+    others; h3's worker joins again (the MILP grows the job to 3); once it trains at 3, h3 dies (``_kill_host``:
+    kill -9 of every process there; the controller hears nothing until ``worker_timeout_s`` of silence) and the
+    job shrinks to the two others; then the worker of those two that is not the job's first node leaves (SIGTERM:
+    drain), the job shrinks to 1, and it ends. The workers that left are started again at the end, so the
+    module's cluster is whole for the next test."""
     from hpcsched.runtime.store import Store
 
     cluster.workers.pop("h3").send_signal(signal.SIGTERM)
     leaver = ""
+    killed_at = after_kill = 0.0
     try:
         wait_for("h3's worker gone", lambda: "h3" not in cluster.alive(), 30, poll=0.2)
         jid = cluster.job("hvd-elastic", "horovodrun", 2, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
                           "--commit-every, '2', --io-latency-ms, '40'", steps=steps,
-                          extra="min_procs: 1\nmax_procs: 3\n"
+                          # the job's own Gloo timeout (launch.ELASTIC_GLOO_TIMEOUT_S is 10 s): how long a survivor
+                          # may wait on another at the kill; shorter, so the test spends less time waiting
+                          extra="min_procs: 1\nmax_procs: 3\nenv: {HOROVOD_GLOO_TIMEOUT_SECONDS: '5'}\n"
                           "scaling: {procs: [1, 2, 3], rates: [10, 19, 27], resize_s: 1}\n")
         first = wait_for("the job's first node", lambda: [
             h for h in HOSTS if (cluster.dir / "run" / h / f"{jid}.g1.n0").is_dir()], 60, poll=0.2)[0]
@@ -296,9 +316,19 @@ def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
         cluster.start_worker("h3")  # a third worker joins
         wait_for("the grow to 3 in place", lambda: (j := cluster.client.jobs()[jid])["procs"] == 3 and float(
             j.get("last_resize_s", 0)) > 0 and any(r.get("world_size") == 3 for r in _reports(progress)), 120, poll=0.2)
+        wait_for("a step at 3", lambda: any(r.get("world_size") == 3 and not r.get("resized_in_place")
+                                            for r in _reports(progress)), 60, poll=0.2)
+        killed_at = time.time()
+        _kill_host(cluster, "h3")  # a node dies under the job: no Leave, its ranks gone mid-step
+        wait_for("the shrink to 2 after the kill", lambda: cluster.client.jobs()[jid]["procs"] == 2 and any(
+            r.get("world_size") == 2 and r["time"] > killed_at for r in _reports(progress)), 60, poll=0.2)
+        after_kill = min(r["time"] for r in _reports(progress) if r["time"] > killed_at)
+        wait_for("a step at 2 after the kill", lambda: any(r["time"] > killed_at and r.get("world_size") == 2 and not
+                                                           r.get("resized_in_place") for r in _reports(progress)),
+                 60, poll=0.2)
         leaver = next(h for h in ("h1", "h2") if h != first)
         cluster.workers.pop(leaver).send_signal(signal.SIGTERM)  # drain: it leaves, the job shrinks onto the rest
-        wait_for("the shrink to 2 in place", lambda: any(r.get("world_size") == 2 and r.get("resized_in_place")
+        wait_for("the shrink to 1 in place", lambda: any(r.get("world_size") == 1 and r.get("resized_in_place")
                                                          for r in _reports(progress)), 60, poll=0.2)
         j = cluster.finished(jid, 120)
     finally:
@@ -308,10 +338,11 @@ def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
     store = Store(cluster.dir / "run" / "state.db", query_only=True)
     try:
         ev = {k: store.events(jid, k) for k in ("start", "stop", "resize", "resized", "resume", "task_failed")}
+        ev["worker_lost"] = [e for e in store.events(None, "worker_lost") if e["time"] > killed_at]
         tasks = store.allocations(job_id=jid, live_only=False)
     finally:
         store.close()
-    return ElasticRun(jid, steps, first, leaver, j, ev, tasks, progress)
+    return ElasticRun(jid, steps, first, leaver, j, ev, tasks, progress, killed_at, after_kill)
 
 
 @pytest.mark.horovod
@@ -319,32 +350,43 @@ def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
 def test_controller_resizes_elastic_horovod_in_place_across_hosts(cluster: Cluster) -> None:
     """Issue 18: the controller grows and shrinks an elastic Horovod job across hosts in place
     (``elastic_across_hosts``). The grow to 3: h3 gets a slot-holding task and node 0's horovodrun starts the new
-    rank there through h3's worker (Horovod runs ssh: the agent; h3 was no host of the launch). The shrink when a
+    rank there through h3's worker (Horovod runs ssh: the agent; h3 was no host of the launch). h3 killed (-9, the
+    whole host): Horovod's survivors re-form without its rank at once, and the controller, once h3 is silent for
+    ``worker_timeout_s``, shrinks the job in place onto them (its task released, nothing lost). The shrink when a
     worker leaves: its rank is removed by Horovod and its task ends by itself. One attempt throughout (no stop,
-    no relaunch, no checkpoint restored), the step counter never goes back, the job ends at exactly its steps."""
+    no relaunch, no checkpoint restored), the step counter goes back at most to the last commit (only at the kill:
+    Horovod restores the committed state), the job ends at exactly its steps."""
     run = elastic_across_hosts(cluster)
     j, ev, jid, leaver, first = run.job, run.events, run.jid, run.leaver, run.first
     assert j["state"] == "completed", (j["message"], ev, cluster.logs())
     assert int(j["steps_done"]) == run.steps and cluster.result(jid)["steps"] == run.steps
     assert int(j["generation"]) == 1 and int(j.get("restarts", 0)) == 0, j
     assert [(e["resize_kind"], e["from_procs"], e["procs"]) for e in ev["resize"]] == [
-        ("in-place", 2, 3), ("in-place", 3, 2)], ev["resize"]
-    assert [(e["resize_kind"], e["procs"]) for e in ev["resized"]] == [("in-place", 3), ("in-place", 2)], ev
+        ("in-place", 2, 3), ("in-place", 3, 2), ("in-place", 2, 1)], ev["resize"]
+    assert [(e["resize_kind"], e["procs"]) for e in ev["resized"]] == [
+        ("in-place", 3), ("in-place", 2), ("in-place", 1)], ev
     assert len(ev["start"]) == 1 and not ev["stop"] and not ev["resume"] and not ev["task_failed"], ev
-    assert ev["resize"][1]["released"] == [leaver] and ev["resize"][1]["reason"] == f"worker {leaver} left"
+    assert ev["resize"][1]["released"] == ["h3"] and ev["resize"][1]["reason"] == "worker h3 lost"
+    assert ev["resize"][2]["released"] == [leaver] and ev["resize"][2]["reason"] == f"worker {leaver} left"
+    assert [e["worker"] for e in ev["worker_lost"]] == ["h3"], ev["worker_lost"]
     reports = _reports(run.progress)
-    assert [r["step"] for r in reports] == sorted(r["step"] for r in reports)  # no step went back
+    for a, b in zip(reports, reports[1:], strict=False):  # back to the last commit (every 2 steps) at the kill only
+        assert b["step"] >= a["step"] or (a["step"] - b["step"] <= 2 and b["time"] > run.killed_at), (a, b)
     assert all(r.get("resumed_from", -1) == -1 for r in reports)
-    # Rank 0 may move to another process when Horovod re-forms; the one that ended the job lived through both.
+    # Rank 0 may move to another process when Horovod re-forms; the one that ended the job lived through all.
     history = cluster.result(jid)["history"]
     assert [h["resumed_from"] for h in history if "resumed_from" in h] == [-1], history  # one start, no restore
-    assert [h["world_size"] for h in history if "in_place_at" in h] == [3, 2], history
+    sizes = [h["world_size"] for h in history if "in_place_at" in h]
+    assert [w for k, w in enumerate(sizes) if k == 0 or sizes[k - 1] != w] == [3, 2, 1], history
     assert len({h["pid"] for h in history if "in_place_at" in h}) == 1, history
-    # h3's slot-holding task (node rank 2) ran the new rank; the leaver's task was released and ended by itself
+    # h3's slot-holding task (node rank 2) ran the new rank and was released when h3 was lost; the leaver's task
+    # was released and ended by itself
     assert {(t.worker_id, t.node_rank, t.exit_code) for t in run.tasks} == {
         (first, 0, 0), (leaver, 1, 0), ("h3", 2, 0)}, run.tasks
-    assert f"job {jid} attempt 1: started" in (cluster.dir / "h3.log").read_text()
     assert not (cluster.dir / "ssh-called").exists()
     assert not _processes(cluster, leaver, "horovod_train.py")  # the removed rank is gone from the host it left
-    grow, shrink = (e["seconds"] for e in ev["resized"])
-    print(f"\ncontroller in place across hosts: 2 -> 3 in {grow:.2f} s, 3 -> 2 in {shrink:.2f} s (decision to report)")
+    grow, lost, shrink = (e["seconds"] for e in ev["resized"])
+    decided = ev["resize"][1]["time"] - run.killed_at
+    print(f"\ncontroller in place across hosts: 2 -> 3 in {grow:.2f} s, 3 -> 1 by a drain in {shrink:.2f} s "
+          f"(decision to report); h3 killed: first progress after {run.progress_after_kill - run.killed_at:.2f} s, "
+          f"worker lost and resize decided after {decided:.2f} s, reported at 2 {lost:.2f} s later")

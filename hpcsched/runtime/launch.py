@@ -20,6 +20,15 @@ from hpcsched.runtime.store import AllocRow
 # The job's uid (unique across states) in its launch env: the node-rank-0 worker binds the checkpoint folder to it,
 # so a job of a new state that reuses an id (j0001 after state.db was lost) never resumes another job's checkpoint.
 JOB_UID_ENV = "HPCSCHED_JOB_UID"
+# How long a Gloo send or receive of an elastic Horovod job may wait before it fails (Horovod's default is 30 s). When
+# a host dies mid-step, a survivor can be left waiting on another survivor whose background loop already failed on the
+# dead peer's reset connection (its sockets stay open): that wait ends only at this timeout, and then the survivors
+# re-form without the dead host's ranks (measured across the netns hosts: 30 s of no progress with Horovod's default,
+# docs/runtime.md). It must exceed the longest time one rank makes the others wait inside a collective (rank 0
+# writing a checkpoint, a slow data step): a job whose stalls are longer sets HOROVOD_GLOO_TIMEOUT_SECONDS in its
+# ``env``, which wins over this default.
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+ELASTIC_GLOO_TIMEOUT_S = 10
 
 
 def in_place_capable(spec: JobSpec) -> bool:
@@ -34,13 +43,15 @@ def task_id(job_id: str, generation: int, node_rank: int) -> str:
 
 def launch_env(job_id: str, generation: int, spec: JobSpec, checkpoint_dir: Path) -> dict[str, str]:
     """What every task of an attempt is told beyond the job file's env: who it is, where to checkpoint, how many
-    steps to run, and for an elastic Horovod job its size range (the worker starts it in elastic mode)."""
+    steps to run, and for an elastic Horovod job its size range (the worker starts it in elastic mode) and, unless the
+    job sets one, a shorter Gloo timeout (``ELASTIC_GLOO_TIMEOUT_S``: how long survivors may wait for a dead host)."""
     env = dict(spec.env) | {"HPCSCHED_JOB_ID": job_id, "HPCSCHED_GENERATION": str(generation),
                             "HPCSCHED_CHECKPOINT_DIR": str(checkpoint_dir)}
     if spec.steps:
         env["HPCSCHED_STEPS"] = str(spec.steps)
     if in_place_capable(spec):  # Horovod's elastic mode: the worker resizes it without a restart
         env |= {horovod_elastic.MIN_ENV: str(spec.min_procs), horovod_elastic.MAX_ENV: str(spec.max_procs)}
+        env.setdefault(GLOO_TIMEOUT_ENV, str(ELASTIC_GLOO_TIMEOUT_S))
     return env
 
 
