@@ -24,14 +24,13 @@ replay``) on the same batch events. One controller run serves every check.
   with exact step counts; the controller killed with ``kill -9`` and restarted loses no job and adopts the pilots;
   lost steps (last step reported before a stop minus the step the next attempt resumed from, from the store) are
   at most one checkpoint interval per preemption.
-- Live vs replay: harvested-pool utilisation (node-seconds the elastic jobs held / node-seconds neither a batch job
-  nor the pair held, from the first elastic submit to the last completion) and average JCT of the live run; then
-  ``hpcsched replay --idle`` on the same batch events (Slurm's jobcomp log of this run), given what the run
-  measured: each node's stretches from when a pilot's worker registered there (pilot start-up), each job's relaunch
-  cost (stop to exit + start to first report) as Tcup/Tcdw and its steps/s at 1 and 2 processes, the live MILP's
-  look-ahead. Asserted within ``REPLAY_TOLERANCE`` (the issue's 10%); a miss is an expected failure (xfail) with
-  the figures, see there. The figures (and a replay on the declared inputs, for the record) are printed and written
-  to ``$HPCSCHED_E2E_OUT`` (JSON) when set.
+- Live vs replay (``live_vs_replay``, which also re-examines a kept run): harvested-pool utilisation and average JCT
+  of the live run; then ``hpcsched replay --idle`` on the same batch events (Slurm's jobcomp log of this run), given
+  what the run measured of what harvesting costs: each node's stretches from when the controller could plan with a
+  pilot's worker there to when the pilot was preempted, each job's relaunch cost (stop to exit + start to first
+  report) charged per restart and its steps/s at 1 and 2 processes, the live MILP's look-ahead. Asserted within
+  ``REPLAY_TOLERANCE`` (the issue's 10%). The figures (and a replay on the declared inputs, for the record) are
+  printed and written to ``$HPCSCHED_E2E_OUT`` (JSON) when set.
 
 Not here: elastic Horovod across pilots (tests/test_runtime_netns.py runs it across network-namespace hosts).
 """
@@ -102,6 +101,7 @@ REPLAY_TOLERANCE = 0.10
 RESIZE_S = 3.0  # the jobs' declared resize cost (scaling.resize_s): what the controller's MILP charges a resize
 # The Muri-S pair: two rigid 1-process jobs with complementary declared stage profiles (data-heavy, compute-heavy), so
 # muri-s groups them on one slot, where they take turns per stage (workloads/_common.StageTurns).
+SETTLE_S = 10.0  # the controller's hold while pilots are arriving (slurm.settle_s), live and as the replay is given it
 TFWD_S = 60.0  # the MILP's look-ahead, live (the controller's milp_tfwd_s default) and replayed
 PAIR = {"pair-io": (30.0, 10.0), "pair-cpu": (10.0, 30.0)}  # ms of data, compute per step
 PAIR_STEPS = 250
@@ -143,7 +143,8 @@ def harvest_config(d: Path, listen: str = "127.0.0.1:0") -> Path:
     with cfg.open("a") as f:
         f.write("node_source: slurm\nslurm:\n  partition: scavenger\n  max_pilots: 4\n  slots: 1\n"
                 "  stop_grace_s: 3\n  poll_s: 1\n  time_limit_s: 900\n  leave_before_s: 30\n"
-                "  idle_release_s: 5\n  start_timeout_s: 120\n  register_timeout_s: 60\n  work_dir: pilots\n"
+                f"  idle_release_s: 5\n  settle_s: {SETTLE_S:g}\n  start_timeout_s: 120\n  register_timeout_s: 60\n"
+                "  work_dir: pilots\n"
                 f"  python: {pilot_python(d)}\n")
     return cfg
 
@@ -177,13 +178,17 @@ def store_rows(db: Path, sql: str) -> list[sqlite3.Row]:
 
 
 def held_intervals(events: list[sqlite3.Row], end: float) -> list[tuple[float, float, int]]:
-    """(from, to, procs) while a job ran, from its start / stop / stopped / completed events."""
+    """(from, to, procs) while a job held nodes, from its start / resize / stopped / completed events: from a start
+    until its ranks exited (a stopping job's nodes are busy until its checkpoint is written, as the replay counts a
+    job's nodes through its rescale stall)."""
     out, cur = [], None
     for e in events:
         d = json.loads(e["detail"])
         if e["kind"] == "start":
+            if cur is not None:  # no stopped event for the last attempt (a controller restart in between)
+                out.append((cur[0], e["time"], cur[1]))
             cur = (e["time"], int(d["procs"]))
-        elif e["kind"] in ("stop", "completed", "stopped", "task_failed") and cur is not None:
+        elif e["kind"] in ("completed", "stopped", "task_failed") and cur is not None:
             out.append((cur[0], e["time"], cur[1]))
             cur = None
         elif e["kind"] == "resize" and cur is not None and "procs" in d:
@@ -210,17 +215,77 @@ def lost_steps(progress: list[sqlite3.Row]) -> list[int]:
     return out
 
 
-def batch_busy(lines: list[str], names: set[str]) -> list[tuple[float, float, list[str]]]:
-    """(start, end, nodes) of the batch jobs in Slurm's jobcomp lines."""
+def batch_jobs(lines: list[str], names: set[str]) -> list[dict]:
+    """The batch jobs in Slurm's jobcomp lines: submit, start and end (epoch s), nodes."""
     from hpcsched.traces.hostlist import expand_hostlist
 
     out = []
     for line in lines:
         kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
         if kv.get("Name") in names and kv.get("Partition") == "batch":
-            t = [time.mktime(time.strptime(kv[k], "%Y-%m-%dT%H:%M:%S")) for k in ("StartTime", "EndTime")]
-            out.append((t[0], t[1], expand_hostlist(kv["NodeList"])))
+            t = [time.mktime(time.strptime(kv[k], "%Y-%m-%dT%H:%M:%S")) for k in ("SubmitTime", "StartTime", "EndTime")]
+            out.append({"submit": t[0], "start": t[1], "end": t[2], "nodes": expand_hostlist(kv["NodeList"])})
     return out
+
+
+def batch_busy(jobs: list[dict]) -> list[tuple[float, float, list[str]]]:
+    """(start, end, nodes) of the batch jobs."""
+    return [(j["start"], j["end"], j["nodes"]) for j in jobs]
+
+
+def worker_times(events: list[sqlite3.Row], node_of: dict[str, str], kind: str) -> dict[str, list[float]]:
+    """node -> the times of the store's ``kind`` events (register, worker_draining) of the pilots' workers on it."""
+    out: dict[str, list[float]] = {}
+    for e in events:
+        if e["kind"] == kind and (node := node_of.get(json.loads(e["detail"])["worker"])):
+            out.setdefault(node, []).append(e["time"])
+    return out
+
+
+def preempted_busy(jobs: list[dict], drains: dict[str, list[float]]) -> list[tuple[float, float, list[str]]]:
+    """The batch jobs' node time as harvesting lost it: on each node from when its pilot's worker was told to leave
+    for the job (Slurm preempted the pilot once the job was submitted: a drain between its submit and its start, not
+    one an earlier job took), else from its start. The pilots' grace time is node time the batch job took from the
+    pool before it started."""
+    out, used = [], set()
+    for j in sorted(jobs, key=lambda j: j["start"]):
+        for n in j["nodes"]:
+            left = min((t for t in drains.get(n, ()) if j["submit"] - 1.0 <= t <= j["start"] and (n, t) not in used),
+                       default=j["start"])
+            used.add((n, left))
+            out.append((left, j["end"], [n]))
+    return out
+
+
+def usable_from(events: list[sqlite3.Row], node_of: dict[str, str], settle_s: float) -> dict[str, list[float]]:
+    """node -> the times the controller could first plan with a pilot's worker there: its registration, or, while
+    other pilots were still arriving, the end of the controller's hold (``PilotManager.arriving``: a pilot Slurm runs
+    or was asked to run and whose worker has not registered, for at most ``settle_s`` from when it was seen running,
+    else submitted or adopted). Nodes that come back together are planned once, live as in the replay."""
+    episodes = []  # [from, seen running, registered, ended] per pilot, from its submit or adoption
+    by_worker: dict[str, list] = {}
+    for e in events:
+        d, t = json.loads(e["detail"]), e["time"]
+        if e["kind"] == "pilot" and d.get("worker"):
+            ep = by_worker.get(d["worker"])
+            if d["event"] in ("submit", "adopt") or ep is None:
+                ep = by_worker[d["worker"]] = [t, t if d["event"] == "adopt" else None, math.inf, math.inf]
+                episodes.append(ep)
+            if d["event"] == "running" and ep[1] is None:
+                ep[1] = t
+            elif d["event"] in ("gone", "cancel"):
+                ep[3] = min(ep[3], t)
+        elif e["kind"] == "register" and (ep := by_worker.get(d["worker"])) and ep[2] == math.inf:
+            ep[2] = t
+
+    def arriving(t: float) -> bool:
+        return any(a <= t < min(reg, end) and t - (run if run is not None and run <= t else a) < settle_s
+                   for a, run, reg, end in episodes)
+
+    ends = sorted({x for a, run, reg, end in episodes
+                   for x in (reg, end, (run if run is not None else a) + settle_s, a + settle_s) if x < math.inf})
+    return {node: [min((c for c in [r, *ends] if c >= r and not arriving(c)), default=r) for r in regs]
+            for node, regs in worker_times(events, node_of, "register").items()}
 
 
 def node_seconds(intervals: list[tuple[float, float, int]], lo: float, hi: float) -> float:
@@ -258,7 +323,7 @@ Busy = list[tuple[float, float, list[str]]]  # (from, to, nodes)
 
 def run_replay(d: Path, name: str, busy: Busy, taken: Busy,
                served: dict[str, list[float]], submits: dict[str, float], t0: float, resize_s: dict[str, float],
-               rates: dict[str, tuple[float, float]] | None = None) -> dict:
+               rates: dict[str, tuple[float, float]] | None = None, accounting: str = "reference") -> dict:
     """``hpcsched replay`` on the live run's batch events (``busy``: the batch jobs' start, end and nodes from
     Slurm's jobcomp log) as BFTrainer idle intervals of the 4 nodes from the first elastic submit on, each stretch
     from when a pilot served it (``served``) and without the Muri pair's node time (``taken``), with the elastic
@@ -284,7 +349,7 @@ def run_replay(d: Path, name: str, busy: Busy, taken: Busy,
     exe = shutil.which("hpcsched", path=str(Path(sys.executable).parent)) or "hpcsched"
     r = subprocess.run([exe, "replay", "--idle", str(idle), "--node-order", str(order), "--nodes", str(len(NODES)),
                         "--jobs", str(bnd), "--curves", str(nps), "--out", str(out), "--start", str(t0),
-                        "--tfwd", f"{TFWD_S:g}", "--exact-events", "--json", "--quiet"],
+                        "--tfwd", f"{TFWD_S:g}", "--exact-events", "--accounting", accounting, "--json", "--quiet"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
@@ -307,15 +372,6 @@ def merged(busy: list[tuple[float, float, list[str]]]) -> list[tuple[float, floa
             out[-1] = (out[-1][0], max(b, out[-1][1]), nodes)
         else:
             out.append((a, b, nodes))
-    return out
-
-
-def registrations(events: list[sqlite3.Row], node_of: dict[str, str]) -> dict[str, list[float]]:
-    """node -> the times a pilot's worker on it registered with the controller (the store's register events)."""
-    out: dict[str, list[float]] = {}
-    for e in events:
-        if e["kind"] == "register" and (node := node_of.get(json.loads(e["detail"])["worker"])):
-            out.setdefault(node, []).append(e["time"])
     return out
 
 
@@ -417,7 +473,6 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
                 assert set(ids) | set(pair) <= set(jobs_by_id(c)), "a job was lost across the kill -9"
         done = wait_for("the elastic jobs done", lambda: (js := jobs_by_id(c)) and all(
             js[j].state in ("completed", "failed", "cancelled") for j in ids) and js, 600, poll=1.0)
-        t_end = max(done[j].end_time for j in ids)
         figures["wall_s"] = time.time() - t_start
         for jid, kind in ids.items():
             j = done[jid]
@@ -440,12 +495,9 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
     db = tmp_path / "run" / "state.db"
     events = store_rows(db, "SELECT time, job_id, kind, detail FROM events ORDER BY rowid")
     progress = store_rows(db, "SELECT * FROM progress ORDER BY rowid")
-    pilot_events = [json.loads(e["detail"]) | {"time": e["time"]} for e in events if e["kind"] == "pilot"]
-    node_of = {e["worker"]: e["node"] for e in pilot_events if e.get("node")}
     logs = pilot_logs(tmp_path)
 
     # The Muri-S pair: grouped on one pilot's slot, taking turns per stage, exact steps.
-    pair_busy = []
     for jid, name in pair.items():
         j = done[jid]
         result = json.loads((tmp_path / "run" / "ckpt" / jid / "result.json").read_text())
@@ -456,23 +508,17 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
         figures.setdefault("pair", {})[name] = {"jct_s": j.end_time - j.submit_time, "turn_wait_s": {
             k: round(v, 2) for k, v in result["turn_wait_s"].items()}, "interleave_dir": result["interleave_dir"],
             "steps_with_mate": result["steps_with_mate"]}
-        ev = [e for e in events if e["job_id"] == jid]
-        for a, b, n in held_intervals(ev, t_end):
-            (start,) = [json.loads(e["detail"]) for e in ev if e["kind"] == "start" and e["time"] == a]
-            assert start["workers"][0].startswith("pilot-"), start
-            pair_busy.append((a, b, [node_of[start["workers"][0]]] * n))
-    pair_busy = merged(pair_busy)  # the pair's members share their slot: its node time once
     starts = {jid: [json.loads(e["detail"]) for e in events if e["job_id"] == jid and e["kind"] == "start"]
               for jid in pair}
     a, b = pair
     together = [(x["group"], x["workers"]) for x in starts[a] if (x["group"], x["workers"]) in
                 [(y["group"], y["workers"]) for y in starts[b]]]
     assert together and together[0][0] and len(together[0][1]) == 1, starts  # one group key, one pilot
+    assert together[0][1][0].startswith("pilot-"), starts
     dirs = {v["interleave_dir"] for v in figures["pair"].values()}
     assert len(dirs) == 1 and together[0][1][0] in next(iter(dirs)), figures["pair"]  # the same slot's turns
 
     per_job = {}
-    used = 0.0
     stops_in_grace = []
     for jid, kind in ids.items():
         ev = [e for e in events if e["job_id"] == jid]
@@ -482,7 +528,6 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
             after = [e["time"] for e in ev if e["kind"] == "stopped" and e["time"] >= p["time"]]
             stops_in_grace.append(round(after[0] - p["time"], 2) if after else None)
         lost = lost_steps([r for r in progress if r["job_id"] == jid])
-        used += node_seconds(held_intervals(ev, t_end), t_start, t_end)
         per_job[kind] = {"jct_s": done[jid].end_time - done[jid].submit_time, "preemptions": len(preempts),
                          "restarts_of_attempts": len(lost), "lost_steps": lost,
                          "stops": sum(e["kind"] == "stop" for e in ev), "restarts": done[jid].restarts}
@@ -498,17 +543,9 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
             assert re.search(rf"job {jid} attempt \d+: started .*orted.* for a remote launcher", logs), kind
             assert re.search(rf"job {jid} attempt \d+: remote launcher's command \(pid \d+\) exited with 0", logs)
     comp = JOBCOMP.read_text().splitlines()[comp_before:]
-    busy = batch_busy(comp, names)
     (tmp_path / "batch-jobcomp.txt").write_text("".join(f"{line}\n" for line in comp))
-    taken = busy + pair_busy  # node time the elastic jobs could not have: batch jobs and the Muri pair
-
-    def pool(hi: float) -> float:  # node-seconds from the first elastic submit to hi that neither batch nor pair took
-        return len(NODES) * (hi - t_start) - node_seconds([(a, b, len(n)) for a, b, n in taken], t_start, hi)
-
-    live = {"utilization": used / pool(t_end), "avg_jct_s": sum(v["jct_s"] for v in per_job.values()) / len(per_job),
-            "pool_node_s": pool(t_end), "used_node_s": used}
-    served = registrations(events, node_of)
-    figures |= {"jobs": per_job, "stops_s": stops_in_grace, "batch_busy": busy, "pair_busy": pair_busy, "live": live,
+    busy = batch_busy(batch_jobs(comp, names))
+    figures |= {"jobs": per_job, "stops_s": stops_in_grace, "batch_busy": busy,
                 "ssh_called": (tmp_path / "ssh-called").read_text() if (tmp_path / "ssh-called").exists() else ""}
     assert len(busy) == len(segment), (busy, comp)
     assert sum(v["preemptions"] for v in per_job.values()) >= 1, figures  # the log segment did preempt pilots
@@ -516,33 +553,84 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
     assert figures["ssh_called"] == ""
     assert (tmp_path / "controller.log").read_text().count("adopt ") >= 1  # the restarted controller adopted pilots
 
-    # The replay on the same batch events, given what this run measured of what harvesting costs (REPLAY_TOLERANCE):
-    # the pool as the pilots served it, each job's relaunch cost and its throughput per size; and, for the record,
-    # as the jobs declared themselves (curve, 3 s resize) over the whole batch-free pool.
-    submits = {jid: done[jid].submit_time for jid in ids}
-    costs = {jid: relaunch_cost(events, progress, jid) for jid in ids}
-    rates = {jid: measured_rates(progress, jid) for jid in ids}
-    assert all(rates.values()), rates  # each job ran at 1 and at 2 for a while
-    every = {n: [t_start] + [b for _, b, nodes in busy if n in nodes] for n in NODES}  # free at once
-    replay = run_replay(tmp_path, "replay", busy, pair_busy, served, submits, t_start,
-                        {jid: sum(c) for jid, c in costs.items()}, rates)
-    declared = run_replay(tmp_path, "replay-declared", busy, pair_busy, every, submits, t_start,
-                          dict.fromkeys(ids, RESIZE_S))
-    for r in (replay, declared):  # over the same pool as the live figure (the batch-free node time to its end)
-        r["utilization"] = r["used_node_s"] / pool(r["end"])
-    figures["measured"] = {ids[j]: {"stop_s": round(costs[j][0], 2), "launch_s": round(costs[j][1], 2),
-                                    "steps_per_s": [round(x, 2) for x in rates[j]]} for j in ids}
-    figures["served_from"] = {n: [round(t - t_start, 1) for t in ts] for n, ts in served.items()}
-    figures["replay"], figures["replay_declared"] = replay, declared
-    figures["diff"] = {k: (replay[k] - live[k]) / live[k] for k in ("utilization", "avg_jct_s")}
-    figures["diff_declared"] = {k: (declared[k] - live[k]) / live[k] for k in ("utilization", "avg_jct_s")}
+    figures |= live_vs_replay(tmp_path)
     print("\n" + json.dumps(figures, indent=1, default=str))
     if os.environ.get("HPCSCHED_E2E_OUT"):
         Path(os.environ["HPCSCHED_E2E_OUT"]).write_text(json.dumps(figures, indent=1, default=str) + "\n")
-    assert replay["jobs_done"] == len(ids)
+    assert figures["replay"]["jobs_done"] == len(ids)
     far = {k: round(v, 3) for k, v in figures["diff"].items() if abs(v) > 2 * REPLAY_TOLERANCE}
     assert not far, f"replay vs live beyond {2 * REPLAY_TOLERANCE:.0%}: {far} ({figures})"
     off = {k: round(v, 3) for k, v in figures["diff"].items() if abs(v) > REPLAY_TOLERANCE}
     if off:  # known gap (REPLAY_TOLERANCE): said as an expected failure with the figures, not passed
         pytest.xfail(f"replay vs live beyond {REPLAY_TOLERANCE:.0%}: {off} (live {figures['live']}, replay "
-                     f"{ {k: replay[k] for k in ('utilization', 'avg_jct_s')} })")
+                     f"{ {k: figures['replay'][k] for k in ('utilization', 'avg_jct_s')} })")
+
+
+def live_vs_replay(d: Path) -> dict:
+    """Live figures of a run kept in ``d`` (the controller's store ``run/state.db`` and Slurm's jobcomp lines of the
+    run, ``batch-jobcomp.txt``) and the replay on the same batch events (REPLAY_TOLERANCE), from those files alone,
+    so a kept run can be re-examined: ``python tests/test_harvest_e2e.py DIR``.
+
+    - Live: the harvested pool's utilisation = node-seconds the elastic jobs held (from a start until the ranks
+      exited) / node-seconds neither a batch job (jobcomp StartTime to EndTime) nor the Muri pair held, from the first
+      elastic submit to the last completion; their average JCT.
+    - The replay is given what the run measured of what harvesting costs: each node's idle stretches from when the
+      controller could plan with a pilot's worker there (``usable_from``) to when its pilot was preempted for the
+      batch job (``preempted_busy``), less the pair's node time; each job's relaunch cost (stop to exit + start to
+      first report) as Tcup = Tcdw, charged per restart (``--accounting restart``: the controller resizes these jobs
+      by relaunching them) and its steps/s at 1 and 2 processes; the live MILP's look-ahead. For the record, also
+      the replay on the jobs' declared inputs (curve, 3 s resize) over the whole batch-free pool."""
+    db = d / "run" / "state.db"
+    events = store_rows(db, "SELECT time, job_id, kind, detail FROM events ORDER BY rowid")
+    progress = store_rows(db, "SELECT * FROM progress ORDER BY rowid")
+    rows = {r["id"]: r for r in store_rows(db, "SELECT id, name, submit_time, end_time FROM jobs")}
+    ids = {jid: r["name"] for jid, r in rows.items() if r["name"] in ("torch2", "mpi2")}
+    pair = [jid for jid, r in rows.items() if r["name"] in PAIR]
+    t_start = min(rows[j]["submit_time"] for j in ids)
+    t_end = max(rows[j]["end_time"] for j in ids)
+    node_of = {x["worker"]: x["node"] for e in events if e["kind"] == "pilot"
+               and (x := json.loads(e["detail"])).get("node")}
+    pair_busy = []
+    for jid in pair:
+        ev = [e for e in events if e["job_id"] == jid]
+        for a, b, n in held_intervals(ev, t_end):
+            (start,) = [json.loads(e["detail"]) for e in ev if e["kind"] == "start" and e["time"] == a]
+            pair_busy.append((a, b, [node_of[start["workers"][0]]] * n))
+    pair_busy = merged(pair_busy)  # the pair's members share their slot: its node time once
+    jobs = batch_jobs((d / "batch-jobcomp.txt").read_text().splitlines(), {f"trace-{x}" for x in SEGMENT})
+    busy = batch_busy(jobs)
+    taken = busy + pair_busy  # node time the elastic jobs could not have: batch jobs and the Muri pair
+
+    def pool(hi: float) -> float:  # node-seconds from the first elastic submit to hi that neither batch nor pair took
+        return len(NODES) * (hi - t_start) - node_seconds([(a, b, len(n)) for a, b, n in taken], t_start, hi)
+
+    used = sum(node_seconds(held_intervals([e for e in events if e["job_id"] == j], t_end), t_start, t_end)
+               for j in ids)
+    live = {"utilization": used / pool(t_end), "avg_jct_s": sum(rows[j]["end_time"] - rows[j]["submit_time"]
+                                                                 for j in ids) / len(ids),
+            "pool_node_s": pool(t_end), "used_node_s": used}
+    submits = {jid: rows[jid]["submit_time"] for jid in ids}
+    costs = {jid: relaunch_cost(events, progress, jid) for jid in ids}
+    rates = {jid: measured_rates(progress, jid) for jid in ids}
+    assert all(rates.values()), rates  # each job ran at 1 and at 2 for a while
+    served = usable_from(events, node_of, SETTLE_S)
+    lost = preempted_busy(jobs, worker_times(events, node_of, "worker_draining"))
+    replay = run_replay(d, "replay", lost, pair_busy, served, submits, t_start,
+                        {jid: sum(c) for jid, c in costs.items()}, rates, accounting="restart")
+    every = {n: [t_start] + [b for _, b, nodes in busy if n in nodes] for n in NODES}  # free at once
+    declared = run_replay(d, "replay-declared", busy, pair_busy, every, submits, t_start,
+                          dict.fromkeys(ids, RESIZE_S))
+    for r in (replay, declared):  # over the same pool as the live figure (the batch-free node time to its end)
+        r["utilization"] = r["used_node_s"] / pool(r["end"])
+    return {"live": live, "pair_busy": pair_busy, "replay": replay, "replay_declared": declared,
+            "measured": {ids[j]: {"stop_s": round(costs[j][0], 2), "launch_s": round(costs[j][1], 2),
+                                  "steps_per_s": [round(x, 2) for x in rates[j]]} for j in ids},
+            "usable_from": {n: [round(t - t_start, 1) for t in ts] for n, ts in served.items()},
+            "preempted_from": [(round(a - t_start, 1), round(b - t_start, 1), n) for a, b, n in lost],
+            "diff": {k: (replay[k] - live[k]) / live[k] for k in ("utilization", "avg_jct_s")},
+            "diff_declared": {k: (declared[k] - live[k]) / live[k] for k in ("utilization", "avg_jct_s")}}
+
+
+if __name__ == "__main__":  # re-examine a kept run: python tests/test_harvest_e2e.py DIR (pytest --basetemp keeps it)
+    print(json.dumps({k: v for k, v in live_vs_replay(Path(sys.argv[1])).items() if k != "pair_busy"}, indent=1,
+                     default=str))
