@@ -169,20 +169,22 @@ def main() -> int:
     steps = args.steps or total_steps(100)
     ckpt_dir = checkpoint_dir("checkpoints/netns")
     ckpt = ckpt_dir / "ckpt.json"
-    step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+    saved_state = json.loads(ckpt.read_text()) if ckpt.exists() else {}
+    step = saved_state.get("step", 0)
     rep = Reporter(rank, world, step if ckpt.exists() else -1)
     rep.report(step, loss=0.0)
     step_s = (args.work_ms / world if args.work_ms is not None else args.step_ms) / 1e3
     turns = StageTurns(int(os.environ.get("LOCAL_RANK", 0))) if stages else None
     waited = {"data": 0.0, "compute": 0.0}
-    group_dir = os.environ.get("HPCSCHED_INTERLEAVE_DIR", "")
-    mine = f".{os.getpid()}"
-    with_mate = 0  # steps taken while a group mate was training on the same slot (its turn file there)
+    # steps taken in turn with a live group mate on the same slot (StageTurns.with_mate), over the job's whole
+    # run: what the checkpoint had counted up to its step, plus this attempt's
+    mate_before = saved_state.get("steps_with_mate", 0)
+
+    def with_mate() -> int:
+        return mate_before + (turns.with_mate if turns is not None else 0)
+
     while step < steps:
         if turns is not None and stages is not None:
-            if group_dir and any(n.startswith("turns.") and not n.endswith((mine, ".tmp"))
-                                 for n in os.listdir(group_dir)):
-                with_mate += 1
             for stage, seconds in zip(("data", "compute"), stages, strict=True):
                 with turns.turn(stage):
                     time.sleep(seconds)
@@ -195,7 +197,8 @@ def main() -> int:
         step += 1
         saved = ""
         if rank == 0 and (step % args.checkpoint_every == 0 or step == steps or stopping) and not superseded(ckpt_dir):
-            atomic_write(ckpt, lambda p, s=step: p.write_text(json.dumps({"step": s})))
+            state = {"step": step, "steps_with_mate": with_mate()}
+            atomic_write(ckpt, lambda p, s=state: p.write_text(json.dumps(s)))
             saved = str(ckpt)
         stage_s = dict(zip(("data_s", "compute_s", "comm_s"), [*stages, 0.0], strict=True)) if stages else {}
         rep.report(step, loss=1.0 / step, checkpoint=saved, done=step == steps, **stage_s)
@@ -209,7 +212,7 @@ def main() -> int:
     getattr(comm, "close", lambda: None)()
     if rank == 0:
         where = os.environ.get("HPCSCHED_INTERLEAVE_DIR", "")
-        extra = {"turn_wait_s": waited, "interleave_dir": where, "steps_with_mate": with_mate} if stages else {}
+        extra = {"turn_wait_s": waited, "interleave_dir": where, "steps_with_mate": with_mate()} if stages else {}
         write_result(ckpt_dir, {"steps": step, "world_size": world, "hosts": comm.hosts} | extra)
     return 0
 

@@ -226,3 +226,86 @@ def test_a_slow_mate_is_waited_for_and_a_gone_one_is_not(tmp_path: Path, monkeyp
         turns.close()
         time.sleep(0.4)
         assert (waited >= 0.25) is waits, (last, waited)
+
+
+def test_a_launch_does_not_wait_for_a_warm_supervisor_still_importing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why a Muri-S pair once took 0 of 250 steps in turn: the worker's first ``direct`` launch (the first member)
+    starts cold and sets off a warm supervisor importing torch; the second member, launched a heartbeat later, was
+    handed to it and waited for the rest of its imports (2-13 s at load), so it began after its mate had ended.
+    A supervisor still importing (a 1.5 s import here) is not taken: the launch starts cold, counted; once ready,
+    the next launch is forked from it."""
+    from hpcsched.runtime import launchers
+    from hpcsched.runtime.worker import WarmRanks
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "slowimport.py").write_text("import time\ntime.sleep(1.5)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "mods"),
+                                                                  os.environ.get("PYTHONPATH")])))
+    prog = tmp_path / "prog.py"
+    prog.write_text("import os, pathlib, sys\npathlib.Path(sys.argv[1]).write_text(str(os.getppid()))\n")
+    warm = WarmRanks(sys.executable, tmp_path / "warm.log", delay_s=0, preload="json,slowimport")
+    warm.wanted = True
+    warm.ensure()
+    try:
+        argv, extra = [], {}
+        for n in (1, 2):
+            t = pb.LaunchTask(task_id=f"j{n}.g1.n0", job_id=f"j{n}", generation=1, launcher="direct",
+                              command=[str(prog), str(tmp_path / f"out{n}")], node_rank=0, nnodes=1, nprocs=1,
+                              world_size=1, master_addr="127.0.0.1", master_port=1)
+            argv, extra = launchers.build(t, sys.executable, "")
+            if n == 1:  # at once: the supervisor is importing
+                assert warm.take(argv, dict(os.environ) | extra, str(tmp_path), tmp_path / "log1") is None
+                assert warm.unready == 1 and warm.proc is not None and warm.proc.poll() is None
+        deadline = time.time() + 60
+        while not warm.ready():
+            assert time.time() < deadline, (tmp_path / "warm.log").read_text()
+            time.sleep(0.02)
+        supervisor = warm.proc
+        p = warm.take(argv, dict(os.environ) | extra, str(tmp_path), tmp_path / "log2")
+        assert p is supervisor and p is not None and p.wait(timeout=60) == 0, (tmp_path / "log2").read_text()
+        assert (tmp_path / "out2").read_text() == str(p.pid)  # forked from the supervisor: warm
+        assert warm.unready == 1 and not warm.ready_file.exists()
+    finally:
+        warm.close()
+
+
+# One member of a group: StageTurns' turns for STEPS steps of 5 ms data and 5 ms compute (tests/netns_job.py, the
+# e2e pair's program), resuming from the checkpoint it finds.
+def _member(group: Path, ckpt: Path, steps: int) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCSCHED_")} | {
+        "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+        "HPCSCHED_INTERLEAVE_DIR": str(group), "HPCSCHED_CHECKPOINT_DIR": str(ckpt),
+        "HPCSCHED_PROGRESS_FILE": str(ckpt / "progress.jsonl")}
+    ckpt.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("netns_job.py")), "--steps", str(steps),
+                             "--checkpoint-every", "10", "--stage-ms", "5,5"], env=env)
+
+
+def test_steps_with_mate_counts_live_mates_over_the_whole_run(tmp_path: Path) -> None:
+    """``steps_with_mate`` (the e2e pair's figure) counts the steps a member began with a live mate (StageTurns'
+    own rule), over the job's whole run. A turn file left by a member killed long ago is no mate (the program's
+    old count took any other ``turns.*`` file: all 30 steps here), and a resumed member adds its checkpoint's
+    count (the old one started again from 0). Two members running at once count the steps they overlapped."""
+    group = tmp_path / "g"
+    group.mkdir()
+    dead = group / "turns.0.999999"  # a mate SIGKILLed 10 s ago, mid-iteration
+    dead.write_text("40 0.010000")
+    os.utime(dead, (time.time() - 10, time.time() - 10))
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "ckpt.json").write_text(json.dumps({"step": 10, "steps_with_mate": 7}))  # an earlier attempt's
+    assert _member(group, resumed, 40).wait(timeout=60) == 0
+    assert json.loads((resumed / "result.json").read_text())["steps_with_mate"] == 7
+
+    a, b = (_member(group, tmp_path / x, 60) for x in "ab")
+    assert a.wait(timeout=60) == b.wait(timeout=60) == 0
+    reports = {x: [json.loads(line) for line in (tmp_path / x / "progress.jsonl").read_text().splitlines()]
+               for x in "ab"}
+    for me, mate in (("a", "b"), ("b", "a")):
+        lo, hi = reports[mate][0]["time"], reports[mate][-1]["time"]  # the mate's training, first to last report
+        # a step begins at the report before it: those begun inside the mate's span had a live mate
+        overlapped = sum(lo <= r["time"] < hi for r in reports[me][:-1])
+        counted = json.loads((tmp_path / me / "result.json").read_text())["steps_with_mate"]
+        assert abs(counted - overlapped) <= 2, (me, counted, overlapped)
+    assert sum(json.loads((tmp_path / x / "result.json").read_text())["steps_with_mate"] for x in "ab") > 0

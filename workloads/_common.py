@@ -74,6 +74,11 @@ class StageTurns:
     whose file has not moved for ``STALE_S`` or three of its iterations, whichever is longer (it is
     checkpointing, stopping, or gone), is not waited for, and a member removes its file when it stops
     training (``close``). A new member starts level with the slowest mate.
+
+    ``with_mate`` counts the iterations this member began with at least one such live mate (by the same rule,
+    so a file left by a killed mate counts for ``STALE_S`` at most): the iterations it took in turn with a
+    mate. Counting any other ``turns.*`` file in the directory, as the pair's program once did, counted a dead
+    mate's file for ever, and a restarted process counted only its own attempt.
     """
 
     STALE_S = 2.0  # a mate that has not started an iteration for this long (or 3 of its iterations) is not waited for
@@ -88,6 +93,7 @@ class StageTurns:
         self._root: Path | None = None
         self._count: int | None = None  # iterations started, on the group's common count
         self._began: float | None = None  # when this member's last iteration began
+        self.with_mate = 0  # iterations begun while a mate on this local rank was training (see the class doc)
         root = os.environ.get("HPCSCHED_INTERLEAVE_DIR")
         if not root:
             return
@@ -123,6 +129,7 @@ class StageTurns:
             if not mates or self._count <= min(mates):
                 break
             time.sleep(self.POLL_S)
+        self.with_mate += bool(mates)
         now = time.time()
         last = 0.0 if self._began is None else now - self._began
         self._count, self._began = self._count + 1, now

@@ -18,8 +18,9 @@ stop and a relaunch at the new size).
 
     python ranks.py --nprocs 2 --rank-offset 0 [--grace 10] -- PROGRAM ARGS...
 
-Warm start (``--warm --preload torch,torch.distributed,torch._dynamo``): the worker keeps one supervisor
-started ahead of need, with the listed modules imported, blocked on a line of JSON on stdin (the launch:
+Warm start (``--warm --preload torch,torch.distributed,torch._dynamo --ready FILE``): the worker keeps one supervisor
+started ahead of need, with the listed modules imported (then it writes its pid to FILE: the worker hands
+launches only to a ready one), blocked on a line of JSON on stdin (the launch:
 these arguments, the environment, the working directory, the log). A Python program is then FORKED from
 it and run with ``runpy``: the ranks of a relaunch skip the imports (4.6 s of CPU each here: torch, then
 torch._dynamo, which the first optimizer pulls in), nearly all of a resize. Fork is safe only in a
@@ -191,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--grace", type=float, default=10.0, help="seconds a failed rank's peers get before SIGKILL")
     ap.add_argument("--warm", action="store_true", help="preload, then wait for the launch as JSON on stdin")
     ap.add_argument("--preload", default="", help="modules a warm supervisor imports ahead (comma-separated)")
+    ap.add_argument("--ready", default="", help="a warm supervisor writes its pid here once its modules are imported")
     ap.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS...")
     return ap
 
@@ -203,11 +205,18 @@ def _run(ap: argparse.ArgumentParser, argv: list[str], forkable: Callable[[], bo
     return supervise(program, args.nprocs, args.rank_offset, args.grace, forkable)
 
 
-def warm(ap: argparse.ArgumentParser, preload: list[str]) -> int:
-    """Import ``preload``, then run the launch the worker writes to stdin: {"args": [ranks.py arguments],
+def warm(ap: argparse.ArgumentParser, preload: list[str], ready: str = "") -> int:
+    """Import ``preload``, say so in ``ready`` (the worker hands a launch only to a supervisor that is ready: one
+    still importing held a launch for the rest of its imports, 2-13 s at load, where a cold start of a program
+    without torch takes 0.1 s), then run the launch the worker writes to stdin: {"args": [ranks.py arguments],
     "env": {...}, "cwd": str | null, "log": path}."""
     for name in preload:
         importlib.import_module(name)
+    if ready:
+        tmp = f"{ready}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, ready)  # the worker never reads half a pid
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # the worker stopped without using this supervisor
@@ -234,7 +243,7 @@ def main() -> int:
     ap = _parser()
     args, _ = ap.parse_known_args()
     if args.warm:
-        return warm(ap, [m for m in args.preload.split(",") if m])
+        return warm(ap, [m for m in args.preload.split(",") if m], args.ready)
     return _run(ap, sys.argv[1:])
 
 

@@ -104,7 +104,11 @@ class WarmRanks:
     the CPU first, and the replacement (3.6 s of CPU to import torch and torch._dynamo here) must be ready
     for the next resize, which hysteresis (``min_runtime_s``, 10 s) keeps that close. The OMP thread count
     is read when torch loads, so only launches that want what it was started with (OMP_NUM_THREADS=1, the
-    launchers' default) take it."""
+    launchers' default) take it. Only a READY supervisor (its imports done: it writes its pid to
+    ``ready_file``) is taken; a launch while it is still importing starts cold (counted in ``unready``, said
+    in the launch's log line). Handed to it anyway, the launch waited for the rest of its imports: the second
+    member of a Muri-S pair, launched 0.4 s after the first (which had set ``wanted``), began training 2-13 s
+    late, up to after its mate had finished, so the pair never took turns; cold, it began 0.2-0.4 s late."""
 
     # torch._dynamo too: the first optimizer a program builds imports it (torch.optim's dynamo guard), 3 s of
     # CPU here, twice torch's own import; neither starts a thread, so the fork stays safe.
@@ -116,6 +120,8 @@ class WarmRanks:
         self.proc: subprocess.Popen | None = None
         self.not_before = 0.0
         self.wanted = False  # set by the node's first ``direct`` launch: a node that never runs one pays nothing
+        self.ready_file = log.with_name(log.name + ".ready")
+        self.unready = 0  # launches started cold because the supervisor was still importing
 
     def ensure(self) -> None:
         """Start one if none is ready or starting (called from the worker loop)."""
@@ -126,9 +132,21 @@ class WarmRanks:
             self.proc, self.not_before = None, time.monotonic() + 3 * self.delay_s
         if self.proc is None and time.monotonic() >= self.not_before:
             self.log.parent.mkdir(parents=True, exist_ok=True)
+            self.ready_file.unlink(missing_ok=True)
             with open(self.log, "ab") as out:
-                self.proc = spawn([self.python, *launchers.RANKS, "--warm", f"--preload={self.preload}"],
+                self.proc = spawn([self.python, *launchers.RANKS, "--warm", f"--preload={self.preload}",
+                                   f"--ready={self.ready_file}"],
                                   dict(os.environ) | {"OMP_NUM_THREADS": self.OMP}, None, out, stdin=subprocess.PIPE)
+
+    def ready(self) -> bool:
+        """A supervisor is waiting with its modules imported (the pid it wrote is the one started)."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return False
+        try:
+            return self.ready_file.read_text().strip() == str(p.pid)
+        except OSError:
+            return False
 
     def take(self, argv: list[str], env: dict[str, str], cwd: str | None, log: Path) -> subprocess.Popen | None:
         """Hand a ``direct`` launch (``argv`` as ``launchers.direct`` built it) to the ready supervisor."""
@@ -137,6 +155,10 @@ class WarmRanks:
         if p is None or p.poll() is not None or p.stdin is None or env.get("OMP_NUM_THREADS") != self.OMP \
                 or argv[:3] != [self.python, *launchers.RANKS]:
             return None
+        if not self.ready():  # still importing: a cold start does not wait for imports the program may not need
+            self.unready += 1
+            return None
+        self.ready_file.unlink(missing_ok=True)
         self.proc, self.not_before = None, time.monotonic() + self.delay_s
         try:
             p.stdin.write((json.dumps({"args": argv[3:], "env": env, "cwd": cwd, "log": str(log)}) + "\n").encode())
@@ -152,6 +174,7 @@ class WarmRanks:
             self.proc.kill()
             self.proc.wait(timeout=5)
         self.proc = None
+        self.ready_file.unlink(missing_ok=True)
 
 
 def _orphaned_launcher(pid: int) -> bool:
@@ -474,9 +497,12 @@ class Worker:
             self._cannot_start(t, f"the job's workdir {cwd} is not a directory on this worker")
             return
         if argv is not None and t.launcher == "direct" and self.warm is not None:
+            unready = self.warm.unready
             proc = self.warm.take(argv, self.base_env | env, cwd,
                                   run_dir / "output.log")
-            how = ", warm start" if proc is not None else ""
+            how = ", warm start" if proc is not None else \
+                f", cold start: the warm supervisor was still importing ({self.warm.unready} such launches)" \
+                if self.warm.unready > unready else ""
         if argv is not None and proc is None:
             with open(run_dir / "output.log", "ab") as out:
                 try:
