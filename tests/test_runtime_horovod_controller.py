@@ -251,3 +251,45 @@ def test_controller_resize_rows_across_workers(tmp_path: Path, monkeypatch: pyte
     assert (job.state, job.stop_reason) == ("stopping", "resize")
     fallback = c.store.events(jid, "resize")[-1]
     assert (fallback["resize_kind"], fallback["reason"]) == ("relaunch", "in-place resize timed out")
+
+
+def test_a_job_across_workers_starts_with_every_workers_agent(tmp_path: Path) -> None:
+    """A job placed on several workers starts with each one's agent (``HOST:PORT``; mpirun's daemons and
+    horovodrun's ranks reach those hosts through it): a worker says its agent's port when it registers, so a job
+    placed on it at once has it; a worker that did not (a daemon from before) is waited for until its first
+    heartbeat says it, instead of launching a job that must fail on that host (seen live: pilots freed together
+    register milliseconds apart and the job was placed on the last one before its heartbeat)."""
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", min_runtime_s=0))
+    c.started()
+
+    def join(w: str, agent_port: int = 0) -> None:
+        c.register(pb.RegisterRequest(worker_id=w, host=f"10.0.0.{w[1]}", slots=1, launchers=["mpirun"],
+                                      instance=w, agent_port=agent_port))
+
+    def beat(w: str, agent_port: int = 0) -> list[pb.LaunchTask]:
+        return list(c.heartbeat(pb.HeartbeatRequest(worker_id=w, spare_port=40000, agent_port=agent_port,
+                                                    instance=w)).launch)
+
+    join("w1", 7001)
+    beat("w1", 7001)
+    join("w2")  # no agent port yet
+    jid = c.submit("name: mpi\nlauncher: mpirun\ncommand: [t.py]\nsteps: 100\nprocs: 2\n", "j")
+    c.tick()
+    assert c.store.job(jid).state == "pending" and not beat("w1", 7001) and not beat("w2")
+    beat("w2", 7002)
+    c.tick()
+    orders = beat("w1", 7001) + beat("w2", 7002)
+    assert c.store.job(jid).state == "running" and len(orders) == 2
+    assert all(dict(t.agents) == {"10.0.0.1": "10.0.0.1:7001", "10.0.0.2": "10.0.0.2:7002"} for t in orders)
+
+    join("w3", 7003)  # says its port as it registers: a job placed on it at once starts
+    join("w4", 7004)
+    beat("w3", 7003)
+    j2 = c.submit("name: mpi2\nlauncher: mpirun\ncommand: [t.py]\nsteps: 100\nprocs: 2\n", "j2")
+    c.tick()
+    orders = beat("w3", 7003) + beat("w4", 7004)
+    assert c.store.job(j2).state == "running" and len(orders) == 2, c.store.job(j2)
+    assert all(dict(t.agents) == {"10.0.0.3": "10.0.0.3:7003", "10.0.0.4": "10.0.0.4:7004"} for t in orders)

@@ -38,7 +38,7 @@ from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
 from hpcsched.runtime.config import GPU_TYPE, ControllerConfig, parse_job_spec
 from hpcsched.runtime.inplace_resize import InPlaceResizer, agent_endpoints
-from hpcsched.runtime.launch import JOB_UID_ENV, in_place_capable, launch_tasks, slot_use
+from hpcsched.runtime.launch import AGENT_LAUNCHERS, JOB_UID_ENV, in_place_capable, launch_tasks, slot_use
 from hpcsched.runtime.lifecycle import IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, Listing, every_page, wall
 from hpcsched.runtime.rpc import pb
@@ -132,7 +132,10 @@ class Controller:
                           time.time(), True, req.gpu_type.lower())
             self.store.upsert_worker(w)
             self.leaving.discard(w.id)
-            self.agent_port.pop(w.id, None)  # a new daemon's agent listens elsewhere: known at its first heartbeat
+            if req.agent_port:  # a job placed on it at once may need it (mpirun's daemons, horovodrun's ranks)
+                self.agent_port[w.id] = req.agent_port
+            else:  # a new daemon's agent listens elsewhere: known at its first heartbeat
+                self.agent_port.pop(w.id, None)
             self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots, gpu_type=w.gpu_type)
             self.last_seen[w.id] = self.mono()
         log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
@@ -597,6 +600,15 @@ class Controller:
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
         if not port:  # no fresh free port from that node yet: start at the next heartbeat
+            return
+        if (job.spec.launcher in AGENT_LAUNCHERS and len(placement) > 1 and agents is not None
+                and any(w not in agents for w, _ in placement)):
+            # a worker whose agent's port is not known yet (it comes with its registration or first heartbeat): the
+            # launch would reach that host without it (mpirun's daemon, horovodrun's rank) and fail; start with the
+            # next heartbeat instead
+            log.info("job %s waits for the agent port of %s", job.id,
+                     ", ".join(w for w, _ in placement if w not in agents))
+            self.spare_port[master] = port
             return
         gen = job.generation + 1
         size = sum(k for _, k in placement)

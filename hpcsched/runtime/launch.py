@@ -27,6 +27,9 @@ JOB_UID_ENV = "HPCSCHED_JOB_UID"
 # docs/runtime.md). It must exceed the longest time one rank makes the others wait inside a collective (rank 0
 # writing a checkpoint, a slow data step): a job whose stalls are longer sets HOROVOD_GLOO_TIMEOUT_SECONDS in its
 # ``env``, which wins over this default.
+# Launchers that reach a job's other hosts through those hosts' worker agents (rsh_agent: mpirun's daemons,
+# horovodrun's ranks), so a launch across workers needs every one's agent endpoint.
+AGENT_LAUNCHERS = frozenset({"mpirun", "horovodrun"})
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 ELASTIC_GLOO_TIMEOUT_S = 10
 

@@ -104,11 +104,16 @@ class WarmRanks:
     the CPU first, and the replacement (3.6 s of CPU to import torch and torch._dynamo here) must be ready
     for the next resize, which hysteresis (``min_runtime_s``, 10 s) keeps that close. The OMP thread count
     is read when torch loads, so only launches that want what it was started with (OMP_NUM_THREADS=1, the
-    launchers' default) take it. Only a READY supervisor (its imports done: it writes its pid to
-    ``ready_file``) is taken; a launch while it is still importing starts cold (counted in ``unready``, said
-    in the launch's log line). Handed to it anyway, the launch waited for the rest of its imports: the second
-    member of a Muri-S pair, launched 0.4 s after the first (which had set ``wanted``), began training 2-13 s
-    late, up to after its mate had finished, so the pair never took turns; cold, it began 0.2-0.4 s late."""
+    launchers' default) take it.
+
+    A supervisor still importing (it writes its pid to ``ready_file`` once done) holds a launch handed to it
+    for the rest of its imports. For a torch program that is less than a cold start (a 1-proc ddp_train launched
+    0.3-2 s into the imports reported first 0.3-1.9 s after its launch that way, 2.2-3.5 s cold), so a lone
+    launch still takes it (``took_importing``, logged). A launch that joins a running member of its
+    co-location group does not (``may_wait`` False: it starts cold, counted in ``passed_over``): members take
+    turns only while both train, and the second member of a Muri-S pair, launched a heartbeat after the first
+    (whose cold launch had set the supervisor off), began training 2-13 s late, once after its mate had
+    finished (0 of 250 steps in turn); cold, 0.2-0.4 s late."""
 
     # torch._dynamo too: the first optimizer a program builds imports it (torch.optim's dynamo guard), 3 s of
     # CPU here, twice torch's own import; neither starts a thread, so the fork stays safe.
@@ -121,7 +126,8 @@ class WarmRanks:
         self.not_before = 0.0
         self.wanted = False  # set by the node's first ``direct`` launch: a node that never runs one pays nothing
         self.ready_file = log.with_name(log.name + ".ready")
-        self.unready = 0  # launches started cold because the supervisor was still importing
+        self.passed_over = 0  # launches that started cold rather than wait for the supervisor's imports
+        self.took_importing = False  # the last take found the supervisor still importing
 
     def ensure(self) -> None:
         """Start one if none is ready or starting (called from the worker loop)."""
@@ -148,15 +154,18 @@ class WarmRanks:
         except OSError:
             return False
 
-    def take(self, argv: list[str], env: dict[str, str], cwd: str | None, log: Path) -> subprocess.Popen | None:
-        """Hand a ``direct`` launch (``argv`` as ``launchers.direct`` built it) to the ready supervisor."""
+    def take(self, argv: list[str], env: dict[str, str], cwd: str | None, log: Path,
+             may_wait: bool = True) -> subprocess.Popen | None:
+        """Hand a ``direct`` launch (``argv`` as ``launchers.direct`` built it) to the supervisor; one still
+        importing only if ``may_wait`` (class docstring)."""
         self.wanted = True
         p = self.proc
         if p is None or p.poll() is not None or p.stdin is None or env.get("OMP_NUM_THREADS") != self.OMP \
                 or argv[:3] != [self.python, *launchers.RANKS]:
             return None
-        if not self.ready():  # still importing: a cold start does not wait for imports the program may not need
-            self.unready += 1
+        self.took_importing = not self.ready()
+        if self.took_importing and not may_wait:
+            self.passed_over += 1
             return None
         self.ready_file.unlink(missing_ok=True)
         self.proc, self.not_before = None, time.monotonic() + self.delay_s
@@ -371,7 +380,7 @@ class Worker:
     def _register(self) -> None:
         req = pb.RegisterRequest(worker_id=self.cfg.name, host=self.cfg.host, slots=self.cfg.slots,
                                  gpus=self.cfg.gpus, cpus=os.cpu_count() or 1, launchers=self.launchers,
-                                 instance=self.instance, gpu_type=self.cfg.gpu_type)
+                                 instance=self.instance, gpu_type=self.cfg.gpu_type, agent_port=self.agent_port)
         reply = self.stub.Register(req, timeout=10, metadata=self.md)
         self.interval = reply.heartbeat_interval_s or 1.0
         self._refused_logged = ""
@@ -497,12 +506,19 @@ class Worker:
             self._cannot_start(t, f"the job's workdir {cwd} is not a directory on this worker")
             return
         if argv is not None and t.launcher == "direct" and self.warm is not None:
-            unready = self.warm.unready
-            proc = self.warm.take(argv, self.base_env | env, cwd,
-                                  run_dir / "output.log")
-            how = ", warm start" if proc is not None else \
-                f", cold start: the warm supervisor was still importing ({self.warm.unready} such launches)" \
-                if self.warm.unready > unready else ""
+            # a running member of its co-location group: start with it, not after the supervisor's imports
+            mates = sorted({x.launch.job_id for x in self.tasks.values() if x.exit_code is None and t.group
+                            and x.launch.group == t.group and x.launch.job_id != t.job_id})
+            passed_over = self.warm.passed_over
+            proc = self.warm.take(argv, self.base_env | env, cwd, run_dir / "output.log", may_wait=not mates)
+            if proc is not None:
+                how = ", warm start"
+                if self.warm.took_importing:
+                    log.info("task %s: the warm supervisor is still importing; the task starts once it is done",
+                             t.task_id)
+            elif self.warm.passed_over > passed_over:
+                how = (f", cold start beside its group mate {','.join(mates)}: the warm supervisor was still "
+                       f"importing ({self.warm.passed_over} such launches)")
         if argv is not None and proc is None:
             with open(run_dir / "output.log", "ab") as out:
                 try:
