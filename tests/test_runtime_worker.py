@@ -154,10 +154,6 @@ def _ranks(tmp_path: Path, nprocs: int, offset: int, warm: bool = False, **env: 
         assert w.proc is None  # not before the node's first direct launch
         w.wanted = True
         w.ensure()
-        deadline = time.time() + 60
-        while not w.ready():  # only a supervisor done importing takes a launch
-            assert time.time() < deadline, (tmp_path / "warm.log").read_text()
-            time.sleep(0.02)
         p = w.take(argv, dict(os.environ) | extra | env, str(tmp_path), tmp_path / "log")
         assert p is not None
         return p
