@@ -15,8 +15,8 @@ replay``) on the same batch events. One controller run serves every check.
 - A Muri-S pair (two rigid 1-proc ``direct`` jobs with complementary declared stage profiles, ``--stage-ms``) is
   submitted once both elastic jobs hold all four pilots: muri-s groups them on one slot (the MILP shrinks an
   elastic job for it) and run there with the worker's interleave directory for their group (the turn locks); they
-  finish with exact steps and the elastic job grows back. The steps each took with its mate's turn file present
-  are recorded, not asserted (see there).
+  finish with exact steps and the elastic job grows back. Each took at least ``PAIR_IN_TURN`` of its steps in turn
+  with its mate.
 - A short segment of a real Slurm log (the Eagle sacct sample under /work/shared/trace-data/slurm, read with the
   project's sacct reader), compressed 10x in time and scaled from 30 to 4 nodes, is submitted to the high-priority
   ``batch`` partition: Slurm preempts the scavenger pilots (SIGTERM, GraceTime 5 s).
@@ -92,11 +92,8 @@ STEPS = 1300
 CKPT_EVERY = 40
 GRACE_S = 5.0  # the scavenger partition's GraceTime (deploy/slurm/slurm.conf)
 # Live vs replay: the issue asks for 10% on utilisation and average JCT; asserted at that. The replay is given what
-# this run measured (the pool as the pilots served it, each job's relaunch cost and throughput per size) and
-# re-decides with the same MILP. Since the controller waits for pilots about to register (slurm.settle_s) instead of
-# starting an elastic job at 1 proc and relaunching it at each next registration, two runs in a row measured JCT
-# -0.6% / -2.4% and utilisation +8.3% / +8.6% (before: JCT -14.5..-18.6%). Utilisation is near the bound, so a miss
-# between 10% and twice that (a loaded machine) is an expected failure with the figures; beyond twice it fails.
+# this run measured (``live_vs_replay``) and re-decides with the same MILP. Seven runs (two with a busy loop beside
+# them): utilisation +0.1..+4.0%, JCT +2.6..+4.7% (docs/slurm.md).
 REPLAY_TOLERANCE = 0.10
 RESIZE_S = 3.0  # the jobs' declared resize cost (scaling.resize_s): what the controller's MILP charges a resize
 # The Muri-S pair: two rigid 1-process jobs with complementary declared stage profiles (data-heavy, compute-heavy), so
@@ -105,6 +102,7 @@ SETTLE_S = 10.0  # the controller's hold while pilots are arriving (slurm.settle
 TFWD_S = 60.0  # the MILP's look-ahead, live (the controller's milp_tfwd_s default) and replayed
 PAIR = {"pair-io": (30.0, 10.0), "pair-cpu": (10.0, 30.0)}  # ms of data, compute per step
 PAIR_STEPS = 250
+PAIR_IN_TURN = 0.8  # the least share of its steps each member takes in turn with its mate
 
 
 def batch_segment() -> list[dict]:
@@ -502,9 +500,10 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
         j = done[jid]
         result = json.loads((tmp_path / "run" / "ckpt" / jid / "result.json").read_text())
         assert j.state == "completed" and j.steps_done == result["steps"] == PAIR_STEPS, (name, j.message, result)
-        # Recorded, not asserted: the steps it took while its mate's turn file was in the group's directory (189 and
-        # 190 of 250 in one run, 0 and 0 in another where both ran at the same time in the same directory; not
-        # explained yet). Stage turns themselves are tested in tests/test_interleave_turns.py.
+        # They took turns: the steps each began while its mate was live in the group's directory (StageTurns).
+        # 243-246 of 250 in 7 runs; before the worker stopped handing the second member to a warm supervisor still
+        # importing torch, which started it 2-13 s after its mate, 0-197 (tests/test_interleave_turns.py).
+        assert result["steps_with_mate"] >= PAIR_IN_TURN * PAIR_STEPS, (name, result)
         figures.setdefault("pair", {})[name] = {"jct_s": j.end_time - j.submit_time, "turn_wait_s": {
             k: round(v, 2) for k, v in result["turn_wait_s"].items()}, "interleave_dir": result["interleave_dir"],
             "steps_with_mate": result["steps_with_mate"]}
@@ -558,12 +557,8 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
     if os.environ.get("HPCSCHED_E2E_OUT"):
         Path(os.environ["HPCSCHED_E2E_OUT"]).write_text(json.dumps(figures, indent=1, default=str) + "\n")
     assert figures["replay"]["jobs_done"] == len(ids)
-    far = {k: round(v, 3) for k, v in figures["diff"].items() if abs(v) > 2 * REPLAY_TOLERANCE}
-    assert not far, f"replay vs live beyond {2 * REPLAY_TOLERANCE:.0%}: {far} ({figures})"
     off = {k: round(v, 3) for k, v in figures["diff"].items() if abs(v) > REPLAY_TOLERANCE}
-    if off:  # known gap (REPLAY_TOLERANCE): said as an expected failure with the figures, not passed
-        pytest.xfail(f"replay vs live beyond {REPLAY_TOLERANCE:.0%}: {off} (live {figures['live']}, replay "
-                     f"{ {k: figures['replay'][k] for k in ('utilization', 'avg_jct_s')} })")
+    assert not off, f"replay vs live beyond {REPLAY_TOLERANCE:.0%}: {off} ({figures})"
 
 
 def live_vs_replay(d: Path) -> dict:
