@@ -104,6 +104,22 @@ def test_elastic_command_and_host_list(tmp_path: Path) -> None:
         horovod_elastic.resize(tmp_path / "task", ["127.0.0.1:3"])
     with pytest.raises(ValueError, match="host:slots"):
         horovod_elastic.host_lines(["127.0.0.1"])
+    # a failed host may be used again after a cooldown (a pilot back on a preempted node)
+    i = cmd.index("--blacklist-cooldown-range")
+    assert tuple(int(x) for x in cmd[i + 1:i + 3]) == horovod_elastic.BLACKLIST_COOLDOWN_S
+    # node 0 at a loopback address no interface holds (a pilot at 127.0.0.13): Horovod would reach it through ssh,
+    # and its own worker refuses that, so its entry is localhost in the -H list and in every discovery list
+    pilot = pb.LaunchTask()
+    pilot.CopyFrom(t)
+    del pilot.hosts[:]
+    pilot.hosts.extend(["127.0.0.13:1", "127.0.0.12:1"])
+    argv, _ = launchers.build(pilot, "python", "")
+    assert argv[argv.index("-H") + 1] == "localhost:1,127.0.0.12:1"
+    cmd = horovod_elastic.elastic_command(argv, pilot, tmp_path / "pilot")
+    script = Path(cmd[cmd.index("--host-discovery-script") + 1])
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "localhost:1\n127.0.0.12:1\n"
+    horovod_elastic.resize(tmp_path / "pilot", ["127.0.0.13:1", "127.0.0.12:0", "127.0.0.14:1"])
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "localhost:1\n127.0.0.14:1\n"
 
 
 @pytest.mark.slow

@@ -62,6 +62,7 @@ class Trainer:
             self.last_loss = state.get("last_loss", float("nan"))  # resumed at the end: no step to average
             self.resumed_from = self.step
         self.rank, self.world = hvd.rank(), hvd.size()
+        self.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
         self.history = [*self.history, {"generation": os.environ.get("HPCSCHED_GENERATION"),
                                         "resumed_from": self.resumed_from, "world_size": self.world}]
         self.opt = hvd.DistributedOptimizer(self.base, named_parameters=self.model.named_parameters())
@@ -116,7 +117,12 @@ class Trainer:
         timer.comm += t3 - t2
         timer.steps += 1
         timer.samples += args.batch
-        stopping = bool(flags[1] > 0)
+        # Under elastic horovodrun a SIGTERM to some ranks only is their host going away (a preempted pilot: Slurm
+        # signals every process there): the scheduler takes that host out of the host list and Horovod removes those
+        # ranks at the next commit, while the rest train on. Stopping the whole job for it (as a rigid job must)
+        # ended an elastic job that was being shrunk in place. A stop of the job reaches every rank (horovodrun
+        # passes the signal on), and then they agree to stop, checkpoint and exit.
+        stopping = bool(flags[1] >= self.world) if self.elastic else bool(flags[1] > 0)
         self._checkpoint_and_report(stopping)
         return stopping
 

@@ -33,6 +33,13 @@ log = logging.getLogger("hpcsched.runtime.horovod_elastic")
 MIN_ENV, MAX_ENV = "HPCSCHED_MIN_PROCS", "HPCSCHED_MAX_PROCS"  # the job's size range, in the task environment
 SCRIPT, HOSTS, RANGE, LOG = "discover_hosts.sh", "horovod_hosts", "horovod_range", "resizes.jsonl"
 AGENTS = "agents.json"  # host -> its worker's agent service: read by the rsh agent on every call (rsh_agent.FILE_ENV)
+# Horovod blacklists a host whose rank failed (a preempted pilot: Slurm's SIGTERM reaches the rank's wrapper; a host
+# killed under the job) and, without a cooldown, never uses it again: a pilot that came back on that node later was
+# placed by the scheduler but never given a rank (the resize timed out into a relaunch). With this range Horovod may
+# take such a host again some seconds after the failure (lower * 2^failures + jitter, at most the upper bound) once the
+# discovery file lists it: the scheduler's host list decides, as for every other host.
+BLACKLIST_COOLDOWN_S = (2, 60)
+ALIAS = "horovod_alias.json"  # host -> the name the discovery file gives it (launchers.local_alias: node 0's own)
 
 
 def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
@@ -46,13 +53,18 @@ def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
     return (lo, hi) if 1 <= lo < hi else None
 
 
-def host_lines(hosts: list[str]) -> str:
-    """``a:1,a:1,b:2`` -> ``a:2`` / ``b:2`` lines, the discovery script's output (hosts with 0 slots left out)."""
-    return "".join(f"{h}:{n}\n" for h, n in launchers.host_slots(hosts).items() if n > 0)
+def host_lines(hosts: list[str], alias: dict[str, str] | None = None) -> str:
+    """``a:1,a:1,b:2`` -> ``a:2`` / ``b:2`` lines, the discovery script's output (hosts with 0 slots left out);
+    ``alias`` renames hosts (node 0's own loopback address is ``localhost`` to Horovod: ``launchers.local_alias``)."""
+    return "".join(f"{(alias or {}).get(h, h)}:{n}\n" for h, n in launchers.host_slots(hosts).items() if n > 0)
 
 
 def _write_hosts(task_dir: Path, hosts: list[str]) -> None:
-    text = host_lines(hosts)
+    try:
+        alias = json.loads((task_dir / ALIAS).read_text())
+    except FileNotFoundError:
+        alias = {}
+    text = host_lines(hosts, alias)
     tmp = task_dir / f".{HOSTS}.tmp"
     tmp.write_text(text)
     os.replace(tmp, task_dir / HOSTS)  # the script never prints half a list
@@ -78,6 +90,7 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
         log.warning("task %s: no -H list in %s; launching it rigid (it will resize by stop/relaunch)", t.task_id, argv)
         return argv
     task_dir.mkdir(parents=True, exist_ok=True)
+    (task_dir / ALIAS).write_text(json.dumps(launchers.local_alias(t)))  # every later host list is renamed alike
     _write_hosts(task_dir, list(t.hosts))
     (task_dir / RANGE).write_text(f"{rng[0]} {rng[1]}\n")  # what resize() may ask for
     write_agents(task_dir, dict(t.agents))
@@ -87,7 +100,7 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
     i = argv.index("-H")
     lo, hi = rng
     return [*argv[:i], "--min-np", str(lo), "--max-np", str(hi), "--host-discovery-script", str(script),
-            *argv[i + 2:]]
+            "--blacklist-cooldown-range", *(str(s) for s in BLACKLIST_COOLDOWN_S), *argv[i + 2:]]
 
 
 def resize(task_dir: Path, hosts: list[str], agents: dict[str, str] | None = None) -> int:

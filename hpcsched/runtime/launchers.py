@@ -54,9 +54,10 @@ def host_slots(hosts: list[str]) -> dict[str, int]:
     return slots
 
 
-def merged_hosts(hosts: list[str]) -> str:
-    """``a:1,a:1,b:2`` -> ``a:2,b:2``, the ``-H`` list of mpirun and horovodrun."""
-    return ",".join(f"{h}:{n}" for h, n in host_slots(hosts).items())
+def merged_hosts(hosts: list[str], alias: dict[str, str] | None = None) -> str:
+    """``a:1,a:1,b:2`` -> ``a:2,b:2``, the ``-H`` list of mpirun and horovodrun; ``alias`` renames hosts
+    (``local_alias``)."""
+    return ",".join(f"{(alias or {}).get(h, h)}:{n}" for h, n in host_slots(hosts).items())
 
 
 def _program(command: list[str], python: str) -> list[str]:
@@ -132,15 +133,23 @@ def mpirun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
 
 
 def mpi_hosts(t: pb.LaunchTask) -> str:
-    """mpirun's ``--host``: this node's own entry written ``localhost`` when it is a loopback address no interface
-    here holds exactly (a worker given ``--host 127.0.0.11``, as on the loopback Slurm's nodes): Open MPI would
+    """mpirun's ``--host``, this node's own entry written ``localhost`` where ``local_alias`` says so: Open MPI would
     count it another node and start a daemon for it through the agent, which this node's worker refuses, since
     mpirun itself, not a held slot, is its task. Other nodes' loopback addresses stay other nodes to it."""
+    return merged_hosts(list(t.hosts), local_alias(t))
+
+
+def local_alias(t: pb.LaunchTask) -> dict[str, str]:
+    """``{own address: "localhost"}`` when this node's own entry is a loopback address no interface here holds
+    exactly (a worker given ``--host 127.0.0.11``, as on the loopback Slurm's nodes), else ``{}``. mpirun and
+    horovodrun take a host they hold no interface address of for a remote one and reach it through the rsh agent,
+    which this node's worker refuses (the launcher, not a held slot, is its task here): node 0's own ranks must be
+    started as local ones."""
     own = own_host(t)
     slots = host_slots(list(t.hosts))
     if own in slots and "localhost" not in slots and _is_loopback(own) and not hostaddr.holds_exactly(own):
-        slots = {("localhost" if h == own else h): n for h, n in slots.items()}
-    return ",".join(f"{h}:{n}" for h, n in slots.items())
+        return {own: "localhost"}
+    return {}
 
 
 def _is_loopback(address: str) -> bool:
@@ -182,7 +191,8 @@ def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
         return None, env
     exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
     nic = os.environ.get("HPCSCHED_NETWORK_INTERFACE") or interface(t) or "lo"
-    cmd = [exe, "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts)), "--gloo", "--network-interface", nic]
+    cmd = [exe, "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts), local_alias(t)), "--gloo",
+           "--network-interface", nic]
     return [*cmd, *_program(list(t.command), python)], env
 
 

@@ -429,6 +429,13 @@ class Worker:
                      launch.world_size)
             t.launch = launch
             return
+        if t.offset == 0:
+            # No report from the program yet: Horovod's driver tells rank 0 of a host change only once its worker is
+            # up, and drops the news otherwise (seen on the loopback Slurm's pilots: a grow asked 2 s after the
+            # launch was never made, the job trained at 1 to its end). The controller re-sends this LaunchTask on
+            # every heartbeat until it sees the new size, so the rewrite waits for the first report.
+            log.info("task %s: in-place resize waits for the program's first report", t.launch.task_id)
+            return
         try:
             done = self.resize_in_place(t.launch.task_id, list(launch.hosts), dict(launch.agents))
         except (ValueError, OSError) as e:  # outside its range, or its host file is gone: the controller falls
