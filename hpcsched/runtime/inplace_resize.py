@@ -9,7 +9,8 @@ that is stopped with a checkpoint signal once Horovod has removed its ranks, its
 changed LaunchTasks are sent again on every heartbeat until a report at the new size arrives; the node-0 worker,
 seeing a LaunchTask for a task it runs with another host list, rewrites the task's discovery file (and the agent
 map its rsh agent reads). The time from the decision to that report is ``last_resize_s`` too (event ``resized``,
-kind ``in-place``).
+kind ``in-place``). A planned resize of a job whose last one has not been seen yet waits for it (``apply``):
+Horovod forgets a host change that reaches rank 0 while its ranks re-form.
 
 A worker that leaves or is lost (drained, or silent for ``worker_timeout_s``) does not stop such a job when its
 first node is elsewhere and the rest hold its minimum: it shrinks in place onto the rest (``shrink_away``). An
@@ -52,14 +53,27 @@ class InPlaceResizer:
         self.store = store
         self.attempt_start = attempt_start
         self.task_exited = task_exited
+        self.waiting: set[str] = set()  # jobs whose planned resize waits for their last one (logged once)
 
     def apply(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], agent_port: dict[str, int],
               now: float) -> None:
-        """Carry out a plan's resizes (job -> new placement, node-rank order)."""
+        """Carry out a plan's resizes (job -> new placement, node-rank order), except for a job whose last in-place
+        resize has not been seen at its size yet: Horovod forgets a host change that reaches rank 0 while the
+        ranks re-form (on the loopback Slurm, pilots returning 2 s apart grew a job 1 -> 2 -> 3 and it stayed
+        at 2), so a plan's next change waits for the report that ends the last one (the next step plans again)."""
         hosts = {w.id: w.host for w in workers}
         agents = agent_endpoints(workers, agent_port)
+        pending = set()
         for jid, where in resizes.items():
-            self.resize(self.store.job(jid), where, hosts, now, agents)
+            job = self.store.job(jid)
+            if job.stop_reason == IN_PLACE:  # its last in-place resize is not seen yet: this one waits for it
+                pending.add(jid)
+                if jid not in self.waiting:
+                    log.info("job %s: in-place resize to %s waits until its resize to %d procs is seen", jid, where,
+                             job.procs)
+                continue
+            self.resize(job, where, hosts, now, agents)
+        self.waiting = pending
 
     def resize(self, job: JobRow, where: list[tuple[str, int]], hosts: dict[str, str], now: float,
                agents: dict[str, str] | None = None, why: str = "") -> bool:
