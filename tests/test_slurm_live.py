@@ -298,3 +298,90 @@ def test_runtime_ddp_workload_is_preempted_and_finishes(tmp_path: Path, harveste
     preempted = [e for e in events(out) if e["event"] == "preempted"]
     assert preempted and all(int(e["lost_steps"]) <= 50 for e in preempted)
     assert json.loads((spec.ckpt_dir / "result.json").read_text())["steps"] == steps
+
+
+def store_job(state: Path, name: str) -> object | None:
+    """The controller's row of harvest job ``name``, read from its state while it runs (read-only, as calc does)."""
+    from hpcsched.runtime.store import Store
+
+    if not state.exists():
+        return None
+    store = Store(state, query_only=True)
+    try:
+        return next((j for j in store.jobs() if j.spec.name == name), None)
+    finally:
+        store.close()
+
+
+def test_harvest_mode_controller_runs_the_job_on_pilot_workers(tmp_path: Path) -> None:
+    """One launch path: `hpcsched slurm harvest` (mode controller, the default) runs the job through the runtime's
+    controller on pilot workers: it grows onto the four idle nodes' pilots; a batch job preempts a pilot; the job
+    shrinks to 3 with its checkpoint; it grows back to 4 when the batch job ends; it finishes at exactly its step
+    count with the weights of an unresized run; events.csv / jobs.csv / meta.json say so, `hpcsched calc` reads
+    them, and no pilot is left in Slurm's queue."""
+    import sys
+
+    steps = 900  # 45 s at 50 ms a step: outlives Slurm's preemption of a pilot (up to ~30 s) and the regrow
+    cfg = tmp_path / "harvest.yaml"
+    cfg.write_text(
+        "partition: scavenger\npoll_s: 0.5\nmin_runtime_s: 2\npilot: {stop_grace_s: 3}\njobs:\n"
+        f"  - {{id: lr, jmax: 4, steps: {steps}, scale_up_s: 1, scale_down_s: 1, command: ['{{python}}', -m, "
+        f"hpcsched.slurm.dp_train, --ckpt-dir, '{{ckpt_dir}}', --steps, '{{steps}}', --ckpt-every, '{CKPT_EVERY}', "
+        "--step-time, '0.05']}\n")
+    out = tmp_path / "out"
+    state = out / "run" / "state.db"
+    proc = subprocess.Popen([sys.executable, "-m", "hpcsched.cli", "slurm", "harvest", str(cfg), "--out", str(out),
+                             "--timeout", "150", "--json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        def at(procs: int, min_step: int = 0) -> bool:
+            j = store_job(state, "lr")
+            assert proc.poll() is None, f"harvest ended early: {proc.communicate()}"
+            return j is not None and j.state == "running" and j.procs == procs and j.steps_done >= min_step
+
+        wait_for(lambda: at(4, 20), 60, "the job running on 4 pilots")
+        batch = sh("sbatch", "--parsable", "-p", "batch", "-N1", "--wrap", "sleep 5").strip()
+        # A pilot is a batch script (no job step): Slurm signals it on its periodic timer, not at once (15-30 s,
+        # docs/slurm.md "Limits"); the job shrinks as soon as the pilot's worker has the SIGTERM.
+        wait_for(lambda: at(3), 45, "the job to shrink to 3 pilots")
+        submit, start = sh("squeue", "-h", "-j", batch, "-o", "%V %S").split()
+        print(f"batch job started {np.datetime64(start) - np.datetime64(submit)} after its submit")
+        wait_for(lambda: at(4), 60, "the job to grow back to 4 pilots after the batch job")
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM: the controller stops and cancels its pilots
+            proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["finished"] == 1 and summary["preemptions"] >= 1 and summary["max_lost_steps"] <= CKPT_EVERY
+    assert not [n for n, _ in _squeue_names() if n.startswith("hpcsched-pilot-")], "a pilot outlived the harvest"
+
+    ev = events(out)
+    starts = [len(e["nodes"].split()) for e in ev if e["event"] == "start"]
+    assert starts[:3] == [4, 3, 4], ev
+    preempted = [e for e in ev if e["event"] == "preempted"]
+    assert preempted and all(int(e["lost_steps"]) <= CKPT_EVERY for e in preempted), preempted
+    assert any(e["event"] == "vacate" for e in ev) and ev[-1]["event"] == "pilot-gone"
+    finish = [e for e in ev if e["event"] == "finish"]
+    assert len(finish) == 1 and int(finish[0]["step"]) == steps
+    df, meta = read_results(out)
+    assert meta["mode"] == "controller" and meta["failed_attempts"] == 0 and meta["pilots"] >= 5
+    assert meta["preemptions"] == len(preempted) and meta["max_lost_steps"] == max(meta["lost_steps"])
+    assert df.loc[0, "status"] == "completed" and df.loc[0, "nodes"] == 4
+    ckpt = Path(meta["checkpoint_dirs"]["lr"])
+    assert json.loads((ckpt / "checkpoint.json").read_text())["step"] == steps
+    np.testing.assert_allclose(np.load(ckpt / "ckpt.npz")["w"], reference_weights(tmp_path / "ref", steps),
+                               rtol=1e-10, atol=1e-12)
+    from typer.testing import CliRunner
+
+    from hpcsched.cli import app
+
+    r = CliRunner().invoke(app, ["calc", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert 0.5 < s["utilization"] <= 1.0 and s["preemptions"] == meta["preemptions"], s
+
+
+def _squeue_names() -> list[tuple[str, str]]:
+    return [tuple(line.split("|", 1)) for line in sh("squeue", "-h", "-o", "%j|%i").splitlines()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,9 +82,40 @@ def _cfg(tmp_path: Path, text: str) -> Path:
 
 
 def test_config_reads_jobs_relative_to_file(tmp_path: Path) -> None:
-    hf = read_harvest_config(_cfg(tmp_path, "jobs:\n  - {id: a, jmax: 4, steps: 10, command: [x]}\n"))
+    hf = read_harvest_config(_cfg(tmp_path, "mode: scavenger\njobs:\n  - {id: a, jmax: 4, steps: 10, command: [x]}\n"))
     assert hf.mode == "scavenger" and hf.specs[0].ckpt_dir == tmp_path / "ckpt" / "a"
     assert hf.specs[0].job.curve.rate(4) == 4.0
+
+
+def test_mode_controller_is_the_default_and_becomes_a_runtime_job(tmp_path: Path) -> None:
+    """A config without ``mode:`` runs through the controller: its pilot keys map onto the controller's ``slurm:``
+    section, and each job becomes an elastic ``direct`` runtime job that the runtime's own parser accepts, its
+    ``{ckpt_dir}`` / ``{steps}`` the variables the runtime sets for the task."""
+    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.slurm.controller_mode import controller_config, job_yaml, runtime_command
+
+    hf = read_harvest_config(_cfg(tmp_path, (
+        "partition: scav\nqos: low\naccount: p1\ntime_limit_s: 900\nsettle_s: 4\ntfwd: 30\n"
+        "pilot: {stop_grace_s: 2, sbatch_args: [--mem=1G]}\njobs:\n"
+        "  - {id: lr, jmin: 2, jmax: 4, steps: 50, scale_up_s: 1, scale_down_s: 3,\n"
+        "     command: ['{python}', -m, prog, --ckpt-dir, '{ckpt_dir}', '--steps={steps}', 'a b']}\n")))
+    assert hf.mode == "controller"
+    cfg = controller_config(hf, tmp_path / "out", max_pilots=4)
+    p = cfg.pilots
+    assert (p.partition, p.qos, p.account, p.time_limit_s, p.settle_s, p.stop_grace_s, p.sbatch_args, p.max_pilots,
+            p.slots) == ("scav", "low", "p1", 900, 4.0, 2.0, ("--mem=1G",), 4, 1)
+    assert cfg.listen == "127.0.0.1:0" and cfg.milp_tfwd_s == 30 and cfg.token and cfg.worker_token != cfg.token
+    job = parse_job_spec(job_yaml(hf.specs[0], tmp_path, python="/py"), "lr")
+    assert (job.launcher, job.min_procs, job.max_procs, job.steps, job.resize_s) == ("direct", 2, 4, 50, 3.0)
+    assert job.curve_procs == (1, 4) and job.curve_rates == (1.0, 4.0)
+    assert job.command == ("/bin/sh", "-c", 'exec /py -m prog --ckpt-dir "${HPCSCHED_CHECKPOINT_DIR}" '
+                                            '--steps="${HPCSCHED_STEPS}" \'a b\'')
+    out = subprocess.run([*job.command[:2], job.command[2].replace("exec /py -m prog", "printf '%s|'")],
+                         env={"HPCSCHED_CHECKPOINT_DIR": "/c d", "HPCSCHED_STEPS": "50"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == "--ckpt-dir|/c d|--steps=50|a b|"
+    plain = read_harvest_config(_cfg(tmp_path, "jobs:\n  - {id: a, jmax: 1, steps: 1, command: ['{python}', x.py]}\n"))
+    assert runtime_command(plain.specs[0], python="/py") == ["/py", "x.py"]  # no variable: no shell
 
 
 @pytest.mark.parametrize(
@@ -93,9 +125,19 @@ def test_config_reads_jobs_relative_to_file(tmp_path: Path) -> None:
          "jobs[1] lacks 'jmax'", 3),
         ("jobs:\n  - {id: a, jmax: 0, steps: 10, command: [x]}\n", "Jmin", 2),
         ("jobs:\n  - {id: a, jmax: 2, steps: 10, command: x}\n", "list of strings", 2),
-        ("mode: both\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "mode must be", None),
+        ("mode: both\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "mode must be", 1),
         ("jobs: [\n", "invalid YAML", 2),
         ("poll_s: 1\n", "non-empty 'jobs:'", 1),
+        ("jobs:\n  - {id: a, jmax: 2, steps: 1, command: [x], ckpt_dir: c}\n", "ckpt_dir is not read by mode "
+         "controller", 2),
+        ("solver: dp\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "solver: not read by mode controller",
+         1),
+        ("mode: local\nqos: q\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "qos: read by mode "
+         "controller only", 2),
+        ("pilot: {max_pilots: 2}\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "set by harvest itself", 1),
+        ("time_limit_s: 30\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "leave_before_s (60) must be "
+         "below time_limit_s", 1),
+        ("pilot: {stop_grace: 2}\njobs:\n  - {id: a, jmax: 2, steps: 1, command: [x]}\n", "unknown key", 1),
     ],
 )
 def test_config_errors_name_file_and_line(tmp_path: Path, text: str, msg: str, line: int | None) -> None:

@@ -7,8 +7,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from hpcsched.slurm.config import HarvestFile
 
 # The harvester (the MILP allocator, yaml) and rich are imported inside the commands, so that `hpcsched --help`
 # and the other commands do not pay for them.
@@ -76,6 +80,9 @@ def harvest(
 ) -> None:
     """Run the config's elastic jobs on idle Slurm nodes until they finish; `hpcsched calc OUT` reports it.
 
+    Mode controller (the default): the runtime's controller runs in this process with node_source slurm: pilot
+    jobs in the partition run `hpcsched worker`, the controller sizes the jobs (MILP) and its workers launch them;
+    Slurm preempts pilots for batch work (SIGTERM -> checkpoint), the jobs shrink, then grow back.
     Mode scavenger: each run is an sbatch job in the preemptible partition; Slurm preempts it for batch
     work (SIGTERM -> checkpoint) and the harvester restarts it smaller, then grows it back.
     Mode local: own processes on idle nodes, vacated (SIGTERM) when Slurm allocates their node.
@@ -83,13 +90,17 @@ def harvest(
     from rich.console import Console
 
     from hpcsched.slurm.config import read_harvest_config
+
+    hf = read_harvest_config(config)
+    _need_slurm()
+    if hf.mode == "controller":
+        _harvest_with_controller(hf, config, out, timeout, as_json)
+        return
     from hpcsched.slurm.executors import LocalExecutor, ScavengerExecutor
     from hpcsched.slurm.harvester import Harvester
     from hpcsched.slurm.record import Recorder
     from hpcsched.slurm.source import SlurmIdleSource
 
-    hf = read_harvest_config(config)
-    _need_slurm()
     executor = (ScavengerExecutor(hf.partition, out / "logs") if hf.mode == "scavenger"
                 else LocalExecutor(out / "logs"))
     h = Harvester(SlurmIdleSource(), executor, hf.specs, Recorder(out), hf.config)
@@ -118,6 +129,66 @@ def harvest(
     else:
         Console().print(summary)
     if not h.done:
+        raise typer.Exit(1)
+
+
+SUMMARY_KEYS = ("harvested_node_hours", "preemptions", "max_lost_steps", "capacity_node_seconds",
+                "nonoptimal_decisions")
+
+
+def _harvest_with_controller(hf: HarvestFile, config: Path, out: Path, timeout: float, as_json: bool) -> None:
+    """Mode controller (``controller_mode``): the same progress line, summary and exit codes as the other modes."""
+    from rich.console import Console
+
+    from hpcsched.slurm.controller_mode import ControllerHarvest
+
+    h = ControllerHarvest(hf, out)
+    err = Console(stderr=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # killed politely: the controller stops, its pilots are cancelled
+    began = time.monotonic()
+    try:
+        with err.status("starting the controller") as status:
+            address = h.start()
+            err.print(f"controller at {address} (log {out / 'controller.log'}); jobs "
+                      + ", ".join(f"{v.id}={v.job_id}" for v in h.jobs.values()))
+            if h.duplicates:
+                err.print(f"[yellow]resumed:[/] {', '.join(h.duplicates)} were submitted by an earlier run on {out}: "
+                          "their jobs continue (from their checkpoints), not submitted again")
+
+            def show(hv: ControllerHarvest) -> None:
+                parts = []
+                for v in hv.jobs.values():
+                    eta = ""
+                    if v.state == "running" and v.started and v.steps_done:
+                        rate = v.steps_done / max(1e-9, time.time() - v.started)
+                        eta = f" ETA {(v.steps - v.steps_done) / rate:.0f}s" if rate > 0 else ""
+                    parts.append(f"{v.id}: {v.state} {v.procs}p {v.steps_done}/{v.steps}{eta}")
+                status.update(f"{time.monotonic() - began:.0f}s | pool {len(hv.source.pool)} nodes | "
+                              + " | ".join(parts) + f" | finished {len(hv.finished)}/{len(hv.jobs)}")
+
+            h.run(timeout, hf.config.poll_s, on_step=show)
+    except KeyboardInterrupt:
+        h.stop()
+        err.print("interrupted: the controller stopped and cancelled its pilots (their tasks checkpointed)")
+    finally:
+        h.stop()
+        d = h.write({"config": str(config)})
+    meta = json.loads((d / "meta.json").read_text())
+    summary = {k: meta[k] for k in SUMMARY_KEYS} | {"finished": len(h.finished), "out": str(d)}
+    bad = {v.id: v.state for v in h.jobs.values() if v.state not in ("completed",)}
+    if meta["failed_attempts"]:
+        err.print(f"[yellow]warning:[/] {meta['failed_attempts']} failed attempts (restarted from their checkpoints): "
+                  "see the failed rows of events.csv and the controller log")
+    if summary["nonoptimal_decisions"]:
+        err.print(f"[yellow]warning:[/] {summary['nonoptimal_decisions']} scheduling steps sized jobs with a MILP "
+                  f"answer that was not optimal ({meta['nonoptimal_by_status']}): see the controller log")
+    if bad:
+        err.print(f"[yellow]not completed:[/] {bad}")
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        Console().print(summary)
+    if bad:
         raise typer.Exit(1)
 
 

@@ -6,10 +6,14 @@ proves that resizing did not skip or repeat a step. Logistic regression on a see
 set does all of that in milliseconds per step and starts in half a second (torch takes ~5 s per rank
 to import on a 2-core machine, which would dominate every resize).
 
-Ranks come from Slurm (``SLURM_PROCID``/``SLURM_NTASKS``, one task per node under ``srun``) or from
-``HPCSCHED_RANK``/``HPCSCHED_WORLD`` when harvesting launches processes itself (mode (b)).
-Rank 0 listens on a free loopback port (``HPCSCHED_RDZV_HOST`` to change the address) and writes it
-to ``CKPT_DIR/rdzv.json`` for the others; gradients are summed at rank 0 in rank order and sent back.
+Ranks come from the runtime (``RANK``/``WORLD_SIZE`` when its worker launched the process: ``HPCSCHED_JOB_ID``
+is set; harvest mode controller), from Slurm (``SLURM_PROCID``/``SLURM_NTASKS``, one task per node under ``srun``)
+or from ``HPCSCHED_RANK``/``HPCSCHED_WORLD`` when harvesting launches processes itself (mode (b)). The runtime's
+variables win: a pilot's worker runs inside a Slurm job, so its tasks inherit that job's ``SLURM_*``.
+Rank 0 listens on a free loopback port (``HPCSCHED_RDZV_HOST`` to change the address), or under the runtime at
+``MASTER_ADDR:MASTER_PORT`` (the port node 0's worker reported free), and writes where and a one-time key to
+``CKPT_DIR/rdzv.json`` for the others; gradients are summed at rank 0 in rank order and sent back.
+``--ckpt-dir`` and ``--steps`` default to the runtime's ``HPCSCHED_CHECKPOINT_DIR`` / ``HPCSCHED_STEPS``.
 
 Every step uses the same global batch (drawn from ``(seed, step)``) split across the ranks, and the
 update divides by the global batch size, so the trajectory does not depend on how many ranks ran
@@ -18,7 +22,9 @@ which steps: a run resized any number of times ends with the same weights as one
 checkpoint there, and all exit 0; a checkpoint is also written every ``--ckpt-every`` steps, which
 bounds what a SIGKILL loses. The files harvesting reads (its workload protocol):
 ``CKPT_DIR/progress.json`` ``{"step": last completed step}`` and ``CKPT_DIR/checkpoint.json``
-``{"step": last checkpointed step}``; ``CKPT_DIR/log.jsonl`` has one line per start/stop/finish.
+``{"step": last checkpointed step}``; ``CKPT_DIR/log.jsonl`` has one line per start/stop/finish. Under the
+runtime rank 0 also appends the runtime's progress lines to ``$HPCSCHED_PROGRESS_FILE`` (``step``, ``resumed_from``,
+``checkpoint`` when one was written at that step, ``done`` at the end), which is how the controller counts steps.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
@@ -89,7 +96,8 @@ def save_checkpoint(ckpt_dir: Path, step: int, w: np.ndarray) -> None:
 class Group:
     """Rank 0 is the hub: it sums what the others send, in rank order, and sends the sum back."""
 
-    def __init__(self, rank: int, world: int, ckpt_dir: Path, run_id: str, timeout: float = 60.0) -> None:
+    def __init__(self, rank: int, world: int, ckpt_dir: Path, run_id: str, timeout: float = 60.0,
+                 listen: tuple[str, int] | None = None) -> None:
         self.rank, self.world = rank, world
         self.peers: list[Connection] = []
         self.conn: Connection | None = None
@@ -98,7 +106,7 @@ class Group:
             return
         if rank == 0:
             key = secrets.token_bytes(16)
-            listener = Listener((os.environ.get("HPCSCHED_RDZV_HOST", "127.0.0.1"), 0), authkey=key)
+            listener = Listener(listen or (os.environ.get("HPCSCHED_RDZV_HOST", "127.0.0.1"), 0), authkey=key)
             host, port = listener.address
             _atomic_write(rdzv, json.dumps({"run": run_id, "host": host, "port": port, "key": key.hex()}).encode())
             by_rank: dict[int, Connection] = {}
@@ -149,8 +157,11 @@ class Group:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ckpt-dir", type=Path, required=True)
-    ap.add_argument("--steps", type=int, required=True, help="total steps of the whole run (all restarts)")
+    env_ckpt, env_steps = os.environ.get("HPCSCHED_CHECKPOINT_DIR"), os.environ.get("HPCSCHED_STEPS")
+    ap.add_argument("--ckpt-dir", type=Path, required=env_ckpt is None, default=env_ckpt,
+                    help="default: $HPCSCHED_CHECKPOINT_DIR (the runtime's)")
+    ap.add_argument("--steps", type=int, required=env_steps is None, default=env_steps,
+                    help="total steps of the whole run (all restarts); default: $HPCSCHED_STEPS (the runtime's)")
     ap.add_argument("--ckpt-every", type=int, default=20, help="periodic checkpoint interval in steps")
     ap.add_argument("--batch", type=int, default=256, help="global batch size (split across ranks)")
     ap.add_argument("--lr", type=float, default=0.5)
@@ -168,10 +179,41 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGALRM, saved[1])
 
 
+def identity(env: Mapping[str, str]) -> tuple[int, int, str, tuple[str, int] | None]:
+    """(rank, world size, run id, rank 0's listen address or None) from whoever launched this process: the
+    runtime's worker (``HPCSCHED_JOB_ID`` set: torch.distributed's variables, one run per job attempt), the
+    harvester's mode (b) (``HPCSCHED_RANK``), ``srun`` (``SLURM_PROCID``), or nobody (one process)."""
+    if env.get("HPCSCHED_JOB_ID") and "RANK" in env:
+        run = f"{env['HPCSCHED_JOB_ID']}.g{env.get('HPCSCHED_GENERATION', '0')}"
+        listen = (env["MASTER_ADDR"], int(env["MASTER_PORT"])) if env.get("MASTER_ADDR") and env.get(
+            "MASTER_PORT") else None
+        return int(env["RANK"]), int(env.get("WORLD_SIZE", "1")), run, listen
+    rank = int(env.get("HPCSCHED_RANK", env.get("SLURM_PROCID", "0")))
+    world = int(env.get("HPCSCHED_WORLD", env.get("SLURM_NTASKS", "1")))
+    return rank, world, env.get("HPCSCHED_RUN_ID") or env.get("SLURM_JOB_ID") or str(os.getppid()), None
+
+
+class Progress:
+    """The runtime's progress lines (rank 0, only when the runtime gave ``HPCSCHED_PROGRESS_FILE`` and launched
+    this process): the harvester's own modes read ``progress.json`` / ``checkpoint.json`` instead."""
+
+    def __init__(self, rank: int, world: int, resumed_from: int) -> None:
+        runtime = os.environ.get("HPCSCHED_JOB_ID") and os.environ.get("HPCSCHED_PROGRESS_FILE")
+        self.path = Path(os.environ["HPCSCHED_PROGRESS_FILE"]) if runtime and rank == 0 else None
+        self.world, self.resumed_from, self.first = world, resumed_from, True
+
+    def report(self, step: int, **fields: object) -> None:
+        if self.path is None:
+            return
+        line = {"step": step, "world_size": self.world, "time": time.time(), "resumed_from": self.resumed_from,
+                "first": self.first} | fields
+        self.first = False
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 def _train(a: argparse.Namespace) -> int:
-    rank = int(os.environ.get("HPCSCHED_RANK", os.environ.get("SLURM_PROCID", "0")))
-    world = int(os.environ.get("HPCSCHED_WORLD", os.environ.get("SLURM_NTASKS", "1")))
-    run_id = os.environ.get("HPCSCHED_RUN_ID") or os.environ.get("SLURM_JOB_ID") or str(os.getppid())
+    rank, world, run_id, listen = identity(os.environ)
     a.ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     stop = {"flag": 0.0}
@@ -183,7 +225,7 @@ def _train(a: argparse.Namespace) -> int:
     signal.alarm(RDZV_TIMEOUT_S)
     try:
         x, y = dataset(a.seed, a.samples, a.features)
-        group = Group(rank, world, a.ckpt_dir, run_id, timeout=RDZV_TIMEOUT_S)
+        group = Group(rank, world, a.ckpt_dir, run_id, timeout=RDZV_TIMEOUT_S, listen=listen)
         step, w = group.broadcast(load_checkpoint(a.ckpt_dir, a.features) if rank == 0 else None)  # type: ignore[misc]
         signal.alarm(0)
         signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", 1.0))
@@ -204,6 +246,8 @@ def _train(a: argparse.Namespace) -> int:
                                     "run": run_id, **kw}) + "\n")
 
     record("start", node=os.environ.get("SLURMD_NODENAME", ""))
+    progress = Progress(rank, world, step)
+    progress.report(step)
     try:
         while step < a.steps:
             t0 = time.monotonic()
@@ -215,11 +259,12 @@ def _train(a: argparse.Namespace) -> int:
             step += 1
             if rank == 0:
                 _atomic_write(a.ckpt_dir / "progress.json", json.dumps({"step": step, "run": run_id}).encode())
-                if step % a.ckpt_every == 0 or step == a.steps:
+                saved = step % a.ckpt_every == 0 or step == a.steps or total[-1] > 0
+                if saved:
                     save_checkpoint(a.ckpt_dir, step, w)
+                progress.report(step, **({"checkpoint": str(a.ckpt_dir / "ckpt.npz")} if saved else {}),
+                                **({"done": True} if step == a.steps else {}))
             if total[-1] > 0 and step < a.steps:
-                if rank == 0:
-                    save_checkpoint(a.ckpt_dir, step, w)
                 record("stop", reason="SIGTERM")
                 return 0
             pause = a.step_time - (time.monotonic() - t0)
