@@ -174,5 +174,5 @@ def test_elastic_horovod_grows_and_shrinks_in_place_across_pilots(tmp_path: Path
     print(f"\nelastic Horovod across pilots: started at {next(e['procs'] for e in ev if e['kind'] == 'start')}, "
           f"in place at {[e['procs'] for e in ev if e['kind'] == 'resized']}; "
           f"submit -> 3 pilots {first_3 - t['submit']:.1f} s; preempt (first drain) -> shrink decided "
-          f"{shrink[0]['time'] - min(draining):.2f} s -> report at 1 {in_grace:.2f} s; batch end -> back at 3 "
-          f"{t['back_at_3'] - t['batch_end']:.1f} s; wall {t['done'] - t['submit']:.1f} s")
+          f"{max(0.0, shrink[0]['time'] - min(draining)):.2f} s -> report at 1 {in_grace:.2f} s; batch end -> back "
+          f"at 3 {t['back_at_3'] - t['batch_end']:.1f} s; wall {t['done'] - t['submit']:.1f} s")
