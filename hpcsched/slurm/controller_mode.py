@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from hpcsched.errors import InputError
 from hpcsched.slurm import commands
 from hpcsched.slurm.config import HarvestFile
 from hpcsched.slurm.record import EVENT_COLUMNS
@@ -164,6 +165,8 @@ class ControllerHarvest:
         root.setLevel(logging.INFO)
         root.propagate = False  # the terminal shows progress; the controller's lines go to its log
         nodes = partition_nodes(self.hf.partition)
+        if not nodes:
+            raise InputError(self.hf.path, f"partition: Slurm lists no node in partition {self.hf.partition!r}")
         self.server = ControllerServer(controller_config(self.hf, self.out, len(nodes)))
         address = self.server.start()
         workdir = Path.cwd()
@@ -237,11 +240,14 @@ class ControllerHarvest:
         """events.csv, jobs.csv and meta.json from the controller's store (read-only, after ``stop``)."""
         from hpcsched.runtime.store import Store
 
-        store = Store(self.out / "run" / "state.db", query_only=True)
-        try:
-            events, progress = store.events(), store.progress()
-        finally:
-            store.close()
+        events: list[dict[str, Any]] = []
+        progress: list[dict[str, Any]] = []
+        if (self.out / "run" / "state.db").exists():  # else the controller never started: an empty run
+            store = Store(self.out / "run" / "state.db", query_only=True)
+            try:
+                events, progress = store.events(), store.progress()
+            finally:
+                store.close()
         names = {v.job_id: v.id for v in self.jobs.values()}
         meta = {"capacity_node_seconds": self.capacity_node_seconds,
                 "capacity_nodes": len(self.source.last.states) if self.source.last else 0,
