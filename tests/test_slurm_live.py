@@ -381,6 +381,12 @@ def test_harvest_mode_controller_runs_the_job_on_pilot_workers(tmp_path: Path) -
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)
     assert 0.5 < s["utilization"] <= 1.0 and s["preemptions"] == meta["preemptions"], s
+    # The same config on the same --out again: the job is the earlier run's (request id harvest:lr), not a new one
+    again = subprocess.run([sys.executable, "-m", "hpcsched.cli", "slurm", "harvest", str(cfg), "--out", str(out),
+                            "--timeout", "30", "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert again.returncode == 0 and "resumed:" in again.stderr, again.stderr
+    assert json.loads(again.stdout)["finished"] == 1 and read_results(out)[1]["resumed_jobs"] == ["lr"]
+    assert [e["event"] for e in events(out)].count("start") == len(starts)  # nothing started again
 
 
 def _squeue_names() -> list[tuple[str, str]]:

@@ -281,9 +281,10 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     Events: pool ``join`` / ``leave`` (polled here), ``pilot-submit`` / ``pilot-running`` / ``pilot-cancel`` /
     ``pilot-gone`` / ``pilot-adopt`` (the pilot manager's), and per job ``start`` (an attempt: its pilots' nodes),
     ``running`` (its first report: ``ckpt_step`` the step it resumed from), ``vacate`` (stopped because its pilot
-    was preempted or left), ``resize`` (stopped to be relaunched at another size), ``preempted`` / ``stopped``
-    (the attempt ended: ``step`` its last step, ``ckpt_step`` the step the next attempt resumed from, else its last
-    checkpoint, ``lost_steps`` the difference), ``finish``, ``failed`` (a failed attempt, with the reason).
+    was preempted or left), ``stop`` (because this controller cancelled its pilot: stopping, idle), ``resize``
+    (stopped to be relaunched at another size), ``preempted`` / ``stopped`` (the attempt ended: ``step`` its last
+    step, ``ckpt_step`` the step the next attempt resumed from, else its last checkpoint, ``lost_steps`` the
+    difference), ``finish``, ``failed`` (a failed attempt, with the reason).
     ``lost_steps`` in meta: one entry per preemption, as in the harvester's modes."""
     from hpcsched.metrics import job_attempts, pilot_metrics
     from hpcsched.results import JobResult, write_results
@@ -304,6 +305,7 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     for t, kind, node, pool, why in pool_events:
         row(t, kind, nodes=(node,), pool=pool, detail=why)
     stop_reason: dict[str, str] = {}
+    cancelled: set[str] = set()  # workers of pilots this controller cancelled
     gen_of: dict[str, int] = {}
     workers_of: dict[str, tuple[str, ...]] = {}
     preempt_lost: list[int] = []
@@ -311,6 +313,8 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     for e in sorted(events, key=lambda e: e["time"]):
         t, kind, jid = e["time"], e["kind"], e.get("job_id")
         if kind == "pilot":
+            if e.get("event") == "cancel" and e.get("worker"):
+                cancelled.add(e["worker"])
             row(t, f"pilot-{e.get('event', '')}", nodes=(e["node"],) if e.get("node") else (),
                 detail=f"Slurm job {e.get('slurm_job', '')}: {e.get('detail', '')}".rstrip(": "))
             continue
@@ -331,8 +335,13 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
         elif kind == "stop":
             reason = str(e.get("reason", ""))
             stop_reason[jid] = reason
-            if reason == "preempt":
-                left = str(e.get("worker_left", ""))
+            left = str(e.get("worker_left", ""))
+            if reason == "preempt" and left in cancelled:
+                # its pilot was cancelled by this controller (stopping, idle, hung): no preemption by Slurm
+                stop_reason[jid] = "pilot cancelled"
+                row(t, "stop", name, (node_of.get(left, left),), detail=f"its pilot {left} was cancelled by the "
+                                                                         "controller")
+            elif reason == "preempt":
                 row(t, "vacate", name, (node_of.get(left, left),) if left else nodes,
                     detail=f"its pilot {left} was preempted or left" if left else "preempted")
             elif reason == "resize":
@@ -351,7 +360,7 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
                 tally["lost"].append(lost)
                 preempt_lost.append(lost)
             row(t, "preempted" if preempted else "stopped", name, nodes, step=got["last"], ckpt=ckpt, lost=lost,
-                detail=str(e.get("reason", "")))
+                detail=stop_reason.get(jid, str(e.get("reason", ""))))
         elif kind == "completed":
             row(t, "finish", name, nodes, step=int(e.get("steps", 0)), ckpt=int(e.get("steps", 0)))
         elif kind == "task_failed":
