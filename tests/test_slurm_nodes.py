@@ -145,3 +145,62 @@ def test_config_errors_name_file_and_line(tmp_path: Path, text: str, msg: str, l
     with pytest.raises(InputError) as e:
         read_harvest_config(p)
     assert msg in str(e.value) and e.value.line == line
+
+
+def test_mode_controller_outputs_from_a_controller_store(tmp_path: Path) -> None:
+    """DIR's files in mode controller come from the controller's store: a pilot Slurm preempted is a preemption
+    whose lost steps are the attempt's last step minus the step the next attempt resumed from (here 12: killed
+    past its checkpoint at 25); a pilot the controller cancelled itself stops the job without a preemption."""
+    import csv
+    import json
+    import time
+
+    from hpcsched.runtime.store import Store
+    from hpcsched.slurm.controller_mode import to_results
+
+    store = Store(tmp_path / "state.db", owner=True)
+    t0 = time.time()
+
+    def ev(job: str | None, kind: str, **detail: object) -> None:
+        store.event(job, kind, **detail)
+        time.sleep(0.002)  # events are ordered by their time
+
+    def steps(gen: int, first: int, last: int, ckpt: tuple[int, ...] = ()) -> None:
+        for s in range(first, last + 1):
+            store.add_progress("j0001", gen, {"time": time.time(), "step": s, "resumed_from": first,
+                                              "checkpoint": "c" if s in ckpt else None})
+
+    for n in (1, 2):
+        ev(None, "pilot", event="running", slurm_job=str(n), node=f"n{n}", worker=f"pilot-{n}")
+    ev("j0001", "start", generation=1, procs=2, workers=["pilot-1", "pilot-2"])
+    steps(1, 0, 37, ckpt=(25,))
+    ev("j0001", "stop", reason="preempt", worker_left="pilot-2")
+    ev("j0001", "stopped", reason="preempt")
+    ev("j0001", "start", generation=2, procs=1, workers=["pilot-1"])
+    steps(2, 25, 60, ckpt=(50, 60))
+    ev(None, "pilot", event="cancel", slurm_job="1", node="n1", worker="pilot-1", detail="idle")
+    ev("j0001", "stop", reason="preempt", worker_left="pilot-1")
+    ev("j0001", "stopped", reason="preempt")
+    ev(None, "pilot", event="running", slurm_job="3", node="n3", worker="pilot-3")
+    ev("j0001", "start", generation=3, procs=1, workers=["pilot-3"])
+    steps(3, 60, 80, ckpt=(80,))
+    ev("j0001", "completed", steps=80)
+    events, progress = store.events(), store.progress()
+    store.close()
+
+    out = to_results(tmp_path / "out", t0, {"j0001": "lr"}, events, progress, [(t0, "join", "n1", 1, "idle")],
+                     {"capacity_node_seconds": 10.0})
+    with (out / "events.csv").open() as f:
+        rows = [r for r in csv.DictReader(f)]
+    job = [(r["event"], r["nodes"], r["step"], r["ckpt_step"], r["lost_steps"]) for r in rows if r["job"]]
+    assert job == [("start", "n1 n2", "", "", ""), ("vacate", "n2", "", "", ""),
+                   ("preempted", "n1 n2", "37", "25", "12"), ("start", "n1", "", "", ""), ("stop", "n1", "", "", ""),
+                   ("stopped", "n1", "60", "60", "0"),
+                   ("start", "n3", "", "", ""), ("finish", "n3", "80", "80", "")]
+    assert rows[0]["event"] == "join" and [r["event"] for r in rows].count("pilot-running") == 3
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["preemptions"], meta["lost_steps"], meta["max_lost_steps"], meta["pilots"]) == (1, [12], 12, 3)
+    assert meta["mode"] == "controller" and meta["controller_jobs"] == {"lr": "j0001"}
+    with (out / "jobs.csv").open() as f:
+        (lr,) = list(csv.DictReader(f))
+    assert lr["status"] == "completed" and lr["nodes"] == "2" and float(lr["node_seconds"]) > 0
