@@ -150,7 +150,8 @@ def test_config_errors_name_file_and_line(tmp_path: Path, text: str, msg: str, l
 def test_mode_controller_outputs_from_a_controller_store(tmp_path: Path) -> None:
     """DIR's files in mode controller come from the controller's store: a pilot Slurm preempted is a preemption
     whose lost steps are the attempt's last step minus the step the next attempt resumed from (here 12: killed
-    past its checkpoint at 25); a pilot the controller cancelled itself stops the job without a preemption."""
+    past its checkpoint at 25); a pilot the controller cancelled itself stops the job without a preemption, also
+    when its worker's Leave reached the store before the pilot manager recorded the cancel (seen live)."""
     import csv
     import json
     import time
@@ -178,8 +179,8 @@ def test_mode_controller_outputs_from_a_controller_store(tmp_path: Path) -> None
     ev("j0001", "stopped", reason="preempt")
     ev("j0001", "start", generation=2, procs=1, workers=["pilot-1"])
     steps(2, 25, 60, ckpt=(50, 60))
-    ev(None, "pilot", event="cancel", slurm_job="1", node="n1", worker="pilot-1", detail="idle")
-    ev("j0001", "stop", reason="preempt", worker_left="pilot-1")
+    ev("j0001", "stop", reason="preempt", worker_left="pilot-1")  # its worker's Leave, stored before ...
+    ev(None, "pilot", event="cancel", slurm_job="1", node="n1", worker="pilot-1", detail="idle")  # ... the cancel
     ev("j0001", "stopped", reason="preempt")
     ev(None, "pilot", event="running", slurm_job="3", node="n3", worker="pilot-3")
     ev("j0001", "start", generation=3, procs=1, workers=["pilot-3"])

@@ -305,7 +305,10 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     for t, kind, node, pool, why in pool_events:
         row(t, kind, nodes=(node,), pool=pool, detail=why)
     stop_reason: dict[str, str] = {}
-    cancelled: set[str] = set()  # workers of pilots this controller cancelled
+    # Workers of pilots this controller cancelled (stopping, idle, hung), from all events: the manager records its
+    # cancel after scancel returns, and a worker's Leave can reach the store before that record.
+    cancelled = {e["worker"] for e in events if e["kind"] == "pilot" and e.get("worker") and (
+        e.get("event") == "cancel" or e.get("event") == "gone" and e.get("cancelled"))}
     gen_of: dict[str, int] = {}
     workers_of: dict[str, tuple[str, ...]] = {}
     preempt_lost: list[int] = []
@@ -313,8 +316,6 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     for e in sorted(events, key=lambda e: e["time"]):
         t, kind, jid = e["time"], e["kind"], e.get("job_id")
         if kind == "pilot":
-            if e.get("event") == "cancel" and e.get("worker"):
-                cancelled.add(e["worker"])
             row(t, f"pilot-{e.get('event', '')}", nodes=(e["node"],) if e.get("node") else (),
                 detail=f"Slurm job {e.get('slurm_job', '')}: {e.get('detail', '')}".rstrip(": "))
             continue
