@@ -321,7 +321,8 @@ Busy = list[tuple[float, float, list[str]]]  # (from, to, nodes)
 
 def run_replay(d: Path, name: str, busy: Busy, taken: Busy,
                served: dict[str, list[float]], submits: dict[str, float], t0: float, resize_s: dict[str, float],
-               rates: dict[str, tuple[float, float]] | None = None, accounting: str = "reference") -> dict:
+               rates: dict[str, tuple[float, float]] | None = None, accounting: str = "reference",
+               extra: tuple[str, ...] = ()) -> dict:
     """``hpcsched replay`` on the live run's batch events (``busy``: the batch jobs' start, end and nodes from
     Slurm's jobcomp log) as BFTrainer idle intervals of the 4 nodes from the first elastic submit on, each stretch
     from when a pilot served it (``served``) and without the Muri pair's node time (``taken``), with the elastic
@@ -347,7 +348,8 @@ def run_replay(d: Path, name: str, busy: Busy, taken: Busy,
     exe = shutil.which("hpcsched", path=str(Path(sys.executable).parent)) or "hpcsched"
     r = subprocess.run([exe, "replay", "--idle", str(idle), "--node-order", str(order), "--nodes", str(len(NODES)),
                         "--jobs", str(bnd), "--curves", str(nps), "--out", str(out), "--start", str(t0),
-                        "--tfwd", f"{TFWD_S:g}", "--exact-events", "--accounting", accounting, "--json", "--quiet"],
+                        "--tfwd", f"{TFWD_S:g}", "--exact-events", "--accounting", accounting, *extra, "--json",
+                        "--quiet"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
@@ -611,7 +613,7 @@ def live_vs_replay(d: Path) -> dict:
     served = usable_from(events, node_of, SETTLE_S)
     lost = preempted_busy(jobs, worker_times(events, node_of, "worker_draining"))
     replay = run_replay(d, "replay", lost, pair_busy, served, submits, t_start,
-                        {jid: sum(c) for jid, c in costs.items()}, rates, accounting="restart")
+                        {jid: sum(c) for jid, c in costs.items()}, rates, accounting="restart", extra=("--no-pause",))
     every = {n: [t_start] + [b for _, b, nodes in busy if n in nodes] for n in NODES}  # free at once
     declared = run_replay(d, "replay-declared", busy, pair_busy, every, submits, t_start,
                           dict.fromkeys(ids, RESIZE_S))

@@ -232,3 +232,32 @@ def test_a_small_job_on_epoch_times_completes_when_it_reaches_pmax() -> None:
     res = run(tl, jobs, ReplayConfig(tfwd=10.0, exact_events=True))
     ends = {j.job_id: j.end for j in res.jobs}
     assert ends["a"] == pytest.approx(1795759673.189, abs=0.01) and ends["b"] < ends["a"], ends
+
+
+def test_no_pause_holds_an_admitted_job_at_its_minimum_as_the_controller_does() -> None:
+    """Found by the harvesting end-to-end test: when a batch job took both nodes of one of two elastic jobs, the live
+    controller ran both at 1 node (core.decide never pauses an admitted job) while the replay, in BFTrainer's model,
+    paused the preempted job and kept the other at 2, and the replay's JCT and utilisation drifted 17% from live.
+    ``no_pause`` decides as the controller does; the default stays BFTrainer's."""
+    from hpcsched.harvest.replay import replay as run
+
+    t0 = 1000.0
+    rows = [("n1", t0, t0 + 30.0), ("n2", t0, t0 + 30.001), ("n3", t0, t0 + 600), ("n4", t0, t0 + 600)]
+    tl = timeline_from_intervals([IdleInterval(*r) for r in rows], nodes=["n1", "n2", "n3", "n4"], start=t0)
+    jobs = [ElasticJob("a", t0, 1, 2, ScalingCurve((0.0, 1.0, 2.0), (0.0, 9.9, 19.16)), 1300.0, 5.18, 5.18),
+            ElasticJob("b", t0, 1, 2, ScalingCurve((0.0, 1.0, 2.0), (0.0, 9.93, 19.25)), 1300.0, 3.24, 3.24)]
+
+    def after_the_batch_job(res) -> list[tuple]:  # (pool, used) at the events once n1 and n2 are gone
+        ev = _events(res)
+        return [(int(r.pool), int(r.used)) for r in ev.itertuples() if t0 + 30.001 <= r.time < t0 + 40]
+
+    paused = run(tl, jobs, ReplayConfig(tfwd=60.0, solver="dp", exact_events=True))
+    held = run(tl, jobs, ReplayConfig(tfwd=60.0, solver="dp", exact_events=True, no_pause=True))
+    assert after_the_batch_job(paused) == [(2, 2)] and after_the_batch_job(held) == [(2, 2)]
+
+    def rate(res) -> float:  # samples/s of the jobs together once n1 and n2 are gone
+        return float(_events(res).query(f"time >= {t0 + 30.001}").iloc[0]["rate"])
+
+    assert rate(paused) in (pytest.approx(19.25), pytest.approx(19.16))  # one job at 2, the other paused
+    assert rate(held) == pytest.approx(9.9 + 9.93)  # both at their minimum
+    assert all(j.end is not None for j in held.jobs)

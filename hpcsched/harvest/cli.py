@@ -33,6 +33,9 @@ def replay_cmd(
     predict_tfwd: bool = typer.Option(False, "--predict-tfwd", help="Tfwd = median idle stretch seen so far."),
     exact_events: bool = typer.Option(False, "--exact-events", help="Also re-solve when a job completes or is "
                                       "submitted (the reference waits for the next pool change)."),
+    no_pause: bool = typer.Option(False, "--no-pause", help="Never pause an admitted job, as the runtime controller "
+                                  "decides: jobs are admitted at their minimum first come first served, and a job the "
+                                  "allocator would pause is held at its minimum (BFTrainer's model may pause any)."),
     max_jobs: int = typer.Option(10, "--max-jobs", help="Jobs admitted at once (the reference's maxJ)."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds per MILP decision."),
     start: float | None = typer.Option(None, "--start", help="Replay start (epoch s); default: the first elastic "
@@ -72,7 +75,7 @@ def replay_cmd(
         raise typer.BadParameter("--tfwd must be > 0")
     config = ReplayConfig(tfwd=tfwd, solver=solver, objective=objective, accounting=accounting,
                           max_jobs=max_jobs, time_limit=time_limit, predict_tfwd=predict_tfwd,
-                          exact_events=exact_events)
+                          exact_events=exact_events, no_pause=no_pause)
     if skip_warmup and log is None:
         raise typer.BadParameter("--skip-warmup applies to --log only (idle intervals record the busy nodes)")
     request = ReplayRequest(jobs_file, curves, idle=idle, log=log, nodes=nodes, node_order=node_order, start=start,

@@ -73,6 +73,10 @@ class ReplayConfig:
     predict_tfwd: bool = False
     history: int = 1000  # idle stretches the predictor remembers
     exact_events: bool = False  # also decide when a job completes or is submitted, not only on pool changes
+    # Never pause an admitted job, as the runtime controller decides (core.decide): jobs are admitted at their
+    # minimum first come first served while the pool fits them, a job the allocator would pause (0 nodes) is held at
+    # its minimum and the others are sized again over the rest. BFTrainer's model may pause any job.
+    no_pause: bool = False
 
     def __post_init__(self) -> None:
         if self.accounting not in ACCOUNTING:
@@ -431,6 +435,8 @@ class _Replay:
                            for r in self.active)
             counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
                                                    cfg.time_limit)
+            if cfg.no_pause:
+                counts, status = self._held_at_minimum(states, counts, status, tfwd)
             if len(self.cache) > 100_000:
                 self.cache.clear()
             self.cache[key] = (counts, status)
@@ -456,6 +462,29 @@ class _Replay:
                 r.start = now
         self.rescales += rescales
         return rescales, loss, tfwd, status, secs
+
+    def _held_at_minimum(self, states: tuple[JobState, ...], counts: list[int], status: str,
+                         tfwd: float) -> tuple[list[int], str]:
+        """``no_pause``: the controller's rule over the allocator's answer ``counts`` (ReplayConfig)."""
+        cfg, left = self.cfg, self.pool.size
+        sizes: dict[int, int] = {}
+        for i, st in enumerate(states):  # admitted at their minimum, first come first served
+            if st.job.jmin <= left:
+                sizes[i] = st.job.jmin
+                left -= st.job.jmin
+        free = list(sizes)
+        if len(free) == len(states) and all(c >= st.job.jmin for c, st in zip(counts, states, strict=True)):
+            return counts, status  # nothing paused: the allocator's answer stands
+        while free:
+            pool_n = left + sum(sizes[i] for i in free)
+            sub, status, _ = solve_counts_sized(tuple(states[i] for i in free), pool_n, tfwd, cfg.objective,
+                                                cfg.solver, cfg.time_limit)
+            paused = [i for i, c in zip(free, sub, strict=True) if c < sizes[i]]
+            if not paused:
+                sizes.update(zip(free, sub, strict=True))
+                break
+            free = [i for i in free if i not in paused]  # held at their minimum; the others sized again
+        return [sizes.get(i, 0) for i in range(len(states))], status
 
     def _restart_loss(self, job: ElasticJob, preempted: bool, c: int, n: int, new_rate: float, first: bool) -> float:
         if self.cfg.accounting == "reference":  # T x old rate (a start is free but the very first)

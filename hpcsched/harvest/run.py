@@ -153,7 +153,8 @@ def run_replay(
         "jobs_file": str(request.jobs_file), "cluster": f"{len(tl.nodes)} nodes", "capacity_nodes": len(tl.nodes),
         "capacity_node_seconds": float(s["idle_node_hours"]) * 3600.0,  # type: ignore[arg-type]
         "tfwd": cfg.tfwd, "objective": str(cfg.objective), "accounting": cfg.accounting,
-        "predict_tfwd": cfg.predict_tfwd, "exact_events": cfg.exact_events, "max_jobs": cfg.max_jobs,
+        "predict_tfwd": cfg.predict_tfwd, "exact_events": cfg.exact_events, "no_pause": cfg.no_pause,
+        "max_jobs": cfg.max_jobs,
         "submit_shift_s": shift, **(meta_extra or {}), **tl.notes, "summary": s,
         "nonoptimal_by_status": res.nonoptimal_by_status, "notes": notes, "warnings": warnings,
     }
