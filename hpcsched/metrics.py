@@ -711,6 +711,14 @@ def restart_lost_steps(progress: Sequence[Mapping[str, Any]]) -> list[int]:
     return out
 
 
+def cancelled_pilot_workers(events: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Workers of the pilots the controller cancelled itself (stopping, idle, hung), from all its pilot events: a job
+    stopped because such a worker left was not preempted. From all events, since the manager records its cancel after
+    scancel returns and the worker's Leave can reach the store first."""
+    return {e["worker"] for e in events if e["kind"] == "pilot" and e.get("worker") and (
+        e.get("event") == "cancel" or e.get("event") == "gone" and e.get("cancelled"))}
+
+
 def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mapping[str, Any]],
                   end: float | None = None) -> dict[str, Any]:
     """Harvesting figures of a controller run from its store (``Store.events()`` rows: time, job_id, kind and
@@ -726,7 +734,8 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
       themselves at the end of their idle window (``time_limit: fit-idle-window``), counted apart because
       leaving then is the plan, not a loss.
     - ``preemptions``: job stops for a pilot (or any worker) leaving or preempted (``stop`` events, reason
-      ``preempt``); ``lost_steps``: steps lost past the last checkpoint, summed over every restart of a job
+      ``preempt``), not for a pilot this controller cancelled (``cancelled_pilot_workers``); ``lost_steps``: steps
+      lost past the last checkpoint, summed over every restart of a job
       (preemption, resize, failure), ``max_lost_steps`` the largest one.
 
     Figures that need pilots are left out and listed under ``unavailable`` with the reason when the run has
@@ -734,7 +743,9 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     if end is None:
         end = max([e["time"] for e in events] + [r["time"] for r in progress], default=0.0)
     out: dict[str, Any] = {}
-    stops = [e for e in events if e["kind"] == "stop" and e.get("reason") == "preempt"]
+    cancelled = cancelled_pilot_workers(events)
+    stops = [e for e in events if e["kind"] == "stop" and e.get("reason") == "preempt"
+             and e.get("worker_left") not in cancelled]
     lost = restart_lost_steps(progress)
     out["preemptions"] = len(stops)
     out["lost_steps"] = sum(lost)

@@ -275,3 +275,21 @@ def test_decisions_wait_for_pilots_about_to_register_so_an_elastic_job_starts_on
     finally:
         c.close()
         srv.stop()
+
+
+def test_a_job_stopped_because_the_controller_cancelled_its_pilot_is_no_preemption() -> None:
+    """The controller stopping (or releasing an idle or hung pilot) cancels its pilots; a job stopped because such a
+    pilot's worker left was not preempted by Slurm, whichever of the worker's Leave (the stop) and the manager's
+    cancel record reached the store first."""
+    def pilot(t: float, event: str, jid: str, **extra: object) -> dict:
+        return {"time": t, "job_id": None, "kind": "pilot", "event": event, "slurm_job": jid, "node": "n1",
+                "worker": f"pilot-{jid}", "state": "RUNNING", "detail": "", **extra}
+
+    def stop(t: float, worker: str) -> dict:
+        return {"time": t, "job_id": "j1", "kind": "stop", "reason": "preempt", "worker_left": worker}
+
+    events = [pilot(0.0, "running", "7"), pilot(0.0, "running", "8"),
+              stop(50.0, "pilot-7"), pilot(50.5, "gone", "7", cancelled=False),  # Slurm took it back
+              stop(80.0, "pilot-8"), pilot(80.011, "cancel", "8"), pilot(81.0, "gone", "8", cancelled=True)]
+    got = pilot_metrics(events, [], end=100.0)
+    assert (got["preemptions"], got["pilots_preempted"]) == (1, 1), got

@@ -286,7 +286,7 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     step, ``ckpt_step`` the step the next attempt resumed from, else its last checkpoint, ``lost_steps`` the
     difference), ``finish``, ``failed`` (a failed attempt, with the reason).
     ``lost_steps`` in meta: one entry per preemption, as in the harvester's modes."""
-    from hpcsched.metrics import job_attempts, pilot_metrics
+    from hpcsched.metrics import cancelled_pilot_workers, job_attempts, pilot_metrics
     from hpcsched.results import JobResult, write_results
 
     gens = _generations(progress)
@@ -305,10 +305,7 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     for t, kind, node, pool, why in pool_events:
         row(t, kind, nodes=(node,), pool=pool, detail=why)
     stop_reason: dict[str, str] = {}
-    # Workers of pilots this controller cancelled (stopping, idle, hung), from all events: the manager records its
-    # cancel after scancel returns, and a worker's Leave can reach the store before that record.
-    cancelled = {e["worker"] for e in events if e["kind"] == "pilot" and e.get("worker") and (
-        e.get("event") == "cancel" or e.get("event") == "gone" and e.get("cancelled"))}
+    cancelled = cancelled_pilot_workers(events)  # a stop for one of those was no preemption by Slurm
     gen_of: dict[str, int] = {}
     workers_of: dict[str, tuple[str, ...]] = {}
     preempt_lost: list[int] = []
