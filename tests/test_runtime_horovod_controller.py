@@ -13,7 +13,6 @@ from runtime_procs import (
     ROOT,
     client,
     controller_config,
-    job_file,
     jobs_by_id,
     start_controller,
     start_worker,
@@ -138,7 +137,14 @@ def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[s
                         f"--checkpoint-every, '100', --commit-every, '5']\n")
         e = submit(c, spec)
         wait_for("hvd at 2 procs, training", lambda: (j := jobs_by_id(c)[e]).procs == 2 and j.steps_done > 0, 120)
-        s = submit(c, job_file(d, "small", 1, 20, launcher="direct"))
+        # The newcomer is torch-free (1 s of steps): the grow back must reach rank 0 while it still trains at 1
+        # proc (270 steps, ~18 s, its pace set by the emulated IO, so load hardly slows it). A torch newcomer's
+        # start took 4.6 s alone and 14-19 s under load, and once it took all 18 s: the job completed at 1 proc
+        # 0.9 s after the grow was ordered, never resized back (the full suite, 2 workers, 27 Nov).
+        small = d / "small.yaml"
+        small.write_text(f"name: small\nlauncher: direct\nprocs: 1\nsteps: 20\nworkdir: {ROOT}\n"
+                         "command: [tests/netns_job.py, --checkpoint-every, '10', --step-ms, '50']\n")
+        s = submit(c, small)
         jobs = wait_for("both jobs finished", lambda: (js := jobs_by_id(c)) and all(
             j.state in ("completed", "failed", "cancelled") for j in js.values()) and js, 180, poll=0.5)
     finally:
@@ -251,6 +257,59 @@ def test_controller_resize_rows_across_workers(tmp_path: Path, monkeypatch: pyte
     assert (job.state, job.stop_reason) == ("stopping", "resize")
     fallback = c.store.events(jid, "resize")[-1]
     assert (fallback["resize_kind"], fallback["reason"]) == ("relaunch", "in-place resize timed out")
+
+
+def test_job_completing_before_its_in_place_grow_says_so(tmp_path: Path) -> None:
+    """An elastic Horovod job that reaches its last step before a grow ordered in place reaches rank 0 (seen in a
+    loaded full-suite run: ordered 0.9 s before the end) completes, and its ``completed`` event says the resize
+    it never saw, so a ``resize`` without its ``resized`` is explained; a job with no resize in flight says none.
+    In process, heartbeats by hand (no Horovod)."""
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", min_runtime_s=0))
+    c.started()
+    running: dict[str, list[pb.TaskStatus]] = {}
+
+    def beat(w: str) -> None:
+        reply = c.heartbeat(pb.HeartbeatRequest(worker_id=w, spare_port=40000, agent_port=7000 + int(w[1]),
+                                                tasks=running.get(w, []), instance=w))
+        for order in reply.launch:
+            if all(t.task_id != order.task_id for t in running.get(w, [])):
+                running.setdefault(w, []).append(pb.TaskStatus(task_id=order.task_id, job_id=order.job_id,
+                                                               generation=order.generation, running=True))
+
+    def join(w: str) -> None:
+        c.register(pb.RegisterRequest(worker_id=w, host=f"10.0.0.{w[1]}", slots=1, launchers=["horovodrun"],
+                                      instance=w))
+        beat(w)
+
+    join("w1")
+    jid = c.submit("name: hvd\nlauncher: horovodrun\ncommand: [t.py]\nsteps: 100\nmin_procs: 1\nmax_procs: 2\n", "j")
+    c.tick()
+    beat("w1")
+    join("w2")
+    c.tick()
+    assert (c.store.job(jid).procs, c.store.job(jid).stop_reason) == (2, "in-place")
+    beat("w2")  # its slot-holding task
+    for w in ("w1", "w2"):  # the program ends at 1 proc (its last report says so), then its tasks exit
+        for t in running[w]:
+            t.running, t.exit_code = False, 0
+            if w == "w1":
+                t.progress.append(pb.Progress(step=100, world_size=1, done=True))
+        beat(w)
+    job = c.store.job(jid)
+    assert (job.state, job.steps_done) == ("completed", 100) and not c.store.events(jid, "resized")
+    (done,) = c.store.events(jid, "completed")
+    assert (done["steps"], done["resize_unseen_procs"]) == (100, 2), done
+    other = c.submit("name: one\nlauncher: horovodrun\ncommand: [t.py]\nsteps: 5\nprocs: 1\n", "o")
+    c.tick()
+    beat("w1")
+    (t,) = [t for t in running["w1"] if t.job_id == other]
+    t.running, t.exit_code = False, 0
+    t.progress.append(pb.Progress(step=5, world_size=1, done=True))
+    beat("w1")
+    assert "resize_unseen_procs" not in c.store.events(other, "completed")[0]
 
 
 def test_a_job_across_workers_starts_with_every_workers_agent(tmp_path: Path) -> None:

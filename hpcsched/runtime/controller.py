@@ -39,7 +39,7 @@ from hpcsched.runtime import reconcile, scheduler
 from hpcsched.runtime.config import GPU_TYPE, ControllerConfig, parse_job_spec
 from hpcsched.runtime.inplace_resize import InPlaceResizer, agent_endpoints
 from hpcsched.runtime.launch import AGENT_LAUNCHERS, JOB_UID_ENV, in_place_capable, launch_tasks, slot_use
-from hpcsched.runtime.lifecycle import IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
+from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
 from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, Listing, every_page, wall
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
@@ -311,8 +311,12 @@ class Controller:
         _, action = next_state(job.state, event)
         if action is Action.COMPLETE:
             self.store.update_job(job.id, state="completed", procs=0, end_time=now, message="done")
-            self.store.event(job.id, "completed", steps=job.steps_done)
-            log.info("job %s completed at step %d", job.id, job.steps_done)
+            # a job that ended before its last in-place resize reached rank 0 (a grow ordered ~1 s before its last
+            # step) says so: its ``resize`` event then has no ``resized``, and that is not lost
+            unseen = {"resize_unseen_procs": job.procs} if job.stop_reason == IN_PLACE else {}
+            self.store.event(job.id, "completed", steps=job.steps_done, **unseen)
+            log.info("job %s completed at step %d%s", job.id, job.steps_done,
+                     f" before its in-place resize to {job.procs} procs was seen" if unseen else "")
             return
         reason = job.stop_reason
         message = job.message
