@@ -131,9 +131,14 @@ def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[s
     c = client(addr)
     try:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        spec = d / "hvd.yaml"  # 50 ms of emulated IO per step: still training when the newcomer ends
+        # 50 ms of emulated IO per step: still training when the newcomer ends. Horovod's own 30 s Gloo timeout, not
+        # the runtime's 10 s for elastic jobs (launch.ELASTIC_GLOO_TIMEOUT_S, for a killed host's survivors): rank 0
+        # waits in Gloo for the grow's new rank, and a loaded CI machine starves that rank's start past 10 s (beside
+        # 10 busy loops 2 of 3 grows failed so and were relaunched); the job's env wins over that default.
+        spec = d / "hvd.yaml"
         spec.write_text(f"name: hvd\nlauncher: horovodrun\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: {steps}\n"
-                        f"workdir: {ROOT}\ncommand: [workloads/horovod_train.py, --io-latency-ms, '50', "
+                        f"workdir: {ROOT}\nenv: {{HOROVOD_GLOO_TIMEOUT_SECONDS: '30'}}\n"
+                        f"command: [workloads/horovod_train.py, --io-latency-ms, '50', "
                         f"--checkpoint-every, '100', --commit-every, '5']\n")
         e = submit(c, spec)
         wait_for("hvd at 2 procs, training", lambda: (j := jobs_by_id(c)[e]).procs == 2 and j.steps_done > 0, 120)

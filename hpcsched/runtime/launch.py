@@ -27,9 +27,12 @@ AGENT_LAUNCHERS = frozenset({"mpirun", "horovodrun"})
 # a host dies mid-step, a survivor can be left waiting on another survivor whose background loop already failed on the
 # dead peer's reset connection (its sockets stay open): that wait ends only at this timeout, and then the survivors
 # re-form without the dead host's ranks (measured across the netns hosts: 30 s of no progress with Horovod's default,
-# docs/runtime.md). A longer stall of a live rank trips it too; none did here (a run at 3 s passed, with its
-# checkpoints and a 6.9 s grow: survivors wait for a new rank at Horovod's rendezvous, not in Gloo). A job that
-# expects longer stalls sets HOROVOD_GLOO_TIMEOUT_SECONDS in its ``env``, which wins over this default.
+# docs/runtime.md). A longer stall of a live rank trips it too; none did here unloaded (a run at 3 s passed, with its
+# checkpoints and a 6.9 s grow). A grow does wait in Gloo, though: survivors wait for the new rank at Horovod's
+# rendezvous barrier (no timeout) and then for its Gloo address (this timeout); on 2 cores beside 10 busy loops the
+# new rank took longer than 10 s between the two in 2 of 3 grows, rank 0 aborted (http_store "Wait timeout after 10
+# seconds for key(s): 1") and the job was relaunched (generation 2); with 30 s both grows tried passed. A job that
+# expects longer stalls or starved hosts sets HOROVOD_GLOO_TIMEOUT_SECONDS in its ``env``, which wins over this default.
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 ELASTIC_GLOO_TIMEOUT_S = 10
 
