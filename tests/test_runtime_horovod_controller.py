@@ -131,10 +131,10 @@ def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[s
     c = client(addr)
     try:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        # 50 ms of emulated IO per step: still training when the newcomer ends. Horovod's own 30 s Gloo timeout, not
-        # the runtime's 10 s for elastic jobs (launch.ELASTIC_GLOO_TIMEOUT_S, for a killed host's survivors): rank 0
-        # waits in Gloo for the grow's new rank, and a loaded CI machine starves that rank's start past 10 s (beside
-        # 10 busy loops 2 of 3 grows failed so and were relaunched); the job's env wins over that default.
+        # 50 ms of emulated IO per step: still training when the newcomer ends. Gloo's timeout at Horovod's 30 s, said
+        # here (the runtime leaves Horovod's default, launch.GLOO_TIMEOUT_ENV): rank 0 waits in Gloo for the grow's
+        # new rank, and a loaded CI machine starved that rank's start past 10 s (beside 10 busy loops, 2 of 3 grows
+        # at 10 s failed so and were relaunched).
         spec = d / "hvd.yaml"
         spec.write_text(f"name: hvd\nlauncher: horovodrun\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: {steps}\n"
                         f"workdir: {ROOT}\nenv: {{HOROVOD_GLOO_TIMEOUT_SECONDS: '30'}}\n"

@@ -304,8 +304,8 @@ def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
         wait_for("h3's worker gone", lambda: "h3" not in cluster.alive(), 30, poll=0.2)
         jid = cluster.job("hvd-elastic", "horovodrun", 2, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
                           "--commit-every, '2', --io-latency-ms, '40'", steps=steps,
-                          # the job's own Gloo timeout (launch.ELASTIC_GLOO_TIMEOUT_S is 10 s): how long a survivor
-                          # may wait on another at the kill; shorter, so the test spends less time waiting
+                          # the job's own Gloo timeout (Horovod's default is 30 s): how long a survivor may wait on
+                          # another at the kill; shorter, so the test spends less time waiting
                           extra="min_procs: 1\nmax_procs: 3\nenv: {HOROVOD_GLOO_TIMEOUT_SECONDS: '5'}\n"
                           "scaling: {procs: [1, 2, 3], rates: [10, 19, 27], resize_s: 1}\n")
         first = wait_for("the job's first node", lambda: [

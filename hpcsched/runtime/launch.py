@@ -23,18 +23,14 @@ JOB_UID_ENV = "HPCSCHED_JOB_UID"
 # Launchers that reach a job's other hosts through those hosts' worker agents (rsh_agent: mpirun's daemons,
 # horovodrun's ranks), so a launch across workers needs every one's agent endpoint.
 AGENT_LAUNCHERS = frozenset({"mpirun", "horovodrun"})
-# How long a Gloo send or receive of an elastic Horovod job may wait before it fails (Horovod's default is 30 s). When
-# a host dies mid-step, a survivor can be left waiting on another survivor whose background loop already failed on the
-# dead peer's reset connection (its sockets stay open): that wait ends only at this timeout, and then the survivors
-# re-form without the dead host's ranks (measured across the netns hosts: 30 s of no progress with Horovod's default,
-# docs/runtime.md). A longer stall of a live rank trips it too; none did here unloaded (a run at 3 s passed, with its
-# checkpoints and a 6.9 s grow). A grow does wait in Gloo, though: survivors wait for the new rank at Horovod's
-# rendezvous barrier (no timeout) and then for its Gloo address (this timeout); on 2 cores beside 10 busy loops the
-# new rank took longer than 10 s between the two in 2 of 3 grows, rank 0 aborted (http_store "Wait timeout after 10
-# seconds for key(s): 1") and the job was relaunched (generation 2); with 30 s both grows tried passed. A job that
-# expects longer stalls or starved hosts sets HOROVOD_GLOO_TIMEOUT_SECONDS in its ``env``, which wins over this default.
+# How long a Gloo send or receive of a Horovod job may wait before it fails. The runtime leaves Horovod's default
+# (30 s); a job file's ``env`` sets its own. Shorter gets an elastic job's survivors going sooner when a host dies
+# mid-step (one survivor can be left waiting on another whose background loop already failed on the dead peer, until
+# this timeout: 30 s of no progress across the netns hosts, 10.7 s at 10, 5.4 s at 5; docs/runtime.md), but a grow
+# waits under it too: survivors wait for the new rank at Horovod's rendezvous barrier and then for its Gloo address,
+# and on 2 cores beside 10 busy loops a starved new rank took over 10 s in 2 of 3 grows (rank 0 aborted, the job
+# was relaunched). Grows come with every pilot that registers, a dead host is rare, so the default stays 30 s.
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
-ELASTIC_GLOO_TIMEOUT_S = 10
 
 
 def in_place_capable(spec: JobSpec) -> bool:
@@ -49,15 +45,13 @@ def task_id(job_id: str, generation: int, node_rank: int) -> str:
 
 def launch_env(job_id: str, generation: int, spec: JobSpec, checkpoint_dir: Path) -> dict[str, str]:
     """What every task of an attempt is told beyond the job file's env: who it is, where to checkpoint, how many
-    steps to run, and for an elastic Horovod job its size range (the worker starts it in elastic mode) and, unless the
-    job sets one, a shorter Gloo timeout (``ELASTIC_GLOO_TIMEOUT_S``: how long survivors may wait for a dead host)."""
+    steps to run, and for an elastic Horovod job its size range (the worker starts it in elastic mode)."""
     env = dict(spec.env) | {"HPCSCHED_JOB_ID": job_id, "HPCSCHED_GENERATION": str(generation),
                             "HPCSCHED_CHECKPOINT_DIR": str(checkpoint_dir)}
     if spec.steps:
         env["HPCSCHED_STEPS"] = str(spec.steps)
     if in_place_capable(spec):  # Horovod's elastic mode: the worker resizes it without a restart
         env |= {horovod_elastic.MIN_ENV: str(spec.min_procs), horovod_elastic.MAX_ENV: str(spec.max_procs)}
-        env.setdefault(GLOO_TIMEOUT_ENV, str(ELASTIC_GLOO_TIMEOUT_S))
     return env
 
 
