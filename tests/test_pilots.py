@@ -34,6 +34,8 @@ def test_node_source_slurm_section(tmp_path: Path) -> None:
     assert (p.partition, p.qos, p.account, p.time_limit_s, p.leave_before_s, p.signal, p.max_pilots) == \
         ("scavenger", "low", "proj1", 1800, 120, "USR1", 8)
     assert p.sbatch_args == ("--constraint=cpu",) and p.work_dir == (tmp_path / "pilots").resolve()
+    assert p.worker_step  # the worker runs as the job's step (srun): preemption signals it at once
+    assert _cfg(tmp_path, "node_source: slurm\nslurm:\n  worker_step: false\n").pilots.worker_step is False
     assert _cfg(tmp_path, "policy: fifo\n").pilots is None  # static: workers register themselves
 
 
@@ -45,6 +47,7 @@ def test_node_source_slurm_section(tmp_path: Path) -> None:
     ("node_source: slurm\nslurm:\n  time_limit_s: 60\n  leave_before_s: 60\n",
      "leave_before_s (60) must be below time_limit_s (60)"),
     ("node_source: slurm\nslurm: [a]\n", "slurm: expected a mapping"),
+    ("node_source: slurm\nslurm:\n  worker_step: 1\n", "slurm: worker_step: expected a bool, got 1"),
 ])
 def test_node_source_mistakes_name_the_file_and_line(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
@@ -54,12 +57,15 @@ def test_node_source_mistakes_name_the_file_and_line(tmp_path: Path, text: str, 
 
 def test_pilot_script_execs_the_worker_named_after_its_job(tmp_path: Path) -> None:
     cfg = PilotConfig(slots=2, gpus=1, stop_grace_s=4.0, work_dir=tmp_path / "pilot dir", python="/opt/py/bin/python")
-    text = pilot_script(cfg, "ctl.example:5000", tmp_path / "tok", "abcd1234")
-    assert text.startswith("#!/bin/sh\n")
-    last = text.strip().splitlines()[-1]
-    assert last.startswith("exec /opt/py/bin/python -m hpcsched.runtime worker --controller ctl.example:5000 "
-                           "--slots 2 --gpus 1 --stop-grace 4.0 --orphan-timeout 600.0 --token-file ")
-    assert '--name "pilot-$SLURM_JOB_ID"' in last and f"'{tmp_path}/pilot dir'/\"$SLURM_JOB_ID\"" in last
+    worker = ("/opt/py/bin/python -m hpcsched.runtime worker --controller ctl.example:5000 --slots 2 --gpus 1 "
+              "--stop-grace 4.0 --orphan-timeout 600.0 --token-file ")
+    for step, prefix in ((True, 'exec srun --ntasks=1 --nodes=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" '
+                                '--mpi=none --quiet '), (False, "exec ")):
+        text = pilot_script(dataclasses.replace(cfg, worker_step=step), "ctl.example:5000", tmp_path / "tok", "ab")
+        assert text.startswith("#!/bin/sh\n")
+        last = text.strip().splitlines()[-1]
+        assert last.startswith(prefix + worker), last
+        assert '--name "pilot-$SLURM_JOB_ID"' in last and f"'{tmp_path}/pilot dir'/\"$SLURM_JOB_ID\"" in last
 
 
 def test_pilots_wanted_table() -> None:
@@ -404,7 +410,8 @@ def test_fit_window_script_leaves_at_its_deadline(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\ntrap 'echo left; exit 0' TERM\necho \"$@\" > \"$(dirname $0)/args\"\n"
                     "sleep 30 & wait\n")
     fake.chmod(0o755)
-    cfg = PilotConfig(time_limit="fit-idle-window", leave_before_s=20, work_dir=tmp_path, python=str(fake))
+    cfg = PilotConfig(time_limit="fit-idle-window", leave_before_s=20, work_dir=tmp_path, python=str(fake),
+                      worker_step=False)  # run here, outside Slurm: no srun
     script = tmp_path / "pilot.sh"
     script.write_text(pilot_script(cfg, "ctl:1", None, "t"))
     env = os.environ | {"SLURM_JOB_ID": "7"}

@@ -205,14 +205,15 @@ def pilot_controller_at(d: Path, address: str) -> Path:
 
 
 def worker_pid(pilot_job: str) -> int:
-    """The pid of the worker a pilot job runs (its command line names it pilot-<job id>)."""
+    """The pid of the worker a pilot job runs (its command line names it pilot-<job id>; not the srun that runs it as
+    the job's step)."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"worker" in argv and f"pilot-{pilot_job}".encode() in argv:
+            if b"worker" in argv and f"pilot-{pilot_job}".encode() in argv and not argv[0].endswith(b"srun"):
                 return int(entry.name)
     raise AssertionError(f"no worker process for pilot {pilot_job}")
 

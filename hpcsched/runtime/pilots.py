@@ -87,6 +87,10 @@ class PilotConfig:
     work_dir: Path = Path("pilots")  # pilots' logs, work dirs and token file (a shared file system)
     python: str = sys.executable
     sbatch_args: tuple[str, ...] = ()  # anything else the site needs (--constraint, --mem, ...)
+    # The worker runs as a job step (srun), not as the batch shell: on preemption Slurm signals a job's steps at once
+    # but its batch shell only when GraceTime is over, on its own timer, so a batch job waited 4-19 s for pilots
+    # whose worker was the batch shell (GraceTime 5 s). False: the batch shell is the worker (no srun on the node).
+    worker_step: bool = True
 
 
 _KEYS = {f for f in PilotConfig.__dataclass_fields__}
@@ -123,6 +127,8 @@ def read_pilot_config(data: Any, source: str, line: int | None, base: Path) -> P
             if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
                 raise InputError(source, "slurm: sbatch_args: expected a list of strings", line)
             out[k] = tuple(v)
+        elif want is bool and isinstance(v, bool):
+            out[k] = v
         elif want is float and isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
             out[k] = float(v)
         elif want is int and isinstance(v, int) and not isinstance(v, bool) and (v > 0 or k == "gpus" and v == 0):
@@ -213,7 +219,8 @@ class PilotEvent:
 
 
 def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag: str) -> str:
-    """The batch script: the worker, named after the pilot job, exec'd so that Slurm's signals reach it.
+    """The batch script: the worker, named after the pilot job, exec'd as the job's one step (``worker_step``; else
+    as the batch shell) so that Slurm's signals reach it.
 
     With ``time_limit: fit-idle-window`` the script takes two arguments, the unix time its worker must have left
     by (the node's claim less the margin and ``leave_before_s``) and the seconds after its start it leaves at
@@ -232,14 +239,18 @@ def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag
     work = shlex.quote(str(cfg.work_dir))
     head = f"#!/bin/sh\n# hpcsched pilot ({tag}): one worker for the controller at {controller}\n"
     run = f'{words} --name "pilot-$SLURM_JOB_ID" --work-dir {work}/"$SLURM_JOB_ID"\n'
+    # every CPU of the node to the step; no MPI plugin (the worker's mpirun must not see one); timeout inside the
+    # step, so that a worker leaving at its deadline ends the step (and the job) with its own status
+    step = ('srun --ntasks=1 --nodes=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" --mpi=none --quiet '
+            if cfg.worker_step else "")
     if cfg.time_limit != FIT:
-        return head + "exec " + run
+        return head + "exec " + step + run
     # SIGKILL only if the worker is still there at its time limit, as Slurm would
     return (head + "# fit-idle-window: $1 = unix time to have left by, $2 = seconds after the start to leave at\n"
             'left=$(( $1 - $(date +%s) ))\n[ "$left" -gt "$2" ] && left=$2\n'
             'if [ "$left" -lt 1 ]; then echo "hpcsched pilot: its idle window ended at $1: no worker"; exit 0; fi\n'
             'echo "hpcsched pilot: the worker leaves in $left s"\n'
-            f'exec timeout --preserve-status -s TERM -k {cfg.leave_before_s} "$left" ' + run)
+            f'exec {step}timeout --preserve-status -s TERM -k {cfg.leave_before_s} "$left" ' + run)
 
 
 class PilotManager:
