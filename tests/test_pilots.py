@@ -34,8 +34,8 @@ def test_node_source_slurm_section(tmp_path: Path) -> None:
     assert (p.partition, p.qos, p.account, p.time_limit_s, p.leave_before_s, p.signal, p.max_pilots) == \
         ("scavenger", "low", "proj1", 1800, 120, "USR1", 8)
     assert p.sbatch_args == ("--constraint=cpu",) and p.work_dir == (tmp_path / "pilots").resolve()
-    assert p.worker_step  # the worker runs as the job's step (srun): preemption signals it at once
-    assert _cfg(tmp_path, "node_source: slurm\nslurm:\n  worker_step: false\n").pilots.worker_step is False
+    assert not p.worker_step  # the worker is the batch shell unless the site asks for a step (docs/runtime.md)
+    assert _cfg(tmp_path, "node_source: slurm\nslurm:\n  worker_step: true\n").pilots.worker_step is True
     assert _cfg(tmp_path, "policy: fifo\n").pilots is None  # static: workers register themselves
 
 

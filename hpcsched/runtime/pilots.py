@@ -87,10 +87,12 @@ class PilotConfig:
     work_dir: Path = Path("pilots")  # pilots' logs, work dirs and token file (a shared file system)
     python: str = sys.executable
     sbatch_args: tuple[str, ...] = ()  # anything else the site needs (--constraint, --mem, ...)
-    # The worker runs as a job step (srun), not as the batch shell: on preemption Slurm signals a job's steps at once
-    # but its batch shell only when GraceTime is over, on its own timer, so a batch job waited 4-19 s for pilots
-    # whose worker was the batch shell (GraceTime 5 s). False: the batch shell is the worker (no srun on the node).
-    worker_step: bool = True
+    # True: the worker runs as the job's step (srun). On preemption Slurm signals a job's steps at once but its batch
+    # shell only when GraceTime is over, on its own timer: a batch job waited 12-19 s for pilots whose worker was the
+    # batch shell, 2-6 s for steps (GraceTime 5 s). But then every process of the step gets the signal and the step
+    # ends with the worker, so an elastic Horovod job's ranks there die instead of being removed at a commit and its
+    # survivors wait out Gloo's timeout (docs/runtime.md): off by default until the worker keeps such ranks alive.
+    worker_step: bool = False
 
 
 _KEYS = {f for f in PilotConfig.__dataclass_fields__}
