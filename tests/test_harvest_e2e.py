@@ -136,6 +136,28 @@ def pilot_python(d: Path) -> Path:
     return p
 
 
+def record_ssh_calls(d: Path) -> str:
+    """Put first on PATH an ``ssh`` and an ``rsh`` that only record their calls in ``d/ssh-called`` and fail (none
+    may be made: the controller and its pilots inherit this PATH). Returns the PATH to restore."""
+    fake = d / "fakebin"
+    fake.mkdir()
+    for tool in ("ssh", "rsh"):
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {d}/ssh-called\nexit 255\n')
+        (fake / tool).chmod(0o755)
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{fake}:{old_path}"
+    return old_path
+
+
+def stop_with_its_pilots(ctl: subprocess.Popen) -> None:
+    """Stop a controller the way an operator does (SIGTERM: it cancels its pilots), killing it if it hangs."""
+    ctl.send_signal(signal.SIGTERM)
+    try:
+        ctl.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(ctl)
+
+
 def harvest_config(d: Path, listen: str = "127.0.0.1:0") -> Path:
     cfg = controller_config(d, listen=listen, min_runtime_s=2, stop_grace_s=4, policy="muri-s")
     with cfg.open("a") as f:
@@ -420,13 +442,7 @@ def pilot_logs(d: Path) -> str:
 
 def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_path: Path) -> None:
     segment = batch_segment()
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    for tool in ("ssh", "rsh"):  # the controller and its pilots inherit this PATH: any ssh use is recorded
-        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/ssh-called\nexit 255\n')
-        (fake / tool).chmod(0o755)
-    old_path = os.environ["PATH"]
-    os.environ["PATH"] = f"{fake}:{old_path}"
+    old_path = record_ssh_calls(tmp_path)
     comp_before = len(JOBCOMP.read_text().splitlines()) if JOBCOMP.exists() else 0
     ctl, addr = start_controller(tmp_path, harvest_config(tmp_path))
     c = client(addr)
@@ -485,11 +501,7 @@ def test_elastic_jobs_on_harvested_nodes_preempted_by_a_real_log_segment(tmp_pat
         time.sleep(1.5)  # jobcomp is written as jobs end
     finally:
         c.close()
-        ctl.send_signal(signal.SIGTERM)  # cancels its pilots
-        try:
-            ctl.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            stop(ctl)
+        stop_with_its_pilots(ctl)
         os.environ["PATH"] = old_path
 
     db = tmp_path / "run" / "state.db"

@@ -26,16 +26,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from runtime_procs import ROOT, client, controller_config, jobs_by_id, start_controller, stop, submit, wait_for
+from runtime_procs import ROOT, client, controller_config, jobs_by_id, start_controller, submit, wait_for
 from slurm_cluster import clean_cluster, sh, squeue  # noqa: F401 (clean_cluster: autouse fixture)
-from test_harvest_e2e import GRACE_S, pilot_python, store_rows
+from test_harvest_e2e import GRACE_S, pilot_python, record_ssh_calls, stop_with_its_pilots, store_rows
 
 from hpcsched.slurm import commands
 
@@ -93,13 +91,7 @@ def events(db: Path, jid: str | None = None) -> list[dict]:
 
 
 def test_elastic_horovod_grows_and_shrinks_in_place_across_pilots(tmp_path: Path) -> None:
-    fake = tmp_path / "fakebin"
-    fake.mkdir()
-    for tool in ("ssh", "rsh"):  # the controller and its pilots inherit this PATH: any ssh use is recorded
-        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/ssh-called\nexit 255\n')
-        (fake / tool).chmod(0o755)
-    old_path = os.environ["PATH"]
-    os.environ["PATH"] = f"{fake}:{old_path}"
+    old_path = record_ssh_calls(tmp_path)
     db = tmp_path / "run" / "state.db"
     # n4 is held by a batch job throughout: the pool is n1-n3, so nothing but the batch job below changes it (a
     # pilot on a fourth node grew the job back to 2 while its shrink to 1 was still being reported)
@@ -141,11 +133,7 @@ def test_elastic_horovod_grows_and_shrinks_in_place_across_pilots(tmp_path: Path
     finally:
         c.close()
         sh("scancel", hold)
-        ctl.send_signal(signal.SIGTERM)  # cancels its pilots
-        try:
-            ctl.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            stop(ctl)
+        stop_with_its_pilots(ctl)
         os.environ["PATH"] = old_path
     log = (tmp_path / "controller.log").read_text()
     assert j.state == "completed", (j.message, log[-4000:])
