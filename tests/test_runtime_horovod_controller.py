@@ -132,7 +132,7 @@ def in_place_scenario(d: Path, steps: int = 300) -> tuple[dict, str, str, dict[s
     try:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
         # 50 ms of emulated IO per step: still training when the newcomer ends. Gloo's timeout at Horovod's 30 s, said
-        # here (the runtime leaves Horovod's default, launch.GLOO_TIMEOUT_ENV): rank 0 waits in Gloo for the grow's
+        # here (the runtime leaves Horovod's default, launch.launch_env): rank 0 waits in Gloo for the grow's
         # new rank, and a loaded CI machine starved that rank's start past 10 s (beside 10 busy loops, 2 of 3 grows
         # at 10 s failed so and were relaunched).
         spec = d / "hvd.yaml"

@@ -199,13 +199,13 @@ def test_launch_tasks_and_in_place_rewrite(tmp_path) -> None:
     assert (t0.world_size, t0.master_addr, t0.master_port, list(t0.hosts)) == (3, "a", 4242, ["a:2", "b:1"])
     assert t0.env["HPCSCHED_STEPS"] == "10" and t0.env["HPCSCHED_GENERATION"] == "3"
     assert launch.in_place_capable(spec) and "HPCSCHED_MIN_PROCS" in t0.env
-    # Horovod's own Gloo timeout (launch.GLOO_TIMEOUT_ENV) unless the job sets one: a grow waits under it too
-    assert launch.GLOO_TIMEOUT_ENV not in t0.env
+    # Horovod's own Gloo timeout unless the job sets one: a grow waits under it too
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in t0.env
     own = parse_job_spec("command: [t.py]\nlauncher: horovodrun\nmin_procs: 1\nmax_procs: 4\n"
                          "env: {HOROVOD_GLOO_TIMEOUT_SECONDS: '45'}\n", "j.yaml")
     rigid = parse_job_spec("command: [t.py]\nlauncher: horovodrun\nprocs: 2\n", "j.yaml")
-    assert launch.launch_env("j1", 1, own, tmp_path)[launch.GLOO_TIMEOUT_ENV] == "45"
-    assert launch.GLOO_TIMEOUT_ENV not in launch.launch_env("j1", 1, rigid, tmp_path)
+    assert launch.launch_env("j1", 1, own, tmp_path)["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" not in launch.launch_env("j1", 1, rigid, tmp_path)
     r = pb.LaunchTask.FromString(launch.resized_launch(t0.SerializeToString(), "a", 1))
     assert (r.nprocs, r.world_size, list(r.hosts), r.task_id, r.group) == (1, 1, ["a:1"], t0.task_id, "j0007")
     assert launch.group_key(t0.SerializeToString(), "j0007") == "j0007"

@@ -85,7 +85,9 @@ class InPlaceResizer:
         tasks = [a for a in self.store.allocations(job_id=job.id, live_only=False) if a.generation == job.generation]
         held = {a.worker_id for a in tasks if a.state != "exited" and a.nprocs > 0}
         unknown = [w for w, _ in where if w not in held and agents is not None and w not in agents]
-        if unknown:  # a worker that just registered: its agent's port comes with its first heartbeat (next step)
+        # a worker whose agent's port is not known yet (a daemon that did not say it as it registered says it in its
+        # first heartbeat): the next step plans again
+        if unknown:
             log.info("job %s: in-place resize onto %s waits for its agent port", job.id, ", ".join(unknown))
             return False
         change = in_place_change(tasks, where, hosts, agents)

@@ -23,14 +23,6 @@ JOB_UID_ENV = "HPCSCHED_JOB_UID"
 # Launchers that reach a job's other hosts through those hosts' worker agents (rsh_agent: mpirun's daemons,
 # horovodrun's ranks), so a launch across workers needs every one's agent endpoint.
 AGENT_LAUNCHERS = frozenset({"mpirun", "horovodrun"})
-# How long a Gloo send or receive of a Horovod job may wait before it fails. The runtime leaves Horovod's default
-# (30 s); a job file's ``env`` sets its own. Shorter gets an elastic job's survivors going sooner when a host dies
-# mid-step (one survivor can be left waiting on another whose background loop already failed on the dead peer, until
-# this timeout: 30 s of no progress across the netns hosts, 10.7 s at 10, 5.4 s at 5; docs/runtime.md), but a grow
-# waits under it too: survivors wait for the new rank at Horovod's rendezvous barrier and then for its Gloo address,
-# and on 2 cores beside 10 busy loops a starved new rank took over 10 s in 2 of 3 grows (rank 0 aborted, the job
-# was relaunched). Grows come with every pilot that registers, a dead host is rare, so the default stays 30 s.
-GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 
 
 def in_place_capable(spec: JobSpec) -> bool:
@@ -45,7 +37,9 @@ def task_id(job_id: str, generation: int, node_rank: int) -> str:
 
 def launch_env(job_id: str, generation: int, spec: JobSpec, checkpoint_dir: Path) -> dict[str, str]:
     """What every task of an attempt is told beyond the job file's env: who it is, where to checkpoint, how many
-    steps to run, and for an elastic Horovod job its size range (the worker starts it in elastic mode)."""
+    steps to run, and for an elastic Horovod job its size range (the worker starts it in elastic mode). Horovod's
+    Gloo timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) is left at its 30 s unless the job's env sets it: shorter gets a dead
+    host's survivors going sooner but fails a grow whose new rank starts slowly (docs/runtime.md)."""
     env = dict(spec.env) | {"HPCSCHED_JOB_ID": job_id, "HPCSCHED_GENERATION": str(generation),
                             "HPCSCHED_CHECKPOINT_DIR": str(checkpoint_dir)}
     if spec.steps:

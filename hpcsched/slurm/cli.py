@@ -168,10 +168,9 @@ def _harvest_with_controller(hf: HarvestFile, config: Path, out: Path, timeout: 
 
             h.run(timeout, hf.config.poll_s, on_step=show)
     except KeyboardInterrupt:
-        h.stop()
-        err.print("interrupted: the controller stopped and cancelled its pilots (their tasks checkpointed)")
+        err.print("interrupted: the controller stops and cancels its pilots (their tasks checkpoint)")
     finally:
-        h.stop()
+        h.stop()  # run() stopped it already unless start() failed or was interrupted
         d = h.write({"config": str(config)})
     meta = json.loads((d / "meta.json").read_text())
     summary = {k: meta[k] for k in SUMMARY_KEYS} | {"finished": len(h.finished), "out": str(d)}
