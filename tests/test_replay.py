@@ -260,4 +260,5 @@ def test_no_pause_holds_an_admitted_job_at_its_minimum_as_the_controller_does() 
 
     assert rate(paused) in (pytest.approx(19.25), pytest.approx(19.16))  # one job at 2, the other paused
     assert rate(held) == pytest.approx(9.9 + 9.93)  # both at their minimum
+    assert paused.summary["held_at_minimum"] == 0 and held.summary["held_at_minimum"] >= 1  # counted, not silent
     assert all(j.end is not None for j in held.jobs)

@@ -296,7 +296,8 @@ class _Replay:
         self.history = _MedianWindow(config.history)
         self.active: list[_Run] = []
         self.admitted = self.done = self.rescales = self.preemptions = self.hits = 0
-        self.cache: dict[tuple[object, ...], tuple[list[int], str]] = {}
+        self.held_at_minimum = 0  # no_pause: jobs the allocator would have paused, held at their minimum (per decision)
+        self.cache: dict[tuple[object, ...], tuple[list[int], str, int]] = {}
         self.events: list[tuple[object, ...]] = []
         self.used_ns = self.idle_ns = self.solve_s = self.overshoot = self.past_pmax_ns = 0.0
         self.lost_preempt = self.lost_restart = 0.0
@@ -435,14 +436,16 @@ class _Replay:
                            for r in self.active)
             counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
                                                    cfg.time_limit)
+            held = 0
             if cfg.no_pause:
-                counts, status = self._held_at_minimum(states, counts, status, tfwd)
+                counts, status, held = self._held_at_minimum(states, counts, status, tfwd)
             if len(self.cache) > 100_000:
                 self.cache.clear()
-            self.cache[key] = (counts, status)
+            self.cache[key] = (counts, status, held)
         else:
-            counts, status = hit
+            counts, status, held = hit
             self.hits += 1
+        self.held_at_minimum += held
         new_runs = map_runs([r.held for r in self.active], [lost.get(r.job.id, []) for r in self.active],
                             [r.job.jmin for r in self.active], counts, self.pool.walk())
         secs = time.perf_counter() - t0
@@ -464,8 +467,9 @@ class _Replay:
         return rescales, loss, tfwd, status, secs
 
     def _held_at_minimum(self, states: tuple[JobState, ...], counts: list[int], status: str,
-                         tfwd: float) -> tuple[list[int], str]:
-        """``no_pause``: the controller's rule over the allocator's answer ``counts`` (ReplayConfig)."""
+                         tfwd: float) -> tuple[list[int], str, int]:
+        """``no_pause``: the controller's rule over the allocator's answer ``counts`` (ReplayConfig); also how many
+        jobs it held at their minimum."""
         cfg, left = self.cfg, self.pool.size
         sizes: dict[int, int] = {}
         for i, st in enumerate(states):  # admitted at their minimum, first come first served
@@ -474,7 +478,8 @@ class _Replay:
                 left -= st.job.jmin
         free = list(sizes)
         if len(free) == len(states) and all(c >= st.job.jmin for c, st in zip(counts, states, strict=True)):
-            return counts, status  # nothing paused: the allocator's answer stands
+            return counts, status, 0  # nothing paused: the allocator's answer stands
+        held = 0
         while free:
             pool_n = left + sum(sizes[i] for i in free)
             sub, status, _ = solve_counts_sized(tuple(states[i] for i in free), pool_n, tfwd, cfg.objective,
@@ -483,8 +488,9 @@ class _Replay:
             if not paused:
                 sizes.update(zip(free, sub, strict=True))
                 break
+            held += len(paused)
             free = [i for i in free if i not in paused]  # held at their minimum; the others sized again
-        return [sizes.get(i, 0) for i in range(len(states))], status
+        return [sizes.get(i, 0) for i in range(len(states))], status, held
 
     def _restart_loss(self, job: ElasticJob, preempted: bool, c: int, n: int, new_rate: float, first: bool) -> float:
         if self.cfg.accounting == "reference":  # T x old rate (a start is free but the very first)
@@ -588,6 +594,7 @@ class _Replay:
             "useful_utilization": (held - past) / idle if idle > 0 else 0.0,
             "rescales": self.rescales,
             "preemptions": self.preemptions,
+            "held_at_minimum": self.held_at_minimum,
             "samples": sum(r.samples for r in self.runs.values()),
             "samples_past_pmax": self.overshoot,
             "samples_lost_preemption": self.lost_preempt,

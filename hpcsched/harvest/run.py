@@ -226,6 +226,9 @@ def explain(tl: PoolTimeline, res: ReplayResult, shift: float, cfg: ReplayConfig
                 f"utilisation {_f(s['useful_utilization']):.4f}"
                 + ("" if cfg.exact_events else "; --exact-events completes jobs at Pmax"))
         (warnings if past >= 0.05 * held else notes).append(line)
+    if cfg.no_pause and _f(s["held_at_minimum"]):
+        notes.append(f"--no-pause held {int(_f(s['held_at_minimum'])):,} job(s) at their minimum where the allocator "
+                     "would have paused them (summed over decisions; the others were sized again over the rest)")
     bad = res.nonoptimal_by_status
     if bad:
         warnings.append(f"{sum(bad.values()):,} of {int(_f(s['decisions'])):,} allocator decisions were not proven "
