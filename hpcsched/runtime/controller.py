@@ -141,7 +141,8 @@ class Controller:
         log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
                  req.gpus, req.gpu_type.lower() or "(not advertised)")
         self.wakeup.set()
-        return pb.RegisterReply(heartbeat_interval_s=self.cfg.heartbeat_interval_s)
+        return pb.RegisterReply(heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+                                worker_timeout_s=self.cfg.worker_timeout_s)
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         reply = pb.HeartbeatReply()
