@@ -27,6 +27,7 @@ from typing import overload
 import numpy as np
 
 from hpcsched.errors import InputError
+from hpcsched.harvest.sparse import empty_stretches
 from hpcsched.milp.mapping import NodeRuns, Run, Spans
 from hpcsched.model import IdleInterval, Job
 
@@ -276,10 +277,13 @@ def log_runs(jobs: Iterable[Job], cores_per_node: int) -> tuple[list[tuple[float
 def _sized_runs(records: Iterable[tuple[float | None, float | None, int, int]],
                 cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
     runs = []
-    skipped = {"no_times": 0, "no_size": 0, "no_room": 0, "truncated": 0}
+    skipped = {"no_times": 0, "zero_run": 0, "no_size": 0, "no_room": 0, "truncated": 0}
     for start, end, nodes, procs in records:
-        if start is None or end is None or end <= start:
+        if start is None or end is None or end < start:
             skipped["no_times"] += 1
+            continue
+        if end == start:  # ran 0 s: it held no node-time, so there is nothing to replay (not a missing time)
+            skipped["zero_run"] += 1
             continue
         size = (procs or nodes * cores_per_node) if cores_per_node > 1 else (nodes or procs)
         if size <= 0:
@@ -610,5 +614,9 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
                 "cores_per_node": cpn, "log_jobs": n_jobs, "log_jobs_placed": n_runs - skipped["no_room"]}
     tl.notes.update({f"skipped_{k}": v for k, v in skipped.items() if k != "truncated"})
     tl.notes.update({"log_rows_dropped": dropped, "log_rows_flagged": flagged,
-                     "log_rows_summary": describe_rows(n_jobs, trace.report.anomalies), "warmup": warm})
+                     "log_rows_summary": describe_rows(n_jobs, trace.report.anomalies), "warmup": warm,
+                     "log_notes": list(trace.report.notes)})
+    empty = empty_stretches(bt, bl, start, end)
+    if empty is not None:
+        tl.notes["log_empty"] = empty
     return tl

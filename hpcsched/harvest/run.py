@@ -194,13 +194,23 @@ def explain(tl: PoolTimeline, res: ReplayResult, shift: float, cfg: ReplayConfig
     if "log_jobs" in n:
         notes.append(f"log: {n['log_rows_summary']}")
         no_room, no_times, no_size = (int(_f(n[f"skipped_{k}"])) for k in ("no_room", "no_times", "no_size"))
-        left, total = no_room + no_times + no_size, int(_f(n["log_jobs"]))
+        zero = int(_f(n.get("skipped_zero_run", 0)))
+        left, total = no_room + no_times + zero + no_size, int(_f(n["log_jobs"]))
         if left:
             parts = [f"{no_room:,} found no room on {len(tl.nodes):,} nodes at their recorded start"
                      + (" (is the machine size right? --nodes sets it)" if no_room else ""),
-                     f"{no_times:,} had no start or end", f"{no_size:,} had no size"]
+                     f"{no_times:,} had no start or end (or ended before they started)",
+                     f"{zero:,} ran 0 s (no node-time to replay)", f"{no_size:,} had no size"]
             warnings.append(f"{left:,} of {total:,} log jobs ({100 * left / total:.1f}%) were not replayed, so their "
                             f"nodes count as idle: {'; '.join(parts)}")
+        notes.extend(str(x) for x in n.get("log_notes", []))  # type: ignore[attr-defined]
+        empty = n.get("log_empty")
+        if isinstance(empty, dict):
+            warnings.append(f"sparse log: for {empty['empty_days']:,.1f} of the replayed "
+                            f"{empty['span_days']:,.1f} days "
+                            f"({empty['stretches']:,} stretch(es) of a week or more, the longest "
+                            f"{empty['longest_days']:,.1f} days) no log job runs: the machine replays as idle there, "
+                            "and the utilisation mostly measures those stretches (--start picks a start)")
         warm = n.get("warmup")
         if isinstance(warm, dict) and "skipped_from" in warm:
             notes.append(f"warm-up skipped (--skip-warmup): the replay starts at {_utc(tl.start)}, "

@@ -50,6 +50,7 @@ class TraceReport:
     progress: Callable[[int, int], None] | None = field(default=None, repr=False, compare=False)
     first_details: dict[str, str] = field(default_factory=dict)  # anomaly kind -> detail of the first one
     records: int = 0  # records handed out so far (kept by Trace)
+    notes: list[str] = field(default_factory=list)  # what the figures need beside them (a truncated file ...)
 
     def anomaly(self, kind: str, line: int | None = None, detail: str = "") -> None:
         """Count one anomaly; in strict mode, fail on it naming the line.
@@ -72,6 +73,7 @@ class TraceReport:
         for d in (self.anomalies, self.first_lines, self.first_details, self.meta):
             d.clear()
         self.conversions.clear()
+        self.notes.clear()
         self.records = 0
 
     def fail_unreadable(self) -> None:
@@ -87,6 +89,10 @@ class TraceReport:
     def convert(self, note: str) -> None:
         if note not in self.conversions:
             self.conversions.append(note)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
 
 MAX_COUNT = 10**9  # no machine has this many nodes, processors or GPUs: a larger count is damage

@@ -29,6 +29,27 @@ def _dist(values: array[float]) -> dict[str, float] | None:
     return {f"p{int(q * 100)}": float(np.quantile(a, q)) for q in _QUANTILES} | {"mean": float(a.mean())}
 
 
+SPARSE_GAP_S = 7 * 86400.0  # a week without a single submit is a hole in the log, not a quiet night
+SPARSE_SHARE = 0.2  # such holes covering this share of the span make the log sparse
+
+
+def sparse_note(submits: array[float], span_s: float) -> str | None:
+    """A note when week-long stretches without any submit make up a large share of the span: rates, use
+    and utilisation averaged over the span then mostly describe time the log says nothing about."""
+    if len(submits) < 2 or span_s <= 0:
+        return None
+    import numpy as np
+
+    gaps = np.diff(np.sort(np.frombuffer(submits, dtype=float)))
+    holes = gaps[gaps >= SPARSE_GAP_S]
+    if not len(holes) or holes.sum() < SPARSE_SHARE * span_s:
+        return None
+    days = holes.sum() / 86400
+    return (f"sparse log: {len(holes):,} gap(s) of a week or more without a submit (longest {holes.max() / 86400:,.1f} "
+            f"days) cover {days:,.1f} of its {span_s / 86400:,.1f} days ({100 * holes.sum() / span_s:.0f}%); "
+            "figures averaged over the span mostly describe time the log says nothing about")
+
+
 def inspect_trace(
     path: Path, fmt: str | None = None, strict: bool = False, progress: bool = False,
     options: dict[str, Any] | None = None,
@@ -45,6 +66,7 @@ def inspect_trace(
     first = last = None
     sizes: array[float] = array("d")
     durations: array[float] = array("d")
+    submits: array[float] = array("d")
     nodes_max = gpus_max = 0
     with progress_bar(f"reading {path.name}", path.stat().st_size if path.is_file() else None, progress) as bar:
         if bar is not None:
@@ -63,18 +85,24 @@ def inspect_trace(
             if end is not None:
                 last = end if last is None else max(last, end)
             if isinstance(rec, Job):
+                submits.append(rec.submit)
                 size = rec.gpus or rec.nodes
                 sizes.append(size)
                 nodes_max, gpus_max = max(nodes_max, rec.nodes), max(gpus_max, rec.gpus)
                 if rec.duration is not None:
                     durations.append(rec.duration)
     rep = trace.report
+    span = (last - first) if first is not None and last is not None else 0.0
+    notes = list(rep.notes)
+    sparse = sparse_note(submits, span)
+    if sparse:
+        notes.append(sparse)
     return {
         "file": str(path),
         "format": rep.format,
         "kind": trace.format.kind,
         "jobs": count,
-        "span_s": (last - first) if first is not None and last is not None else 0.0,
+        "span_s": span,
         "first_time": first,
         "last_time": last,
         "machine": {k: v for k, v in rep.meta.items() if k.startswith("machine")}
@@ -84,6 +112,7 @@ def inspect_trace(
         "anomalies": dict(sorted(rep.anomalies.items())),
         "anomaly_first_lines": rep.first_lines,
         "conversions": rep.conversions,
+        "notes": notes,
         "meta": {k: dict(v) if isinstance(v, dict) else v for k, v in rep.meta.items() if not k.startswith("machine")},
     }
 
@@ -136,6 +165,8 @@ def inspect_cmd(
             t.add_row(name, "  ".join(f"{q}={v:,.1f}" for q, v in d.items()))
     for note in info["conversions"]:
         t.add_row("conversion", note)
+    for note in info["notes"]:
+        t.add_row("note", note)
     for k, v in info["meta"].items():
         t.add_row(k.replace("_", " "), ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v))
     c.print(t)

@@ -114,8 +114,11 @@ def losses(jobs: Sequence[Job], target: str, gpus_per_node: int | None = None) -
 
     if target == "muri":
         gpn = gpus_per_node or 0
+        # a job with no size at all is not helped by --gpus-per-node: said apart, so the hint is not misread
+        add("no size at all (no GPU, node or processor count)", lambda j: j.gpus <= 0 and not (j.nodes or j.procs),
+            required=True)
         add("no GPU count (the simulator schedules GPUs; --gpus-per-node G sizes batch jobs as nodes x G)",
-            lambda j: j.gpus <= 0 and j.nodes * gpn <= 0, required=True)
+            lambda j: j.gpus <= 0 and j.nodes * gpn <= 0 and bool(j.nodes or j.procs), required=True)
         add("no run time and no iterations (nothing for the simulator to run)",
             lambda j: not ((_duration(j) or 0) > 0 or (j.iterations or 0) > 0), required=True)
         add("node and processor counts (Muri CSV has GPUs only)", lambda j: bool(j.nodes or j.procs))
@@ -128,10 +131,27 @@ def losses(jobs: Sequence[Job], target: str, gpus_per_node: int | None = None) -
         add("GPU counts next to node/processor counts (SWF has no GPU field)", lambda j: j.gpus > 0 and bool(
             j.nodes or j.procs))
         add("timeout status (SWF has no code for it: written as failed, 0)", lambda j: j.status is JobStatus.TIMEOUT)
+    else:
+        add("an unknown wait (the source's start was taken as its submit time; this target has no 'unknown' "
+            "for it, so the start is written as known)", _wait_unknown)
     if target != "muri":
         add("iterations, iteration time, stage profile and model (only Muri CSV has them)",
             lambda j: j.iterations is not None or j.profile is not None or j.model is not None)
     return sorted(out, key=lambda loss: not loss.required)
+
+
+def _wait_unknown(j: Job) -> bool:
+    """The source gave no wait (SWF -1 in a log without waits): the start equals the submit by assumption."""
+    return bool(j.extra) and bool(j.extra.get("wait_unknown"))
+
+
+def source_notes(meta: dict[str, Any]) -> list[str]:
+    """Fields the source's reader saw filled but no ``Job`` holds, so no target gets them."""
+    not_kept = meta.get("swf_fields_not_kept")
+    if isinstance(not_kept, dict) and not_kept:
+        fields = ", ".join(f"{name} (first at line {line})" for name, line in not_kept.items())
+        return [f"not carried over: the source's SWF {fields}: hpcsched reads no such job field"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------- numbers
@@ -251,12 +271,15 @@ def write_swf(jobs: Sequence[Job], out: IO[str], meta: dict[str, Any], source: s
     header.append(f"MaxRecords: {len(order)}")
     if not epoch:
         header.append("Note: submit times as the source gave them (no calendar time base)")
+    unknown_waits, _ = _count(order, _wait_unknown)
+    if unknown_waits:  # SWF's reader then takes -1 waits as start = submit again, even in a short file
+        header.append("Note: submit times are start times where the wait is -1 (the source recorded no wait)")
     out.write("".join(f"; {h}\n" for h in header) + ";\n")
     for k, j in enumerate(order, 1):
         dur = _duration(j)
         procs = j.procs if j.procs > 0 else j.nodes * cpn
         f = [j.id if ids_numeric else str(k), _num(j.submit - base),
-             _num(j.start - j.submit) if j.start is not None else "-1",
+             _num(j.start - j.submit) if j.start is not None and not _wait_unknown(j) else "-1",
              _num(dur) if dur is not None and dur >= 0 else "-1",
              str(procs) if procs > 0 else "-1", "-1", "-1", str(procs) if procs > 0 else "-1",
              _num(j.requested) if j.requested is not None and j.requested >= 0 else "-1", "-1",
@@ -503,7 +526,7 @@ def convert_trace(src: str | Path, to: str, out: str | Path | None = None, *, fm
 
     if out is None:  # whole, or nothing: an error leaves no half-written output behind
         buf = io.StringIO()
-        result.notes = write(buf)
+        result.notes = source_notes(meta) + write(buf)
         (stream or sys.stdout).write(buf.getvalue())
     else:
         out = Path(out)
@@ -511,7 +534,7 @@ def convert_trace(src: str | Path, to: str, out: str | Path | None = None, *, fm
         try:
             with (gzip.open(part, "wt", encoding="utf-8") if out.suffix == ".gz"
                   else part.open("w", encoding="utf-8")) as f:
-                result.notes = write(f)
+                result.notes = source_notes(meta) + write(f)
             os.replace(part, out)
         except OSError as e:
             raise InputError(out, f"cannot write: {e.strerror or e}") from None

@@ -38,7 +38,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from operator import itemgetter
 from pathlib import Path
 
 from hpcsched.errors import InputError
@@ -79,12 +80,42 @@ _FIELD_BY_LOWER = {k.lower(): k for k in HEADER_FIELDS}
 _NUMERIC_FIELDS = frozenset({"MaxJobs", "MaxRecords", "UnixStartTime", "TimeZone", "MaxNodes", "MaxProcs", "MaxRuntime",
                              "MaxMemory", "MaxQueues", "MaxPartitions"})
 _REPEATED_FIELDS = frozenset({"Queue", "Partition", "Note"})  # one line per queue / partition / note
+# SWF fields no ``Job`` attribute holds (0-based index -> name): seen known, they are listed in
+# ``meta['swf_fields_not_kept']`` (name -> first line) so a conversion can say it did not carry them over.
+NOT_KEPT = {5: "average CPU time (field 6)", 6: "used memory (field 7)", 9: "requested memory (field 10)",
+            12: "group (field 13)", 13: "executable (field 14)", 15: "partition (field 16)",
+            16: "preceding job (field 17)", 17: "think time (field 18)"}
+TRUNCATED_SHARE = 0.99  # fewer rows than this share of the header's MaxJobs: cut short, not cleaned
 UNKNOWN_WAIT = "unknown_wait"  # wait -1 in a log without any wait: start taken as the submit time (kept)
 _WAIT_PROBE_ROWS = 1000  # data rows looked at to tell a log without waits from one with a few unknown
 _WAIT_MIN_ROWS = 20  # fewer rows, all without a wait, tell nothing unless the header says so
 _SAYS_NO_WAITS = re.compile(r"submit\w*\s+times?\s+(?:are|is|=)\s+(?:the\s+|actually\s+)?start|"
                             r"wait\w*(?:\s+times?)?\s+(?:are\s+|is\s+)?(?:unknown|not\s+(?:available|known|recorded))",
                             re.IGNORECASE)
+
+
+class _NotKept:
+    """Which of the ``NOT_KEPT`` fields a log fills, each with its first line. Only the fields not seen yet
+    are looked at (one C-level ``itemgetter`` per row), so a log that fills them all costs nothing more."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+        self._pending: tuple[int, ...] = tuple(NOT_KEPT)
+        self._get: Callable[[list[str]], tuple[str, ...]] = itemgetter(*self._pending)  # type: ignore[assignment]
+        self._none: tuple[str, ...] = ("-1",) * len(self._pending)
+
+    def check(self, f: list[str], lineno: int) -> None:
+        if not self._pending or self._get(f) == self._none:
+            return
+        for i in self._pending:
+            if f[i] != "-1":
+                self.first[NOT_KEPT[i]] = lineno
+        self._pending = tuple(i for i in self._pending if NOT_KEPT[i] not in self.first)
+        if self._pending:
+            # a tuple even for one index, as the unknown value to compare it with is one
+            self._get = (itemgetter(*self._pending) if len(self._pending) > 1
+                         else (lambda row, k=self._pending[0]: (row[k],)))  # type: ignore[assignment]
+            self._none = ("-1",) * len(self._pending)
 
 
 class _Header:
@@ -237,6 +268,9 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
                        "(the log's submit times are start times; swf_waits=unknown keeps starts unknown)")
     setup: tuple[float, float, int] | None = None
     any_text = False
+    not_kept = _NotKept()
+    data_rows = 0
+    report.meta["swf_fields_not_kept"] = not_kept.first
     lim, status_of, unknown_status = _LIMIT, _STATUS.get, JobStatus.UNKNOWN
     for lineno, line in numbered_lines(path, report):
         f = line.split()  # the hot loop (450k rows): one split serves the blank, comment and data tests
@@ -251,9 +285,11 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
             setup = _setup(path, report, header)
             offset, cpn, _ = setup
             cpn_int = int(cpn) if cpn == int(cpn) else 0
+        data_rows += 1
         if len(f) != 18:
             report.anomaly(MALFORMED_ROW, lineno, f"{len(f)} fields, SWF has 18")
             continue
+        not_kept.check(f, lineno)
         try:  # plain ints and no unknowns need none of the checks in _job
             submit, wait, run, alloc, req_time, status = (
                 int(f[1]), int(f[2]), int(f[3]), int(f[4]), int(f[8]), int(f[10]))
@@ -277,9 +313,26 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
     if setup is None:
         setup = _setup(path, report, header)
     report.meta["cancelled_that_ran"] += cancelled_ran
+    rows = data_rows
     for key in ("MaxJobs", "MaxRecords"):  # headers that disagree with the body (KTH: 28,490 vs 28,476)
         if key in header:
             report.meta[f"header_{key.lower()}"] = header[key]
+    _note_truncation(path, header, rows, report)
+
+
+def _note_truncation(path: Path, header: _Header, rows: int, report: TraceReport) -> None:
+    """A header counting more jobs than the file holds: a truncated download or an excerpt, whose figures
+    cover its rows only (a cleaned log drops a few jobs too, so the share is said)."""
+    for key in ("MaxJobs", "MaxRecords"):
+        said = _header_int(path, header, key) if key in header else None
+        if said and rows < TRUNCATED_SHARE * said:
+            report.note(f"the SWF header says {key} {said:,} but the file holds {rows:,} job rows "
+                        f"({100 * rows / said:.3g}%): a truncated file or an excerpt; figures cover these rows only")
+            return
+        if said and rows < said:
+            report.note(f"the SWF header says {key} {said:,}, the file holds {rows:,} job rows ({said - rows:,} fewer, "
+                        "as a cleaned log that dropped some)")
+            return
 
 
 def _job(f: list[str], lineno: int, offset: float, cpn: float, report: TraceReport, unknown: Counter[str],
@@ -303,10 +356,12 @@ def _job(f: list[str], lineno: int, offset: float, cpn: float, report: TraceRepo
     if status == 5 and run > 0:
         report.meta["cancelled_that_ran"] += 1
     queue = f[19 if pbs else 14]
+    extra: dict[str, object] = {"line": lineno}
     if wait_is_start and wait == -1:
         wait = 0
         unknown["wait"] += 1
         report.anomaly(UNKNOWN_WAIT, lineno, "wait -1: start = submit")
+        extra["wait_unknown"] = True  # so a conversion writes the wait as unknown again, not as 0
     for i, name in _NEEDED:
         if f[i] == "-1" and not (i == 2 and wait_is_start):
             unknown[name] += 1
@@ -329,7 +384,7 @@ def _job(f: list[str], lineno: int, offset: float, cpn: float, report: TraceRepo
         status=_STATUS.get(status, JobStatus.UNKNOWN),
         user=f[11] if f[11] != "-1" else None,
         queue=queue if queue != "-1" else None,
-        extra={"line": lineno},
+        extra=extra,
     )
 
 

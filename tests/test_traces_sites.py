@@ -1,0 +1,144 @@
+"""Logs as sites keep them: conversions that say what they lose, notes on truncated and sparse logs.
+
+Real files first (KTH's PWA log, cut short as a download would be), then files written to the format's
+documentation where no public log of that shape is bundled (a PWA log whose every wait is -1).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hpcsched.harvest.pool import timeline_from_log
+from hpcsched.traces import open_trace, read_jobs
+from hpcsched.traces.cli import inspect_trace
+from hpcsched.traces.convert import convert_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "trace-data"
+KTH = DATA / "swf" / "KTH-SP2-1996-2.1-cln.swf.gz"
+JOBS10 = (DATA / "bftrainer" / "hps-shufflenet-Jbnd-10J.csv", DATA / "bftrainer" / "hps-shufflenet-JNPs-10J.csv")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpcsched.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+
+
+def _no_wait_log(path: Path, n: int = 30) -> Path:
+    """A PWA-style log that records no wait (every field 3 is -1), with executable (14) and partition (16)."""
+    rows = "".join(f"{k} {k * 600} -1 {300 + k} 4 -1 -1 4 3600 -1 1 {k % 3 + 1} 1 {k % 5 + 1} 1 2 -1 -1\n"
+                   for k in range(1, n + 1))
+    path.write_text("; UnixStartTime: 1000000000\n; MaxNodes: 4\n; MaxProcs: 16\n" + rows)
+    return path
+
+
+# 3. conversions never silent
+
+
+def test_unknown_waits_stay_unknown_through_swf(tmp_path: Path) -> None:
+    src = _no_wait_log(tmp_path / "nowait.swf")
+    trace = open_trace(src)
+    jobs = list(trace)
+    assert trace.report.anomalies["unknown_wait"] == 30
+    out = tmp_path / "back.swf"
+    res = convert_trace(src, "swf", out)
+    rows = [r.split() for r in out.read_text().splitlines() if not r.startswith(";")]
+    assert [r[2] for r in rows] == ["-1"] * 30  # before: written as 0, a known wait of nothing
+    back = open_trace(out)
+    again = list(back)
+    assert back.report.anomalies["unknown_wait"] == 30
+    assert [(j.submit, j.start, j.end) for j in again] == [(j.submit, j.start, j.end) for j in jobs]
+    # the executable and partition the source filled are said to be lost, with the first line
+    note = next(n for n in res.notes if n.startswith("not carried over"))
+    assert "executable (field 14) (first at line 4)" in note and "partition (field 16) (first at line 4)" in note
+    assert "group (field 13)" in note and "think time" not in note  # fields left -1 are not listed
+    # a short file (3 rows) reads back as waits unknown too: the header says so
+    short = _no_wait_log(tmp_path / "short.swf", 3)
+    out3 = tmp_path / "short-back.swf"
+    convert_trace(short, "swf", out3, options={"swf_waits": "start"})
+    back3 = open_trace(out3)
+    assert [j.start == j.submit for j in back3] == [True] * 3 and back3.report.anomalies["unknown_wait"] == 3
+
+
+def test_unknown_waits_are_listed_for_targets_without_unknown(tmp_path: Path) -> None:
+    src = _no_wait_log(tmp_path / "nowait.swf")
+    p = _cli("trace", "convert", str(src), "--to", "slurm-sacct", "--out", str(tmp_path / "s.txt"))
+    assert p.returncode == 0, p.stderr
+    assert "30 job(s): an unknown wait" in p.stderr and "not carried over" in p.stderr
+    assert "executable (field 14)" in p.stderr
+
+
+def test_real_kth_log_lists_its_group_field_as_not_carried_over(tmp_path: Path) -> None:
+    res = convert_trace(KTH, "swf", tmp_path / "kth.swf")
+    (note,) = [n for n in res.notes if n.startswith("not carried over")]
+    assert "group (field 13)" in note and "executable" not in note  # KTH fills the group, not the executable
+    assert res.written == 28476
+
+
+# 6. wording
+
+
+def test_muri_says_no_size_apart_from_no_gpu_count(tmp_path: Path) -> None:
+    src = tmp_path / "sizes.swf"
+    # job 1: 4 procs; job 2: no size at all (allocated and requested procs -1)
+    src.write_text("; UnixStartTime: 0\n; MaxNodes: 4\n; MaxProcs: 16\n"
+                   "1 0 0 10 4 -1 -1 4 60 -1 1 1 1 -1 1 -1 -1 -1\n"
+                   "2 5 0 10 -1 -1 -1 -1 60 -1 1 1 1 -1 1 -1 -1 -1\n")
+    p = _cli("trace", "convert", str(src), "--to", "muri", "--gpus-per-node", "4")
+    assert p.returncode == 2
+    assert "1 of 2 jobs have no size at all" in p.stderr and "no GPU count" not in p.stderr
+    p = _cli("trace", "convert", str(src), "--to", "muri")
+    assert "no size at all" in p.stderr and "1 with no GPU count" in p.stderr
+
+
+def test_truncated_real_pwa_log_gets_a_note(tmp_path: Path) -> None:
+    cut = tmp_path / "kth-head.swf"
+    with gzip.open(KTH, "rt") as f:
+        lines = [line for _, line in zip(range(3200), f, strict=False)]
+    cut.write_text("".join(lines))
+    info = inspect_trace(cut)
+    rows = sum(1 for line in lines if not line.startswith(";") and line.strip())
+    (note,) = [n for n in info["notes"] if "truncated" in n]
+    assert f"MaxJobs 28,490 but the file holds {rows:,} job rows" in note
+    (whole,) = inspect_trace(KTH)["notes"]  # the cleaned log: 14 jobs fewer than its header, not truncated
+    assert "MaxJobs 28,490, the file holds 28,476 job rows (14 fewer" in whole and "truncated" not in whole
+    tl = timeline_from_log(cut)
+    assert any("truncated" in str(n) for n in tl.notes["log_notes"])  # type: ignore[attr-defined]
+
+
+def _sparse_log(path: Path) -> Path:
+    """Nine one-hour jobs spread over eleven years (one a year or so), as a site's test partition keeps."""
+    year = 365 * 86400
+    rows = "".join(f"{k} {k * 460 * 86400} 0 3600 1 -1 -1 1 3600 -1 1 1 1 -1 1 -1 -1 -1\n" for k in range(9))
+    path.write_text("; UnixStartTime: 1300000000\n; MaxNodes: 1\n; MaxProcs: 1\n" + rows)
+    assert 8 * 460 * 86400 > 10 * year
+    return path
+
+
+def test_sparse_log_is_said_by_inspect_and_replay(tmp_path: Path) -> None:
+    log = _sparse_log(tmp_path / "sparse.swf")
+    (note,) = [n for n in inspect_trace(log)["notes"] if n.startswith("sparse log")]
+    assert "8 gap(s) of a week or more" in note
+    assert not [n for n in inspect_trace(KTH)["notes"] if n.startswith("sparse")]
+    p = _cli("replay", "--log", str(log), "--jobs", str(JOBS10[0]), "--curves", str(JOBS10[1]),
+             "--out", str(tmp_path / "r"), "--json")
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["nodes"] == 1
+    assert any(w.startswith("sparse log") for w in s["warnings"]), s["warnings"]
+
+
+def test_replay_says_jobs_that_ran_0_s_apart_from_missing_times(tmp_path: Path) -> None:
+    log = tmp_path / "zero.swf"
+    log.write_text("; UnixStartTime: 0\n; MaxNodes: 2\n; MaxProcs: 2\n"
+                   "1 0 0 3600 1 -1 -1 1 3600 -1 1 1 1 -1 1 -1 -1 -1\n"
+                   "2 10 0 0 1 -1 -1 1 3600 -1 1 1 1 -1 1 -1 -1 -1\n"
+                   "3 20 0 -1 1 -1 -1 1 3600 -1 1 1 1 -1 1 -1 -1 -1\n")
+    p = _cli("replay", "--log", str(log), "--jobs", str(JOBS10[0]), "--curves", str(JOBS10[1]),
+             "--out", str(tmp_path / "r"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert "1 had no start or end" in p.stderr and "1 ran 0 s (no node-time to replay)" in p.stderr
