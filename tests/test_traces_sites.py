@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from hpcsched.harvest.pool import timeline_from_log
-from hpcsched.traces import open_trace, read_jobs
+from hpcsched.traces import open_trace
 from hpcsched.traces.cli import inspect_trace
 from hpcsched.traces.convert import convert_trace
 
