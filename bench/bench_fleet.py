@@ -1,0 +1,136 @@
+"""Fleet benchmark (issue 25): one real controller against N simulated workers speaking the real gRPC protocol.
+
+A real ``hpcsched controller`` process (static node source, fifo unless --policy, one token, config in a temporary
+directory, port 0) and --workers simulated worker daemons (bench/fleet_worker.py: register, heartbeat at the interval
+the controller gives, run the LaunchTasks they get as simulated tasks that report progress every --iteration-s and
+exit 0 at their last step, obey KillTask and forget, Leave at the end) in a few harness processes (asyncio +
+grpc.aio). Once every worker has registered, --jobs jobs (1..--max-procs processes, --elastic-frac of them elastic,
+lasting about --job-seconds each) are submitted through the real Submit RPC (or SubmitMany batches when the
+controller has it), and the fleet runs --duration seconds from the first submit. --pending N first queues N jobs no
+worker can run (a GPU type none has), to see what a long queue costs the controller.
+
+Printed (a table on stdout, progress on stderr) and written with --json: time until every worker registered,
+re-registrations, heartbeat latency p50/p90/p99/max (client side, after registration), submit throughput, submit ->
+launch-order latency p50/p99, job states after --duration, controller CPU (% of one core, /proc/PID/stat) and peak
+RSS (VmHWM), the harness processes' own CPU and event-loop lag (a harness process near 100% of a core means the
+harness, not the controller, is the bottleneck: add --procs), and the load average at start and end.
+
+Examples:
+    .venv/bin/python bench/bench_fleet.py --workers 1000 --jobs 500 --duration 60 --json /tmp/fleet-1000.json
+    .venv/bin/python bench/bench_fleet.py --workers 1000 --jobs 500 --duration 60 --pending 20000
+    .venv/bin/python bench/bench_fleet.py --workers 4392 --jobs 2000 --job-seconds 10 --duration 120  # Theta
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fleet import FleetOptions, run_fleet  # noqa: E402
+
+
+def table(r: dict) -> str:
+    """The figures as a two-column table (plain text: fits 80 columns)."""
+    def ms(q: dict) -> str:
+        if not q.get("n"):
+            return "none"
+        return f"{q['p50_ms']:.0f} / {q['p90_ms']:.0f} / {q['p99_ms']:.0f} / {q['max_ms']:.0f} ms (n={q['n']})"
+
+    reg, hb, sub, s2l, ja = r["registration"], r["heartbeat"], r["submit"], r["submit_to_launch"], r["jobs_after"]
+    ctl, h = r["controller"], r["harness"]
+    rows = [
+        ("workers", f"{r['workers']} x {r['options']['slots']} slots, {r['harness_processes']} harness processes"),
+        ("channels", r["channels"]),
+        ("all registered after", f"{reg['all_registered_s']} s" if reg["all_registered_s"] is not None
+         else f"NOT ALL: {reg['registered']} (last at {reg['last_registered_s']} s)"),
+        ("re-registrations", f"{reg['reregistrations']} ({reg['reregister_replies']} reregister replies)"),
+        ("register p50/p90/p99/max", ms(reg["register_latency"])),
+        ("heartbeat p50/p90/p99/max", ms(hb)),
+        ("heartbeats/s, interval(s)",
+         f"{hb['per_s']}, {', '.join(f'{k} s x{v}' for k, v in hb['intervals_s'].items())}"),
+        ("lease lapses", str(hb["lease_lapses"])),
+        ("rpc errors", ", ".join(f"{k}: {v}" for k, v in r["rpc_errors"].items()) or "none"),
+        ("submit", f"{sub['jobs']} jobs in {sub['seconds']} s = {sub['jobs_per_s']} jobs/s via {r['submit_rpc']}"
+                   + (f"; failed {sub['failed']}" if sub["failed"] else "")),
+    ]
+    if "pending_submit" in r:
+        ps = r["pending_submit"]
+        rows.append(("queued unrunnable", f"{ps['jobs']} jobs at {ps['jobs_per_s']} jobs/s"))
+    rows += [
+        ("submit->launch p50/p90/p99/max", ms(s2l) + (f", {s2l['never_launched']} never launched"
+                                                       if s2l["never_launched"] else "")),
+        (f"jobs after {ja['elapsed_s']:g} s", ", ".join(f"{k} {v}" for k, v in ja["states"].items())),
+        ("last job done (harness)", f"{ja['last_done_s']} s after the first submit ({ja['harness_saw_done']} seen)"),
+        ("controller CPU", f"{ctl['cpu_pct']}% of a core ({ctl['cpu_s']} s over {ctl['window_s']} s)"),
+        ("controller peak RSS", f"{ctl['peak_rss_mb']} MB"),
+        ("harness CPU", f"{h['cpu_pct_total']}% of a core in all, busiest process {h['cpu_pct_max_process']}%"),
+        ("harness loop lag p50/p99/max", ms(h["loop_lag"])),
+        ("leave", f"{h['leaves_said']} workers said goodbye in {h['leave_s']} s"),
+        ("load start / end", f"{r['load_start']} / {r['load_end']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = FleetOptions()
+    ap.add_argument("--workers", type=int, default=d.workers, help="simulated worker daemons (default %(default)s)")
+    ap.add_argument("--jobs", type=int, default=d.jobs, help="jobs submitted once all are registered (%(default)s)")
+    ap.add_argument("--duration", type=float, default=d.duration,
+                    help="seconds from the first submit to the count of jobs done (%(default)s)")
+    ap.add_argument("--slots", type=int, default=d.slots, help="slots per worker (%(default)s)")
+    ap.add_argument("--pending", type=int, default=d.pending,
+                    help="jobs no worker can run, queued before the workers start (%(default)s)")
+    ap.add_argument("--procs", type=int, default=d.procs,
+                    help="harness processes (0: one per 1,000 workers, at most 4; default %(default)s)")
+    ap.add_argument("--channels", type=int, default=d.channels,
+                    help="gRPC channels per harness process, workers multiplexed over them (0: one per worker, "
+                         "each its own TCP connection, as real daemons; default %(default)s)")
+    ap.add_argument("--job-seconds", type=float, default=d.job_seconds,
+                    help="a job's mean run time once started, 0.5x-1.5x (%(default)s)")
+    ap.add_argument("--iteration-s", type=float, default=d.iteration_s, help="seconds per simulated step (%(default)s)")
+    ap.add_argument("--startup-s", type=float, default=d.startup_s,
+                    help="a simulated task's start-up before its first report (%(default)s)")
+    ap.add_argument("--max-procs", type=int, default=d.max_procs, help="job sizes 1..this (%(default)s)")
+    ap.add_argument("--elastic-frac", type=float, default=d.elastic_frac,
+                    help="share of jobs with min_procs < max_procs (%(default)s)")
+    ap.add_argument("--seed", type=int, default=d.seed, help="job mix seed (%(default)s)")
+    ap.add_argument("--policy", default=d.policy, help="controller policy (%(default)s)")
+    ap.add_argument("--heartbeat-interval", type=float, default=None, dest="heartbeat_interval_s",
+                    help="controller heartbeat_interval_s (default: the controller's own)")
+    ap.add_argument("--worker-timeout", type=float, default=None, dest="worker_timeout_s",
+                    help="controller worker_timeout_s (default: the controller's own)")
+    ap.add_argument("--schedule-interval", type=float, default=None, dest="schedule_interval_s",
+                    help="controller schedule_interval_s (default: the controller's own)")
+    ap.add_argument("--submit-concurrency", type=int, default=d.submit_concurrency,
+                    help="submit calls in flight (%(default)s)")
+    ap.add_argument("--submit-batch", type=int, default=d.submit_batch,
+                    help="jobs per SubmitMany call when the controller has that RPC (%(default)s)")
+    ap.add_argument("--ramp-s", type=float, default=d.ramp_s,
+                    help="spread the workers' start over this long (0: all at once, a registration storm)")
+    ap.add_argument("--register-timeout", type=float, default=d.register_timeout,
+                    help="give up waiting for every registration after this long; the jobs are submitted anyway "
+                         "(%(default)s)")
+    ap.add_argument("--until-done", action="store_true",
+                    help="end as soon as every submitted job has reached its last step (at most --duration)")
+    ap.add_argument("--json", type=Path, help="write every figure here as JSON")
+    ap.add_argument("--keep", type=Path, help="copy the controller's directory (config, log, state) here")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    a = ap.parse_args(argv)
+    if a.workers < 1 or a.jobs < 0 or a.duration <= 0 or a.slots < 1 or a.iteration_s <= 0 or a.max_procs < 1:
+        ap.error("need --workers >= 1, --jobs >= 0, --duration > 0, --slots >= 1, --iteration-s > 0, --max-procs >= 1")
+    opts = FleetOptions(**{k: getattr(a, k) for k in FleetOptions.__dataclass_fields__})
+    r = run_fleet(opts, a.keep)
+    print(table(r))
+    if a.json:
+        a.json.write_text(json.dumps(r, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

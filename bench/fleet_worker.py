@@ -1,0 +1,378 @@
+"""Simulated worker daemons for the fleet harness: the real worker's gRPC protocol, none of its process launching.
+
+Each ``SimWorker`` behaves on the wire as ``hpcsched.runtime.worker.Worker`` does: it registers with a random
+``instance``, heartbeats at the interval the controller gives it (``RegisterReply.heartbeat_interval_s``, and
+``HeartbeatReply`` field 5 when the controller sends one), and at once when a task has news (its first report, its
+exit), with a follow-up ``FOLLOW_UP_S`` after a beat that carried news; it honours ``reregister``, treats every
+failed call as the real worker does (register again; a refused name waits ``REFUSED_RETRY_S``), forgets what it is
+told to forget, and on shutdown drains (Leave final=false, its tasks stop with a checkpoint and are reported) and
+says goodbye (Leave final=true). The tasks it is sent are simulated: a ``startup_s`` start, then one step per
+``iteration_s`` up to the job's ``HPCSCHED_STEPS``; the first report has ``first``, the last ``done`` and the task
+exits 0; a checkpointing KillTask makes it write its step to ``<checkpoint_dir>/fleet-sim.step`` (read back as
+``resumed_from`` by the next attempt, as a training program restores its checkpoint) and exit 0; a plain one exits
+-9. Only node rank 0 reports progress, as the ``direct`` launcher's rank 0 does.
+
+Many workers share one asyncio loop (``grpc.aio``), and a few such loops run in separate processes
+(``worker_process``) so that the harness's own CPU is visible per process and spread over the cores. Everything
+measured is kept in ``ProcStats`` and sent back to the orchestrator (``fleet.py``) at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import time
+import uuid
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from hpcsched.runtime.auth import CHANNEL_OPTIONS, metadata
+from hpcsched.runtime.rpc import pb, pb_grpc
+
+FOLLOW_UP_S = 0.1  # as the real worker: a beat that carried news is followed up to fetch the controller's reaction
+REFUSED_RETRY_S = 3.0  # as the real worker: a daemon refused its name asks again this often
+RPC_TIMEOUT_S = 10.0  # the real worker's deadline on Register and Heartbeat
+LEAVE_TIMEOUT_S = 5.0
+CKPT_FILE = "fleet-sim.step"
+# The controller's per-beat interval, when its HeartbeatReply carries one (field 5; absent from older controllers).
+_HB_INTERVAL = pb.HeartbeatReply.DESCRIPTOR.fields_by_number.get(5)
+
+
+@dataclass(slots=True)
+class SimOptions:
+    """How the simulated workers and their tasks behave (the same in every harness process)."""
+
+    address: str
+    token: str
+    base_dir: str  # the controller's working directory: relative checkpoint dirs are relative to it
+    slots: int = 4
+    iteration_s: float = 0.1
+    startup_s: float = 0.5
+    gpu_type: str = "cpu"
+    ramp_s: float = 0.0  # workers start spread over this long (0: all at once, a registration storm)
+
+
+@dataclass(slots=True)
+class SimTask:
+    launch: pb.LaunchTask
+    steps: int
+    resumed: int  # checkpoint step restored (-1: fresh)
+    train_at: float  # monotonic time of its first report
+    reported_first: bool = False
+    exit_code: int | None = None
+    pending: list = field(default_factory=list)
+    last_step: int = -1
+
+    def step_at(self, now: float, iteration_s: float) -> int:
+        done = int(max(0.0, now - self.train_at) / iteration_s)
+        return min(self.steps, max(self.resumed, 0) + done)
+
+    def end_at(self, iteration_s: float) -> float:
+        return self.train_at + (self.steps - max(self.resumed, 0)) * iteration_s
+
+
+@dataclass(slots=True)
+class ProcStats:
+    """What one harness process measured; times are seconds, ``*_at`` unix seconds."""
+
+    hb_lat: array = field(default_factory=lambda: array("d"))
+    hb_at: array = field(default_factory=lambda: array("d"))
+    reg_lat: array = field(default_factory=lambda: array("d"))
+    first_registered_at: dict = field(default_factory=dict)  # worker -> unix time of its first registration
+    registrations: int = 0
+    reregister_replies: int = 0  # heartbeat replies saying reregister
+    errors: dict = field(default_factory=dict)  # "Method CODE" -> count
+    launch_seen_at: dict = field(default_factory=dict)  # job id -> first reply carrying one of its LaunchTasks
+    launches: int = 0
+    tasks_done: int = 0  # exited 0 at their last step
+    job_done_at: dict = field(default_factory=dict)  # job id -> when its node-0 task reached its last step
+    tasks_checkpointed: int = 0  # stopped by a checkpointing KillTask
+    tasks_killed: int = 0  # stopped by a plain KillTask
+    lease_lapses: int = 0  # a worker went longer than its lease (worker_timeout_s) without an answered heartbeat
+    intervals_seen: dict = field(default_factory=dict)  # heartbeat interval -> workers that last used it
+    leave_s: float = 0.0
+    leaves_said: int = 0
+    loop_lag: array = field(default_factory=lambda: array("d"))
+
+    def error(self, method: str, code: grpc.StatusCode) -> None:
+        key = f"{method} {code.name}"
+        self.errors[key] = self.errors.get(key, 0) + 1
+
+
+class SimWorker:
+    def __init__(self, name: str, index: int, stub: pb_grpc.ControllerStub, opts: SimOptions, stats: ProcStats,
+                 md: tuple) -> None:
+        self.name, self.index, self.stub, self.opts, self.stats, self.md = name, index, stub, opts, stats, md
+        self.instance = uuid.uuid4().hex
+        self.tasks: dict[str, SimTask] = {}
+        self.interval = 1.0
+        self.lease = 0.0
+        self.registered = False
+
+    # ------------------------------------------------------------------ the real worker's loop, on asyncio
+    async def run(self, delay: float) -> None:
+        """Until cancelled (the orchestrator's stop): what ``Worker.run`` does, one coroutine per worker."""
+        if delay > 0:
+            await asyncio.sleep(delay)
+        backoff = 0.2
+        due = 0.0
+        reached = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                news = self._news(now)
+                if not news and now < due:
+                    await asyncio.sleep(max(0.0, min(due, self._next_news()) - now))
+                    continue
+                method = "Register"
+                try:
+                    if not self.registered:
+                        await self._register()
+                    method = "Heartbeat"
+                    req = self._heartbeat(time.monotonic())
+                    sent = time.perf_counter()
+                    reply = await self.stub.Heartbeat(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
+                    self.stats.hb_lat.append(time.perf_counter() - sent)
+                    self.stats.hb_at.append(time.time())
+                    for t in self.tasks.values():
+                        t.pending.clear()  # delivered
+                    if reply.reregister:
+                        self.stats.reregister_replies += 1
+                        self.registered = False
+                    if self.lease and time.monotonic() - reached > self.lease:
+                        self.stats.lease_lapses += 1
+                    reached = time.monotonic()
+                    if _HB_INTERVAL is not None:
+                        told = getattr(reply, _HB_INTERVAL.name)
+                        if told > 0:
+                            self.interval = told
+                    self._apply(reply)
+                    backoff = 0.2
+                    due = time.monotonic() + (FOLLOW_UP_S if news else self.interval)
+                except grpc.RpcError as e:
+                    self.registered = False
+                    self.stats.error(method, e.code())
+                    if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                        await asyncio.sleep(REFUSED_RETRY_S)
+                        continue
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.interval * 2)
+        finally:
+            self.stats.intervals_seen[self.interval] = self.stats.intervals_seen.get(self.interval, 0) + 1
+
+    async def _register(self) -> None:
+        req = pb.RegisterRequest(worker_id=self.name, host="127.0.0.1", slots=self.opts.slots, gpus=0,
+                                 cpus=self.opts.slots, launchers=["direct"], instance=self.instance,
+                                 gpu_type=self.opts.gpu_type, agent_port=0)
+        sent = time.perf_counter()
+        reply = await self.stub.Register(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
+        self.stats.reg_lat.append(time.perf_counter() - sent)
+        self.stats.registrations += 1
+        self.stats.first_registered_at.setdefault(self.name, time.time())
+        self.interval = reply.heartbeat_interval_s or 1.0
+        self.lease = reply.worker_timeout_s
+        self.registered = True
+
+    def _heartbeat(self, now: float) -> pb.HeartbeatRequest:
+        req = pb.HeartbeatRequest(worker_id=self.name, instance=self.instance, spare_port=20000 + self.index % 40000)
+        it = self.opts.iteration_s
+        for tid, t in self.tasks.items():
+            if t.exit_code is None:
+                self._progress(t, now, it)
+            req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
+                                           running=t.exit_code is None, exit_code=t.exit_code or 0,
+                                           progress=t.pending,
+                                           reason="killed by SIGKILL" if t.exit_code == -9 else ""))
+        return req
+
+    def _progress(self, t: SimTask, now: float, it: float) -> None:
+        """New reports of a running task up to ``now``; at its last step it reports done and exits 0."""
+        if now < t.train_at:
+            return
+        rank0 = t.launch.node_rank == 0
+        if not t.reported_first:
+            t.reported_first = True
+            t.last_step = max(t.resumed, 0)
+            if rank0:
+                t.pending.append(pb.Progress(step=t.last_step, world_size=t.launch.world_size, time=time.time(),
+                                             resumed_from=t.resumed, first=True))
+        step = t.step_at(now, it)
+        if step > t.last_step:
+            t.last_step = step
+            done = step >= t.steps
+            if rank0:
+                t.pending.append(pb.Progress(step=step, loss=1.0 / (1 + step), samples_per_s=64 / it,
+                                             data_s=it * 0.2, compute_s=it * 0.6, comm_s=it * 0.2,
+                                             world_size=t.launch.world_size, time=time.time(), done=done))
+            if done:
+                t.exit_code = 0
+                self.stats.tasks_done += 1
+                if rank0:
+                    self.stats.job_done_at.setdefault(t.launch.job_id, time.time())
+
+    def _news(self, now: float) -> bool:
+        """A task has news the controller should hear now (a first report or an exit), as the real worker's poll."""
+        it = self.opts.iteration_s
+        return any(t.exit_code is None and ((not t.reported_first and now >= t.train_at) or now >= t.end_at(it))
+                   for t in self.tasks.values())
+
+    def _next_news(self) -> float:
+        it = self.opts.iteration_s
+        times = [t.train_at if not t.reported_first else t.end_at(it)
+                 for t in self.tasks.values() if t.exit_code is None]
+        return min(times, default=float("inf"))
+
+    def _apply(self, reply: pb.HeartbeatReply) -> None:
+        for tid in reply.forget:
+            self.tasks.pop(tid, None)
+        for k in reply.kill:
+            self._kill(k.task_id, k.checkpoint)
+        now = time.monotonic()
+        for launch in reply.launch:
+            if launch.job_id not in self.stats.launch_seen_at:
+                self.stats.launch_seen_at[launch.job_id] = time.time()
+            if launch.task_id in self.tasks:
+                continue  # resent until reported: the real worker ignores it too (no in-place resize here)
+            try:
+                steps = int(launch.env.get("HPCSCHED_STEPS", "1"))
+            except ValueError:
+                steps = 1
+            self.tasks[launch.task_id] = SimTask(launch, steps, self._restore(launch), now + self.opts.startup_s)
+            self.stats.launches += 1
+
+    def _ckpt(self, launch: pb.LaunchTask) -> Path:
+        d = Path(launch.checkpoint_dir)
+        return (d if d.is_absolute() else Path(self.opts.base_dir) / d) / CKPT_FILE
+
+    def _restore(self, launch: pb.LaunchTask) -> int:
+        try:
+            return int(self._ckpt(launch).read_text())
+        except (OSError, ValueError):
+            return -1
+
+    def _kill(self, task_id: str, checkpoint: bool) -> None:
+        t = self.tasks.get(task_id)
+        if t is None or t.exit_code is not None:
+            return
+        if checkpoint:
+            step = t.step_at(time.monotonic(), self.opts.iteration_s) if t.reported_first else max(t.resumed, 0)
+            path = ""
+            if t.launch.node_rank == 0 and step > 0:
+                f = self._ckpt(t.launch)
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text(f"{step}\n")
+                path = str(f)
+                t.pending.append(pb.Progress(step=step, world_size=t.launch.world_size, time=time.time(),
+                                             checkpoint=path))
+            t.exit_code = 0
+            self.stats.tasks_checkpointed += 1
+        else:
+            t.exit_code = -9
+            self.stats.tasks_killed += 1
+
+    # ------------------------------------------------------------------------------------------ shutdown
+    async def leave(self) -> None:
+        """The real worker's graceful stop: draining notice, tasks stopped with a checkpoint and reported, goodbye."""
+        if not self.registered:
+            return
+        with contextlib.suppress(grpc.RpcError):
+            await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=False, instance=self.instance),
+                                  timeout=LEAVE_TIMEOUT_S, metadata=self.md)
+            for tid in list(self.tasks):
+                self._kill(tid, checkpoint=True)
+            if self.tasks:
+                reply = await self.stub.Heartbeat(self._heartbeat(time.monotonic()), timeout=LEAVE_TIMEOUT_S,
+                                                  metadata=self.md)
+                for tid in reply.forget:
+                    self.tasks.pop(tid, None)
+            await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=True, instance=self.instance),
+                                  timeout=LEAVE_TIMEOUT_S, metadata=self.md)
+            self.stats.leaves_said += 1
+
+
+async def _loop_lag(lags: array, period: float = 0.05) -> None:
+    """How late this process's event loop wakes a timer: the harness's own share of every latency it measures."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period)
+        lags.append(time.perf_counter() - t - period)
+
+
+def raise_nofile(want: int) -> int:
+    """Raise this process's open-file limit towards ``want`` (one descriptor per connection); the limit got."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(hard, max(soft, want)) if hard != resource.RLIM_INFINITY else max(soft, want)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def channel_options(k: int) -> tuple:
+    """Each channel its own TCP connection, as separate daemons have: gRPC otherwise shares one subchannel between
+    channels with the same arguments (the ``fleet_channel`` argument only makes them differ)."""
+    return (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("fleet_channel", k))
+
+
+async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: int, stop_at: asyncio.Future,
+                      stats: ProcStats, progress=None) -> None:
+    """Run the workers ``ids`` (names ``w00000``...) on this loop until ``stop_at`` resolves, then make them leave.
+    ``channels``: gRPC channels for them (0: one per worker)."""
+    md = metadata(opts.token)
+    n_ch = len(ids) if channels <= 0 else max(1, min(channels, len(ids)))
+    chans = [grpc.aio.insecure_channel(opts.address, options=channel_options(k)) for k in range(n_ch)]
+    stubs = [pb_grpc.ControllerStub(c) for c in chans]
+    workers = [SimWorker(f"w{i:05d}", i, stubs[k % n_ch], opts, stats, md) for k, i in enumerate(ids)]
+    spread = opts.ramp_s / max(1, n_total)
+    runs = [asyncio.create_task(w.run(w.index * spread)) for w in workers]
+    runs.append(asyncio.create_task(_loop_lag(stats.loop_lag)))
+    if progress is not None:
+        runs.append(asyncio.create_task(progress()))
+    await stop_at
+    for r in runs:
+        r.cancel()
+    await asyncio.gather(*runs, return_exceptions=True)
+    t = time.perf_counter()
+    sem = asyncio.Semaphore(256)  # a bounded number of leaves in flight: the others queue here, not in gRPC
+
+    async def one(w: SimWorker) -> None:
+        async with sem:
+            await w.leave()
+
+    await asyncio.gather(*(one(w) for w in workers), return_exceptions=True)
+    stats.leave_s = time.perf_counter() - t
+    for c in chans:
+        await c.close()
+
+
+def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int, out, go, stop) -> None:
+    """One harness process (``multiprocessing`` spawn target): wait for ``go``, run until ``stop``, send a progress
+    line every second and the ``ProcStats`` (as a dict) at the end."""
+    raise_nofile(len(ids) + 1024)
+    out.put(("ready", os.getpid(), None))
+    go.wait()
+    stats = ProcStats()
+    cpu0 = time.process_time()
+
+    async def progress() -> None:
+        while True:
+            out.put(("progress", os.getpid(), {
+                "registered": len(stats.first_registered_at), "heartbeats": len(stats.hb_lat),
+                "launched_jobs": len(stats.launch_seen_at), "tasks_done": stats.tasks_done,
+                "jobs_done": len(stats.job_done_at),
+                "errors": sum(stats.errors.values()), "reregister": stats.reregister_replies,
+                "cpu_s": time.process_time() - cpu0}))
+            await asyncio.sleep(1.0)
+
+    async def main() -> None:
+        stop_at = asyncio.get_running_loop().run_in_executor(None, stop.wait)
+        await run_workers(opts, ids, n_total, channels, stop_at, stats, progress)
+
+    asyncio.run(main())
+    d = {f: getattr(stats, f) for f in ProcStats.__dataclass_fields__}
+    d["cpu_s"] = time.process_time() - cpu0
+    out.put(("stats", os.getpid(), d))
