@@ -420,6 +420,7 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
     launch_at: dict[str, float] = {}
     done_at: dict[str, float] = {}
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
     intervals: dict[float, int] = {}
     for s in stats.values():
         for jid, at in s["launch_seen_at"].items():
@@ -428,6 +429,8 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
             done_at[jid] = min(at, done_at.get(jid, at))
         for k, v in s["errors"].items():
             errors[k] = errors.get(k, 0) + v
+        for k, v in s["error_examples"].items():
+            examples.setdefault(k, v)
         for k, v in s["intervals_seen"].items():
             intervals[k] = intervals.get(k, 0) + v
     lat = [launch_at[j] - sent for j, sent in sub.sent_at.items() if j in launch_at]
@@ -447,6 +450,7 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
                                            "lease_lapses": sum(s["lease_lapses"] for s in stats.values()),
                                            "intervals_s": {str(k): v for k, v in sorted(intervals.items())}},
         "rpc_errors": errors,
+        "rpc_error_examples": examples,
         "submit": {"jobs": submitted, "seconds": round(submit_s, 2),
                    "jobs_per_s": round(submitted / submit_s, 1) if submit_s > 0 else None, "failed": sub.failed},
         "submit_to_launch": _quantiles(lat) | {"never_launched": len(sub.sent_at) - len(lat)},

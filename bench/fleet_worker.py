@@ -99,9 +99,12 @@ class ProcStats:
     leaves_said: int = 0
     loop_lag: array = field(default_factory=lambda: array("d"))
 
-    def error(self, method: str, code: grpc.StatusCode) -> None:
-        key = f"{method} {code.name}"
+    error_examples: dict = field(default_factory=dict)  # "Method CODE" -> the first such error's details
+
+    def error(self, method: str, e: grpc.RpcError) -> None:
+        key = f"{method} {e.code().name}"
         self.errors[key] = self.errors.get(key, 0) + 1
+        self.error_examples.setdefault(key, (e.details() or "")[:300])
 
 
 class SimWorker:
@@ -156,7 +159,7 @@ class SimWorker:
                     due = time.monotonic() + (FOLLOW_UP_S if news else self.interval)
                 except grpc.RpcError as e:
                     self.registered = False
-                    self.stats.error(method, e.code())
+                    self.stats.error(method, e)
                     if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         await asyncio.sleep(REFUSED_RETRY_S)
                         continue
