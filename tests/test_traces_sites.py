@@ -12,8 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from hpcsched.errors import InputError
 from hpcsched.harvest.pool import timeline_from_log
-from hpcsched.traces import open_trace
+from hpcsched.traces import open_trace, read_jobs
 from hpcsched.traces.cli import inspect_trace
 from hpcsched.traces.convert import convert_trace
 
@@ -142,3 +145,74 @@ def test_replay_says_jobs_that_ran_0_s_apart_from_missing_times(tmp_path: Path) 
              "--out", str(tmp_path / "r"), "--json")
     assert p.returncode == 0, p.stderr
     assert "1 had no start or end" in p.stderr and "1 ran 0 s (no node-time to replay)" in p.stderr
+
+
+# 2. headerless sacct: --columns
+
+# Open XDMoD's documented archive command (resource-manager-slurm: TZ=UTC sacct --allusers --parsable2 --noheader
+# --allocations --format jobid,jobidraw,...,nodelist,jobname), rows written to that layout; the last job's name
+# holds the delimiter, as free text may.
+XDMOD_ROWS = [
+    "4001|4001|edge|batch|chem|chem|5001|alice|5001|2019-03-01T08:00:00|2019-03-01T08:00:00|2019-03-01T08:00:10|"
+    "2019-03-01T09:00:10|01:00:00|0:0|COMPLETED|2|64|64|4000Mc||billing=64,cpu=64,mem=256000M,node=2|02:00:00|"
+    "c[001-002]|md-run",
+    "4002|4002|edge|gpu|phys|phys|5002|bob|5002|2019-03-01T08:10:00|2019-03-01T08:10:00|2019-03-01T08:20:00|"
+    "2019-03-01T08:50:00|00:30:00|1:0|FAILED|1|8|8|16Gn|gpu:2|cpu=8,gres/gpu=2,mem=16G,node=1|01:00:00|g003|train",
+    "4003|4003|edge|batch|chem|chem|5001|alice|5001|2019-03-01T08:30:00|2019-03-01T08:30:00|2019-03-01T08:31:00|"
+    "2019-03-01T08:41:00|00:10:00|0:0|COMPLETED|1|4|4|4000Mc||cpu=4,node=1|00:20:00|c003|a|b",
+]
+XDMOD_COLUMNS = ("JobID,JobIDRaw,Cluster,Partition,Account,Group,GID,User,UID,Submit,Eligible,Start,End,Elapsed,"
+                 "ExitCode,State,NNodes,NCPUS,ReqCPUS,ReqMem,ReqGRES,ReqTRES,Timelimit,NodeList,JobName")
+
+
+def test_headerless_xdmod_archive_reads_with_columns(tmp_path: Path) -> None:
+    dump = tmp_path / "edge-2019-03-01.log"
+    dump.write_text("\n".join(XDMOD_ROWS) + "\n")
+    p = _cli("trace", "inspect", str(dump), "--json")
+    assert p.returncode == 2 and "--columns" in p.stderr  # no header, no sniff: the error names the way out
+    p = _cli("trace", "inspect", str(dump), "--format", "slurm-sacct")
+    assert p.returncode == 2 and "--columns" in p.stderr and "Traceback" not in p.stderr
+    for given in ("xdmod", XDMOD_COLUMNS, XDMOD_COLUMNS.lower()):
+        trace = open_trace(dump, options={"columns": given})
+        jobs = list(trace)
+        assert [(j.id, j.nodes, j.procs, j.gpus, j.duration, j.requested, j.status.value, j.user, j.queue)
+                for j in jobs] == [
+            ("4001", 2, 64, 0, 3600.0, 7200.0, "completed", "alice", "batch"),
+            ("4002", 1, 8, 2, 1800.0, 3600.0, "failed", "bob", "gpu"),
+            ("4003", 1, 4, 0, 600.0, 1200.0, "completed", "alice", "batch")]
+        assert jobs[0].extra["nodelist"] == ("c001", "c002")
+        assert trace.report.anomalies == {"repaired_row": 1}  # 'a|b': the name holding the delimiter, rejoined
+    # the same on the CLI, for inspect, convert and replay --log
+    p = _cli("trace", "inspect", str(dump), "--format", "slurm-sacct", "--columns", XDMOD_COLUMNS, "--json")
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)
+    assert info["jobs"] == 3 and info["anomalies"] == {"repaired_row": 1}
+    p = _cli("trace", "convert", str(dump), "--columns", "xdmod", "--to", "swf", "--out", str(tmp_path / "x.swf"))
+    assert p.returncode == 0, p.stderr
+    assert [j.id for j in read_jobs(tmp_path / "x.swf")] == ["4001", "4002", "4003"]
+    p = _cli("replay", "--log", str(dump), "--format", "slurm-sacct", "--columns", XDMOD_COLUMNS, "--jobs",
+             str(JOBS10[0]), "--curves", str(JOBS10[1]), "--out", str(tmp_path / "r"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["nodes"] >= 1
+
+
+def test_headerless_real_cedar_dump_matches_its_headed_original(tmp_path: Path) -> None:
+    """The real cedar sample without its header line, read with the header's names as --columns."""
+    src = DATA / "slurm" / "sacct-allcols-cedar-2019.tsv"
+    header, *rows = src.read_text().splitlines()
+    dump = tmp_path / "cedar-noheader.tsv"
+    dump.write_text("\n".join(rows) + "\n")
+    names = header.replace("\t", ",")
+    got = read_jobs(dump, options={"columns": names})  # tab found from the rows
+    want = read_jobs(src)
+    assert [(j.id, j.submit, j.start, j.end, j.nodes, j.procs, j.status) for j in got] == [
+        (j.id, j.submit, j.start, j.end, j.nodes, j.procs, j.status) for j in want]
+    # a header line that names the same columns is skipped, not read as a job
+    assert len(read_jobs(src, options={"columns": names})) == 1
+    # sacct's %width suffixes are dropped; a wrong column count is one error with the line
+    assert len(read_jobs(dump, options={"columns": names.replace(",JobID,", ",JobID%20,")})) == 1
+    with pytest.raises(InputError) as e:
+        read_jobs(dump, options={"columns": "JobID,Submit,State"})
+    assert e.value.line == 1
+    with pytest.raises(InputError, match="--columns names the fields of a headerless sacct dump"):
+        read_jobs(KTH, fmt="swf", options={"columns": "xdmod"})

@@ -42,6 +42,11 @@ def replay_cmd(
                                        "submit (--idle), the log's first job start (--log)."),
     skip_warmup: bool = typer.Option(False, "--skip-warmup", help="--log: start where the log's use first reaches "
                                      "its typical level (a log lacks the jobs running when it begins)."),
+    log_format: str | None = typer.Option(None, "--format", help="--log: the log's format (default: detected; "
+                                          "hpcsched trace inspect --help lists them)."),
+    columns: str | None = typer.Option(None, "--columns", help="--log: the columns of a headerless sacct dump "
+                                       "(sacct -P --noheader): its --format list, or xdmod / apel."),
+    delimiter: str | None = typer.Option(None, "--delimiter", help="--log: sacct's field delimiter."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar (shown on stderr only when it is a "
                                "terminal, never with --json)."),
@@ -78,8 +83,11 @@ def replay_cmd(
                           exact_events=exact_events, no_pause=no_pause)
     if skip_warmup and log is None:
         raise typer.BadParameter("--skip-warmup applies to --log only (idle intervals record the busy nodes)")
+    if (log_format or columns or delimiter) and log is None:
+        raise typer.BadParameter("--format, --columns and --delimiter apply to --log only")
+    log_options = {k: v for k, v in (("columns", columns), ("delimiter", delimiter)) if v}
     request = ReplayRequest(jobs_file, curves, idle=idle, log=log, nodes=nodes, node_order=node_order, start=start,
-                            config=config, skip_warmup=skip_warmup)
+                            config=config, skip_warmup=skip_warmup, log_format=log_format, log_options=log_options)
     err = Console(stderr=True)
     source = idle if idle is not None else log
     assert source is not None

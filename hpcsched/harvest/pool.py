@@ -552,7 +552,8 @@ def warmup_check(times: np.ndarray, level: np.ndarray, start: float) -> dict[str
 
 
 def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | None = None, *,
-                      start: float | None = None, skip_warmup: bool = False) -> PoolTimeline:
+                      start: float | None = None, skip_warmup: bool = False,
+                      options: Mapping[str, object] | None = None) -> PoolTimeline:
     """Idle-pool events of a batch log replayed first-fit on a machine of ``machine`` nodes.
 
     The machine is ``machine`` (``--nodes``) when given, else the size the reader knows (an SWF header's
@@ -569,7 +570,7 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     """
     from hpcsched.traces import open_trace
 
-    trace = open_trace(path, fmt)
+    trace = open_trace(path, fmt, options=dict(options or {}))
     if trace.format.kind != "jobs":
         raise InputError(path, f"--log needs a job log; {trace.format.name} holds {trace.format.kind} records")
     records = [(j.start, j.end, j.nodes, j.procs) for j in trace]  # the Job objects are not kept

@@ -46,6 +46,8 @@ class ReplayRequest:
     start: float | None = None
     config: ReplayConfig = field(default_factory=ReplayConfig)
     skip_warmup: bool = False
+    log_format: str | None = None  # ``log``: its format (None: detected)
+    log_options: dict[str, object] = field(default_factory=dict)  # ``log``: reader options (columns, delimiter)
 
     def __post_init__(self) -> None:
         if (self.idle is None) == (self.log is None):
@@ -142,7 +144,8 @@ def run_replay(
         tl = idle_timeline(request.idle, request.nodes, request.node_order, t0)
     else:
         assert request.log is not None
-        tl = timeline_from_log(request.log, request.nodes, start=request.start, skip_warmup=request.skip_warmup)
+        tl = timeline_from_log(request.log, request.nodes, request.log_format, start=request.start,
+                               skip_warmup=request.skip_warmup, options=request.log_options)
         jobs, shift = shift_into_log(jobs, tl.start, tl.end)
     cfg = request.config
     res = replay(tl, jobs, cfg, progress=progress)

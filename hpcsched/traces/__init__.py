@@ -34,6 +34,7 @@ from hpcsched.traces.base import (
     head_lines,
     numbered_lines,
 )
+from hpcsched.traces.recognise import recognised_unsupported
 
 __all__ = ["FORMATS", "Trace", "TraceFormat", "TraceReport", "detect_format", "numbered_lines", "open_trace",
            "read_jobs"]
@@ -64,6 +65,9 @@ def detect_format(path: str | Path) -> TraceFormat:
     for fmt in FORMATS.values():
         if fmt.sniff(lines):
             return fmt
+    known = recognised_unsupported(lines)
+    if known is not None:
+        raise InputError(path, known, 1)
     raise InputError(
         path, f"unrecognised trace format (known: {', '.join(FORMATS)}); give one with --format", 1
     )
@@ -77,12 +81,17 @@ class Trace:
     ) -> None:
         self.path = Path(path)
         fmt = ALIASES.get(fmt.lower(), fmt.lower()) if fmt is not None else None
+        if fmt is None and options and options.get("columns"):
+            fmt = "slurm-sacct"  # named columns are those of a headerless sacct dump, which no sniffer can tell
         if fmt is None:
             self.format = detect_format(self.path)
         elif fmt in FORMATS:
             self.format = FORMATS[fmt]
         else:
             raise InputError(self.path, f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+        if options and options.get("columns") and self.format.name != "slurm-sacct":
+            raise InputError(self.path, f"--columns names the fields of a headerless sacct dump; the format here is "
+                             f"{self.format.name}, which names its own")
         self.report = TraceReport(str(self.path), self.format.name, strict=strict, options=dict(options or {}))
 
     def __iter__(self) -> Iterator[Any]:

@@ -18,6 +18,8 @@ trace_app = typer.Typer(help="Look inside trace files.", no_args_is_help=True)
 generate_cli.register(trace_app)  # `trace generate` (issue 17), in its own module
 
 _QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
+COLUMNS_HELP = ("sacct without a header line (sacct -P --noheader): its columns, the --format list it was made "
+                "with (JobID,JobIDRaw,...), or a named archive layout: xdmod, apel. Implies --format slurm-sacct.")
 
 
 def _dist(values: array[float]) -> dict[str, float] | None:
@@ -134,6 +136,7 @@ def inspect_cmd(
         None, "--delimiter", help="sacct: the field delimiter (tab, pipe, comma, table, or the characters); "
         "default: read from the header."
     ),
+    columns: str | None = typer.Option(None, "--columns", help=COLUMNS_HELP),
 ) -> None:
     """Jobs, time span, machine size, size and duration distributions, and anomaly counts.
 
@@ -148,7 +151,7 @@ def inspect_cmd(
     from rich.console import Console
     from rich.table import Table
 
-    options = _options(cores_per_node, machine_nodes, delimiter)
+    options = _options(cores_per_node, machine_nodes, delimiter, columns)
     info = inspect_trace(file, fmt, strict, progress=wanted(as_json), options=options)
     if as_json:
         print(json.dumps(info))
@@ -182,10 +185,11 @@ def inspect_cmd(
         c.print("no anomalies")
 
 
-def _options(cores_per_node: float | None, machine_nodes: int | None, delimiter: str | None) -> dict[str, Any]:
+def _options(cores_per_node: float | None, machine_nodes: int | None, delimiter: str | None,
+             columns: str | None = None) -> dict[str, Any]:
     """Reader options from the command line (only those given)."""
     return {k: v for k, v in (("cores_per_node", cores_per_node), ("machine_nodes", machine_nodes),
-                              ("delimiter", delimiter)) if v}
+                              ("delimiter", delimiter), ("columns", columns)) if v}
 
 
 @trace_app.command("convert")
@@ -213,6 +217,7 @@ def convert_cmd(
         None, "--machine-nodes", "--nodes", help="Machine size in nodes (overrides headers and known machines)."
     ),
     delimiter: str | None = typer.Option(None, "--delimiter", help="sacct input: the field delimiter."),
+    columns: str | None = typer.Option(None, "--columns", help=COLUMNS_HELP),
     strict: bool = typer.Option(False, "--strict", help="Fail on the first anomaly of the input."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no notes on stderr."),
 ) -> None:
@@ -229,7 +234,7 @@ def convert_cmd(
 
     show = not quiet and sys.stderr.isatty()
     out_d = delimiter_option(out_delimiter) or "|"
-    kwargs: dict[str, Any] = dict(fmt=fmt, options=_options(cores_per_node, machine_nodes, delimiter),
+    kwargs: dict[str, Any] = dict(fmt=fmt, options=_options(cores_per_node, machine_nodes, delimiter, columns),
                                   allow_loss=allow_loss, gpus_per_node=gpus_per_node, rebase=rebase,
                                   delimiter=out_d, trailing=parsable, strict=strict)
     if show and file.is_file() and file.stat().st_size > _PROGRESS_BYTES:

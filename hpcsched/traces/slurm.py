@@ -50,6 +50,20 @@ from hpcsched.traces.base import (
     numbered_lines,
 )
 from hpcsched.traces.hostlist import expand_hostlist
+from hpcsched.traces.sacct_layout import (
+    MAX_CONTINUATION,
+    REPAIRED_ROW,
+    TRUNCATED_FIELD,
+    Layout,
+    delimiter_option,
+    header_fields,
+    headerless_layout,
+    is_ruler,
+    known_split,
+    layout_of,
+    parse_columns,
+    uniform_split,
+)
 
 __all__ = ["FORMATS", "SACCT_FIELDS", "delimiter_option", "expand_hostlist", "parse_slurm_duration", "parse_slurm_time"]
 
@@ -264,274 +278,7 @@ def _read_csv(path: Path, report: TraceReport) -> Iterator[Job]:
 SACCT_FIELDS = "JobID,JobName,Partition,Submit,Start,End,ElapsedRaw,TimelimitRaw,NNodes,NCPUS,AllocTRES,State,NodeList"
 
 
-# ------------------------------------------------------------------------------------------------ sacct
-# sacct prints its table in one of these layouts (sacct(1)): ``-p``/``--parsable`` ('|' between fields and
-# after the last), ``-P``/``--parsable2`` (no trailing '|'), either with ``--delimiter=CHARS`` instead of
-# '|', or (without -p/-P) a fixed-width table: a header, a ruler of dashes, values cut to the column width
-# with a '+' marking a cut. Header names are sacct's field names whatever case ``-o`` used.
-
-# sacct's field names (``sacct --helpformat``, Slurm 17-24), lower case: they tell a header from data, and
-# where they meet, the delimiter between them.
-SACCT_NAMES = frozenset("""
-account admincomment alloccpus allocgres allocnodes alloctres associd avecpu avecpufreq avediskread avediskwrite
-avepages averss avevmsize blockid cluster comment constraints consumedenergy consumedenergyraw container cputime
-cputimeraw dbindex derivedexitcode elapsed elapsedraw eligible end exclusive exitcode extra failednode flags gid group
-jobid jobidraw jobname layout licenses maxdiskread maxdiskreadnode maxdiskreadtask maxdiskwrite maxdiskwritenode
-maxdiskwritetask maxpages maxpagesnode maxpagestask maxrss maxrssnode maxrsstask maxvmsize maxvmsizenode
-maxvmsizetask mcslabel mincpu mincpunode mincputask ncpus nnodes nodelist ntasks originalsluid oversubscribe
-partition planned plannedcpu plannedcpuraw priority qos qosraw qosreq reason reqcpufreq reqcpufreqgov
-reqcpufreqmax reqcpufreqmin reqcpus reqgres reqmem reqnodes reqtres reservation reservationid reserved resvcpu
-resvcpuraw restarts segmentsize sluid start state stderr stdin stdout submit submitline suspended systemcomment
-systemcpu timelimit timelimitraw totalcpu tresusageinave tresusageinmax tresusageinmaxnode tresusageinmaxtask
-tresusageinmin tresusageinminnode tresusageinmintask tresusageintot tresusageoutave tresusageoutmax
-tresusageoutmaxnode tresusageoutmaxtask tresusageoutmin tresusageoutminnode tresusageoutmintask tresusageouttot
-uid user usercpu wckey wckeyid workdir
-""".split())
-_LONGEST_FIRST = sorted(SACCT_NAMES, key=len, reverse=True)
-# Fields whose text is free (names, paths, comments, constraint expressions): the only ones that may hold
-# the delimiter, so the only ones a row with too many fields can be rejoined in.
-FREE_TEXT = frozenset({"jobname", "comment", "admincomment", "systemcomment", "constraints", "submitline", "workdir",
-                       "stdout", "stderr", "stdin", "reason", "extra", "container", "licenses", "mcslabel", "wckey",
-                       "flags", "failednode", "reservation"})
-_DATE = r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?|Unknown|None|)"
-_DUR = r"(?:(?:\d+-)?(?:\d+:)?\d+:\d+(?:\.\d+)?|\d+(?:\.\d+)?|UNLIMITED|Partition_Limit|INVALID|Unknown|)"
-_INT = r"(?:\d+(?:\.\d+)?|UNLIMITED|Partition_Limit|Unknown|)"
-_NAME = r"[\w.@+\-()]*"
-_TRES = r"[\w/:=,.+\-]*"
-# What a value of each typed field looks like: a rejoined row is accepted only if every typed field matches.
-_SHAPES: dict[str, re.Pattern[str]] = {
-    name: re.compile(shape)
-    for names, shape in (
-        (("jobid", "jobidraw"), r"\d+(?:_(?:\d+|\[[\d\-,%:]+\]))?(?:\+\d+)?(?:\.[\w-]+)?"),
-        (("submit", "start", "end", "eligible"), _DATE),
-        (("elapsed", "timelimit", "cputime", "totalcpu", "usercpu", "systemcpu", "suspended", "reserved", "resvcpu",
-          "avecpu", "mincpu", "planned", "plannedcpu"), _DUR),
-        (("elapsedraw", "timelimitraw", "cputimeraw", "resvcpuraw", "plannedcpuraw", "consumedenergyraw", "qosraw",
-          "nnodes", "ncpus", "alloccpus", "reqcpus", "allocnodes", "ntasks", "uid", "gid", "priority", "restarts",
-          "associd", "dbindex", "wckeyid"), _INT),
-        (("reqnodes",), r"[\d\-]*"),
-        (("state",), r"[A-Z_]+\+?(?: by \d+)?"),
-        (("exitcode", "derivedexitcode"), r"(?:-?\d+:\d+)?"),
-        (("nodelist", "failednode"), r"[\w\[\]\-,.]*|None assigned|\(null\)"),
-        (("alloctres", "reqtres", "allocgres", "reqgres", "tresusageinave", "tresusageinmax", "tresusageinmaxnode",
-          "tresusageinmaxtask", "tresusageinmin", "tresusageinminnode", "tresusageinmintask", "tresusageintot",
-          "tresusageoutave", "tresusageoutmax", "tresusageoutmaxnode", "tresusageoutmaxtask", "tresusageoutmin",
-          "tresusageoutminnode", "tresusageoutmintask", "tresusageouttot"), _TRES),
-        (("user", "group", "account", "qos", "cluster", "qosreq"), _NAME),
-        (("partition",), r"[\w.@+\-,]*"),
-        (("reqmem", "maxrss", "averss", "maxvmsize", "avevmsize", "maxdiskread", "maxdiskwrite", "avediskread",
-          "avediskwrite", "maxpages", "avepages"), r"[\d.]*[KMGTP]?[ncB]?"),
-    )
-    for name in names
-}
-REPAIRED_ROW = "repaired_row"  # the delimiter inside a field (or a line break): rejoined by the header's columns
-TRUNCATED_FIELD = "truncated_field"  # a fixed-width value cut short by sacct ('+'): read as far as it goes
-_DELIMITER_NAMES = {"tab": "\t", "\\t": "\t", "pipe": "|", "bar": "|", "comma": ",", "semicolon": ";", "colon": ":"}
-_MAX_CONTINUATION = 20  # lines a field with line breaks may span before the row is given up as malformed
-_MAX_ALIGNMENTS = 5000  # rejoin search steps before a row counts as ambiguous
-
-
-def delimiter_option(value: object) -> str | None:
-    """``--delimiter`` as given: a name (tab, pipe, comma, table), ``\\t``, or the characters themselves."""
-    if value is None or value == "":
-        return None
-    text = str(value)
-    if text.lower() in ("table", "fixed", "fixed-width"):
-        return "table"
-    return _DELIMITER_NAMES.get(text.lower(), text)
-
-
-def _show(d: str) -> str:
-    return {"\t": "tab", "|": "'|'", ",": "','", " ": "space"}.get(d, repr(d))
-
-
-def _is_ruler(line: str) -> bool:
-    s = line.strip()
-    return bool(s) and "-" in s and set(s) <= {"-", " "}
-
-
-def _known_split(header: str) -> str | None:
-    """The delimiter between sacct field names in ``header`` (any characters, even letters); None if none fits.
-
-    Starting from a field name at the header's start, each way of reaching the next field name gives a
-    candidate; the first whose split yields only field names (allowing -p's trailing delimiter) wins.
-    """
-    low = header.lower()
-    for first in _LONGEST_FIRST:
-        if not low.startswith(first):
-            continue
-        e = len(first)
-        for j in range(e + 1, min(len(low), e + 12) + 1):
-            if not any(low.startswith(n, j) for n in _LONGEST_FIRST):
-                continue
-            d = header[e:j]
-            if (d.isspace() and d != "\t") or any(n in d.lower() for n in SACCT_NAMES):
-                continue  # spaces: a fixed-width table; a field name inside: not one delimiter
-            parts = low.split(d.lower())
-            if parts and parts[-1] == "":
-                parts.pop()
-            if len(parts) >= 2 and all(p in SACCT_NAMES for p in parts):
-                return d
-    return None
-
-
-def _uniform_split(header: str) -> str | None:
-    """The one separator between identifier-like names (for fields newer than ``SACCT_NAMES``); else None."""
-    names = re.findall(r"[A-Za-z][A-Za-z0-9_]*", header)
-    seps = re.split(r"[A-Za-z][A-Za-z0-9_]*", header)
-    if len(names) < 2 or seps[0] != "":
-        return None
-    middle = set(seps[1:-1])
-    if len(middle) != 1:
-        return None
-    (d,) = middle
-    if not d or seps[-1] not in ("", d) or (d.isspace() and d != "\t"):
-        return None  # spaces between names: a fixed-width table, which needs its ruler
-    return d
-
-
-def _guess_delimiter(header: str) -> str | None:
-    """The delimiter a header seems to use, from sacct's field names, else from a uniform separator."""
-    return _known_split(header) or _uniform_split(header)
-
-
-def _header_fields(header: str, d: str) -> tuple[list[str], bool]:
-    """(names, trailing): split on ``d``; ``trailing`` is -p's delimiter after the last name."""
-    parts = header.split(d)
-    trailing = len(parts) > 1 and parts[-1].strip() == ""
-    if trailing:
-        parts.pop()
-    return [p.strip() for p in parts], trailing
-
-
-def _one_column_error(path: Path, lineno: int, header: str, d: str, given: bool) -> InputError:
-    """Why the header did not split: name the delimiter the header does seem to use."""
-    seems = _guess_delimiter(header)
-    src = " given with --delimiter" if given else ""
-    if seems is not None and seems != d:
-        return InputError(path, f"delimiter looks like {_show(seems)} but the header has 1 column when split on "
-                          f"the delimiter {_show(d)}{src}: {'drop --delimiter or give' if given else 'give'} "
-                          f"--delimiter {'tab' if seems == chr(9) else seems}", lineno)
-    return InputError(path, f"the header has 1 column when split on the delimiter {_show(d)}{src}, and no other "
-                      f"delimiter fits it ({header[:60]!r}): not sacct output, or sacct -n (no header line); "
-                      "rerun sacct without -n/--noheader", lineno)
-
-
-class _Layout:
-    """How one sacct file is laid out: the header's names and how a line splits into values."""
-
-    def __init__(self, names: list[str], delimiter: str | None, trailing: bool = False,
-                 spans: list[tuple[int, int]] | None = None) -> None:
-        self.names = names
-        self.delimiter = delimiter  # None: fixed-width table
-        self.trailing = trailing
-        self.spans = spans
-        self.width = len(names)
-        low = [n.lower().rstrip("+") for n in names]
-        self.low = low
-        self.shapes = [_SHAPES.get(n) for n in low]
-        d = delimiter or ""
-        # A column may take extra pieces if it is free text, or if its values may contain the delimiter
-        # (a ',' delimiter inside a node list or a TRES list).
-        self.absorbs = [n in FREE_TEXT or (shape is not None and d != "" and shape.fullmatch(f"a{d}a") is not None)
-                        for n, shape in zip(low, self.shapes, strict=True)]
-
-    def describe(self) -> str:
-        if self.delimiter is None:
-            return f"fixed-width table, {self.width} columns"
-        mode = "-p, trailing delimiter" if self.trailing else "-P"
-        return f"delimiter {_show(self.delimiter)} ({mode}), {self.width} columns"
-
-    def split(self, line: str) -> list[str]:
-        if self.delimiter is None:
-            assert self.spans is not None
-            return [line[a:b + 1].strip() for a, b in self.spans]
-        d = self.delimiter
-        if self.trailing and line.endswith(d):
-            line = line[: -len(d)]
-        return line.split(d)
-
-    def fits(self, j: int, value: str) -> bool:
-        shape = self.shapes[j]
-        return shape is None or shape.fullmatch(value.strip()) is not None
-
-    def rejoin(self, pieces: list[str], used: list[int]) -> tuple[list[str] | None, str]:
-        """Rejoin a row split into too many pieces: the extra pieces go back into the columns that can hold
-        the delimiter, so that every typed column keeps a value of its shape.
-
-        Returns (values, note) when every such reading agrees on the columns a job is made of (``used``),
-        else (None, why). The search is depth-first with memoised dead ends, capped at ``_MAX_ALIGNMENTS``.
-        """
-        d, w, n = self.delimiter or "", self.width, len(pieces)
-        dead: set[tuple[int, int]] = set()
-        found: dict[tuple[str, ...], list[str]] = {}
-        steps = 0
-
-        def walk(j: int, i: int, acc: list[str]) -> None:
-            nonlocal steps
-            steps += 1
-            if steps > _MAX_ALIGNMENTS or len(found) > 1 or (j, i) in dead:
-                return
-            if j == w:
-                if i == n:
-                    found.setdefault(tuple(acc[k] for k in used), list(acc))
-                return
-            before = len(found)
-            most = n - i - (w - j - 1) if self.absorbs[j] else 1
-            for k in range(1, max(most, 0) + 1):
-                if steps > _MAX_ALIGNMENTS or len(found) > 1:
-                    break
-                value = d.join(pieces[i:i + k])
-                if self.fits(j, value):
-                    acc.append(value)
-                    walk(j + 1, i + k, acc)
-                    acc.pop()
-            if len(found) == before and steps <= _MAX_ALIGNMENTS:
-                dead.add((j, i))
-
-        walk(0, 0, [])
-        holders = [self.names[j] for j in range(w) if self.absorbs[j]]
-        if len(found) == 1 and steps <= _MAX_ALIGNMENTS:
-            values = next(iter(found.values()))
-            where = [self.names[j] for j in range(w) if d in values[j] or "\n" in values[j]]
-            return values, f"{n - w} extra piece(s) rejoined in {', '.join(where) or 'a free-text field'}"
-        if not holders:
-            return None, (f"{n} fields, header has {w}, and no column can hold the delimiter {_show(d)}")
-        if not found:
-            return None, (f"{n} fields, header has {w}: no way to rejoin the delimiter {_show(d)} inside "
-                          f"{', '.join(holders)} gives every typed field a valid value")
-        return None, (f"{n} fields, header has {w}: the delimiter {_show(d)} inside {', '.join(holders)} can be "
-                      "rejoined in more than one way; rerun sacct with a --delimiter that the data does not hold")
-
-
-def _layout(path: Path, lineno: int, header: str, second: str | None, given: str | None) -> _Layout:
-    """The file's layout from its header and the line after it (a ruler makes it a fixed-width table)."""
-    if given == "table" or (given is None and second is not None and _is_ruler(second)):
-        if second is None or not _is_ruler(second):
-            raise InputError(path, "--delimiter table: the line under the header is not sacct's '----' ruler",
-                             lineno + 1)
-        spans = [(m.start(), m.end()) for m in re.finditer(r"-+", second)]
-        return _Layout([header[a:b + 1].strip() for a, b in spans], None, spans=spans)
-    if re.match(r"\s*\d+(?:[_.+][\w\[\]\-]*)?\s*(?:[^\w\s.\[\]-]|$)", header):
-        raise InputError(path, "the first line starts with a job id, not a header: sacct -n/--noheader prints no "
-                         "header line, and the columns are matched by name; rerun sacct without -n", lineno)
-    d = given if given is not None else _guess_delimiter(header)
-    if d is None:
-        if re.fullmatch(r"\s*[A-Za-z][A-Za-z0-9_]*\s*", header):  # one field, e.g. -o JobID
-            return _Layout([header.strip()], "|")
-        seps = set(re.split(r"[A-Za-z][A-Za-z0-9_]*", header.strip())[1:-1])
-        if seps and all(s.isspace() for s in seps):
-            raise InputError(path, "looks like sacct's fixed-width table, but the line under the header is not "
-                             "its '----' ruler; rerun sacct with -P (or keep the ruler line)", lineno)
-        raise InputError(path, f"cannot tell the delimiter of this sacct header ({header[:60]!r}): it mixes "
-                         "separators; give one with --delimiter", lineno)
-    names, trailing = _header_fields(header, d)
-    if len(names) == 1 and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", names[0]):
-        raise _one_column_error(path, lineno, header, d, given is not None)
-    return _Layout(names, d, trailing)
-
-
-def _require(path: Path, cols: dict[str, str], header_line: int, layout: _Layout | None = None) -> None:
+def _require(path: Path, cols: dict[str, str], header_line: int, layout: Layout | None = None) -> None:
     missing = [k for k in ("id", "submit") if k not in cols]
     if missing:
         seen = f" ({layout.describe()}: {', '.join(layout.names[:8])}{', ...' if layout.width > 8 else ''})" \
@@ -559,17 +306,31 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
     if head is None:
         raise InputError(path, "empty file: no sacct header", 1)
     header_line, header = head
-    second = next(((n, s) for n, s in lines if s.strip()), None)
-    layout = _layout(path, header_line, header, second[1] if second else None, given)
-    cols = _columns(layout.names)
-    _require(path, cols, header_line, layout)
+    named = report.options.get("columns")
+    if named:
+        try:
+            names = parse_columns(named)
+        except ValueError as e:
+            raise InputError(path, str(e)) from None
+        layout, has_header = headerless_layout(path, header_line, header, names, given)
+        cols = _columns(layout.names)
+        _require(path, cols, header_line, layout)
+        report.convert(f"columns named by --columns ({layout.width}: {', '.join(names[:6])}"
+                       f"{', ...' if layout.width > 6 else ''})" + ("; the file's own header line matches them, "
+                                                                      "skipped" if has_header else ""))
+        second = None if has_header else head
+    else:
+        second = next(((n, s) for n, s in lines if s.strip()), None)
+        layout = layout_of(path, header_line, header, second[1] if second else None, given)
+        cols = _columns(layout.names)
+        _require(path, cols, header_line, layout)
     report.meta["sacct_layout"] = layout.describe()
     if layout.delimiter is None:
         report.convert("sacct fixed-width table: values cut at the column width ('+') are read as far as they go "
                        "(sacct -P keeps them whole)")
         rows: Iterator[tuple[int, str]] = lines
     else:
-        rows = _lines_after(second, lines) if second is not None else iter(())
+        rows = _lines_after(second, lines) if second is not None else lines
     used = sorted({layout.names.index(c) for c in cols.values()})
     state_col = layout.names.index(cols["state"]) if "state" in cols else -1
     pending: tuple[int, str, int] | None = None  # (line, text, lines) of a row cut short by a line break
@@ -586,7 +347,7 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
                 if len(values) < width:  # the rest of a field that held a line break
                     joined = text + "\n" + line
                     values = layout.split(joined)
-                    if len(values) < width and spanned < _MAX_CONTINUATION:
+                    if len(values) < width and spanned < MAX_CONTINUATION:
                         pending = (start, joined, spanned + 1)
                         continue
                     lineno, note = start, f"a field spans {spanned + 1} lines"
@@ -690,12 +451,12 @@ def sniff_sacct(first_lines: list[str]) -> bool:
     if not rest:
         return False
     line = rest[0]
-    if len(rest) >= 2 and _is_ruler(rest[1]):
+    if len(rest) >= 2 and is_ruler(rest[1]):
         return "id" in _columns(line.split())
-    d = _known_split(line)
+    d = known_split(line)
     if d is None:
-        d = "|" if "|" in line else _uniform_split(line)
-    return d is not None and "id" in _columns(_header_fields(line, d)[0])
+        d = "|" if "|" in line else uniform_split(line)
+    return d is not None and "id" in _columns(header_fields(line, d)[0])
 
 
 def sniff_jobcomp(first_lines: list[str]) -> bool:
