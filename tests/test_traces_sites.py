@@ -216,3 +216,68 @@ def test_headerless_real_cedar_dump_matches_its_headed_original(tmp_path: Path) 
     assert e.value.line == 1
     with pytest.raises(InputError, match="--columns names the fields of a headerless sacct dump"):
         read_jobs(KTH, fmt="swf", options={"columns": "xdmod"})
+
+
+# 4. duplicates
+
+# TORQUE accounting (torque admin guide, "Accounting records": MM/DD/YYYY HH:MM:SS;T;id;key=value ...): job 6 is
+# queued and started under its short id and ends under both forms, with the same times, as the issue's log did.
+TORQUE_ROWS = [
+    "03/01/2019 08:00:00;Q;6;queue=batch",
+    "03/01/2019 08:00:05;S;6;user=alice group=chem queue=batch ctime=1551427200 qtime=1551427200 etime=1551427200 "
+    "start=1551427205 exec_host=n1/0+n1/1 Resource_List.nodes=1:ppn=2 Resource_List.walltime=01:00:00",
+    "03/01/2019 08:10:05;E;6;user=alice group=chem queue=batch ctime=1551427200 qtime=1551427200 etime=1551427200 "
+    "start=1551427205 exec_host=n1/0+n1/1 Resource_List.nodes=1:ppn=2 Resource_List.walltime=01:00:00 "
+    "end=1551427805 Exit_status=0 resources_used.walltime=00:10:00",
+    "03/01/2019 08:10:05;E;6.edge.example.org;user=alice group=chem queue=batch ctime=1551427200 qtime=1551427200 "
+    "etime=1551427200 start=1551427205 exec_host=n1/0+n1/1 Resource_List.nodes=1:ppn=2 "
+    "Resource_List.walltime=01:00:00 end=1551427805 Exit_status=0 resources_used.walltime=00:10:00",
+    "03/01/2019 08:20:00;E;7.edge.example.org;user=bob group=phys queue=batch ctime=1551427300 qtime=1551427300 "
+    "etime=1551427300 start=1551427310 exec_host=n2/0 Resource_List.nodes=1:ppn=1 end=1551428400 Exit_status=0 "
+    "resources_used.walltime=00:18:10",
+]
+
+
+def test_torque_short_and_full_id_of_one_job_are_one_job(tmp_path: Path) -> None:
+    log = tmp_path / "20190301"
+    log.write_text("\n".join(TORQUE_ROWS) + "\n")
+    trace = open_trace(log)
+    jobs = list(trace)
+    assert [j.id for j in jobs] == ["6", "7.edge.example.org"]  # before: 6 and 6.edge... both, replayed twice
+    assert trace.report.anomalies["duplicate_job"] == 1 and trace.report.first_lines["duplicate_job"] == 4
+    assert "censored" not in trace.report.anomalies  # the Q/S records under '6' ended with its E record
+    tl = timeline_from_log(log)
+    assert tl.notes["log_jobs"] == 2 and tl.notes["log_rows_dropped"] == {"duplicate_job": 1}
+
+
+# sacct -P --duplicates (an archive whose daily dumps overlap), with JobIDRaw: job 900 twice, identical; the array
+# 910's range row of tasks not started (JobIDRaw 910) and, later, its task 910_3 that ran under the array's own
+# record (JobIDRaw 910); the range row 920_[1-2] nothing replaced (never started); 901 requeued (two runs).
+SACCT_DUP = """JobID|JobIDRaw|Partition|Submit|Start|End|ElapsedRaw|NNodes|NCPUS|State|NodeList
+900|900|batch|2020-01-01T00:00:00|2020-01-01T00:01:00|2020-01-01T01:01:00|3600|1|4|COMPLETED|c1
+901|901|batch|2020-01-01T00:00:00|2020-01-01T00:01:00|2020-01-01T00:31:00|1800|1|4|REQUEUED|c2
+910_[2-3]|910|batch|2020-01-01T00:05:00|Unknown|Unknown|0|1|1|PENDING|None assigned
+910_1|911|batch|2020-01-01T00:05:00|2020-01-01T00:06:00|2020-01-01T00:16:00|600|1|1|COMPLETED|c3
+920_[1-2]|920|batch|2020-01-01T00:07:00|Unknown|Unknown|0|1|1|PENDING|None assigned
+900|900|batch|2020-01-01T00:00:00|2020-01-01T00:01:00|2020-01-01T01:01:00|3600|1|4|COMPLETED|c1
+901|901|batch|2020-01-01T00:00:00|2020-01-01T00:40:00|2020-01-01T01:40:00|3600|1|4|COMPLETED|c2
+910_2|912|batch|2020-01-01T00:05:00|2020-01-01T00:16:00|2020-01-01T00:26:00|600|1|1|COMPLETED|c3
+910_3|910|batch|2020-01-01T00:05:00|2020-01-01T00:26:00|2020-01-01T00:36:00|600|1|1|COMPLETED|c3
+"""
+
+
+def test_sacct_duplicate_rows_and_array_ranges_resolved(tmp_path: Path) -> None:
+    log = tmp_path / "sacct-dup.txt"
+    log.write_text(SACCT_DUP)
+    trace = open_trace(log)
+    jobs = list(trace)
+    assert [(j.id, j.start is not None) for j in jobs] == [
+        ("900", True), ("901", True), ("910_1", True), ("901#2", True), ("910_2", True), ("910_3", True),
+        ("920_1", False), ("920_2", False)]
+    # 900 twice (same times), the range row 910_[2-3] resolved to its task 910_3
+    assert trace.report.anomalies["duplicate_job"] == 2
+    assert trace.report.anomalies["duplicate_id"] == 1  # 901's two runs: both held nodes, kept apart
+    assert any("one job per task" in c for c in trace.report.conversions)
+    # nothing overlaps on c3 any more: the range row no longer counts as a job beside its tasks
+    ran = sorted((j.start, j.end) for j in jobs if j.extra.get("nodelist") == ("c3",))
+    assert all(a[1] <= b[0] for a, b in zip(ran, ran[1:], strict=False))

@@ -466,7 +466,7 @@ def _events_from_marks(marks: Sequence[tuple[float, int, int, int]], machine: in
 
 
 # Reader anomaly kinds that drop the row; every other kind flags a row that is kept (hpcsched.traces.base).
-DROPPING_KINDS = frozenset({"malformed_row"})
+DROPPING_KINDS = frozenset({"malformed_row", "duplicate_job"})
 _FLAG_MEANING = {
     "unsorted_submit": "submitted before a row above it; order does not matter here",
     "runtime_over_request": "ran longer than it requested",
@@ -496,7 +496,8 @@ def describe_rows(records: int, anomalies: Mapping[str, int]) -> str:
     """
     dropped, flagged = split_rows(anomalies)
     text = f"{records:,} jobs read; rows dropped: "
-    text += ", ".join(f"{n:,} {k} (unparsable)" for k, n in dropped.items()) if dropped else "none"
+    text += ", ".join(f"{n:,} {k} ({'a second record of one job' if k == 'duplicate_job' else 'unparsable'})"
+                      for k, n in dropped.items()) if dropped else "none"
     if flagged:
         text += "; kept but flagged (nothing dropped): " + ", ".join(
             f"{n:,} {k} ({_FLAG_MEANING.get(k, 'see hpcsched trace inspect')})" for k, n in flagged.items())

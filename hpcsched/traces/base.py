@@ -26,6 +26,7 @@ RUNTIME_OVER_REQUEST = "runtime_over_request"
 LARGER_THAN_MACHINE = "larger_than_machine"
 UNSORTED_SUBMIT = "unsorted_submit"
 DUPLICATE_ID = "duplicate_id"
+DUPLICATE_JOB = "duplicate_job"  # a second record of the same job (same key, start and end): merged, dropped
 CENSORED = "censored"  # still running / no end at trace end
 MALFORMED_ROW = "malformed_row"  # a row that could not be parsed at all: skipped
 

@@ -54,6 +54,7 @@ from hpcsched.traces.base import (
     count_field,
     numbered_lines,
 )
+from hpcsched.traces.duplicates import SameJob
 
 __all__ = ["FORMAT", "KNOWN_MACHINES", "known_machine", "parse_record", "parse_walltime", "sniff"]
 
@@ -236,6 +237,7 @@ class _Reader:
         self.types: Counter[str] = Counter()
         self.marks_t: array[float] = array("d")
         self.marks_n: array[int] = array("q")
+        self.same = SameJob(report, "TORQUE's short and full id of one job, same start and end")
 
     # ------------------------------------------------------------------ machine size
     def size_machine(self, jid: str) -> None:
@@ -368,7 +370,11 @@ class _Reader:
                     kv = key_values(message)
                     self.open.pop(jid, None)
                     self.learn_offset(t, _epoch(kv, "end"))
-                    yield self.job(jid, kv, lineno, self._status(kv, opened), opened)
+                    job = self.job(jid, kv, lineno, self._status(kv, opened), opened)
+                    short = jid.split(".", 1)[0]
+                    self._close_other_forms(jid, short)
+                    if not self.same.repeated(short, job.start, job.end, jid, lineno):
+                        yield job
                 elif kind == "R":
                     kv = key_values(message)
                     o = self.open.setdefault(jid, _Open(lineno))
@@ -400,6 +406,15 @@ class _Reader:
         yield from self._unfinished()
         report.meta["records_by_type"] = dict(sorted(self.types.items()))
         self.finish_machine()
+
+    def _close_other_forms(self, jid: str, short: str) -> None:
+        """TORQUE may write a job's Q/S records under its short id and its E record under the full one (or the
+        reverse): the E record ends the job under either form, else it would stay open, 'running at log end'."""
+        if jid != short:
+            self.open.pop(short, None)
+        else:
+            for other in [k for k in self.open if k.startswith(short + ".")]:
+                self.open.pop(other)
 
     def _status(self, kv: dict[str, str], opened: _Open | None) -> JobStatus:
         if opened is not None and opened.deleted:

@@ -49,6 +49,7 @@ from hpcsched.traces.base import (
     csv_records,
     numbered_lines,
 )
+from hpcsched.traces.duplicates import ArrayRanges, SameJob
 from hpcsched.traces.hostlist import expand_hostlist
 from hpcsched.traces.sacct_layout import (
     MAX_CONTINUATION,
@@ -335,6 +336,11 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
     state_col = layout.names.index(cols["state"]) if "state" in cols else -1
     pending: tuple[int, str, int] | None = None  # (line, text, lines) of a row cut short by a line break
     width = layout.width
+    raw_col = next((c for c in layout.names if c.lower() == "jobidraw"), None)
+    same = SameJob(report, "sacct rows of one JobIDRaw with the same start and end (sacct --duplicates, "
+                   "archives that overlap)" if raw_col else "sacct rows of one JobID with the same start and end")
+    ranges = ArrayRanges(report)
+    ids: set[str] = set()  # array task ids read as rows, so a range row left at the end does not make them twice
     for lineno, line in rows:
         if not line.strip():
             continue
@@ -376,9 +382,20 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
                 if j != state_col and values[j].endswith("+") and len(values[j]) >= b - a:
                     report.anomaly(TRUNCATED_FIELD, lineno, f"{layout.names[j]} {values[j]!r}")
                     values[j] = values[j][:-1]
-        job = _job(dict(zip(layout.names, values, strict=True)), cols, lineno, report, jobcomp=False)
-        if job is not None:
-            yield job
+        row = dict(zip(layout.names, values, strict=True))
+        job = _job(row, cols, lineno, report, jobcomp=False)
+        if job is None:
+            continue
+        key = row[raw_col].strip() if raw_col else job.id
+        if ranges.hold(key, job):
+            continue
+        ranges.resolve(key, job, lineno)
+        if same.repeated(key, job.start, job.end, job.id, lineno):
+            continue
+        if "_" in job.id:
+            ids.add(job.id)
+        yield job
+    yield from ranges.rest(same, ids)
     if pending is not None:
         report.anomaly(MALFORMED_ROW, pending[0], f"{len(layout.split(pending[1]))} fields, header has "
                        f"{layout.width}, at the end of the file")
