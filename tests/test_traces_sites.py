@@ -281,3 +281,64 @@ def test_sacct_duplicate_rows_and_array_ranges_resolved(tmp_path: Path) -> None:
     # nothing overlaps on c3 any more: the range row no longer counts as a job beside its tasks
     ran = sorted((j.start, j.end) for j in jobs if j.extra.get("nodelist") == ("c3",))
     assert all(a[1] <= b[0] for a, b in zip(ran, ran[1:], strict=False))
+
+
+# 5. LSF lsb.acct and Grid Engine accounting; formats recognised but not read
+
+LSF = DATA / "lsf" / "apel-lsb.acct"
+SGE = DATA / "sge" / "apel-accounting"
+
+
+def test_real_lsf_lsb_acct_records() -> None:
+    """APEL's three real JOB_FINISH records (LSF 5.1 at CERN, 7.06, 9.11); its test's expected values by hand."""
+    trace = open_trace(LSF)
+    assert trace.format.name == "lsf-acct"
+    jobs = list(trace)
+    got = [(j.id, j.submit, j.start, j.end, j.duration, j.procs, j.nodes, j.status.value, j.user, j.queue)
+           for j in jobs]
+    assert got == [
+        # wall 544 s = event time 1089407406 - start 1089406862; one exec host tbed0079; jStatus 64 DONE
+        ("699195", 1089290023.0, 1089406862.0, 1089407406.0, 544.0, 1, 1, "completed", "raortega", "8nm"),
+        # 16 slots on comp042 x8 + comp043 x8 (2 nodes); array element 23 of imb_sr[1-90]; jStatus 32 EXIT
+        ("436491[23]", 1302184001.0, 1302184004.0, 1302184020.0, 16.0, 16, 2, "failed", "viglen", "normal"),
+        ("31255091", 1380043614.0, 1380043630.0, 1380043655.0, 25.0, 1, 1, "completed", "oops17", "abcgrid")]
+    assert jobs[1].extra["nodelist"] == ("comp042", "comp043")
+    assert trace.report.anomalies == {} and trace.report.meta["records_by_type"] == {"JOB_FINISH": 3}
+
+
+def test_real_grid_engine_accounting_records(tmp_path: Path) -> None:
+    """APEL's four real SGE accounting lines and one UGE 8.2 line (milliseconds)."""
+    trace = open_trace(SGE)
+    assert trace.format.name == "sge-accounting"
+    jobs = list(trace)
+    got = [(j.id, j.start, j.end, j.duration, j.procs, j.nodes, j.status.value, j.user, j.queue, j.requested)
+           for j in jobs]
+    assert got[:4] == [
+        ("43", 1200093294.0, 1200093295.0, 1.0, 1, 1, "completed", "dteam041", "dteam", None),
+        # PE mpi, 9 slots, h_rt=180300 in the category; failed 100 with exit 138
+        ("6972834", 1318560254.0, 1318740255.0, 180001.0, 9, 9, "failed", "csfiylfl", "large", 180300.0),
+        ("1630912", 1358190002.0, 1358210574.0, 20572.0, 1, 1, "failed", "pilatl10", "lcg_analysis", None),
+        ("3294013", 1404169049.0, 1404169408.0, 359.0, 1, 1, "completed", "prdatl26", "grid.q", None)]
+    uge = jobs[4]
+    assert (uge.id, uge.start, uge.end) == ("3872561", 1412932865.141, 1412933085.629)
+    assert any("milliseconds" in c for c in trace.report.conversions)
+    # --cores-per-node sizes the parallel job in nodes
+    assert read_jobs(SGE, options={"cores_per_node": 4})[1].nodes == 3
+    # both convert to SWF and back with their sizes and times
+    res = convert_trace(SGE, "swf", tmp_path / "sge.swf")
+    back = read_jobs(tmp_path / "sge.swf")
+    assert res.written == 5 and [(j.start, j.procs) for j in back] == [(j.start, j.procs) for j in jobs]
+
+
+def test_recognised_but_unsupported_formats_are_named(tmp_path: Path) -> None:
+    events = tmp_path / "lsb.events"
+    events.write_text('"JOB_NEW" "10.1" 1589400000 123 1000 33554434 1 1589400000 0 0 0 "alice" "normal"\n')
+    p = _cli("trace", "inspect", str(events))
+    assert p.returncode == 2 and "LSF's lsb.events" in p.stderr and "lsf-acct" in p.stderr
+    js = tmp_path / "sacct.json"
+    js.write_text('{\n  "meta": {"plugin": {"type": "openapi/slurmctld"}, "Slurm": {"version": {}}},\n'
+                  '  "jobs": [{"job_id": 1, "association": {}}]\n}\n')
+    p = _cli("trace", "inspect", str(js))
+    assert p.returncode == 2 and "sacct --json" in p.stderr
+    p = _cli("trace", "inspect", str(LSF), "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["jobs"] == 3

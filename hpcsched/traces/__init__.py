@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job
-from hpcsched.traces import alibaba, bftrainer, cobalt, gavel, helios, muri, pbs, philly, slurm, swf
+from hpcsched.traces import alibaba, bftrainer, cobalt, gavel, helios, lsf, muri, pbs, philly, sge, slurm, swf
 from hpcsched.traces.base import (
     DUPLICATE_ID,
     LARGER_THAN_MACHINE,
@@ -43,7 +43,8 @@ __all__ = ["FORMATS", "Trace", "TraceFormat", "TraceReport", "detect_format", "n
 FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
     gavel.FORMAT,  # strict: 10 typed tab-separated fields, no header
     philly.TIRESIAS_FORMAT, philly.JOBLOG_FORMAT, *alibaba.FORMATS, helios.FORMAT,  # DL; Tiresias (s) before Muri (ms)
-    muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, pbs.FORMAT, *slurm.FORMATS,
+    muri.FORMAT, muri.CLUSTER_FORMAT, cobalt.FORMAT, philly.FORMAT, *swf.FORMATS, pbs.FORMAT, lsf.FORMAT,
+    sge.FORMAT, *slurm.FORMATS,
     *bftrainer.FORMATS
 )}
 
@@ -51,7 +52,9 @@ FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
 ALIASES = {"sacct": "slurm-sacct", "jobcomp": "slurm-jobcomp", "eagle": "slurm-csv", "theta": "cobalt",
            "pbs": "swf-pbs", "wagap": "swf-pbs", "sia": "philly", "idle": "bftrainer-idle",
            "jbnd": "bftrainer-bounds", "jnps": "bftrainer-curves",
-           "openpbs": "pbs-accounting", "pbspro": "pbs-accounting", "pbs-pro": "pbs-accounting"}
+           "openpbs": "pbs-accounting", "pbspro": "pbs-accounting", "pbs-pro": "pbs-accounting",
+           "lsf": "lsf-acct", "lsb.acct": "lsf-acct", "sge": "sge-accounting", "uge": "sge-accounting",
+           "grid-engine": "sge-accounting", "torque": "pbs-accounting"}
 
 ALIASES |= {"philly-json": "philly-joblog", "cluster_job_log": "philly-joblog", "openb": "alibaba-pod",
             "alibaba": "alibaba-pod", "pai": "alibaba-pai", "pai-job": "alibaba-pai-job", "sensetime": "helios"}
