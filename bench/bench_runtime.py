@@ -51,13 +51,15 @@ from test_runtime_e2e import (  # noqa: E402  (the tests' process helpers: start
 )
 
 from hpcsched.runtime.auth import metadata  # noqa: E402
+from hpcsched.runtime.credentials import credential_metadata  # noqa: E402
 from hpcsched.runtime.rpc import pb, pb_grpc  # noqa: E402
 
 
 async def _sim_worker(stub, i: int, n: int, md, t0: float, until: float, lat: list, interval: float) -> None:
     wid = f"sim{i:03d}"
-    await stub.Register(pb.RegisterRequest(worker_id=wid, host="127.0.0.1", slots=1, cpus=1,
-                                           launchers=["torchrun"]), metadata=md)
+    reg = await stub.Register(pb.RegisterRequest(worker_id=wid, host="127.0.0.1", slots=1, cpus=1,
+                                                 launchers=["torchrun"]), metadata=md)
+    md = tuple(md) + credential_metadata(reg.credential)  # Heartbeat speaks for this worker with its own credential
     tasks: dict[str, pb.LaunchTask] = {}
     step = 0
     await asyncio.sleep(interval * i / n)  # spread the phases, as independent daemons are

@@ -125,6 +125,7 @@ def _workers(address: str, n: int, interval: float, stop: threading.Event, t_lis
     import grpc
 
     from hpcsched.runtime.auth import metadata, open_channel
+    from hpcsched.runtime.credentials import credential_metadata
     from hpcsched.runtime.rpc import pb, pb_grpc
 
     md = metadata(TOKEN)
@@ -134,19 +135,20 @@ def _workers(address: str, n: int, interval: float, stop: threading.Event, t_lis
         ch = open_channel(address)
         stub = pb_grpc.ControllerStub(ch)
         wid = f"bench-w{i}"
-        stub.Register(pb.RegisterRequest(worker_id=wid, host="127.0.0.1", slots=4, cpus=4, launchers=[]),
-                      timeout=10, metadata=md)
+        cred = stub.Register(pb.RegisterRequest(worker_id=wid, host="127.0.0.1", slots=4, cpus=4, launchers=[]),
+                             timeout=10, metadata=md).credential
         time.sleep(interval * i / n)
         while not stop.is_set():
             t0 = time.perf_counter()
             try:
-                r = stub.Heartbeat(pb.HeartbeatRequest(worker_id=wid), timeout=10, metadata=md)
+                r = stub.Heartbeat(pb.HeartbeatRequest(worker_id=wid), timeout=10,
+                                   metadata=md + credential_metadata(cred))
                 dt = time.perf_counter() - t0
                 (res["load"] if t_listing and time.time() >= t_listing[0] else res["alone"]).append(dt)
                 if r.reregister:
                     res["reregister"].append(wid)
-                    stub.Register(pb.RegisterRequest(worker_id=wid, host="127.0.0.1", slots=4, cpus=4),
-                                  timeout=10, metadata=md)
+                    cred = stub.Register(pb.RegisterRequest(worker_id=wid, host="127.0.0.1", slots=4, cpus=4),
+                                         timeout=10, metadata=md).credential
             except grpc.RpcError as e:
                 res["failed"].append(e.code().name)
             stop.wait(max(0.0, interval - (time.perf_counter() - t0)))

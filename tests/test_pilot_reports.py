@@ -20,6 +20,7 @@ from hpcsched.metrics import pilot_metrics
 from hpcsched.runtime.auth import metadata
 from hpcsched.runtime.cli import register as register_runtime
 from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.pilots import ControllerDemand, PilotManager
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
@@ -170,12 +171,12 @@ def test_workers_and_jobs_show_pilots_and_why_nodes_are_unused(tmp_path: Path) -
         p1, p2 = slurm.jobs
         slurm.start(p1)
         stub, md = pb_grpc.ControllerStub(c.channel), metadata(TOKEN)
-        stub.Register(pb.RegisterRequest(worker_id=f"pilot-{p1}", host="127.0.0.1", slots=2, launchers=["direct"],
-                                         instance="i"), metadata=md, timeout=10)
+        cred = stub.Register(pb.RegisterRequest(worker_id=f"pilot-{p1}", host="127.0.0.1", slots=2,
+                                                launchers=["direct"], instance="i"), metadata=md, timeout=10).credential
         stub.Register(pb.RegisterRequest(worker_id="static1", host="127.0.0.1", slots=1, launchers=["direct"],
                                          instance="i"), metadata=md, timeout=10)
-        stub.Heartbeat(pb.HeartbeatRequest(worker_id=f"pilot-{p1}", spare_port=40000, instance="i"), metadata=md,
-                       timeout=10)
+        stub.Heartbeat(pb.HeartbeatRequest(worker_id=f"pilot-{p1}", spare_port=40000, instance="i"),
+                       metadata=md + credential_metadata(cred), timeout=10)
         wait_for("the job placed on the pilot", lambda: c.jobs()[0].workers == [f"pilot-{p1}"], 30, poll=0.1)
         m.step()
         rows = {w["worker_id"]: w for w in json.loads(_cli("workers", "--controller", addr, "--json"))}
@@ -260,10 +261,11 @@ def test_decisions_wait_for_pilots_about_to_register_so_an_elastic_job_starts_on
         stub, md = pb_grpc.ControllerStub(c.channel), metadata(TOKEN)
 
         def register(p: str) -> None:
-            stub.Register(pb.RegisterRequest(worker_id=f"pilot-{p}", host="127.0.0.1", slots=1,
-                                             launchers=["direct"], instance="i"), metadata=md, timeout=10)
+            cred = stub.Register(pb.RegisterRequest(worker_id=f"pilot-{p}", host="127.0.0.1", slots=1,
+                                                    launchers=["direct"], instance="i"), metadata=md,
+                                 timeout=10).credential
             stub.Heartbeat(pb.HeartbeatRequest(worker_id=f"pilot-{p}", spare_port=40000, instance="i"),
-                           metadata=md, timeout=10)
+                           metadata=md + credential_metadata(cred), timeout=10)
 
         register(p1)
         wait_for("steps held", lambda: srv.ctl.held_steps >= 3, 30, poll=0.1)

@@ -26,6 +26,7 @@ from hpcsched.runtime import listing as listing_mod
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import ClientError
 from hpcsched.runtime.config import MAX_NAME_CHARS, parse_job_spec, read_controller_config
+from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 from hpcsched.runtime.store import Store
@@ -122,8 +123,8 @@ def test_forty_concurrent_listings_at_10k_jobs_never_hold_a_heartbeat_past_the_d
         ch = open_channel(address)
         stub = pb_grpc.ControllerStub(ch)
         md = metadata(TOKEN)
-        stub.Register(pb.RegisterRequest(worker_id="hb", host="127.0.0.1", slots=1, launchers=[]), metadata=md,
-                      timeout=10)
+        md += credential_metadata(stub.Register(pb.RegisterRequest(worker_id="hb", host="127.0.0.1", slots=1,
+                                                                   launchers=[]), metadata=md, timeout=10).credential)
         ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue()
         start = time.time() + 6.0  # the lister process imports first

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import hmac
 import logging
-import threading
-import time
 from pathlib import Path
 
 import grpc
+
+from hpcsched.runtime.ratelimit import LogThrottle
 
 log = logging.getLogger("hpcsched.runtime.auth")
 
@@ -36,34 +36,11 @@ ROLE_RPCS: dict[str, frozenset[str]] = {
     USER: frozenset({"Submit", "ListJobs", "Cancel", "ListWorkers"}),
     WORKER: frozenset({"Register", "Heartbeat", "Leave"}),
 }
-LOG_EVERY_S = 10.0
 
 
 def allowed(role: str, method: str) -> bool:
     """May ``role`` call ``method`` (the RPC's short name)? Admin may call anything; others what ROLE_RPCS lists."""
     return role == ADMIN or method in ROLE_RPCS.get(role, ())
-
-
-class _Throttle:
-    """At most one log line per key per ``every_s``; the next one says how many were suppressed."""
-
-    def __init__(self, every_s: float = LOG_EVERY_S) -> None:
-        self.every_s = every_s
-        self._lock = threading.Lock()
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def warn(self, key: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last, dropped = self._last.get(key, (-1e18, 0))
-            if now - last < self.every_s:
-                self._last[key] = (last, dropped + 1)
-                return
-            if len(self._last) > 10_000:  # bounded memory against many peers
-                self._last.clear()
-            self._last[key] = (now, 0)
-        suffix = f" ({dropped} more like it in the last {now - last:.0f} s not logged)" if dropped else ""
-        log.warning(message + suffix, *args)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -77,7 +54,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
             tokens = {ADMIN: token} if token else {}
         self._tokens = [(role, role, f"Bearer {t}".encode()) for role, t in tokens.items() if t]
         self._tokens += [(USER, name, f"Bearer {t}".encode()) for name, t in (users or {}).items() if t]
-        self._throttle = _Throttle()
+        self._throttle = LogThrottle(log)
 
         def deny_unauthenticated(request, context: grpc.ServicerContext):
             self._throttle.warn(f"auth {context.peer()}", "refused unauthenticated call from %s", _safe(context.peer()))

@@ -36,6 +36,7 @@ from hpcsched.errors import InputError
 from hpcsched.runtime.auth import ADMIN, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
 from hpcsched.runtime.controller import Controller, Refused
+from hpcsched.runtime.credentials import WorkerCredentials
 from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.pilots import ControllerDemand, PilotManager, reachable
 from hpcsched.runtime.rpc import pb, pb_grpc
@@ -204,7 +205,8 @@ class ControllerServer:
         self.ctl = Controller(cfg)
         self.roles = _roles(cfg)
         self.auth = TokenInterceptor(tokens=self.roles, users=cfg.user_tokens) if self.roles else None
-        interceptors = [self.auth] if self.auth is not None else []
+        self.credentials = WorkerCredentials()  # after the tokens: only an authenticated call gets this far
+        interceptors = [self.auth, self.credentials] if self.auth is not None else [self.credentials]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
         self.service = _Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only)

@@ -50,6 +50,7 @@ import grpc
 from hpcsched.runtime import horovod_elastic, launchers, rsh_agent, worker_agent
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import WorkerConfig
+from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.rpc import pb, pb_grpc
 
@@ -357,13 +358,19 @@ class Worker:
         for tid in list(self.tasks):
             self.kill(tid, checkpoint=False)
 
-    def _say_leave(self, final: bool, timeout: float = 5.0) -> bool:
+    def _say_leave(self, final: bool, timeout: float = 5.0, again: bool = True) -> bool:
         """Whether the controller heard it."""
         try:
             reply = self.stub.Leave(pb.LeaveRequest(worker_id=self.cfg.name, final=final, instance=self.instance),
                                     timeout=timeout, metadata=self.md)
-        except grpc.RpcError:
-            return False
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAUTHENTICATED or not again:
+                return False
+            try:  # a restarted controller no longer knows this daemon's credential: register again, then repeat
+                self._register()
+            except grpc.RpcError:
+                return False
+            return self._say_leave(final, timeout, again=False)
         log.info("told the controller this worker %s (%d jobs stopping)", "left" if final else "is leaving",
                  reply.stopping_jobs)
         return True
@@ -382,6 +389,8 @@ class Worker:
                                  gpus=self.cfg.gpus, cpus=os.cpu_count() or 1, launchers=self.launchers,
                                  instance=self.instance, gpu_type=self.cfg.gpu_type, agent_port=self.agent_port)
         reply = self.stub.Register(req, timeout=10, metadata=self.md)
+        # Heartbeat and Leave speak for this worker with its own credential (credentials.py), kept in memory only.
+        self.md = metadata(self.cfg.token) + credential_metadata(reply.credential)
         self.interval = reply.heartbeat_interval_s or 1.0
         self._refused_logged = ""
         log.info("registered with %s as %s (%d slots, %d GPUs of type %s, launchers %s)", self.cfg.controller,
