@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 
+from hpcsched.runtime.config import check_private
 from hpcsched.runtime.ratelimit import LogThrottle
 
 log = logging.getLogger("hpcsched.runtime.auth")
@@ -107,6 +108,8 @@ def _safe(text: str) -> str:
 
 
 def server_credentials(cert: Path, key: Path) -> grpc.ServerCredentials:
+    """The controller's TLS identity; a private key others can read is refused, as a token file of that mode is."""
+    check_private(key, "TLS private key")
     return grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
 
 

@@ -50,13 +50,18 @@ def _until_signal() -> threading.Event:
 def controller(
     config: Path = typer.Option(..., "--config", "-c", help="controller YAML (listen, state, token_file, policy...)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
+    insecure: bool = typer.Option(False, "--insecure", help="allow a controller without tokens on an address that "
+                                  "is not loopback (anyone who reaches it runs commands as the workers' user); "
+                                  "warned about at every start"),
 ) -> None:
     """Run the controller: scheduler, job API and state store. Stops on SIGINT/SIGTERM."""
+    import dataclasses
+
     from hpcsched.runtime.config import read_controller_config
     from hpcsched.runtime.server import ControllerServer
 
     _logging(verbose)
-    cfg = read_controller_config(config)
+    cfg = dataclasses.replace(read_controller_config(config), insecure=insecure)
     srv = ControllerServer(cfg)
     print(srv.start(), flush=True)  # the bound address: with port 0, this is how a script learns it
     _until_signal().wait()

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from hpcsched.errors import InputError
+from hpcsched.runtime.diskspace import DEFAULT_FLOOR, parse_floor
 from hpcsched.runtime.pilots import NODE_SOURCES, PilotConfig, read_pilot_config
 
 LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
@@ -268,6 +269,15 @@ class ControllerConfig:
     throughputs: Path | None = None  # rounds: Gavel-format throughput table (None: the bundled one)
     # node_source: static (workers register themselves) or slurm (the controller submits pilot jobs: pilots.py)
     pilots: PilotConfig | None = None  # the ``slurm:`` section when node_source is slurm
+    # free space kept on the state's filesystem (diskspace.py): under it the controller does not start and refuses
+    # submits; "default": the smaller of 1 GiB and 5% of the filesystem
+    state_min_free: str = "default"
+    # a failed attempt's retry waits retry_backoff_s x 2^(k-2) for the k-th retry (the first retry at once), at most
+    # retry_backoff_max_s: a job failing on a full disk spent its 6 attempts in 20 s
+    retry_backoff_s: float = 10.0
+    retry_backoff_max_s: float = 300.0
+    # ``controller --insecure`` only (never a config key): allows a controller without tokens on a non-loopback address
+    insecure: bool = False
 
 
 CONTROLLER_KEYS = {
@@ -277,6 +287,7 @@ CONTROLLER_KEYS = {
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
     "node_source", "slurm", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
+    "state_min_free", "retry_backoff_s", "retry_backoff_max_s",
 }
 EXECUTORS = ("decide", "rounds")
 ROUND_KEYS = ("hetero_policy", "round_s", "round_reset_s", "throughputs")  # read by the rounds executor only
@@ -330,6 +341,13 @@ def _controller_config(path: str | Path) -> ControllerConfig:
     cert, key = doc.path("tls_cert", base, None), doc.path("tls_key", base, None)
     if (cert is None) != (key is None):
         raise doc.fail("tls_cert" if cert is None else "tls_key", "TLS needs both tls_cert and tls_key")
+    if key is not None:  # as a token file of the same mode is: whoever reads the key can pose as the controller
+        check_private(key, "TLS private key")
+    floor = doc.get("state_min_free", object, DEFAULT_FLOOR)
+    try:
+        parse_floor(floor)
+    except ValueError as e:
+        raise doc.fail("state_min_free", str(e)) from None
     return ControllerConfig(
         listen=listen,
         address_file=doc.path("address_file", base, None),
@@ -361,6 +379,9 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         regroup=_regroup(doc),
         rpc_stats_file=doc.path("rpc_stats_file", base, None),
         pilots=_node_source(doc, base),
+        state_min_free=str(floor),
+        retry_backoff_s=doc.non_negative("retry_backoff_s", float, 10.0),
+        retry_backoff_max_s=doc.non_negative("retry_backoff_max_s", float, 300.0),
         **_executor(doc, base),
     )
 

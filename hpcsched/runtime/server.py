@@ -20,10 +20,13 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import ipaddress
 import json
 import logging
 import math
 import os
+import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -37,8 +40,11 @@ from hpcsched.runtime.auth import ADMIN, USER, WORKER, TokenInterceptor, server_
 from hpcsched.runtime.config import ControllerConfig, parse_address
 from hpcsched.runtime.controller import Controller, Refused
 from hpcsched.runtime.credentials import WorkerCredentials
+from hpcsched.runtime.diskguard import DiskGuard
+from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.pilots import ControllerDemand, PilotManager, reachable
+from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 log = logging.getLogger("hpcsched.runtime.server")
@@ -89,7 +95,9 @@ class RpcTimings:
 def _timed(method):
     """Time the handler, and turn the controller's refusals into status codes: InputError -> INVALID_ARGUMENT
     (a bad request: it names the field), Refused -> FAILED_PRECONDITION (another daemon holds the worker's name),
-    Busy -> RESOURCE_EXHAUSTED (too many queries at once: retry)."""
+    Busy -> RESOURCE_EXHAUSTED (too many queries at once: retry), a SQLite error -> RESOURCE_EXHAUSTED when its
+    disk is full, else UNAVAILABLE, logged once per cause and interval (``ratelimit``) instead of gRPC's traceback
+    per failed call."""
     @functools.wraps(method)
     def wrapper(self, request, context):
         t0 = time.perf_counter()
@@ -101,6 +109,15 @@ def _timed(method):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except Busy as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"controller busy with queries: {e}")
+        except sqlite3.Error as e:  # one line per cause and interval, not a traceback per call (a full disk)
+            if is_disk_full(e):
+                self.store_errors.error("disk full", "cannot write the state %s: its disk is full (%s); refusing "
+                                        "what needs a write until space is freed", self.ctl.cfg.state, e)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the controller's state disk is full: this call "
+                              "needs a write and was refused; an operator must free space on it")
+            self.store_errors.error(cause(e), "state %s: %s in %s", self.ctl.cfg.state, cause(e), method.__name__)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the controller could not use its state ({type(e).__name__}); "
+                          "retry later")
         finally:
             self.timings.add(method.__name__, time.perf_counter() - t0)
     return wrapper
@@ -111,6 +128,7 @@ class _Service(pb_grpc.ControllerServicer):
                  own_jobs_only: bool = False) -> None:
         self.ctl = ctl
         self.timings = timings
+        self.store_errors = LogThrottle(log)  # SQLite errors in handlers (``_timed``)
         self.auth = auth
         self.own_jobs_only = own_jobs_only
         self.pilots: PilotManager | None = None  # node_source slurm: set once the manager runs (ControllerServer)
@@ -202,16 +220,20 @@ class ControllerServer:
         """``max_workers``: server threads. Queries hold at most QUERY_SLOTS + QUERY_QUEUE (16) of them, so at
         least 32 are left for heartbeats and submits however many listings arrive."""
         self.cfg = cfg
-        self.ctl = Controller(cfg)
         self.roles = _roles(cfg)
+        host, port = parse_address(cfg.listen, "listen")
+        _check_open_listen(host, bool(self.roles), cfg.insecure)
+        floor = parse_floor(cfg.state_min_free)
+        check_at_start(cfg.state, floor)  # before the store writes anything on a disk that is already full
+        self.ctl = Controller(cfg)
         self.auth = TokenInterceptor(tokens=self.roles, users=cfg.user_tokens) if self.roles else None
         self.credentials = WorkerCredentials()  # after the tokens: only an authenticated call gets this far
-        interceptors = [self.auth, self.credentials] if self.auth is not None else [self.credentials]
+        self.disk = DiskGuard(cfg.state, floor)
+        interceptors = [i for i in (self.auth, self.credentials, self.disk) if i is not None]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
         self.service = _Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only)
         pb_grpc.add_ControllerServicer_to_server(self.service, self.server)
-        host, port = parse_address(cfg.listen, "listen")
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if cfg.tls_cert and cfg.tls_key:
             bound = self.server.add_secure_port(target, server_credentials(cfg.tls_cert, cfg.tls_key))
@@ -251,6 +273,10 @@ class ControllerServer:
                  else "OFF", "on" if self.cfg.tls_cert else "off",
                  self.cfg.policy if self.cfg.executor != "rounds"
                  else f"{self.cfg.hetero_policy} in Gavel's rounds of {self.cfg.round_s:g} s", self.cfg.state)
+        if not self.roles and not _loopback(self.address.rpartition(":")[0].strip("[]")):
+            log.warning("INSECURE (--insecure): no tokens on %s, which is not loopback: anyone who can reach it can "
+                        "submit jobs, which run as the workers' user, and act as a worker. Set token_file and "
+                        "worker_token_file in the controller config", self.address)
         if list(self.roles) == [ADMIN]:
             log.warning("one token for every role: whoever can submit jobs can also act as a worker (heartbeats, "
                         "Leave, Register); set worker_token_file (and admin_token_file) in the controller config")
@@ -316,6 +342,29 @@ def _roles(cfg: ControllerConfig) -> dict[str, str]:
     if cfg.worker_token or cfg.admin_token or cfg.user_tokens:
         return {role: t for role, t in ((USER, cfg.token), (WORKER, cfg.worker_token), (ADMIN, cfg.admin_token)) if t}
     return {ADMIN: cfg.token} if cfg.token else {}
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
+def _check_open_listen(host: str, tokens: bool, insecure: bool) -> None:
+    """A controller without tokens runs any command anyone sends it, as the workers' user: allowed on loopback (the
+    quick start), refused elsewhere unless the operator says ``--insecure`` (then warned about at every start)."""
+    if tokens or insecure or _loopback(host):
+        return
+    raise InputError("listen", f"{host} is not a loopback address and no token is set: anyone who can reach it could "
+                               "run commands as the workers' user. Set token_file (and worker_token_file) in the "
+                               "controller config, listen on 127.0.0.1, or pass --insecure to accept the risk")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -28,15 +28,14 @@ import json
 import logging
 import os
 import sqlite3
-import stat
 import threading
 import time
 import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from hpcsched.errors import InputError
 from hpcsched.runtime.config import JobSpec
+from hpcsched.runtime.statefile import damaged, make_private, take_owner_lock
 
 log = logging.getLogger("hpcsched.runtime.store")
 
@@ -175,54 +174,6 @@ def _spec_from_json(text: str) -> JobSpec:
     return JobSpec(**d)
 
 
-def _private(path: Path) -> None:
-    """Create the state file 0600 before SQLite does (SQLite creates it, and its -wal and -shm, with the
-    process umask, 0644 usually, and later files copy the database's mode); tighten an existing one, loudly."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
-        return
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise InputError(path, f"cannot create the state file: {e.strerror or e}") from None
-    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            mode = stat.S_IMODE(p.stat().st_mode)
-            if mode & 0o077:
-                os.chmod(p, 0o600)
-                log.warning("%s was readable by others (mode %04o): made it 0600 (it holds every job's command and "
-                            "environment)", p, mode)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            raise InputError(p, f"cannot make the state file private: {e.strerror or e}") from None
-
-
-def _damaged(path: Path, e: Exception) -> InputError:
-    return InputError(path, f"not a readable hpcsched state ({e}); it may be damaged. Restore the latest backup "
-                            "(the controller's backup_dir, or one made with `python -m hpcsched.runtime backup`) over "
-                            "it, or move it aside to start with an empty state")
-
-
-def _take_owner_lock(path: Path) -> int:
-    """An exclusive, non-blocking ``flock`` on ``PATH.lock`` holding our pid; InputError if it is held."""
-    import fcntl
-
-    lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise InputError(path, f"another controller (pid {holder}) holds this state (lock {lock}); run one "
-                               "controller per state file, or stop that one first") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
 class Store:
     """Typed access to the tables. Each public method is one transaction."""
 
@@ -235,11 +186,11 @@ class Store:
         ``query_only``: a connection that cannot write (``reader``). ``specs``: a parsed-spec cache to share."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock_fd: int | None = _take_owner_lock(path) if owner else None
+        self._lock_fd: int | None = take_owner_lock(path) if owner else None
         self.db: sqlite3.Connection | None = None
         try:
             if not query_only:
-                _private(path)
+                make_private(path)
             self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA busy_timeout=5000")
             if query_only:
@@ -256,7 +207,7 @@ class Store:
             self.db.execute("SELECT count(*) FROM jobs").fetchone()
         except sqlite3.DatabaseError as e:
             self.close()
-            raise _damaged(path, e) from None
+            raise damaged(path, e) from None
         self._specs: dict[str, JobSpec] = {} if specs is None else specs
         self._readers: list[Store] = []  # closed with this store
         self._ckpt_stop: threading.Event | None = None
@@ -292,7 +243,7 @@ class Store:
                 out.close()
         except sqlite3.DatabaseError as e:
             tmp.unlink(missing_ok=True)
-            raise _damaged(self.path, e) from None
+            raise damaged(self.path, e) from None
         finally:
             src.close()
         os.replace(tmp, dest)
@@ -492,4 +443,12 @@ class _Tx:
         self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type:
+            self.db.execute("ROLLBACK")
+            return
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error:  # a failed COMMIT (a full disk) leaves the transaction open: every later BEGIN failed
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
