@@ -169,8 +169,10 @@ def test_job_file_bytes_must_be_utf8(tmp_path: Path) -> None:
     p.write_bytes(b"command: [a.py]\n" + b"#" * MAX_JOB_FILE_BYTES)
     with pytest.raises(InputError, match=r"job.yaml: the job file is over 65536 bytes; the limit is 65536 \(64 KiB\)"):
         read_job_file(p)
-    with pytest.raises(InputError, match=r"cannot read"):
+    with pytest.raises(InputError, match=r"is a directory, not a job file"):
         read_job_file(tmp_path)
+    with pytest.raises(InputError, match=r"cannot read: No such file"):
+        read_job_file(tmp_path / "missing.yaml")
 
 
 # ------------------------------------------------------------------------------ what the client sends

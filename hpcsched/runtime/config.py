@@ -100,6 +100,15 @@ def _unconstructible(loader: Any, root: yaml.Node | None) -> int | None:
     return None
 
 
+_KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,47}")
+
+
+def shown_key(key: object) -> str:
+    """A key as an error may show it: a key name is the file's syntax (a typo the user must see), anything else is
+    not shown. The file may not be a job file at all: a symlink to /etc/shadow printed its first line."""
+    return str(key) if isinstance(key, str) and _KEY_NAME.fullmatch(key) else "a key that is not a key name (not shown)"
+
+
 def _check_tree(root: yaml.Node, source: str) -> None:
     seen: set[int] = set()
     todo = [root]
@@ -116,8 +125,9 @@ def _check_tree(root: yaml.Node, source: str) -> None:
                     if k.tag == "tag:yaml.org,2002:merge":
                         raise InputError(source, "merge keys (<<) are not supported here", _line(k))
                     if k.value in keys:
-                        raise InputError(source, f"{k.value}: duplicate key (first at line {keys[k.value]}); "
-                                                 "YAML would silently keep only the last one", _line(k))
+                        raise InputError(source, f"{shown_key(k.value)}: duplicate key (first at line "
+                                                 f"{keys[k.value]}); YAML would silently keep only the last one",
+                                         _line(k))
                     keys[k.value] = _line(k)
                 todo += [k, v]
         elif isinstance(node, yaml.SequenceNode):
@@ -148,7 +158,8 @@ class _Doc:
     def check_keys(self, allowed: set[str]) -> None:
         for k in self.data:
             if k not in allowed:
-                raise self.fail(k, f"unknown key; expected one of {', '.join(sorted(allowed))}")
+                raise InputError(self.source, f"{shown_key(k)}: unknown key; expected one of "
+                                              f"{', '.join(sorted(allowed))}", self.lines.get(str(k)))
 
     def get(self, key: str, kind: type, default: Any) -> Any:
         v = self.data.get(key, default)
@@ -799,10 +810,15 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
 
 
 def read_job_file(path: str | Path) -> str:
-    """A job file's text: at most MAX_JOB_FILE_BYTES, UTF-8 (a byte that is not names its line and column)."""
+    """A job file's text: at most MAX_JOB_FILE_BYTES, UTF-8 (a byte that is not names its line and column). Only a
+    regular file: a named pipe hung ``submit`` (opened without O_NONBLOCK, it waits for a writer), a device or a
+    directory is refused at once, checked again on the opened descriptor (the path may change in between)."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
+        _regular_file(p, os.stat(p).st_mode)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as f:
+            _regular_file(p, os.fstat(f.fileno()).st_mode)
             data = f.read(MAX_JOB_FILE_BYTES + 1)
     except OSError as e:
         raise InputError(p, f"cannot read: {e.strerror or e}") from None
@@ -816,6 +832,15 @@ def read_job_file(path: str | Path) -> str:
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise InputError(p, f"not UTF-8 text: byte 0x{data[e.start]:02x} at column {col}; save the file as UTF-8",
                          line) from None
+
+
+def _regular_file(p: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a regular file")
+    raise InputError(p, f"is {kind}, not a job file: submit a regular YAML file")
 
 
 def job_spec_yaml(spec: JobSpec) -> str:

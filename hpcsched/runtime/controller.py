@@ -37,10 +37,21 @@ from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
 from hpcsched.runtime.config import GPU_TYPE, ControllerConfig, parse_job_spec
+from hpcsched.runtime.diskspace import is_disk_full
 from hpcsched.runtime.inplace_resize import InPlaceResizer, agent_endpoints
 from hpcsched.runtime.launch import AGENT_LAUNCHERS, JOB_UID_ENV, in_place_capable, launch_tasks, slot_use
-from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S, Action, Event, attempt_end, exit_event, next_state
+from hpcsched.runtime.lifecycle import (
+    IN_PLACE,
+    IN_PLACE_TIMEOUT_S,
+    Action,
+    Event,
+    attempt_end,
+    exit_event,
+    next_state,
+    retry_delay,
+)
 from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, Listing, every_page, wall
+from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
 
@@ -79,6 +90,9 @@ class Controller:
         self.agent_port: dict[str, int] = {}  # worker -> its WorkerAgent port (every heartbeat says it: no state)
         self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
         self.attempt_start: dict[str, float] = {}  # job -> when its current attempt was placed (hysteresis)
+        # job -> wall time before which its retry is not placed (lifecycle.retry_delay; in memory: a restarted
+        # controller retries at once)
+        self.retry_at: dict[str, float] = {}
         self._last_tick = self.mono()
         self._stale = 0  # consecutive plans dropped by tick()'s check
         self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
@@ -88,6 +102,7 @@ class Controller:
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
+        self.step_errors = LogThrottle(log)
         self._holding: list[str] = []
         self.listing = Listing(self.store)  # the read-only views, on reader connections of their own
         self.resizer = InPlaceResizer(self.store, self.attempt_start, self._task_exited)
@@ -335,7 +350,11 @@ class Controller:
                                   message=message)
             log.warning("job %s failed: %s", job.id, message)
         elif action is Action.RETRY:
-            message = _clip(f"{message}; retry {restarts} of {self.cfg.max_restarts}")
+            wait = retry_delay(restarts, self.cfg.retry_backoff_s, self.cfg.retry_backoff_max_s)
+            if wait:
+                self.retry_at[job.id] = now + wait
+            when = f" at {time.strftime('%H:%M:%S', time.gmtime(now + wait))} UTC (in {wait:g} s)" if wait else ""
+            message = _clip(f"{message}; retry {restarts} of {self.cfg.max_restarts}{when}")
             self.store.update_job(job.id, state="pending", procs=0, restarts=restarts, stop_reason=None,
                                   message=message)
         else:  # REQUEUE after a preempt or resize: back to the queue, resumes from its checkpoint
@@ -452,6 +471,9 @@ class Controller:
         now, mono = time.time(), self.mono()
         self._reap_dead_workers(mono)
         jobs = self.store.jobs(("pending", "running", "stopping"))
+        if self.retry_at:  # a failed job waiting for its retry's time is not planned until then
+            self.retry_at = {j: t for j, t in self.retry_at.items() if t > now}
+            jobs = [j for j in jobs if j.state != "pending" or j.id not in self.retry_at]
         self.store.accrue_service(mono - self._last_tick)
         self._last_tick = mono
         workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
@@ -639,8 +661,10 @@ class Controller:
             self.wakeup.clear()
             try:
                 self.tick()
-            except Exception:  # a bug in one step must not kill the controller; it is logged loudly
-                log.exception("scheduling step failed")
+            except Exception as e:  # a bug in one step must not kill the controller: logged, once per cause and
+                # interval (a step failing at every tick, on a full disk, wrote a traceback each time)
+                self.step_errors.log(logging.ERROR, cause(e), "scheduling step failed: %s", cause(e),
+                                     exc_info=not is_disk_full(e))
             stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
 
     # ------------------------------------------------------------------------------------- queries

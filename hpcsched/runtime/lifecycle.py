@@ -141,3 +141,12 @@ def attempt_end(state: str, stop_reason: str | None, codes: list[int | None], do
     if reason == "failed":
         return (Event.RETRY_EXHAUSTED if restarts + 1 > max_restarts else Event.ATTEMPT_FAILED), short
     return Event.ATTEMPT_STOPPED, short
+
+
+def retry_delay(retry: int, base_s: float, cap_s: float) -> float:
+    """Seconds the ``retry``-th retry of a failed job waits (1: the first). The first is at once (a lost node, a
+    transient error: resumed as before), then ``base_s`` doubling up to ``cap_s``: a job failing on a full disk
+    burnt all its attempts in 20 s, and each attempt took the disk's last space from the others."""
+    if retry <= 1 or base_s <= 0:
+        return 0.0
+    return min(cap_s, base_s * 2.0 ** min(retry - 2, 60))

@@ -26,8 +26,10 @@ class LogThrottle:
         self._last: dict[str, tuple[float, int]] = {}
         self.suppressed = 0  # lines left out so far, all keys together
 
-    def log(self, level: int, key: str, message: str, *args: object) -> bool:
-        """Log ``message % args`` at ``level`` unless ``key`` was logged less than ``every_s`` ago; True if logged."""
+    def log(self, level: int, key: str, message: str, *args: object, exc_info: bool = False) -> bool:
+        """Log ``message % args`` at ``level`` unless ``key`` was logged less than ``every_s`` ago; True if logged.
+        ``exc_info``: with the current exception's traceback, the first time this key is logged only (a bug shows
+        where it is once; its repetitions are counted)."""
         now = time.monotonic()
         with self._lock:
             last, dropped = self._last.get(key, (-1e18, 0))
@@ -39,7 +41,7 @@ class LogThrottle:
                 self._last.clear()
             self._last[key] = (now, 0)
         suffix = f" ({dropped} more like it in the last {now - last:.0f} s not logged)" if dropped else ""
-        self.logger.log(level, message + suffix, *args)
+        self.logger.log(level, message + suffix, *args, exc_info=exc_info and last < -1e17)
         return True
 
     def warn(self, key: str, message: str, *args: object) -> bool:
