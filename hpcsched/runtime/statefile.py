@@ -15,6 +15,7 @@ import stat
 from pathlib import Path
 
 from hpcsched.errors import InputError
+from hpcsched.runtime.diskspace import is_disk_full
 
 log = logging.getLogger("hpcsched.runtime.store")
 
@@ -77,6 +78,9 @@ def check_state_file(p: Path, state: Path) -> os.stat_result:
 
 
 def damaged(path: Path, e: Exception) -> InputError:
+    """What to tell the operator about a SQLite error opening the state: a full disk is not a damaged file."""
+    if is_disk_full(e):
+        return InputError(path, f"cannot write the state: its filesystem is full ({e}); free space on it")
     return InputError(path, f"not a readable hpcsched state ({e}); it may be damaged. Restore the latest backup "
                             "(the controller's backup_dir, or one made with `python -m hpcsched.runtime backup`) over "
                             "it, or move it aside to start with an empty state")
@@ -98,6 +102,10 @@ def take_owner_lock(path: Path) -> int:
         os.close(fd)
         raise InputError(path, f"another controller (pid {holder}) holds this state (lock {lock}); run one "
                                "controller per state file, or stop that one first") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:  # a full disk: said as such, not as a traceback
+        os.close(fd)
+        raise InputError(lock, f"cannot write the state's lock file: {e.strerror or e}") from None
     return fd
