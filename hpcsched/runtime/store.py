@@ -268,6 +268,8 @@ class Store:
                 except sqlite3.Error as e:  # busy or locked: the next round catches up
                     log.debug("WAL checkpoint skipped: %s", e)
             db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as e:  # the last one, at close (a full disk): the WAL keeps the commits regardless
+            log.warning("final WAL checkpoint of %s skipped: %s (the next start replays the WAL)", self.path, e)
         finally:
             db.close()
 
