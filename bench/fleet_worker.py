@@ -32,6 +32,7 @@ from pathlib import Path
 import grpc
 
 from hpcsched.runtime.auth import CHANNEL_OPTIONS, metadata
+from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 FOLLOW_UP_S = 0.1  # as the real worker: a beat that carried news is followed up to fetch the controller's reaction
@@ -111,6 +112,7 @@ class SimWorker:
     def __init__(self, name: str, index: int, stub: pb_grpc.ControllerStub, opts: SimOptions, stats: ProcStats,
                  md: tuple) -> None:
         self.name, self.index, self.stub, self.opts, self.stats, self.md = name, index, stub, opts, stats, md
+        self.join_md = md  # the worker token: Register only; Heartbeat and Leave carry the credential it returns
         self.instance = uuid.uuid4().hex
         self.tasks: dict[str, SimTask] = {}
         self.interval = 1.0
@@ -173,7 +175,8 @@ class SimWorker:
                                  cpus=self.opts.slots, launchers=["direct"], instance=self.instance,
                                  gpu_type=self.opts.gpu_type, agent_port=0)
         sent = time.perf_counter()
-        reply = await self.stub.Register(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
+        reply = await self.stub.Register(req, timeout=RPC_TIMEOUT_S, metadata=self.join_md)
+        self.md = tuple(self.join_md) + credential_metadata(reply.credential)  # as worker.py: this worker's own
         self.stats.reg_lat.append(time.perf_counter() - sent)
         self.stats.registrations += 1
         self.stats.first_registered_at.setdefault(self.name, time.time())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from runtime_procs import TOKEN, client, controller_config, kill_tree, start_controller, start_worker, stop, wait_for
+from runtime_procs import client, controller_config, kill_tree, start_controller, start_worker, stop, wait_for
 
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.credentials import credential_metadata
