@@ -106,6 +106,9 @@ def test_the_join_token_alone_cannot_act_for_a_worker_and_a_restart_keeps_its_ta
     assert (end.state, end.steps_done, end.restarts) == ("completed", 40, 0), end.message
     log = (d / "controller.log").read_text()
     assert "refused Heartbeat for worker w0" in log and "Traceback" not in log
+    # an issued credential is written nowhere: not in the state (the controller keeps a hash, in memory), not in a log
+    written = b"".join(p.read_bytes() for p in d.rglob("*") if p.is_file())
+    assert own.encode() not in written
 
 
 def _second(log: Path) -> str:
