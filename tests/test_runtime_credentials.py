@@ -10,6 +10,8 @@ controller, and the worker, whose credential the new controller does not know, r
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import time
 from pathlib import Path
 
@@ -116,3 +118,42 @@ def _second(log: Path) -> str:
     text = log.read_text() if log.exists() else ""
     first = text.find("registered with")
     return text[first + 1:] if first >= 0 else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_worker_leaving_across_a_controller_restart_registers_again_to_say_so(tmp_path: Path) -> None:
+    """The restarted controller knows no credential: the leaving worker's notice is refused, it registers again with
+    the join token and repeats it, so its job stops as preempted (no attempt counted) instead of being lost."""
+    d = tmp_path
+    # one port for both controllers: a leaving worker does not look for a moved controller
+    config = controller_config(d, listen=f"127.0.0.1:{_free_port()}")
+    ctl, address = start_controller(d, config)
+    worker = start_worker(d, address, "w0", extra=("--stop-grace", "40"))
+    try:
+        c = client(address)
+        wait_for("the worker", lambda: any(w.alive for w in c.workers()), 90)
+        report = 'echo "{\\"step\\": 1, \\"loss\\": 1.0}" >> "$HPCSCHED_PROGRESS_FILE"'
+        script = f"trap 'sleep 12; exit 0' TERM; {report}; while :; do sleep 0.2; done"
+        jid = c.submit(f"name: slow-stop\nlauncher: direct\nprocs: 1\nsteps: 100\nworkdir: {d}\n"
+                       f"command: {json.dumps(['sh', '-c', script])}\n", "slow-stop.yaml")
+        wait_for("its first report", lambda: next(j for j in c.jobs() if j.job_id == jid).steps_done >= 1, 60)
+        c.close()
+        kill_tree(ctl)
+        worker.send_signal(signal.SIGTERM)  # its task takes 12 s to stop: the notice is retried meanwhile
+        ctl, address = start_controller(d, config)
+        worker.wait(timeout=90)
+        c = client(address)
+        job = next(j for j in c.jobs() if j.job_id == jid)
+        c.close()
+    finally:
+        stop(worker)
+        stop(ctl)
+    assert "told the controller this worker is leaving" in (d / "w0.log").read_text()
+    assert "worker w0 is leaving" in (d / "controller.log").read_text()
+    assert (job.state, job.restarts) == ("pending", 0), job.message
