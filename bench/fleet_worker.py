@@ -39,6 +39,7 @@ FOLLOW_UP_S = 0.1  # as the real worker: a beat that carried news is followed up
 REFUSED_RETRY_S = 3.0  # as the real worker: a daemon refused its name asks again this often
 RPC_TIMEOUT_S = 10.0  # the real worker's deadline on Register and Heartbeat
 LEAVE_TIMEOUT_S = 5.0
+LEAVE_BUDGET_S = 90.0  # all of one process's workers leaving, at most
 CKPT_FILE = "fleet-sim.step"
 # The controller's per-beat interval, when its HeartbeatReply carries one (field 5; absent from older controllers).
 _HB_INTERVAL = pb.HeartbeatReply.DESCRIPTOR.fields_by_number.get(5)
@@ -349,7 +350,8 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
         async with sem:
             await w.leave()
 
-    await asyncio.gather(*(one(w) for w in workers), return_exceptions=True)
+    with contextlib.suppress(asyncio.TimeoutError):  # the count of goodbyes said shows the ones cut off
+        await asyncio.wait_for(asyncio.gather(*(one(w) for w in workers), return_exceptions=True), LEAVE_BUDGET_S)
     stats.leave_s = time.perf_counter() - t
     for c in chans:
         await c.close()
