@@ -222,23 +222,17 @@ class Submitter:
         return time.perf_counter() - t0, ok
 
     async def _submit_many(self, chunk: list[tuple[str, str]]) -> list[str]:
-        """The batch RPC, read by field type: the request's repeated SubmitRequest, the reply's job ids (a repeated
-        string, or repeated messages with a ``job_id``); jobs the reply refused are counted as failed."""
-        req = pb.SubmitManyRequest()
-        jobs_field = next(f for f in req.DESCRIPTOR.fields if f.message_type is pb.SubmitRequest.DESCRIPTOR)
-        getattr(req, jobs_field.name).extend(pb.SubmitRequest(spec_yaml=t, source=s, request_id=uuid.uuid4().hex)
-                                             for s, t in chunk)
+        """One SubmitMany call (``jobs``: the SubmitRequests; ``results``: one per item, its ``job_ids`` or its
+        ``error``); items the controller refused are counted as failed, with the first refusal's message."""
+        req = pb.SubmitManyRequest(jobs=[pb.SubmitRequest(spec_yaml=t, source=s, request_id=uuid.uuid4().hex)
+                                         for s, t in chunk])
         reply = await self.stub.SubmitMany(req, timeout=60, metadata=self.md)
         ids: list[str] = []
-        for f in reply.DESCRIPTOR.fields:
-            if f.label != f.LABEL_REPEATED:
-                continue
-            for item in getattr(reply, f.name):
-                jid = item if isinstance(item, str) else getattr(item, "job_id", "")
-                if jid:
-                    ids.append(jid)
-        if len(ids) < len(chunk):
-            self.failed["refused in batch"] = self.failed.get("refused in batch", 0) + len(chunk) - len(ids)
+        for item in reply.results:
+            if item.error:
+                self.failed["refused in batch"] = self.failed.get("refused in batch", 0) + 1
+                self.failed.setdefault("first refusal", item.error[:300])
+            ids.extend(item.job_ids)
         return ids
 
     async def job_states(self) -> dict[str, str]:

@@ -284,22 +284,32 @@ class SimWorker:
 
     # ------------------------------------------------------------------------------------------ shutdown
     async def leave(self) -> None:
-        """The real worker's graceful stop: draining notice, tasks stopped with a checkpoint and reported, goodbye."""
-        if not self.registered:
+        """The real worker's graceful stop: draining notice, tasks stopped with a checkpoint and reported, goodbye.
+        Said by every worker that ever registered (its last heartbeat may have failed: the controller still holds
+        it); a call that fails is counted and the next step is still tried, as the real worker does."""
+        if self.name not in self.stats.first_registered_at:
             return
-        with contextlib.suppress(grpc.RpcError):
+        try:
             await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=False, instance=self.instance),
                                   timeout=LEAVE_TIMEOUT_S, metadata=self.md)
-            for tid in list(self.tasks):
-                self._kill(tid, checkpoint=True)
-            if self.tasks:
+        except grpc.RpcError as e:
+            self.stats.error("Leave", e)
+        for tid in list(self.tasks):
+            self._kill(tid, checkpoint=True)
+        if self.tasks:
+            try:
                 reply = await self.stub.Heartbeat(self._heartbeat(time.monotonic()), timeout=LEAVE_TIMEOUT_S,
                                                   metadata=self.md)
                 for tid in reply.forget:
                     self.tasks.pop(tid, None)
+            except grpc.RpcError as e:
+                self.stats.error("Heartbeat (leaving)", e)
+        try:
             await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=True, instance=self.instance),
                                   timeout=LEAVE_TIMEOUT_S, metadata=self.md)
             self.stats.leaves_said += 1
+        except grpc.RpcError as e:
+            self.stats.error("Leave", e)
 
 
 async def _loop_lag(lags: array, period: float = 0.05) -> None:
