@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fleet import FleetOptions, run_fleet  # noqa: E402
+from fleet import PENDING_KINDS, FleetOptions, run_fleet  # noqa: E402
 
 
 def table(r: dict) -> str:
@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=d.slots, help="slots per worker (%(default)s)")
     ap.add_argument("--pending", type=int, default=d.pending,
                     help="jobs no worker can run, queued before the workers start (%(default)s)")
+    ap.add_argument("--pending-kind", choices=PENDING_KINDS, default=d.pending_kind,
+                    help="why the --pending jobs cannot run: a GPU type no worker has, a launcher none has "
+                         "(mpirun), or more processes than the fleet holds (%(default)s)")
     ap.add_argument("--procs", type=int, default=d.procs,
                     help="harness processes (0: one per 1,000 workers, at most 4; default %(default)s)")
     ap.add_argument("--channels", type=int, default=d.channels,

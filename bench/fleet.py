@@ -59,6 +59,7 @@ class FleetOptions:
     duration: float = 60.0  # seconds from the first submit to the count of jobs done
     slots: int = 4
     pending: int = 0  # unrunnable jobs queued before the workers start
+    pending_kind: str = "too-big"  # why they cannot run (``pending_yaml``)
     procs: int = 0  # harness processes driving the workers (0: one per 1,000 workers, at most 4)
     channels: int = 0  # gRPC channels per harness process (0: one per worker, each its own TCP connection)
     job_seconds: float = 20.0  # a job's mean run time once started (uniform 0.5x-1.5x)
@@ -152,8 +153,16 @@ def job_yaml(i: int, rng: random.Random, o: FleetOptions) -> str:
             f"steps: {steps}\ncommand: [fleet-sim-task, '{i}']\n")
 
 
-def pending_yaml(i: int) -> str:
-    return (f"name: fleet-pending-{i}\nlauncher: direct\nprocs: 1\nsteps: 100\ngpu_type: {PENDING_GPU_TYPE}\n"
+PENDING_KINDS = ("gpu-type", "launcher", "too-big")
+
+
+def pending_yaml(i: int, kind: str = "gpu-type") -> str:
+    """An unrunnable job: it asks for a GPU type no simulated worker advertises, a launcher none has (``mpirun``),
+    or more processes than the whole fleet holds (``too-big``: 1,000,000)."""
+    launcher = "mpirun" if kind == "launcher" else "direct"
+    procs = 1_000_000 if kind == "too-big" else 1
+    gpu = f"gpu_type: {PENDING_GPU_TYPE}\n" if kind == "gpu-type" else ""
+    return (f"name: fleet-pending-{i}\nlauncher: {launcher}\nprocs: {procs}\nsteps: 100\n{gpu}"
             f"command: [fleet-sim-task, pending, '{i}']\n")
 
 
@@ -284,7 +293,8 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
     workers: list = []
     try:
         if o.pending:
-            secs, ok = await sub.submit([(f"pending-{i}.yaml", pending_yaml(i)) for i in range(o.pending)])
+            unrunnable = [(f"pending-{i}.yaml", pending_yaml(i, o.pending_kind)) for i in range(o.pending)]
+            secs, ok = await sub.submit(unrunnable)
             pending_ids = set(sub.sent_at)
             out["pending_submit"] = {"jobs": ok, "seconds": round(secs, 2), "jobs_per_s": round(ok / secs, 1)}
             _say(o, f"queued {ok} unrunnable jobs in {secs:.1f} s ({ok / secs:.0f}/s)")
