@@ -34,7 +34,7 @@ log = logging.getLogger("hpcsched.runtime.auth")
 HEADER = "authorization"
 USER, WORKER, ADMIN = "user", "worker", "admin"
 ROLE_RPCS: dict[str, frozenset[str]] = {
-    USER: frozenset({"Submit", "ListJobs", "Cancel", "ListWorkers"}),
+    USER: frozenset({"Submit", "SubmitMany", "ListJobs", "Cancel", "ListWorkers"}),
     WORKER: frozenset({"Register", "Heartbeat", "Leave"}),
 }
 

@@ -158,34 +158,90 @@ def _visible_gpus() -> int:
 
 
 def submit(
-    job_file: Path = typer.Argument(..., help="job YAML: name, command, launcher, procs, min/max_procs, steps, env"),
+    job_files: list[Path] = typer.Argument(..., help="job YAML files: name, command, launcher, procs, min/max_procs, "
+                                           "steps, env, array"),
+    array: int = typer.Option(None, "--array", min=1, help="N jobs from each file (as `array: N` in it, like "
+                              "sbatch --array=0-(N-1)): named NAME[i], with HPCSCHED_ARRAY_INDEX=i in their env"),
     controller: str = _CONTROLLER,
     address_file: Path = _ADDRESS_FILE,
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
-    as_json: bool = typer.Option(False, "--json", help="print {job_id} as JSON"),
+    as_json: bool = typer.Option(False, "--json", help="print {job_id} as JSON (many files or an array: "
+                                 "{results: [{file, job_ids, duplicate, error}], submitted, refused})"),
 ) -> None:
-    """Submit a training job; relative paths in its command resolve from the job file's folder."""
+    """Submit training jobs; relative paths in a command resolve from its job file's folder.
+
+    One file: one Submit, as before. Many files or an array: batches of up to 500 files in one SubmitMany call each;
+    each file is validated and answered on its own (a bad file is reported, the others are still submitted), one
+    line per file with its job ids. Exit status 1 when any file was refused."""
+    from hpcsched.runtime.client import ClientError
+
+    if len(job_files) == 1 and array is None:
+        text = _prepared(job_files[0], None)[0]
+        try:
+            job_id = _client(controller, address_file, token_file, tls_ca).submit(text, str(job_files[0]))
+        except ClientError as e:
+            _fail(e)
+        print(json.dumps({"job_id": job_id}) if as_json else job_id)
+        return
+    items, results = [], {}
+    for f in job_files:  # every file checked here, with file:line errors, before any RPC
+        try:
+            items.append((*_prepared(f, array), str(f)))
+        except InputError as e:
+            results[str(f)] = {"file": str(f), "job_ids": [], "duplicate": False, "error": str(e)}
+    if items:
+        try:
+            got = _client(controller, address_file, token_file, tls_ca).submit_many(
+                [(text, src, n) for text, n, src in items])
+        except ClientError as e:
+            _fail(e)
+        for (_, _, src), r in zip(items, got, strict=True):
+            results[src] = {"file": src, "job_ids": list(r.job_ids), "duplicate": r.duplicate, "error": r.error}
+    ordered = [results[str(f)] for f in job_files if str(f) in results]
+    refused = sum(1 for r in ordered if r["error"])
+    if as_json:
+        print(json.dumps({"results": ordered, "submitted": sum(len(r["job_ids"]) for r in ordered),
+                          "refused": refused}, indent=1))
+    else:
+        for r in ordered:
+            if r["error"]:
+                print(f"error: {r['error']}", file=sys.stderr)
+            else:
+                print(" ".join(r["job_ids"]))
+    if refused:
+        raise typer.Exit(1)
+
+
+def _prepared(job_file: Path, array: int | None) -> tuple[str, int]:
+    """A job file validated here (file:line errors) and normalised: its workdir resolved from the file's folder as
+    the user sees it, ``--array`` applied; the text parses back to this very spec, so the controller checks what
+    was checked here, not a re-reading of the user's YAML. With the jobs it makes (an array's N)."""
     import dataclasses
 
-    from hpcsched.runtime.client import ClientError
     from hpcsched.runtime.config import job_spec_yaml, parse_job_spec, read_job_file
 
-    # The whole file is validated here, with file:line errors, before any RPC (the controller checks again).
     spec = parse_job_spec(read_job_file(job_file), str(job_file))
-    # The workdir as the user sees it (from the file's folder); sent in the normalised form, which parses back to
-    # this very spec: the controller checks what was checked here, not a re-reading of the user's YAML.
-    spec = dataclasses.replace(spec, workdir=str((job_file.resolve().parent / spec.workdir).resolve()))
+    spec = dataclasses.replace(spec, workdir=str((job_file.resolve().parent / spec.workdir).resolve()),
+                               array=array if array is not None else spec.array)
     text = job_spec_yaml(spec)
     try:
         parse_job_spec(text, str(job_file))
-    except InputError as e:  # only the resolved workdir can newly fail (its length)
+    except InputError as e:  # only the resolved workdir (its length) or the --array count can newly fail
         raise InputError(job_file, f"with its workdir resolved to {spec.workdir[:80]!r}...: {e.message}") from None
-    try:
-        job_id = _client(controller, address_file, token_file, tls_ca).submit(text, str(job_file))
-    except ClientError as e:
-        _fail(e)
-    print(json.dumps({"job_id": job_id}) if as_json else job_id)
+    return text, spec.array or 1
+
+
+_OUTPUT = typer.Option("table", "--output", "-o", help="table (fits the terminal; 80 columns in a pipe), wide (every "
+                       "column, whole), json (as --json), yaml")
+
+
+def _output(output: str, as_json: bool) -> str:
+    from hpcsched.runtime.views import OUTPUTS
+
+    if output not in OUTPUTS:
+        raise InputError("--output", f"unknown output {output!r}; expected one of {', '.join(OUTPUTS)}")
+    return "json" if as_json else output
 
 
 def jobs(
@@ -193,54 +249,57 @@ def jobs(
     address_file: Path = _ADDRESS_FILE,
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
-    as_json: bool = typer.Option(False, "--json", help="one object per job"),
+    as_json: bool = typer.Option(False, "--json", help="one object per job (same as -o json)"),
+    output: str = _OUTPUT,
+    state: list[str] = typer.Option(None, "--state", "-t", help="only jobs in these states (repeat, or comma-separate: "
+                                    "pending,running)"),
+    user: str = typer.Option("", "--user", "-u", help="only this user's jobs"),
+    name: str = typer.Option("", "--name", "-n", help="only jobs of this name; with * or ?, a pattern ('sweep[*')"),
+    sort: str = typer.Option("id", "--sort", help="id (submit order), name, user, state, size, progress, age"),
+    reverse: bool = typer.Option(False, "--reverse", help="sort the other way"),
 ) -> None:
-    """List jobs with their state, size, progress and loss."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    """List jobs: id, name, user, state, size, progress and age (-o wide: loss, checkpoint, workers, message...).
 
+    The filters are applied by the controller; the table fits the terminal (names elided in the middle)."""
     from hpcsched.runtime.client import ClientError
+    from hpcsched.runtime.tables import terminal_width
+    from hpcsched.runtime.views import JOB_SORTS, dump, jobs_table, sort_jobs
 
+    output = _output(output, as_json)
+    if sort not in JOB_SORTS:
+        raise InputError("--sort", f"unknown key {sort!r}; expected one of {', '.join(JOB_SORTS)}")
+    states = tuple(s.strip() for v in state or () for s in v.split(",") if s.strip())
     try:
-        rows = _client(controller, address_file, token_file, tls_ca).jobs()
+        rows = _client(controller, address_file, token_file, tls_ca).jobs(states=states, owner=user, name=name)
     except ClientError as e:
         _fail(e)
-    if as_json:
-        fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []
-        print(json.dumps([{k: v if isinstance(v, str | int | float) else list(v) for k in fields
-                           for v in [getattr(j, k)]} for j in rows], indent=1))
+    rows = sort_jobs(list(rows), sort, reverse)
+    if output in ("json", "yaml"):
+        print(dump(rows, output))
         return
-    t = Table("id", "name", "state", "procs", "steps", "loss", "ckpt", "restarts", "workers", "pilots",
-              "interleaved with", "sized by", "message")
-    for j in rows:
-        steps = f"{j.steps_done}/{j.steps_total}" if j.steps_total else str(j.steps_done)
-        sized = "" if not j.sizing else "MILP" if j.sizing == "optimal" else f"[yellow]{j.sizing} (not optimal)[/]"
-        # Names and messages are the user's and the programs' text: escaped, so "[rank0]: ..." is not rich markup.
-        t.add_row(j.job_id, escape(j.name), j.state, str(j.procs), steps,
-                  f"{j.first_loss:.3f} -> {j.last_loss:.3f}" if j.steps_done else "", str(j.last_checkpoint_step),
-                  str(j.restarts), ",".join(j.workers), ",".join(j.pilot_jobs) or ("-" if j.workers else ""),
-                  ",".join(j.interleaved_with), sized,
-                  escape(j.message))
-    Console().print(t)
+    print(jobs_table(rows, output == "wide", terminal_width()))
 
 
 def cancel(
-    job_id: str = typer.Argument(...),
+    job_ids: list[str] = typer.Argument(..., help="job ids"),
     controller: str = _CONTROLLER,
     address_file: Path = _ADDRESS_FILE,
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
 ) -> None:
-    """Cancel a job: a running one checkpoints and stops."""
+    """Cancel jobs: a running one checkpoints and stops. Exit status 1 when any was not cancelled."""
     from hpcsched.runtime.client import ClientError
 
+    failed = 0
     try:
-        r = _client(controller, address_file, token_file, tls_ca).cancel(job_id)
+        c = _client(controller, address_file, token_file, tls_ca)
+        for job_id in job_ids:
+            r = c.cancel(job_id)
+            print(f"{job_id}: {r.message}")
+            failed += not r.cancelled
     except ClientError as e:
         _fail(e)
-    print(f"{job_id}: {r.message}")
-    if not r.cancelled:
+    if failed:
         raise typer.Exit(1)
 
 
@@ -250,19 +309,23 @@ def workers(
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
     as_json: bool = typer.Option(False, "--json", help="one object per worker (keys: the WorkerInfo fields)"),
+    output: str = _OUTPUT,
+    sort: str = typer.Option("id", "--sort", help="id, state, used, host"),
+    reverse: bool = typer.Option(False, "--reverse", help="sort the other way"),
     nodes: bool = typer.Option(False, "--nodes", help="the Slurm nodes the controller sees instead (node_source "
                                "slurm): what each does for it (a pilot) or why it is not used"),
 ) -> None:
-    """List the workers the controller knows: slots, GPUs and their type, liveness.
+    """List the workers the controller knows: state, slots in use, GPUs and their type, pilot, host.
 
-    Which workers are harvested pilots (node_source slurm: their Slurm job, node and state); ``--nodes``: the
-    Slurm nodes the controller sees instead, with what each does for it or why it is not used."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
+    Which workers are harvested pilots (node_source slurm: their Slurm job, node and state, on one line);
+    ``--nodes``: the Slurm nodes the controller sees instead, with what each does for it or why it is not used."""
     from hpcsched.runtime.client import ClientError
+    from hpcsched.runtime.tables import terminal_width
+    from hpcsched.runtime.views import WORKER_SORTS, dump, nodes_table, sort_workers, workers_table
 
+    output = _output(output, as_json)
+    if sort not in WORKER_SORTS:
+        raise InputError("--sort", f"unknown key {sort!r}; expected one of {', '.join(WORKER_SORTS)}")
     try:
         c = _client(controller, address_file, token_file, tls_ca)
         if nodes:
@@ -273,8 +336,14 @@ def workers(
         _fail(e)
     if nodes:
         listed = [{"node": n.node, "use": n.use, "slurm_job_id": n.slurm_job_id} for n in reply.nodes]
-        if as_json:
-            print(json.dumps({"node_source": reply.node_source, "time": reply.nodes_time, "nodes": listed}, indent=1))
+        if output in ("json", "yaml"):
+            data = {"node_source": reply.node_source, "time": reply.nodes_time, "nodes": listed}
+            if output == "yaml":
+                import yaml
+
+                print(yaml.safe_dump(data, sort_keys=False).rstrip())
+            else:
+                print(json.dumps(data, indent=1))
             return
         if reply.node_source != "slurm":
             print(f"node source {reply.node_source or 'static'}: workers register themselves; the controller "
@@ -285,22 +354,14 @@ def workers(
             return
         import time
 
-        t = Table("node", "pilot", "use (or why not used)",
-                  title=f"Slurm nodes as of {time.strftime('%H:%M:%S', time.localtime(reply.nodes_time))}")
-        for n in listed:
-            t.add_row(n["node"], n["slurm_job_id"] or "-", escape(n["use"]))
-        Console().print(t)
+        print(f"Slurm nodes as of {time.strftime('%H:%M:%S', time.localtime(reply.nodes_time))}")
+        print(nodes_table(reply.nodes, None if output == "wide" else terminal_width()))
         return
-    if as_json:
-        fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []  # every field, set or not
-        print(json.dumps([{k: getattr(w, k) for k in fields} for w in rows], indent=1))
+    rows = sort_workers(list(rows), sort, reverse)
+    if output in ("json", "yaml"):
+        print(dump(rows, output))
         return
-    t = Table("worker", "host", "slots", "used", "gpus", "gpu type", "alive", "harvested pilot")
-    for w in rows:
-        pilot = f"Slurm job {w.slurm_job_id} on {w.slurm_node} ({w.pilot_state.lower()})" if w.pilot else "-"
-        t.add_row(w.worker_id, w.host, str(w.slots), str(w.used), str(w.gpus), w.gpu_type or "-",
-                  "yes" if w.alive else "no", pilot)
-    Console().print(t)
+    print(workers_table(rows, output == "wide", terminal_width()))
 
 
 def profile(

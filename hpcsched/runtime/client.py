@@ -29,7 +29,21 @@ from hpcsched.runtime.rpc import pb, pb_grpc
 
 
 class ClientError(Exception):
-    """The controller refused or could not be reached; the message says which and why."""
+    """The controller refused or could not be reached; the message says which and why, ``code`` the gRPC status
+    name ('' when there was none)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# One SubmitMany call: at most this many files, jobs (array instances) and bytes of job files. A reply then comes
+# in well under a second on a busy node (a lost one is resent whole: the request ids make that safe), the request
+# stays a quarter of gRPC's 4 MiB default, and the default controller cap (max_submit_batch 10,000) is never hit
+# except by one array larger than it.
+BATCH_FILES = 500
+BATCH_JOBS = 2000
+BATCH_BYTES = 1 << 20
 
 
 def resolve_address(controller: str | None, address_file: Path | None) -> str:
@@ -80,7 +94,7 @@ class Client:
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED and code in retry:  # busy: a longer budget, a full
                     deadline = max(deadline, start + max(self.timeout, BUSY_RETRY_S))  # timeout for the next try
                 if code not in retry or time.monotonic() + pause >= deadline:
-                    raise ClientError(f"controller {self.address}: {code.name}: {e.details()}") from None
+                    raise ClientError(f"controller {self.address}: {code.name}: {e.details()}", code.name) from None
             time.sleep(pause * random.uniform(0.5, 1.5))  # spread out the retries of many clients
             pause = min(pause * 2, 1.0)
 
@@ -90,12 +104,42 @@ class Client:
         req = pb.SubmitRequest(spec_yaml=spec_yaml, source=source, request_id=request_id or uuid.uuid4().hex)
         return self._call("Submit", req, retry=_RETRY, attempt_s=max(2.0, self.timeout / 3)).job_id
 
-    def jobs(self, page_size: int = 0) -> list[pb.JobInfo]:
-        """Every job, page by page (``page_size`` 0: the controller's default page)."""
+    def submit_many(self, items: list[tuple[str, str, int]]) -> list[pb.SubmitResult]:
+        """Submit job files (spec YAML, source, jobs it makes: an array's N) in batches of at most BATCH_FILES files,
+        BATCH_JOBS jobs and BATCH_BYTES bytes, one SubmitMany call each; a result per item, in order. Each item has
+        its own request id, and a batch whose reply is lost is resent with the same ids (no job is made twice). A
+        batch the controller refuses whole gives each of its items that error; once it cannot be reached, the items
+        not sent say so."""
+        out: list[pb.SubmitResult] = []
+        stopped = ""  # why the rest is not sent (the controller cannot be reached or takes no SubmitMany from us)
+        for batch in _batches(items):
+            if stopped:
+                out += [pb.SubmitResult(error=stopped) for _ in batch]
+                continue
+            req = pb.SubmitManyRequest(jobs=[pb.SubmitRequest(spec_yaml=y, source=src, request_id=uuid.uuid4().hex)
+                                             for y, src, _ in batch])
+            try:
+                reply = self._call("SubmitMany", req, retry=_RETRY, attempt_s=max(5.0, self.timeout / 2))
+                out += reply.results
+            except ClientError as e:
+                if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "UNAUTHENTICATED",
+                              "PERMISSION_DENIED"):
+                    stopped = f"not sent: {e}"
+                # No answer in time: this batch may be stored (its reply lost), the later ones are not sent.
+                maybe = f"not confirmed (see `hpcsched jobs` before resubmitting): {e}"
+                out += [pb.SubmitResult(error=maybe if e.code == "DEADLINE_EXCEEDED" else stopped or str(e))
+                        for _ in batch]
+        return out
+
+    def jobs(self, page_size: int = 0, states: tuple[str, ...] = (), owner: str = "", name: str = ""
+             ) -> list[pb.JobInfo]:
+        """Every job, page by page (``page_size`` 0: the controller's default page); only those in ``states``, of
+        ``owner``, named ``name`` (a glob with * or ?) when given: the controller filters."""
         out: list[pb.JobInfo] = []
         token = ""
         while True:
-            reply = self._call("ListJobs", pb.ListJobsRequest(page_size=page_size, page_token=token))
+            reply = self._call("ListJobs", pb.ListJobsRequest(page_size=page_size, page_token=token, states=states,
+                                                              owner=owner, name=name))
             out += reply.jobs
             token = reply.next_page_token
             if not token:
@@ -121,3 +165,21 @@ class Client:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _batches(items: list[tuple[str, str, int]]) -> list[list[tuple[str, str, int]]]:
+    """Consecutive runs of ``items`` within the batch bounds (an item over them alone is a batch of its own)."""
+    out: list[list[tuple[str, str, int]]] = []
+    cur: list[tuple[str, str, int]] = []
+    jobs = size = 0
+    for it in items:
+        n, b = it[2], len(it[0]) + len(it[1]) + 48
+        if cur and (len(cur) >= BATCH_FILES or jobs + n > BATCH_JOBS or size + b > BATCH_BYTES):
+            out.append(cur)
+            cur, jobs, size = [], 0, 0
+        cur.append(it)
+        jobs += n
+        size += b
+    if cur:
+        out.append(cur)
+    return out

@@ -44,6 +44,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX: what execve and every
 GPU_TYPE = re.compile(r"[a-z0-9][a-z0-9_.+-]{0,31}")
 MAX_GPU_TYPES = 16  # types one job may accept
 MAX_MODEL_CHARS = 128
+MAX_ARRAY = 100_000  # instances of one job array (a controller's max_submit_batch may allow fewer per call)
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~20x faster, same errors and marks
 
@@ -256,6 +257,8 @@ class ControllerConfig:
     admin_token: str | None = None  # every RPC
     user_tokens: dict[str, str] = field(default_factory=dict)  # more users, name -> token: their jobs are theirs
     own_jobs_only: bool = False  # a user lists and cancels only the jobs they submitted (admins: all)
+    max_pending_per_user: int = 250_000  # a submit past it is refused with the count (0: no limit)
+    max_submit_batch: int = 10_000  # jobs in one SubmitMany call, array instances counted
     backup_dir: Path | None = None  # periodic online copies of the state (recovery from a damaged one)
     backup_interval_s: float = 3600.0
     backup_keep: int = 24
@@ -299,6 +302,7 @@ CONTROLLER_KEYS = {
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
     "node_source", "slurm", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
     "state_min_free", "retry_backoff_s", "retry_backoff_max_s",
+    "max_pending_per_user", "max_submit_batch",
 }
 EXECUTORS = ("decide", "rounds")
 ROUND_KEYS = ("hetero_policy", "round_s", "round_reset_s", "throughputs")  # read by the rounds executor only
@@ -373,6 +377,8 @@ def _controller_config(path: str | Path) -> ControllerConfig:
                                doc.source),
         user_tokens=_user_tokens(doc, base),
         own_jobs_only=doc.get("own_jobs_only", bool, False),
+        max_pending_per_user=doc.non_negative("max_pending_per_user", int, 250_000),
+        max_submit_batch=doc.positive("max_submit_batch", int, 10_000),
         backup_dir=doc.path("backup_dir", base, None),
         backup_interval_s=doc.positive("backup_interval_s", float, 3600.0),
         backup_keep=doc.positive("backup_keep", int, 24),
@@ -551,6 +557,7 @@ class JobSpec:
     profile: tuple[float, float, float] | None = None  # declared stage seconds (data, compute, comm) per step
     gpu_types: tuple[str, ...] = ()  # GPU types it accepts (``gpu_type:``, one or a list); empty: any
     model: str | None = None  # what it trains, as Gavel's throughput table names it (throughput-aware placement)
+    array: int | None = None  # ``array: N``: the file stands for N jobs (``submission.array_instances``); never stored
 
     @property
     def elastic(self) -> bool:
@@ -558,7 +565,7 @@ class JobSpec:
 
 
 JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env", "scaling",
-            "profile", "gpu_type", "model"}
+            "profile", "gpu_type", "model", "array"}
 SCALING_KEYS = {"procs", "rates", "resize_s"}
 PROFILE_KEYS = ("data_s", "compute_s", "comm_s")
 
@@ -806,6 +813,7 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
         **_profile(doc),
         gpu_types=_gpu_types(doc),
         model=_model(doc),
+        array=doc.integer("array", None, 1, MAX_ARRAY, "instances of one job array"),
     )
 
 
@@ -862,6 +870,8 @@ def job_spec_yaml(spec: JobSpec) -> str:
         doc["gpu_type"] = list(spec.gpu_types)
     if spec.model is not None:
         doc["model"] = spec.model
+    if spec.array is not None:
+        doc["array"] = spec.array
     # ASCII only: every other character escaped, as YAML would otherwise read some back changed (a raw U+0085 is
     # a line break to a YAML reader, folded into a space).
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=False, width=1 << 30)

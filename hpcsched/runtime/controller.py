@@ -50,10 +50,11 @@ from hpcsched.runtime.lifecycle import (
     next_state,
     retry_delay,
 )
-from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, Listing, every_page, wall
+from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, JobFilter, Listing, every_page, wall
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
+from hpcsched.runtime.submission import Item, LimitExceeded, parse_items, pending_refusal, store_items
 
 log = logging.getLogger("hpcsched.runtime.controller")
 
@@ -376,15 +377,33 @@ class Controller:
         if len(request_id) > MAX_REQUEST_ID_CHARS or not request_id.isprintable():
             raise InputError(src, f"request id: at most {MAX_REQUEST_ID_CHARS} printable characters")
         spec = parse_job_spec(spec_yaml, src)
+        if spec.array is not None:  # N jobs cannot answer as one id: a client that sends arrays uses SubmitMany
+            raise InputError(src, "array: a job array is submitted with SubmitMany (`hpcsched submit` does)")
         with self.lock:
             earlier = self.store.job_for_request(request_id) if request_id else None
             if earlier is not None:
                 log.info("job %s: submit retried (request %s): not stored again", earlier, request_id)
                 return earlier, True
+            limit = self.cfg.max_pending_per_user
+            if limit and (pending := self.store.pending_count(owner)) + 1 > limit:
+                raise LimitExceeded(pending_refusal(owner, pending, limit, 1))
             job_id = self.store.add_job(spec, time.time(), request_id or None, owner)
         log.info("job %s submitted (%s, %d procs)", job_id, spec.name, spec.procs)
         self.wakeup.set()
         return job_id, False
+
+    def submit_many(self, requests: list, owner: str = "") -> list[Item]:
+        """Many job files in one call (``submission``): each validated and answered on its own, the valid ones
+        stored in one transaction under the lock; parsing (the costly part) is done before taking it."""
+        items = parse_items(requests, self.cfg.max_submit_batch)
+        if any(not i.error for i in items):
+            with self.lock:
+                stored = store_items(self.store, items, owner, self.cfg.max_pending_per_user, time.time())
+            if stored:
+                log.info("%d jobs submitted in one batch of %d files (%d refused)", stored, len(items),
+                         sum(1 for i in items if i.error))
+                self.wakeup.set()
+        return items
 
     def cancel(self, job_id: str, owner: str | None = None) -> tuple[bool, str]:
         """Cancel a job; with ``owner``, only a job that user submitted (``own_jobs_only``: others' are not
@@ -676,11 +695,13 @@ class Controller:
         """Every worker (all pages of ``workers_page``)."""
         return every_page(lambda token: self.workers_page(page_token=token))
 
-    def jobs_page(self, page_size: int = 0, page_token: str = "", owner: str | None = None
-                  ) -> tuple[list[pb.JobInfo], str]:
+    def jobs_page(self, page_size: int = 0, page_token: str = "", owner: str | None = None,
+                  filters: pb.ListJobsRequest | None = None) -> tuple[list[pb.JobInfo], str]:
         """One page of jobs (``listing.Listing.jobs_page``), read beside the lock: heartbeats never wait for it.
-        ``sizing`` and the group cache are replaced whole by the scheduling thread, never changed in place."""
-        return self.listing.jobs_page(page_size, page_token, owner, self.sizing, self._groups)
+        ``sizing`` and the group cache are replaced whole by the scheduling thread, never changed in place.
+        ``filters``: a request's states / owner / name (``listing.JobFilter``)."""
+        return self.listing.jobs_page(page_size, page_token, owner, self.sizing, self._groups,
+                                      JobFilter.of(filters) if filters is not None else None)
 
     def workers_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.WorkerInfo], str]:
         """One page of workers (``listing.Listing.workers_page``); the lock is held only to copy who is alive."""

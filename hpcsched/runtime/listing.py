@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.config import MAX_NAME_CHARS
@@ -29,6 +31,38 @@ QUERY_WAIT_S = 5.0
 MAX_MESSAGE_CHARS = 500  # a job's message (a failure reason from a worker, a waiting note): one bounded line
 MAX_TOKEN_CHARS = 129  # a page token: a kind letter and a worker id (at most 128 characters, controller.py)
 _INT64_MAX = 2**63 - 1
+
+
+STATES = ("pending", "running", "stopping", "completed", "failed", "cancelled")
+_GLOB = re.compile(r"[*?]")
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a listing shows (``ListJobsRequest`` fields 3-5), checked: a state that does not exist or a name
+    longer than any job's is an InputError naming the field, not an empty listing that looks like no jobs."""
+
+    states: tuple[str, ...] = ()
+    owner: str | None = None
+    name: str | None = None  # exact, or a pattern (``glob``): * and ? are wildcards, every other character itself
+    glob: bool = False
+
+    @classmethod
+    def of(cls, req: pb.ListJobsRequest) -> JobFilter:
+        bad = [s for s in req.states if s not in STATES]
+        if bad:
+            shown = "".join(c if c.isprintable() else "?" for c in bad[0][:40])
+            raise InputError("states", f"no job state {shown!r}; states are {', '.join(STATES)}")
+        if len(req.owner) > 64 or len(req.name) > 4 * MAX_NAME_CHARS:
+            raise InputError("owner" if len(req.owner) > 64 else "name", "longer than any job's")
+        glob = bool(_GLOB.search(req.name))
+        # In SQLite's GLOB '[' opens a character class; a job array's names hold brackets (name[3]): literal here.
+        name = req.name.replace("[", "[[]") if glob else req.name
+        return cls(tuple(req.states), req.owner or None, name or None, glob)
+
+    @property
+    def empty(self) -> bool:
+        return not self.states and self.owner is None and self.name is None
 
 
 class Busy(Exception):
@@ -67,14 +101,21 @@ class Listing:
                 self._waiting -= 1
 
     def jobs_page(self, page_size: int, page_token: str, owner: str | None, sizing: dict[str, str],
-                  known_groups: dict[str, str]) -> tuple[list[pb.JobInfo], str]:
+                  known_groups: dict[str, str], filters: JobFilter | None = None) -> tuple[list[pb.JobInfo], str]:
         """One page of jobs in submit order, and the token of the next page ('' after the last): at most
-        ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. ``sizing``: how the MILP
-        sized each job last; ``known_groups``: the controller's task -> co-location key cache (read only)."""
+        ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. ``owner``: the only owner
+        this caller may see (None: all); ``filters``: what the caller asked to see. ``sizing``: how the MILP sized
+        each job last; ``known_groups``: the controller's task -> co-location key cache (read only)."""
         after = page_after(page_token, "j", int)
         limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
+        f = filters or JobFilter()
+        if owner is not None and f.owner is not None and f.owner != owner:
+            return [], ""  # own_jobs_only: another user's jobs are not this caller's to see
         with self.query() as rd:
-            jobs = rd.jobs_page(after, limit + 1, owner)
+            if f.empty:
+                jobs = rd.jobs_page(after, limit + 1, owner)
+            else:
+                jobs = rd.jobs_filtered(after, limit + 1, f.states, f.owner or owner, f.name, f.glob)
             allocs = rd.allocations()
         _, groups, _, _ = slot_use(allocs, known_groups)
         where: dict[str, list[str]] = {}
@@ -96,6 +137,7 @@ class Listing:
                 last_resize_s=j.last_resize_s or 0, restarts=j.restarts, group=groups.get(j.id, ""),
                 interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
                 sizing=sizing.get(j.id, ""), uid=j.uid or "", owner=j.owner or "",
+                target_procs=j.target_procs, min_procs=j.spec.min_procs, max_procs=j.spec.max_procs,
             )
             size += info.ByteSize() + 8  # + the field's tag and length
             if out and size > MAX_REPLY_BYTES:

@@ -46,6 +46,7 @@ from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.pilots import ControllerDemand, PilotManager, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.submission import LimitExceeded
 
 log = logging.getLogger("hpcsched.runtime.server")
 
@@ -97,7 +98,7 @@ def _timed(method):
     (a bad request: it names the field), Refused -> FAILED_PRECONDITION (another daemon holds the worker's name),
     Busy -> RESOURCE_EXHAUSTED (too many queries at once: retry), a SQLite error -> RESOURCE_EXHAUSTED when its
     disk is full, else UNAVAILABLE, logged once per cause and interval (``ratelimit``) instead of gRPC's traceback
-    per failed call."""
+    per failed call, LimitExceeded -> RESOURCE_EXHAUSTED (a per-user limit: the message says which)."""
     @functools.wraps(method)
     def wrapper(self, request, context):
         t0 = time.perf_counter()
@@ -109,6 +110,8 @@ def _timed(method):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except Busy as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"controller busy with queries: {e}")
+        except LimitExceeded as e:  # a per-user quota: the client does not retry it
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except sqlite3.Error as e:  # one line per cause and interval, not a traceback per call (a full disk)
             if is_disk_full(e):
                 self.store_errors.error("disk full", "cannot write the state %s: its disk is full (%s); refusing "
@@ -159,8 +162,15 @@ class _Service(pb_grpc.ControllerServicer):
         return pb.SubmitReply(job_id=job_id, duplicate=duplicate)
 
     @_timed
+    def SubmitMany(self, request, context):
+        items = self.ctl.submit_many(list(request.jobs), owner=self._who(context)[1])
+        return pb.SubmitManyReply(results=[pb.SubmitResult(job_ids=i.job_ids, duplicate=i.duplicate, error=i.error)
+                                           for i in items])
+
+    @_timed
     def ListJobs(self, request, context):
-        jobs, token = self.ctl.jobs_page(request.page_size, request.page_token, owner=self._owner_filter(context))
+        jobs, token = self.ctl.jobs_page(request.page_size, request.page_token, owner=self._owner_filter(context),
+                                         filters=request)
         if self.pilots is not None:
             mark_pilot_jobs(jobs, self.pilots)
         return pb.ListJobsReply(jobs=jobs, next_page_token=token)

@@ -77,7 +77,16 @@ CREATE INDEX IF NOT EXISTS jobs_seq ON jobs(seq);
 _ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"), ("jobs", "owner", "TEXT"),
                   ("workers", "gpu_type", "TEXT NOT NULL DEFAULT ''"))  # '': registered before workers had types
 _ADDED_INDEXES = "CREATE UNIQUE INDEX IF NOT EXISTS jobs_request ON jobs(request_id) WHERE request_id IS NOT NULL;"
+# What the listing filters and the per-user pending count read (``jobs_filtered``, ``pending_count``): each page
+# of a filtered listing is a range of one index, whatever the number of jobs.
+_FILTER_INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_state_seq ON jobs(state, seq);
+CREATE INDEX IF NOT EXISTS jobs_owner_state_seq ON jobs(owner, state, seq);
+CREATE INDEX IF NOT EXISTS jobs_owner_seq ON jobs(owner, seq);
+CREATE INDEX IF NOT EXISTS jobs_name_seq ON jobs(name, seq);
+"""
 MAX_REQUEST_ID_CHARS = 128
+_IN_CHUNK = 500  # values in one SQL ``IN (...)``
 
 ACTIVE = ("pending", "running", "stopping")
 FINAL = ("completed", "failed", "cancelled")
@@ -219,6 +228,7 @@ class Store:
             if col not in have:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {kind}")
         self.db.executescript(_ADDED_INDEXES)
+        self.db.executescript(_FILTER_INDEXES)
 
     def reader(self) -> Store:
         """A connection of its own that only reads (WAL: it sees the last commit and never blocks the owner's
@@ -304,6 +314,61 @@ class Store:
             )
             self._event(now, job_id, "submit", {"procs": spec.procs})
         return job_id
+
+    def add_jobs(self, jobs: list[tuple[JobSpec, str | None]], now: float, owner: str = "") -> list[str]:
+        """Store new pending jobs (spec, request id) in ONE transaction, as ``add_job`` each: a batch of 1,000 costs
+        one commit (one WAL fsync at most) instead of 1,000. Ids are consecutive, in the order given."""
+        if not jobs:
+            return []
+        with self.tx():
+            first = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
+            rows, events, ids = [], [], []
+            for k, (spec, request_id) in enumerate(jobs):
+                seq = first + k
+                job_id = f"j{seq:04d}"
+                ids.append(job_id)
+                rows.append((job_id, seq, spec.name, _spec_to_json(spec), "pending", spec.procs, now, uuid.uuid4().hex,
+                             request_id or None, owner))
+                events.append((now, job_id, "submit", json.dumps({"procs": spec.procs})))
+            self.db.executemany(
+                "INSERT INTO jobs (id, seq, name, spec, state, target_procs, submit_time, uid, request_id, owner) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            self.db.executemany("INSERT INTO events VALUES (?,?,?,?)", events)
+        return ids
+
+    def jobs_for_requests(self, request_ids: list[str]) -> dict[str, str]:
+        """request id -> the job an earlier submit with it created, for those of ``request_ids`` seen before."""
+        out: dict[str, str] = {}
+        for k in range(0, len(request_ids), _IN_CHUNK):
+            chunk = request_ids[k:k + _IN_CHUNK]
+            q = f"SELECT request_id, id FROM jobs WHERE request_id IN ({','.join('?' * len(chunk))})"
+            out.update(self.db.execute(q, chunk).fetchall())
+        return out
+
+    def pending_count(self, owner: str) -> int:
+        """Pending jobs of one submitter (an index range: cheap at 100,000 jobs)."""
+        return self.db.execute("SELECT count(*) FROM jobs WHERE owner = ? AND state = 'pending'",
+                               (owner,)).fetchone()[0]
+
+    def jobs_filtered(self, after_seq: int, limit: int, states: tuple[str, ...] = (), owner: str | None = None,
+                      name: str | None = None, glob: bool = False) -> list[JobRow]:
+        """A page as ``jobs_page``, only jobs in ``states`` (any when empty), of ``owner``, named ``name`` (a GLOB
+        pattern when ``glob``). Each state is read as its own index range (state, seq) and the ranges merged:
+        ``state IN (...)`` would sort every match after ``after_seq`` before the LIMIT."""
+        where, args = " WHERE seq > ?", [after_seq]
+        if owner is not None:
+            where += " AND owner = ?"
+            args.append(owner)
+        if name is not None:
+            where += " AND name GLOB ?" if glob else " AND name = ?"
+            args.append(name)
+        if not states:
+            return self._jobs(where, tuple(args), limit)
+        rows: list[JobRow] = []
+        for state in dict.fromkeys(states):
+            rows += self._jobs(where + " AND state = ?", (*args, state), limit)
+        rows.sort(key=lambda j: j.seq)
+        return rows[:limit]
 
     def job_for_request(self, request_id: str) -> str | None:
         """The job an earlier submit with this client-made key created, if any (a retried submit)."""
