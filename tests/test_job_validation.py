@@ -354,7 +354,7 @@ def test_job_larger_than_every_worker_says_so(tmp_path: Path) -> None:
         wait_for("the small job to complete", lambda: [j for j in c.jobs() if j.job_id == small
                                                        and j.state == "completed"], 120)
         assert {j.job_id: j.state for j in c.jobs()}[big] == "pending"
-        assert want in _cli(address, "jobs").stdout
+        assert want in _cli(address, "jobs", "-o", "wide").stdout  # the message is a wide column
     finally:
         c.close()
         for p in reversed(procs):

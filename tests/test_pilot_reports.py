@@ -184,14 +184,14 @@ def test_workers_and_jobs_show_pilots_and_why_nodes_are_unused(tmp_path: Path) -
                 rows[f"pilot-{p1}"]["pilot_state"]) == (True, p1, "n1", "RUNNING")
         assert (rows["static1"]["pilot"], rows["static1"]["slurm_job_id"]) == (False, "")
         table = _cli("workers", "--controller", addr)
-        assert f"Slurm job {p1} on n1 (running)" in table and "harvested pilot" in table
+        assert f"{p1}@n1 running" in table and "PILOT" in table  # Slurm job @ node, its state: one line
         nodes = json.loads(_cli("workers", "--controller", addr, "--nodes", "--json"))
         assert nodes["node_source"] == "slurm" and nodes["time"] > 0
         by_node = {n["node"]: n for n in nodes["nodes"]}
         assert by_node["n1"]["slurm_job_id"] == p1 and by_node["n1"]["use"].startswith(f"pilot {p1} (running, worker")
         assert by_node["n2"]["slurm_job_id"] == p2 and "pending" in by_node["n2"]["use"]
         assert by_node["n3"]["use"].startswith("idle, not needed") and by_node["n3"]["slurm_job_id"] == ""
-        assert "why not used" in _cli("workers", "--controller", addr, "--nodes")
+        assert "WHY NOT USED" in _cli("workers", "--controller", addr, "--nodes")
         (job,) = json.loads(_cli("jobs", "--controller", addr, "--json"))
         assert job["job_id"] == jid and job["pilot_jobs"] == [p1]
         # the pilot leaves Slurm: its worker is still named a pilot (state GONE)

@@ -77,6 +77,7 @@ class Client:
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(token)
         self.timeout = timeout
+        self.stopped = ""  # why no more submits are sent (set by submit_many: the controller is not there for them)
 
     def _call(self, method: str, request, retry: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.RESOURCE_EXHAUSTED,),
               attempt_s: float | None = None):
@@ -109,10 +110,11 @@ class Client:
         BATCH_JOBS jobs and BATCH_BYTES bytes, one SubmitMany call each; a result per item, in order. Each item has
         its own request id, and a batch whose reply is lost is resent with the same ids (no job is made twice). A
         batch the controller refuses whole gives each of its items that error; once it cannot be reached, the items
-        not sent say so."""
+        not sent (in this call and later ones: ``stopped``) say so. Safe to call from another thread than the one
+        preparing the next items (``hpcsched submit`` overlaps the two)."""
         out: list[pb.SubmitResult] = []
-        stopped = ""  # why the rest is not sent (the controller cannot be reached or takes no SubmitMany from us)
         for batch in _batches(items):
+            stopped = self.stopped
             if stopped:
                 out += [pb.SubmitResult(error=stopped) for _ in batch]
                 continue
@@ -124,7 +126,7 @@ class Client:
             except ClientError as e:
                 if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "UNAUTHENTICATED",
                               "PERMISSION_DENIED"):
-                    stopped = f"not sent: {e}"
+                    stopped = self.stopped = f"not sent: {e}"
                 # No answer in time: this batch may be stored (its reply lost), the later ones are not sent.
                 maybe = f"not confirmed (see `hpcsched jobs` before resubmitting): {e}"
                 out += [pb.SubmitResult(error=maybe if e.code == "DEADLINE_EXCEEDED" else stopped or str(e))

@@ -874,4 +874,6 @@ def job_spec_yaml(spec: JobSpec) -> str:
         doc["array"] = spec.array
     # ASCII only: every other character escaped, as YAML would otherwise read some back changed (a raw U+0085 is
     # a line break to a YAML reader, folded into a space).
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=False, width=1 << 30)
+    # libyaml's emitter when present (5x faster: `hpcsched submit` of 10,000 files writes 10,000 of these), same text.
+    return yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, allow_unicode=False,
+                     width=1 << 30)
