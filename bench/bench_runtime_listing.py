@@ -15,6 +15,11 @@ beforehand with N jobs (90% completed, 10% pending: a controller with history), 
    10k jobs, 40 listings, heartbeat p99 < 200 ms, no worker re-registers.
 
     .venv/bin/python bench/bench_runtime_listing.py [--jobs 1000,10000] [--listers 40] [--seconds 20]
+    .venv/bin/python bench/bench_runtime_listing.py --jobs 100000 --listers 0 --repeat 3 --filters
+
+3. ``--filters``: one page (500 rows) of each filter in FILTERS (``hpcsched jobs -t/-u/-n``), from the start and
+   from the middle of the job table, timed as RPCs; the filters are served by index ranges, so a page costs about
+   the same at 100,000 jobs as at 1,000 (except an unanchored name pattern, which scans).
 
 Runs against whatever tree it sits in (``ROOT``), so the same file measures the code before a change from a
 copy of the old tree (``git archive``).
@@ -47,20 +52,57 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def _fill_state(path: Path, n: int) -> None:
-    """N jobs, 90% completed and 10% pending, written through the store as the controller would have."""
+    """N jobs, 90% completed and 10% pending, of ten users (user0..user9), written through the store as the
+    controller would have (in batches of 5,000: 100,000 single inserts took minutes on a loaded node)."""
     from hpcsched.runtime.config import parse_job_spec
     from hpcsched.runtime.store import Store
 
     st = Store(path)
     now = time.time()
-    for i in range(n):
-        spec = parse_job_spec(f"name: bench-job-{i:05d}-resnet50-lr0.1\ncommand: [workloads/ddp_train.py, --model, cnn]"
-                              "\nprocs: 2\nsteps: 400\n", "bench.yaml")
-        jid = st.add_job(spec, now - n + i)
-        if i % 10:
-            st.update_job(jid, state="completed", steps_done=400, end_time=now, message="done", last_loss=0.5,
-                          first_loss=2.3)
+    for k in range(0, n, 5000):
+        specs = [(parse_job_spec(f"name: bench-job-{i:05d}-resnet50-lr0.1\ncommand: [workloads/ddp_train.py, --model, "
+                                 "cnn]\nprocs: 2\nsteps: 400\n", "bench.yaml"), None)
+                 for i in range(k, min(n, k + 5000))]
+        st.add_jobs(specs, now)
+    with st.tx():  # submit times one second apart, owners round-robin, 9 in 10 completed
+        st.db.execute("UPDATE jobs SET submit_time = ? + seq, owner = 'user' || (seq % 10)", (now - n - 1,))
+        st.db.execute("UPDATE jobs SET state = 'completed', steps_done = 400, end_time = ?, message = 'done', "
+                      "last_loss = 0.5, first_loss = 2.3 WHERE (seq - 1) % 10 != 0", (now,))
     st.close()
+
+
+FILTERS = {  # name -> ListJobsRequest fields: what `hpcsched jobs -t/-u/-n` sends
+    "none": {},
+    "state=pending": {"states": ["pending"]},
+    "state=pending,failed": {"states": ["pending", "failed"]},
+    "user=user3": {"owner": "user3"},
+    "user=user1,state=pending": {"owner": "user1", "states": ["pending"]},
+    "name=exact": {"name": "bench-job-04242-resnet50-lr0.1"},
+    "name=prefix*": {"name": "bench-job-042*"},
+    "name=*infix*": {"name": "*-0424?-*"},
+}
+
+
+def _filtered_pages(address: str, n: int, repeat: int) -> dict:
+    """Per filter: the first page's and a page from the middle's RPC time (median of ``repeat``), and rows."""
+    from hpcsched.runtime.auth import metadata, open_channel
+    from hpcsched.runtime.rpc import pb, pb_grpc
+
+    stub, md = pb_grpc.ControllerStub(open_channel(address)), metadata(TOKEN)
+    out = {}
+    for label, kw in FILTERS.items():
+        row = {}
+        for where, token in (("first", ""), ("middle", f"j{n // 2}")):
+            times, rows = [], 0
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                reply = stub.ListJobs(pb.ListJobsRequest(page_token=token, **kw), metadata=md, timeout=60)
+                times.append(time.perf_counter() - t0)
+                rows = len(reply.jobs)
+            row[f"{where}_ms"] = round(statistics.median(times) * 1e3, 1)
+            row[f"{where}_rows"] = rows
+        out[label] = row
+    return out
 
 
 def _start_controller(d: Path) -> tuple[subprocess.Popen, str]:
@@ -177,6 +219,8 @@ def run(n: int, args: argparse.Namespace) -> dict:
             out: dict = {"jobs": n, "fill_s": round(fill_s, 1),
                          "list_p50_ms": round(statistics.median(listings) * 1e3, 1),
                          "list_max_ms": round(max(listings) * 1e3, 1), "rpcs_per_listing": rpcs}
+            if args.filters:
+                out["filtered_pages"] = _filtered_pages(address, n, args.repeat)
             if args.listers:
                 stop = threading.Event()
                 t_listing: list[float] = []
@@ -239,6 +283,8 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.25, help="seconds between one worker's heartbeats")
     ap.add_argument("--quiet-s", type=float, default=5.0, help="heartbeats alone before the listings")
     ap.add_argument("--seconds", type=float, default=20.0, help="how long the listers list")
+    ap.add_argument("--filters", action="store_true", help="also time filtered pages (state, user, name: FILTERS), "
+                    "the first and one from the middle")
     args = ap.parse_args()
     load_at = {int(x) for x in args.load_at.split(",") if x}
     for n in (int(x) for x in args.jobs.split(",")):
