@@ -49,7 +49,7 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     assert r["tasks"]["tasks_done"] >= 40  # a job across two workers ends with a task on each
 
     assert r["controller"]["cpu_s"] > 0 and r["controller"]["peak_rss_mb"] > 10
-    assert "Heartbeat" in r["controller"]["rpc_handler"] and "Submit" in r["controller"]["rpc_handler"]
+    assert "Heartbeat" in r["controller"]["rpc_handler"] and r["submit_rpc"] in r["controller"]["rpc_handler"]
     assert r["harness"]["processes_reported"] == r["harness_processes"] == 1
     assert r["harness"]["leaves_said"] == 50  # every worker drained and said goodbye
     # the controller heard every goodbye: its log has a Leave per worker, and no refusal of any call

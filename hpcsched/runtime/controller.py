@@ -396,13 +396,15 @@ class Controller:
         """Many job files in one call (``submission``): each validated and answered on its own, the valid ones
         stored in one transaction under the lock; parsing (the costly part) is done before taking it."""
         items = parse_items(requests, self.cfg.max_submit_batch)
+        stored = 0
         if any(not i.error for i in items):
             with self.lock:
                 stored = store_items(self.store, items, owner, self.cfg.max_pending_per_user, time.time())
             if stored:
-                log.info("%d jobs submitted in one batch of %d files (%d refused)", stored, len(items),
-                         sum(1 for i in items if i.error))
                 self.wakeup.set()
+        bad = sum(1 for i in items if i.error)
+        log.info("%d jobs submitted in one batch of %d files%s", stored, len(items),
+                 f"; {bad} of them refused" if bad else "")
         return items
 
     def cancel(self, job_id: str, owner: str | None = None) -> tuple[bool, str]:
