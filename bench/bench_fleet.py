@@ -69,7 +69,8 @@ def table(r: dict) -> str:
         ("controller peak RSS", f"{ctl['peak_rss_mb']} MB"),
         ("harness CPU", f"{h['cpu_pct_total']}% of a core in all, busiest process {h['cpu_pct_max_process']}%"),
         ("harness loop lag p50/p99/max", ms(h["loop_lag"])),
-        ("leave", f"{h['leaves_said']} of {reg['registered']} workers said goodbye in {h['leave_s']} s"),
+        ("leave", f"{h['leaves_said']} of {reg['registered']} workers said goodbye in {h['leave_s']} s; "
+                  f"{h['workers_alive_after_leave']} still alive to the controller"),
         ("load start / end", f"{r['load_start']} / {r['load_end']}"),
     ]
     width = max(len(k) for k, _ in rows)

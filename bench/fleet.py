@@ -263,6 +263,17 @@ class Submitter:
             if not token:
                 return out
 
+    async def workers_alive(self) -> int:
+        """Workers the controller still counts alive (its paged ListWorkers)."""
+        alive, token = 0, ""
+        while True:
+            reply = await self.stub.ListWorkers(pb.ListWorkersRequest(page_size=1000, page_token=token), timeout=60,
+                                                metadata=self.md)
+            alive += sum(w.alive for w in reply.workers)
+            token = reply.next_page_token
+            if not token:
+                return alive
+
     async def close(self) -> None:
         await self.channel.close()
 
@@ -382,6 +393,7 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
             drain()
         for p in workers:
             p.join(timeout=10)
+        alive_after = await sub.workers_alive()  # every goodbye heard: none left alive
     finally:
         stop_controller(ctl)
         for p in workers:
@@ -406,7 +418,8 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
                       "loop_lag": _quantiles([x for s in stats.values() for x in s["loop_lag"]]),
                       "leave_s": round(max((s["leave_s"] for s in stats.values()), default=0), 1),
                       "leaves_said": sum(s["leaves_said"] for s in stats.values()),
-                      "processes_reported": len(stats)}
+                      "processes_reported": len(stats),
+                      "workers_alive_after_leave": alive_after}
     out["load_end"] = load_end
     out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if keep_dir is not None:

@@ -5,12 +5,21 @@ RPC error, and every figure the benchmark reports must be there. Deadlines come 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sqlite3
 import sys
 from pathlib import Path
 
+import grpc
+
+from hpcsched.runtime.auth import metadata
+from hpcsched.runtime.rpc import pb, pb_grpc
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from fleet import FleetOptions, run_fleet  # noqa: E402
+from fleet import TOKEN, FleetOptions, controller_config, run_fleet, start_controller, stop_controller  # noqa: E402
+from fleet_worker import ProcStats, SimOptions, SimWorker, channel_options  # noqa: E402
 
 HEARTBEAT_S = 0.5
 SCHEDULE_S = 0.2
@@ -52,7 +61,73 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     assert "Heartbeat" in r["controller"]["rpc_handler"] and r["submit_rpc"] in r["controller"]["rpc_handler"]
     assert r["harness"]["processes_reported"] == r["harness_processes"] == 1
     assert r["harness"]["leaves_said"] == 50  # every worker drained and said goodbye
-    # the controller heard every goodbye: its log has a Leave per worker, and no refusal of any call
-    log = (tmp_path / "controller" / "controller.log").read_text()
-    assert log.count(" left (") == 50, log[-2000:]
-    assert "refused" not in log
+    # and the controller heard it: two Leave calls per worker (draining, then gone), none of its workers alive after
+    assert r["controller"]["rpc_handler"]["Leave"]["calls"] == 100
+    assert r["harness"]["workers_alive_after_leave"] == 0
+
+
+def test_sim_worker_obeys_kill_with_a_checkpoint_and_resumes(tmp_path: Path) -> None:
+    """The KillTask path against a real controller: a running job is preempted by a worker's Leave (its task gets a
+    checkpointing KillTask), the simulated task writes its step and exits 0, the job goes back to pending with that
+    checkpoint, resumes from it on the other worker (``resumed_from``) and completes at exactly its steps."""
+    o = FleetOptions(heartbeat_interval_s=HEARTBEAT_S, schedule_interval_s=SCHEDULE_S, worker_timeout_s=10)
+    ctl, address = start_controller(tmp_path, controller_config(tmp_path, o))
+    iteration_s, steps = 0.05, 200  # 10 s of steps: long enough to be preempted midway
+    step_deadline = LOAD_FACTOR * (SCHEDULE_S + 2 * HEARTBEAT_S + STARTUP_S) + 10
+
+    async def scenario() -> dict:
+        ch = grpc.aio.insecure_channel(address, options=channel_options(0))
+        stub, md = pb_grpc.ControllerStub(ch), metadata(TOKEN)
+        opts = SimOptions(address, TOKEN, str(tmp_path), slots=1, iteration_s=iteration_s, startup_s=STARTUP_S)
+        stats = ProcStats()
+        a = SimWorker("wa", 0, stub, opts, stats, md)
+        run_a = asyncio.create_task(a.run(0))
+
+        async def job() -> pb.JobInfo:
+            return (await stub.ListJobs(pb.ListJobsRequest(), metadata=md)).jobs[0]
+
+        async def until(what: str, pred, timeout: float) -> pb.JobInfo:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout
+            while loop.time() < end:
+                j = await job()
+                if pred(j):
+                    return j
+                await asyncio.sleep(0.2)
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}: {await job()}")
+
+        while "wa" not in stats.first_registered_at:
+            await asyncio.sleep(0.05)
+        await stub.Submit(pb.SubmitRequest(spec_yaml=f"name: long\nlauncher: direct\nsteps: {steps}\n"
+                                           "command: [fleet-sim-task]\n", source="long.yaml"), metadata=md)
+        await until("steps on worker wa", lambda j: j.state == "running" and j.steps_done >= 20, step_deadline)
+        b = SimWorker("wb", 1, stub, opts, stats, md)
+        run_b = asyncio.create_task(b.run(0))
+        run_a.cancel()
+        await asyncio.gather(run_a, return_exceptions=True)
+        await a.leave()  # draining: its job stops with a checkpoint, then goes elsewhere
+        j = await until("the job checkpointed and back in the queue or on wb",
+                        lambda j: j.last_checkpoint_step > 0 and "wa" not in j.workers, step_deadline)
+        ckpt = j.last_checkpoint_step
+        done = await until("completion on wb", lambda j: j.state == "completed",
+                           step_deadline + LOAD_FACTOR * steps * iteration_s)
+        run_b.cancel()
+        await asyncio.gather(run_b, return_exceptions=True)
+        await b.leave()
+        await ch.close()
+        return {"ckpt": ckpt, "job": done, "stats": stats}
+
+    try:
+        got = asyncio.run(scenario())
+    finally:
+        stop_controller(ctl)
+    j, stats = got["job"], got["stats"]
+    assert 0 < got["ckpt"] < steps
+    assert j.state == "completed" and j.steps_done == steps and list(j.workers) in ([], ["wb"])
+    assert stats.tasks_checkpointed == 1 and stats.tasks_killed == 0 and stats.tasks_done == 1
+    assert stats.errors == {}, stats.error_examples
+    # the second attempt restored that checkpoint, as a training program reading its checkpoint dir does
+    db = sqlite3.connect(f"file:{tmp_path / 'run' / 'state.db'}?mode=ro", uri=True)
+    resumes = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'resume'")]
+    db.close()
+    assert [r["resumed_from"] for r in resumes] == [got["ckpt"]], resumes
