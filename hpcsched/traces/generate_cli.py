@@ -34,7 +34,7 @@ def _cluster_gpus(spec: str) -> int:
 
 
 def generate_cmd(
-    kind: str = typer.Argument(..., help="cobalt | swf | philly | gavel."),
+    kind: str = typer.Argument(..., help="cobalt | swf | philly | gavel | blox."),
     seed: int = typer.Option(..., "--seed", help="Seed: the same seed writes the same bytes."),
     out: Path = typer.Option(..., "--out", help="Output file (.gz compresses, still byte-for-byte reproducible)."),
     jobs: int | None = typer.Option(None, "--jobs", help="Jobs (cobalt: 22,500; philly: 150,000)."),
@@ -48,6 +48,10 @@ def generate_cmd(
     cores_per_node: int = typer.Option(64, "--cores-per-node", help="cobalt: cpu_num per node (Theta: 64)."),
     rate: float = typer.Option(0.5, "--rate", help="gavel: arrivals, jobs per hour (Poisson)."),
     max_scale: int = typer.Option(8, "--max-scale", help="gavel: cap on GPUs per job (1, 2, 4 or 8)."),
+    jobs_per_hour: float = typer.Option(6.0, "--jobs-per-hour", help="blox: arrivals, jobs per hour (Poisson)."),
+    cluster_job_log: Path | None = typer.Option(
+        None, "--cluster-job-log", help="blox: the Philly cluster_job_log Blox parsed, to reproduce its FIRST run's "
+                                        "stream (no pickle cache yet); without it, every later run's stream."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
@@ -63,8 +67,14 @@ def generate_cmd(
 
     gavel: Gavel's own generator (hpcsched/hetero/workload.py), in its 10-field tab trace; seed 0, 120 jobs,
     --rate 0.5 writes Gavel's trace byte for byte. Default --jobs 120.
+
+    blox: Blox's synthetic Philly-like stream (1-GPU jobs, Poisson arrivals at --jobs-per-hour), in the Tiresias
+    CSV `job_id,num_gpu,submit_time,duration`; --seed 1 is Blox's stream byte for byte. Default --jobs 1000.
     """
     kind = kind.lower()
+    if kind == "blox":
+        _generate_blox(out, seed, jobs if jobs is not None else 1000, jobs_per_hour, cluster_job_log, as_json)
+        return
     if kind == "gavel":
         _generate_gavel(out, seed, jobs if jobs is not None else 120, rate, max_scale, as_json)
         return
@@ -110,6 +120,28 @@ def _generate_gavel(out: Path, seed: int, jobs: int, rate: float, max_scale: int
     n_bytes = _written(out, lambda: write_trace(generate(jobs, rate, seed, max_scale=max_scale), out))
     _report(out, "gavel", seed, jobs, n_bytes, time.perf_counter() - t0, {"rate": rate, "max_scale": max_scale},
             as_json)
+
+
+def _generate_blox(out: Path, seed: int, jobs: int, jobs_per_hour: float, log: Path | None, as_json: bool) -> None:
+    """Blox's workload: its own random-number sequence, so its own generator (``hpcsched.traces.blox``)."""
+    import time
+
+    from hpcsched.errors import InputError
+    from hpcsched.traces.blox import count_passing, generate, write_trace
+
+    t0 = time.perf_counter()
+    try:
+        passing = count_passing(log) if log is not None else None
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if passing is not None and passing < jobs:
+        print(f"note: {log}: {passing} jobs pass Blox's filter, fewer than --jobs {jobs}: durations repeat "
+              f"every {passing} jobs, as in Blox", file=sys.stderr)
+    n_bytes = _written(out, lambda: write_trace(generate(jobs, jobs_per_hour, seed, passing), out))
+    _report(out, "blox", seed, jobs, n_bytes, time.perf_counter() - t0,
+            {"jobs_per_hour": jobs_per_hour, "cluster_job_log": str(log) if log else None,
+             "passing_jobs": passing, "pickle_cache": log is None}, as_json)
 
 
 def _written(out: Path, write: Callable[[], T]) -> T:
