@@ -3,7 +3,8 @@
 A compat mode is a name (``--compat muri``); a policy declares, in its ``PolicyHints.compat``, the loop rules
 that mode's reference used for it; the simulator's engine reads them only when that mode is on.
 ``--compat gavel`` is its own loop (``hpcsched.hetero.rounds``): Gavel's policies and round mechanism.
+``--compat blox`` is its own loop too (``hpcsched.compat.blox``): Blox's rounds, sort, placement walk and metrics.
 """
 
-MODES = ("muri", "gavel")
+MODES = ("muri", "gavel", "blox")
 """The compat modes the simulator knows."""

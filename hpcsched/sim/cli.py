@@ -20,7 +20,8 @@ TRACE_OPT = typer.Option(..., "--trace", help="DL job trace (Muri/Tiresias CSV, 
 CLUSTER_OPT = typer.Option(..., "--cluster", help="Cluster spec: Muri CSV (cluster_spec/n8g8.csv) or YAML.")
 COMPAT_OPT = typer.Option(
     None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers); 'gavel': "
-                           "Gavel's policies and round mechanism on a type=count cluster (docs/hetero.md)."
+                           "Gavel's policies and round mechanism on a type=count cluster (docs/hetero.md); 'blox': "
+                           "Blox's round loop and its fifo/srtf/optimus/las/tiresias (docs/simulator.md)."
 )
 
 
@@ -77,6 +78,15 @@ def simulate_cmd(
              "first fit), spread (one at a time on the node with most free), resource-aware (only GPUs whose "
              "node has the CPUs and memory to feed them), throughput-aware (the GPU type fastest for the job's "
              "model; the simulated nodes have no type, so here it places as consolidated)."),
+    window: str | None = typer.Option(
+        None, "--window", metavar="A-B",
+        help="Figures over the jobs with ids A..B only (Blox's --start/--stop-id-track). --compat blox stops when "
+             "they are all done; other modes run the whole trace (the window's figures are the same)."),
+    round_s: float = typer.Option(300.0, "--round-s", min=1e-9, help="With --compat blox: the round, seconds."),
+    blox_optimus_load: float | None = typer.Option(
+        None, "--blox-optimus-load", metavar="JOBS_PER_HOUR",
+        help="With --compat blox --policy optimus: reproduce Blox's bug of looking its speed-up table up by the "
+             "experiment's load (1-9 jobs/h: 5, 3, 1.4, 1.2, 1.1, then 1.0). Without it: no speed-up."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
@@ -84,10 +94,23 @@ def simulate_cmd(
     --policy srsf --out out/srsf --compat muri
     """
     _check_compat(compat)
+    win = _window(window)
+    if compat != "blox" and (round_s != 300.0 or blox_optimus_load is not None):
+        raise typer.BadParameter("only with --compat blox", param_hint="--round-s/--blox-optimus-load")
+    if compat == "blox":
+        if out is None:
+            raise typer.BadParameter("required", param_hint="--out")
+        if as_controller or restart_s is not None or solver != "highs":
+            raise typer.BadParameter("--compat blox runs Blox's own loop (no restart cost, no controller, no LP)",
+                                     param_hint="--compat")
+        _simulate_blox(trace, cluster, policy, out, as_json, win, round_s, blox_optimus_load)
+        return
     if compat == "gavel" or ("=" in str(cluster) and "/" not in str(cluster)):  # a type=count cluster string:
         # Gavel's policies and round mechanism (issue 19; ``hetero.cluster.looks_hetero``, not imported: start-up)
         from hpcsched.hetero.simulate import simulate_command  # before the simulator's imports: start-up counts
 
+        if win is not None:
+            raise typer.BadParameter("not with --compat gavel (its summary is Gavel's own)", param_hint="--window")
         simulate_command(trace, str(cluster), policy, out, as_json, solver)
         return
     if solver != "highs":
@@ -131,8 +154,17 @@ def simulate_cmd(
     except KeyError as e:
         _fail_policy(e)
     write_run(out, result)
-    summary = ({"dir": str(out)} | summarize_results(result.results, result.meta)
-               | {"events": result.events, "wall_s": result.wall_s})
+    shown = result.results
+    if win is not None:
+        from hpcsched.sim.window import in_window
+
+        try:
+            shown = in_window(result.results, win)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--window") from None
+    summary = ({"dir": str(out)} | summarize_results(shown, result.meta)
+               | {"events": result.events, "wall_s": result.wall_s}
+               | ({"window": window, "jobs_simulated": len(result.results)} if win is not None else {}))
     if anomalies:
         from hpcsched.harvest.pool import describe_rows
 
@@ -149,6 +181,37 @@ def simulate_cmd(
     how = f", decided as the controller (min_runtime_s {min_runtime_s:g})" if as_controller else ""
     _table([summary], f"hpcsched simulate {policy}: {_subject(trace, spec, compat)}{how}")
     print(f"{result.events} events in {result.wall_s:.2f} s; results in {out}")
+
+
+def _window(window: str | None) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    from hpcsched.sim.window import parse_window
+
+    try:
+        return parse_window(window)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--window") from None
+
+
+def _simulate_blox(trace: Path, cluster: Path, policy: str, out: Path, as_json: bool, win: tuple[int, int] | None,
+                   round_s: float, optimus_load: float | None) -> None:
+    """Blox's loop (``hpcsched.compat.blox``); a bad policy, option or trace is a clear error, never a traceback."""
+    from hpcsched.compat.blox_run import run_blox_command
+    from hpcsched.errors import InputError
+
+    try:
+        summary = run_blox_command(trace, cluster, policy, out, as_json, win, round_s, optimus_load)
+    except KeyError as e:
+        _fail_policy(e)
+        return
+    except (ValueError, InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if not as_json:
+        _table([summary], f"hpcsched simulate {policy}: {_subject(trace, Path(cluster), 'blox')}"
+                          + (f", window {summary['window']}" if win else ""))
+        print(f"{summary['events']} rounds in {summary['wall_s']:.2f} s; results in {out}")
 
 
 def compare_cmd(

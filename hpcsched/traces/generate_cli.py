@@ -69,11 +69,12 @@ def generate_cmd(
     --rate 0.5 writes Gavel's trace byte for byte. Default --jobs 120.
 
     blox: Blox's synthetic Philly-like stream (1-GPU jobs, Poisson arrivals at --jobs-per-hour), in the Tiresias
-    CSV `job_id,num_gpu,submit_time,duration`; --seed 1 is Blox's stream byte for byte. Default --jobs 1000.
+    CSV `job_id,num_gpu,submit_time,duration`; --seed 1 is Blox's stream byte for byte. Default --jobs 5000
+    (a --window must finish before the trace ends).
     """
     kind = kind.lower()
     if kind == "blox":
-        _generate_blox(out, seed, jobs if jobs is not None else 1000, jobs_per_hour, cluster_job_log, as_json)
+        _generate_blox(out, seed, jobs if jobs is not None else 5000, jobs_per_hour, cluster_job_log, as_json)
         return
     if kind == "gavel":
         _generate_gavel(out, seed, jobs if jobs is not None else 120, rate, max_scale, as_json)
