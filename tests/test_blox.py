@@ -88,7 +88,8 @@ def test_count_passing_applies_blox_filter(tmp_path: Path) -> None:
 @pytest.mark.parametrize("policy,load", RUNS)
 def test_compat_blox_equals_blox_per_job(tmp_path: Path, policy: str, load: str) -> None:
     trace = tmp_path / f"L{load}.csv"
-    assert _cli("trace", "generate", "blox", "--seed", "1", "--jobs-per-hour", load, "--out", str(trace)).returncode == 0
+    made = _cli("trace", "generate", "blox", "--seed", "1", "--jobs-per-hour", load, "--out", str(trace))
+    assert made.returncode == 0, made.stderr
     out = tmp_path / "run"
     args = ["simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", policy, "--compat", "blox",
             "--window", "300-500", "--out", str(out), "--json"]
