@@ -181,7 +181,7 @@ def _fast_simulate(args: list[str]) -> int | None:
         simulate_cmd(trace=Path(opts["trace"]), cluster=Path(opts["cluster"]), policy=opts["policy"],
                      out=Path(opts["out"]), as_json=as_json, compat=opts.get("compat"), restart_s=None,
                      as_controller=False, min_runtime_s=10.0, admission="accept-all", load_threshold=1.0,
-                     placement="consolidated", solver="highs", window=None, round_s=300.0,
+                     placement="consolidated", solver="auto", slowdown_factor=None, window=None, round_s=300.0,
                      blox_optimus_load=None)
     except typer.Exit as e:
         return e.exit_code

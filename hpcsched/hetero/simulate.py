@@ -100,11 +100,12 @@ def load_round_jobs(trace: str | Path) -> list[RoundJob]:
 
 def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, round_s: float = ROUND_S,
               throughputs: str | Path | None = None, out: str | Path | None = None,
-              solver: str = "highs") -> dict[str, Any]:
+              solver: str = "auto") -> dict[str, Any]:
     """Simulate ``policy`` on ``trace`` with Gavel's accounting; returns the summary ``--json`` prints.
 
     With ``out``, also writes ``jobs.csv`` and ``meta.json`` there (what ``hpcsched calc`` reads).
-    ``solver``: 'highs' (the default) or 'ecos' (Gavel's own programs and solver, ``hetero.ecos_programs``).
+    ``solver``: 'auto' (the default: 'ecos' when the cvxpy extra's ecos is installed, else 'highs' with a
+    note), 'highs', or 'ecos' (Gavel's own programs and solver, ``hetero.ecos_programs``).
     """
     from hpcsched.hetero.policies import make_policy
     from hpcsched.hetero.throughputs import load_throughputs
@@ -120,6 +121,7 @@ def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, ro
                                "(type=count)")
     table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()
     jobs = load_round_jobs(trace)
+    solver, note = resolve_solver(solver)
     try:
         pol = make_policy(policy, seed, solver=solver)
     except KeyError as e:
@@ -134,13 +136,15 @@ def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, ro
                          gpu_seconds=g, status="completed" if e is not None else "failed")
                for j, s, e, g in zip(res.jobs, res.first_start, res.end, res.gpu_seconds, strict=True)]
     meta = _meta(res, str(trace), cluster, policy, seed, round_s, spec.total_gpus) | {"lp_solver": solver}
+    if note:
+        meta["lp_solver_note"] = note
     if out is not None:
         write_results(out, results, meta)
     summary = summarize_results(results, meta)
     return ({"dir": str(out)} if out is not None else {}) | summary | {
         "policy": policy, "compat": "gavel", "rounds": res.rounds, "allocations": res.allocations,
         "gavel_total_duration": res.makespan, "gavel_avg_jct": res.avg_jct, "solver": res.solver, "lp_solver": solver,
-        "events": res.rounds, "wall_s": res.wall_s}
+        "events": res.rounds, "wall_s": res.wall_s} | ({"lp_solver_note": note} if note else {})
 
 
 def _meta(res: RoundsResult, trace: str, cluster: str, policy: str, seed: int, round_s: float,
@@ -151,7 +155,7 @@ def _meta(res: RoundsResult, trace: str, cluster: str, policy: str, seed: int, r
 
 
 def simulate_command(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool,
-                     solver: str = "highs") -> None:
+                     solver: str = "auto") -> None:
     """``hpcsched simulate`` with ``--compat gavel``: print the summary (JSON or a line), exit 2 on bad input."""
     code = _simulate(trace, cluster, policy, out, as_json, solver)
     if code:
@@ -182,15 +186,28 @@ def fast_main(argv: list[str]) -> int | None:
     if opts.get("compat") != "gavel" or not {"trace", "cluster", "policy"} <= set(opts):
         return None
     out = Path(opts["out"]) if "out" in opts else None
-    return _simulate(Path(opts["trace"]), opts["cluster"], opts["policy"], out, as_json, opts.get("solver", "highs"))
+    return _simulate(Path(opts["trace"]), opts["cluster"], opts["policy"], out, as_json, opts.get("solver", "auto"))
 
 
-SOLVERS = ("highs", "ecos")
-"""``--solver`` with ``--compat gavel``: HiGHS's interior point (default), or Gavel's own programs and solver
-(ECOS 2.0.14, the ``cvxpy`` extra; ``hpcsched.hetero.ecos_programs``), whose allocations are Gavel's."""
+SOLVERS = ("auto", "highs", "ecos")
+"""``--solver`` with ``--compat gavel``: 'auto' (default) is Gavel's own programs and solver (ECOS 2.0.14, the
+``cvxpy`` extra; ``hpcsched.hetero.ecos_programs``), whose allocations and so figures are Gavel's, when ecos is
+installed, else HiGHS's interior point; 'highs' and 'ecos' force one."""
+NO_ECOS_NOTE = ("ecos (the cvxpy extra) is not installed: the LPs are solved with HiGHS, whose choice among "
+                "equally optimal allocations can differ from Gavel's, so figures may differ from Gavel's "
+                "(pip install 'hpcsched[cvxpy]' for its exact path)")
 
 
-def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool, solver: str = "highs") -> int:
+def resolve_solver(solver: str) -> tuple[str, str | None]:
+    """'auto' -> 'ecos' when importable, else 'highs' with the note that says why figures may differ."""
+    if solver != "auto":
+        return solver, None
+    from importlib.util import find_spec
+
+    return ("ecos", None) if find_spec("ecos") is not None else ("highs", NO_ECOS_NOTE)
+
+
+def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool, solver: str = "auto") -> int:
     import json
     import sys
 
@@ -202,6 +219,9 @@ def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json:
     if solver not in SOLVERS:
         print(f"error: unknown --solver {solver!r} for --compat gavel; known: {', '.join(SOLVERS)}", file=sys.stderr)
         return 2
+    solver, note = resolve_solver(solver)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     try:
         summary = run_gavel(trace, cluster, policy, out=out, solver=solver)
     except InputError as e:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.sim.events import END, WAKE
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ class LazyAccounting:
 
     def remaining(self, j: JobRun) -> float:
         """Solo seconds left as a policy sees them (``JobView.remaining_s``)."""
-        return max(j.total - j.done, 0.0) * j.it * SOLO_FACTOR
+        return max(j.total - j.done, 0.0) * j.it * j.slow
 
     def ended(self, j: JobRun, t: float) -> None:
         """A job whose completion is due: settled, with the round-off of its last iterations forgiven."""

@@ -69,15 +69,21 @@ def simulate_cmd(
     load_threshold: float = typer.Option(1.0, "--load-threshold", min=0.0,
                                          help="With --admission load-based: the admitted load, x the GPUs."),
     solver: str = typer.Option(
-        "highs", "--solver",
-        help="With --compat gavel: the LP solver, highs (default) or ecos (Gavel's own programs and solver, ECOS "
-             "2.0.14 from the cvxpy extra, GPL-3: its allocations, so its figures, are Gavel's; docs/hetero.md)."),
+        "auto", "--solver",
+        help="With --compat gavel: the LP solver: auto (default: ecos when the cvxpy extra is installed, else highs "
+             "with a note), ecos (Gavel's own programs and solver, ECOS 2.0.14 from the cvxpy extra, GPL-3: its "
+             "allocations, so its figures, are Gavel's) or highs (docs/hetero.md)."),
     placement: str = typer.Option(
         "consolidated", "--placement",
         help="With --as-controller: where a job's GPUs go (hpcsched.placements): consolidated (fewest nodes, "
              "first fit), spread (one at a time on the node with most free), resource-aware (only GPUs whose "
              "node has the CPUs and memory to feed them), throughput-aware (the GPU type fastest for the job's "
              "model; the simulated nodes have no type, so here it places as consolidated)."),
+    slowdown_factor: float | None = typer.Option(
+        None, "--slowdown-factor", metavar="FACTOR",
+        help="A solo job's iteration period over its profiled iteration time (default 1.015, the speed model's "
+             "1.5% step overhead; 1.0 turns it off). Default mode only; meta.json says the value used, with "
+             "restart_cost (the per-model table, or --restart-s; --restart-s 0 turns restarts off)."),
     window: str | None = typer.Option(
         None, "--window", metavar="A-B",
         help="Figures over the jobs with ids A..B only (Blox's --start/--stop-id-track). --compat blox stops when "
@@ -100,7 +106,7 @@ def simulate_cmd(
     if compat == "blox":
         if out is None:
             raise typer.BadParameter("required", param_hint="--out")
-        if as_controller or restart_s is not None or solver != "highs":
+        if as_controller or restart_s is not None or solver != "auto":
             raise typer.BadParameter("--compat blox runs Blox's own loop (no restart cost, no controller, no LP)",
                                      param_hint="--compat")
         _simulate_blox(trace, cluster, policy, out, as_json, win, round_s, blox_optimus_load)
@@ -113,7 +119,7 @@ def simulate_cmd(
             raise typer.BadParameter("not with --compat gavel (its summary is Gavel's own)", param_hint="--window")
         simulate_command(trace, str(cluster), policy, out, as_json, solver)
         return
-    if solver != "highs":
+    if solver != "auto":
         raise typer.BadParameter("only with --compat gavel (Gavel's policies' programs)", param_hint="--solver")
     from hpcsched.cluster_spec import read_cluster_spec
     from hpcsched.metrics import summarize_results
@@ -126,6 +132,10 @@ def simulate_cmd(
     if as_controller and compat is not None:
         raise typer.BadParameter("--as-controller decides by the controller's rules, --compat by the reference's: "
                                  "pick one", param_hint="--as-controller")
+    if slowdown_factor is not None and (compat is not None or not (slowdown_factor > 0
+                                                                    and math.isfinite(slowdown_factor))):
+        raise typer.BadParameter("a finite factor > 0, without --compat (the references' own speed models)",
+                                 param_hint="--slowdown-factor")
     if not math.isfinite(min_runtime_s):
         raise typer.BadParameter(f"must be a finite number of seconds, got {min_runtime_s}",
                                  param_hint="--min-runtime-s")
@@ -150,7 +160,7 @@ def simulate_cmd(
     jobs, anomalies = load_jobs(trace)
     try:
         with progress_bar(f"simulate {policy}", len(jobs), wanted(as_json) and len(jobs) >= _BAR_MIN_JOBS) as cb:
-            result = run_policy(jobs, spec, policy, compat, str(trace), cb, restart_s, core)
+            result = run_policy(jobs, spec, policy, compat, str(trace), cb, restart_s, core, slowdown_factor)
     except KeyError as e:
         _fail_policy(e)
     write_run(out, result)

@@ -183,6 +183,7 @@ def simulate(
     group_factors: Mapping[int, float] | None = None,
     restart_s: float | None = None,
     as_controller: AsController | None = None,
+    slowdown: float | None = None,
 ) -> SimResult:
     """Run ``jobs`` on ``cluster`` under ``policy`` (a registry name or a Policy function).
 
@@ -197,6 +198,9 @@ def simulate(
     ``as_controller`` (default mode only) takes every decision through the shared decision core as the
     runtime's controller does (``hpcsched.sim.core_decisions``): what it knows of jobs, its hysteresis, its
     rule that running jobs are never moved to form groups; the decisions are returned (``SimResult.decisions``).
+    ``slowdown`` (default mode only) is a solo job's period over its iteration time (the solo factor,
+    1.015 unless given): the speed model's measured overhead of a training step, a named option so that a
+    comparison with a simulator that has none (Blox) can turn it off (1.0).
     ``progress(completed, total)`` is called now and then for a progress bar.
     Raises ValueError for jobs that cannot be simulated (no size or length) or a bad policy answer.
     """
@@ -206,6 +210,8 @@ def simulate(
         raise ValueError("as_controller runs the controller's rules; compat modes run the reference's: pick one")
     if restart_s is not None and not (restart_s >= 0 and math.isfinite(restart_s)):
         raise ValueError(f"restart_s must be a finite number of seconds >= 0, got {restart_s}")
+    if slowdown is not None and (compat is not None or not (slowdown > 0 and math.isfinite(slowdown))):
+        raise ValueError(f"slowdown must be a finite factor > 0 and only without compat, got {slowdown}")
     if isinstance(policy, str):
         from hpcsched.policies import get_policy
 
@@ -214,7 +220,8 @@ def simulate(
         fn = policy
     name = policy_name(fn)
     t0 = time.perf_counter()
-    eng = _Engine(jobs, cluster, fn, name, compat, progress, restart_s, as_controller)
+    eng = _Engine(jobs, cluster, fn, name, compat, progress, restart_s, as_controller,
+                  SOLO_FACTOR if slowdown is None else slowdown)
     if group_factors:
         eng.gf |= {int(k): float(f) for k, f in group_factors.items() if int(k) >= 2}
     eng.run()
@@ -230,6 +237,9 @@ def simulate(
     }
     if restart_s is not None and compat is None:  # every job's restart cost (the per-model table otherwise)
         meta["restart_s"] = restart_s
+    if compat is None:  # the speed model's two named costs, as this run used them
+        meta["slowdown_factor"] = SOLO_FACTOR if slowdown is None else slowdown
+        meta["restart_cost"] = "per-model table" if restart_s is None else restart_s
     if group_factors:  # the factors groups ran at (a size not listed takes 4's)
         meta["group_factors"] = {str(k): v for k, v in eng.gf.items()}
     if as_controller is not None:
@@ -278,6 +288,7 @@ class _Engine(Planner):
         progress: Callable[[int, int], None] | None,
         restart_s: float | None = None,
         as_controller: AsController | None = None,
+        slowdown: float = SOLO_FACTOR,
     ) -> None:
         self.compat = compat is not None
         self.gf = {k: group_factor(k) for k in range(2, 5)}  # a group's period multiplier by member count
@@ -286,7 +297,7 @@ class _Engine(Planner):
         self.rules: CompatRules = hints.compat.get(compat, CompatRules()) if compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
-        self.jobs = [JobRun(jobs[i], k, self.compat, restart_s) for k, i in enumerate(order)]
+        self.jobs = [JobRun(jobs[i], k, self.compat, restart_s, slowdown) for k, i in enumerate(order)]
         self.gpn = cluster.gpus_per_node
         self.capacity = [self.gpn] * cluster.nodes  # re-planning's view of the nodes (``core.replan``)
         self.total = cluster.gpus
@@ -507,7 +518,7 @@ class _Engine(Planner):
             placed.append((j, tuple(got)))
         for j, p in placed:
             j.warm = j.restart
-            j.period = j.it * SOLO_FACTOR
+            j.period = j.it * j.slow
             j.share = float(j.gpus)
             j.group = ()
             j.since = t
@@ -691,7 +702,7 @@ class _Engine(Planner):
                     continue
                 if not compat and (not m.running or m.place != p):
                     m.warm = m.restart
-                m.period = m.it * SOLO_FACTOR if g.period_s is None else g.period_s * SOLO_FACTOR
+                m.period = m.it * m.slow if g.period_s is None else g.period_s * m.slow
                 m.share = float(need)
                 m.charge = m.restart
                 m.group = ()

@@ -20,10 +20,11 @@ class JobRun:
         "job", "id", "idx", "submit", "gpus", "model", "total", "it", "dur", "restart",
         "done", "executed", "attained", "gpu_s", "first_start", "end", "running", "place",
         "period", "charge", "warm", "share", "group", "predicted", "view", "live", "ever_ran", "status", "since",
-        "wake", "hint", "solo", "wkey", "q", "seq",
+        "wake", "hint", "solo", "wkey", "q", "seq", "slow",
     )  # fmt: skip
 
-    def __init__(self, job: Job, idx: int, compat: bool, restart_s: float | None = None) -> None:
+    def __init__(self, job: Job, idx: int, compat: bool, restart_s: float | None = None,
+                 slowdown: float = SOLO_FACTOR) -> None:
         self.job, self.id, self.idx = job, job.id, idx
         self.gpus = job.gpus
         self.model = job.model
@@ -42,7 +43,8 @@ class JobRun:
         self.end: float | None = None
         self.running = False
         self.place: tuple[tuple[int, int], ...] | None = None
-        self.period = it * SOLO_FACTOR
+        self.slow = slowdown  # a solo job's period over its iteration time (``--slowdown-factor``)
+        self.period = it * slowdown
         self.charge = 0.0  # compat: seconds lost per event
         self.warm = 0.0  # default: restart seconds still to pay
         self.share = float(job.gpus)  # GPUs accounted to this job while running

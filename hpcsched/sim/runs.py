@@ -57,6 +57,7 @@ def run_policy(
     progress: Callable[[int, int], None] | None = None,
     restart_s: float | None = None,
     as_controller: AsController | None = None,
+    slowdown: float | None = None,
 ) -> SimResult:
     """``simulate`` with a policy name, turning an unknown name into a clear error.
 
@@ -69,7 +70,7 @@ def run_policy(
 
     get_policy(policy)
     return simulate(jobs, cluster, policy, compat, progress=progress, trace=trace, restart_s=restart_s,
-                    as_controller=as_controller)
+                    as_controller=as_controller, slowdown=slowdown)
 
 
 def write_run(out_dir: str | Path, result: SimResult) -> Path:
