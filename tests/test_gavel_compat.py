@@ -204,7 +204,7 @@ def test_cli_contract() -> None:
     assert bad.exit_code == 2 and "max-min-fairness-perf" in bad.output
     bad = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cluster", cluster, "--policy", "fifo",
                                    "--compat", "gavel", "--solver", "cplex"])
-    assert bad.exit_code == 2 and "known: highs, ecos" in bad.output
+    assert bad.exit_code == 2 and "known: auto, highs, ecos" in bad.output
 
 
 @needs_ecos
@@ -230,9 +230,34 @@ def test_cli_solver_ecos(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.exit_code == 2 and "pip install 'hpcsched[cvxpy]'" in r.output and "Traceback" not in r.output
 
 
+@needs_ecos
+def test_default_solver_is_gavels_exact_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without --solver, --compat gavel gives Gavel's figures (ECOS) where the cvxpy extra is installed; without
+    ecos it runs HiGHS and says so on stderr and in meta.json (figures may differ)."""
+    import sys
+
+    from hpcsched.cli import app
+
+    path, cluster = TRACES["A4"]
+    line = ["simulate", "--trace", str(path), "--cluster", cluster, "--compat", "gavel", "--json", "--policy",
+            "max-sum-throughput-perf", "--out"]
+    r = CliRunner().invoke(app, [*line, str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["lp_solver"] == "ecos" and "lp_solver_note" not in out
+    assert (out["avg_jct"], out["makespan"]) == (pytest.approx(GAVEL[("A4", "max-sum-throughput-perf")][0], abs=1e-3),
+                                                 pytest.approx(GAVEL[("A4", "max-sum-throughput-perf")][1], abs=1e-3))
+    monkeypatch.setitem(sys.modules, "ecos", None)  # as if the cvxpy extra were not installed
+    r = CliRunner().invoke(app, [*line, str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    assert "note: ecos (the cvxpy extra) is not installed" in r.stderr
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert meta["lp_solver"] == "highs" and "may differ" in meta["lp_solver_note"]
+
+
 def test_run_writes_results(tmp_path: Path) -> None:
     path, cluster = TRACES["A4"]
-    s = run_gavel(path, cluster, "max-sum-throughput-perf", out=tmp_path / "run")
+    s = run_gavel(path, cluster, "max-sum-throughput-perf", out=tmp_path / "run", solver="highs")
     assert (tmp_path / "run" / "jobs.csv").read_text().count("\n") == 121
     solver = s["solver"]
     assert solver["lp_solves"] + solver.get("lp_reused", 0) == s["allocations"] and "lp_not_optimal" not in solver
@@ -488,7 +513,7 @@ def test_packed_cli() -> None:
 
     path, cluster = TRACES["A4"]
     r = CliRunner().invoke(app, ["simulate", "--trace", str(path), "--cluster", cluster, "--policy",
-                                 "max-min-fairness-packed", "--compat", "gavel", "--json"])
+                                 "max-min-fairness-packed", "--compat", "gavel", "--json", "--solver", "highs"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
     ref_jct, ref_makespan = GAVEL[("A4", "max-min-fairness-packed")]

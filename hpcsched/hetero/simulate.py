@@ -219,8 +219,8 @@ def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json:
     if solver not in SOLVERS:
         print(f"error: unknown --solver {solver!r} for --compat gavel; known: {', '.join(SOLVERS)}", file=sys.stderr)
         return 2
-    solver, note = resolve_solver(solver)
-    if note:
+    _, note = resolve_solver(solver)
+    if note:  # before the run, which can take minutes; run_gavel puts it in meta.json and the summary
         print(f"note: {note}", file=sys.stderr)
     try:
         summary = run_gavel(trace, cluster, policy, out=out, solver=solver)
