@@ -156,12 +156,13 @@ def _maybe_gavel(args: list[str]) -> bool:
 
 
 _FAST_SIMULATE = {"--trace": "trace", "--cluster": "cluster", "--policy": "policy", "--out": "out",
-                  "--compat": "compat"}
+                  "--compat": "compat", "--window": "window"}
 
 
 def _fast_simulate(args: list[str]) -> int | None:
     """``hpcsched simulate`` without building the Typer app, for the plain line the README and scripts use
-    (``--trace``, ``--cluster``, ``--policy``, ``--out``, optional ``--compat muri`` and ``--json``, each once,
+    (``--trace``, ``--cluster``, ``--policy``, ``--out``, optional ``--compat muri|blox``, ``--window`` and
+    ``--json``, each once,
     ``--opt value`` or ``--opt=value``); None for anything else, which Typer then parses with its own help and
     messages. Why: building the app loads Typer's pydantic adapters, about a fifth of the command's start-up
     (issue 14's 5x target against the reference simulator's whole run). The command is the same function."""
@@ -171,7 +172,7 @@ def _fast_simulate(args: list[str]) -> int | None:
     if line is None:
         return None
     opts, as_json = line
-    if not {"trace", "cluster", "policy", "out"} <= set(opts) or opts.get("compat", "muri") != "muri":
+    if not {"trace", "cluster", "policy", "out"} <= set(opts) or opts.get("compat", "muri") not in ("muri", "blox"):
         return None
     import typer
 
@@ -181,8 +182,10 @@ def _fast_simulate(args: list[str]) -> int | None:
         simulate_cmd(trace=Path(opts["trace"]), cluster=Path(opts["cluster"]), policy=opts["policy"],
                      out=Path(opts["out"]), as_json=as_json, compat=opts.get("compat"), restart_s=None,
                      as_controller=False, min_runtime_s=10.0, admission="accept-all", load_threshold=1.0,
-                     placement="consolidated", solver="auto", slowdown_factor=None, window=None, round_s=300.0,
-                     blox_optimus_load=None)
+                     placement="consolidated", solver="auto", slowdown_factor=None, window=opts.get("window"),
+                     round_s=300.0, blox_optimus_load=None)
+    except typer.BadParameter:  # raised before any work (a bad --window): Typer parses again and says it its way
+        return None
     except typer.Exit as e:
         return e.exit_code
     return 0

@@ -143,3 +143,24 @@ def test_compat_blox_rejects_unknown_policy_clearly(tmp_path: Path) -> None:
     r = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "themis", "--compat",
              "blox", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "fifo, srtf, optimus, las, tiresias" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_default_mode_names_its_slowdown_and_restart_cost(tmp_path: Path) -> None:
+    """The 1.5% step overhead and the restart cost are named options of the default mode: defaults unchanged and
+    shown in meta.json; 1.0 and 0 give every job exactly its duration on an idle cluster."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,num_gpu,submit_time,duration\n0,1,0,1000\n1,2,5,2000\n")
+    base = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "fifo", "--out",
+                str(tmp_path / "a"), "--json")
+    off = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "fifo", "--out",
+               str(tmp_path / "b"), "--json", "--slowdown-factor", "1.0", "--restart-s", "0")
+    assert base.returncode == 0 and off.returncode == 0, base.stderr + off.stderr
+    meta_a = json.loads((tmp_path / "a" / "meta.json").read_text())
+    meta_b = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert (meta_a["slowdown_factor"], meta_a["restart_cost"]) == (1.015, "per-model table")
+    assert (meta_b["slowdown_factor"], meta_b["restart_cost"]) == (1.0, 0.0)
+    assert json.loads(off.stdout)["avg_jct"] == 1500.0
+    assert json.loads(base.stdout)["avg_jct"] > 1500 * 1.015  # the overhead and a restart per start
+    bad = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "fifo", "--out",
+               str(tmp_path / "c"), "--compat", "muri", "--slowdown-factor", "1.0")
+    assert bad.returncode == 2 and "--slowdown-factor" in bad.stderr
