@@ -253,6 +253,11 @@ def test_default_solver_is_gavels_exact_path(monkeypatch: pytest.MonkeyPatch, tm
     assert "note: ecos (the cvxpy extra) is not installed" in r.stderr
     meta = json.loads((tmp_path / "b" / "meta.json").read_text())
     assert meta["lp_solver"] == "highs" and "may differ" in meta["lp_solver_note"]
+    monkeypatch.delitem(sys.modules, "ecos")
+    r = CliRunner().invoke(app, [*line[:-2], "max-sum-throughput-normalized-by-cost-perf", "--out",
+                                 str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output  # no ECOS program of Gavel's for it: HiGHS, said
+    assert "has no ECOS program" in r.stderr and json.loads(r.stdout.strip().splitlines()[-1])["lp_solver"] == "highs"
 
 
 def test_run_writes_results(tmp_path: Path) -> None:
@@ -395,8 +400,9 @@ def test_min_cost_by_hand() -> None:
 def test_min_cost_without_prices_is_max_sum_throughput(table) -> None:  # noqa: ANN001
     """Gavel without a price file costs every type 1: the figure is max-sum-throughput's, to the last bit."""
     path, cluster = TRACES["A4"]
-    a = run_gavel(path, cluster, "max-sum-throughput-normalized-by-cost-perf")
-    b = run_gavel(path, cluster, "max-sum-throughput-perf")
+    # one solver for both (auto would give the second Gavel's ECOS program, which the first has not)
+    a = run_gavel(path, cluster, "max-sum-throughput-normalized-by-cost-perf", solver="highs")
+    b = run_gavel(path, cluster, "max-sum-throughput-perf", solver="highs")
     assert (a["avg_jct"], a["makespan"]) == (b["avg_jct"], b["makespan"])
 
 

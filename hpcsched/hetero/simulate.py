@@ -121,7 +121,7 @@ def run_gavel(trace: str | Path, cluster: str, policy: str, *, seed: int = 0, ro
                                "(type=count)")
     table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()
     jobs = load_round_jobs(trace)
-    solver, note = resolve_solver(solver)
+    solver, note = resolve_solver(solver, policy)
     try:
         pol = make_policy(policy, seed, solver=solver)
     except KeyError as e:
@@ -198,13 +198,27 @@ NO_ECOS_NOTE = ("ecos (the cvxpy extra) is not installed: the LPs are solved wit
                 "(pip install 'hpcsched[cvxpy]' for its exact path)")
 
 
-def resolve_solver(solver: str) -> tuple[str, str | None]:
-    """'auto' -> 'ecos' when importable, else 'highs' with the note that says why figures may differ."""
+NO_PROGRAM_NOTE = ("policy {policy!r} has no ECOS program of Gavel's here: its LPs are solved with HiGHS, whose "
+                   "choice among equally optimal allocations can differ from Gavel's, so figures may differ")
+
+
+def resolve_solver(solver: str, policy: str) -> tuple[str, str | None]:
+    """'auto' -> 'ecos' (Gavel's exact path) when ecos is importable and the policy has an ECOS program (or needs
+    no solver), else 'highs' with the note that says why figures may differ from Gavel's."""
     if solver != "auto":
         return solver, None
     from importlib.util import find_spec
 
-    return ("ecos", None) if find_spec("ecos") is not None else ("highs", NO_ECOS_NOTE)
+    from hpcsched.hetero.ecos_programs import ECOS_POLICIES
+    from hpcsched.hetero.policies import NO_SOLVER
+
+    if policy in NO_SOLVER:
+        return "highs", None  # solves nothing: the same either way, and no ecos import
+    if find_spec("ecos") is None:
+        return "highs", NO_ECOS_NOTE
+    if policy not in ECOS_POLICIES:
+        return "highs", NO_PROGRAM_NOTE.format(policy=policy)
+    return "ecos", None
 
 
 def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json: bool, solver: str = "auto") -> int:
@@ -219,7 +233,7 @@ def _simulate(trace: Path, cluster: str, policy: str, out: Path | None, as_json:
     if solver not in SOLVERS:
         print(f"error: unknown --solver {solver!r} for --compat gavel; known: {', '.join(SOLVERS)}", file=sys.stderr)
         return 2
-    _, note = resolve_solver(solver)
+    _, note = resolve_solver(solver, policy)
     if note:  # before the run, which can take minutes; run_gavel puts it in meta.json and the summary
         print(f"note: {note}", file=sys.stderr)
     try:
