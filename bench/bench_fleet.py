@@ -114,9 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--submit-concurrency", type=int, default=d.submit_concurrency,
                     help="submit calls in flight (%(default)s)")
     ap.add_argument("--submit-batch", type=int, default=d.submit_batch,
-                    help="jobs per SubmitMany call when the controller has that RPC (%(default)s)")
+                    help="jobs per SubmitMany call when the controller has that RPC; 1: one Submit call per job, as "
+                         "before SubmitMany (%(default)s)")
     ap.add_argument("--ramp-s", type=float, default=d.ramp_s,
                     help="spread the workers' start over this long (0: all at once, a registration storm)")
+    ap.add_argument("--connect-ms", type=int, default=d.connect_ms,
+                    help="an experiment: the workers' grpc.min_reconnect_backoff_ms (gRPC's minimum connect timeout "
+                         "too) instead of the real worker's 200 (0: the real worker's options; default %(default)s)")
     ap.add_argument("--register-timeout", type=float, default=d.register_timeout,
                     help="give up waiting for every registration after this long; the jobs are submitted anyway "
                          "(%(default)s)")

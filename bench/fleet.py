@@ -73,8 +73,9 @@ class FleetOptions:
     worker_timeout_s: float | None = None
     schedule_interval_s: float | None = None
     submit_concurrency: int = 16
-    submit_batch: int = 100  # jobs per SubmitMany call, when the controller has it
+    submit_batch: int = 100  # jobs per SubmitMany call, when the controller has it (1: one Submit call per job)
     ramp_s: float = 0.0
+    connect_ms: int = 0  # > 0: the workers' grpc.min_reconnect_backoff_ms instead of the real worker's
     register_timeout: float = 180.0
     until_done: bool = False  # end once the harness has seen every submitted job reach its last step
     quiet: bool = False
@@ -190,7 +191,8 @@ class Submitter:
         self.concurrency, self.batch = concurrency, batch
         self.sent_at: dict[str, float] = {}
         self.failed: dict[str, int] = {}
-        self.many = hasattr(self.stub, "SubmitMany") and hasattr(pb, "SubmitManyRequest")
+        # SubmitMany when the controller's protocol has it and batches are asked for (batch > 1)
+        self.many = batch > 1 and hasattr(self.stub, "SubmitMany") and hasattr(pb, "SubmitManyRequest")
 
     async def submit(self, texts: list[tuple[str, str]]) -> tuple[float, int]:
         """Submit (source, yaml) pairs; (seconds from the first send to the last reply, jobs accepted)."""
@@ -313,7 +315,8 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
             pending_ids = set()
         sub.sent_at.clear()
         q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
-        opts = SimOptions(address, TOKEN, str(d), o.slots, o.iteration_s, o.startup_s, ramp_s=o.ramp_s)
+        opts = SimOptions(address, TOKEN, str(d), o.slots, o.iteration_s, o.startup_s, ramp_s=o.ramp_s,
+                          connect_ms=o.connect_ms)
         workers = [ctx.Process(target=worker_process, args=(opts, list(range(k, o.workers, procs)), o.workers,
                                                             o.channels, q, go, stop), daemon=True)
                    for k in range(procs)]

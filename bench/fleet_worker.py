@@ -57,6 +57,7 @@ class SimOptions:
     startup_s: float = 0.5
     gpu_type: str = "cpu"
     ramp_s: float = 0.0  # workers start spread over this long (0: all at once, a registration storm)
+    connect_ms: int = 0  # > 0: grpc.min_reconnect_backoff_ms instead of the real worker's (``channel_options``)
 
 
 @dataclass(slots=True)
@@ -329,10 +330,14 @@ def raise_nofile(want: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def channel_options(k: int) -> tuple:
+def channel_options(k: int, connect_ms: int = 0) -> tuple:
     """Each channel its own TCP connection, as separate daemons have: gRPC otherwise shares one subchannel between
-    channels with the same arguments (the ``fleet_channel`` argument only makes them differ)."""
-    return (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1), ("fleet_channel", k))
+    channels with the same arguments (the ``fleet_channel`` argument only makes them differ). The real worker's
+    options (``auth.CHANNEL_OPTIONS``), unless ``connect_ms`` > 0 sets ``grpc.min_reconnect_backoff_ms``, which gRPC
+    also takes as its minimum connect timeout (an experiment: is a registration storm's UNAVAILABLE that timeout?)."""
+    base = tuple(o for o in CHANNEL_OPTIONS if not (connect_ms > 0 and o[0] == "grpc.min_reconnect_backoff_ms"))
+    extra = (("grpc.min_reconnect_backoff_ms", connect_ms),) if connect_ms > 0 else ()
+    return (*base, *extra, ("grpc.use_local_subchannel_pool", 1), ("fleet_channel", k))
 
 
 async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: int, stop_at: asyncio.Future,
@@ -341,7 +346,7 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     ``channels``: gRPC channels for them (0: one per worker)."""
     md = metadata(opts.token)
     n_ch = len(ids) if channels <= 0 else max(1, min(channels, len(ids)))
-    chans = [grpc.aio.insecure_channel(opts.address, options=channel_options(k)) for k in range(n_ch)]
+    chans = [grpc.aio.insecure_channel(opts.address, options=channel_options(k, opts.connect_ms)) for k in range(n_ch)]
     stubs = [pb_grpc.ControllerStub(c) for c in chans]
     workers = [SimWorker(f"w{i:05d}", i, stubs[k % n_ch], opts, stats, md) for k, i in enumerate(ids)]
     spread = opts.ramp_s / max(1, n_total)
