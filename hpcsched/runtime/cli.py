@@ -90,22 +90,33 @@ def worker(
     orphan_timeout: float = typer.Option(None, "--orphan-timeout", help="leave (checkpoint and stop its tasks, "
                                          "exit) once the controller has been unreachable this many seconds "
                                          "(default: never; pilot jobs set it)"),
+    run_as: str = typer.Option(None, "--run-as", help="run every task as this unprivileged local user (the worker "
+                               "must be root)"),
+    cgroups: str = typer.Option(None, "--cgroups", help="auto (a cgroup v2 leaf per task where writable, else "
+                                "process groups + subreaper) or off"),
+    token_fd: int = typer.Option(None, "--token-fd", hidden=True, help="the token on this inherited descriptor"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
     """Run a worker daemon for this node: registers, heartbeats, launches and kills tasks."""
     import socket
 
+    from hpcsched.runtime import worker_start
     from hpcsched.runtime.client import resolve_token
     from hpcsched.runtime.config import WorkerConfig, read_worker_config
     from hpcsched.runtime.worker import Worker
 
+    worker_start.reexec_without_token(os.environ)  # returns only when the token is not in the environment
     _logging(verbose)
     file = read_worker_config(config) if config else {}
     flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "gpu_type": gpu_type, "host": host,
              "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace, "address_file": address_file,
-             "orphan_timeout_s": orphan_timeout}
+             "orphan_timeout_s": orphan_timeout, "run_as": run_as, "cgroups": cgroups}
     kw = file | {k: v for k, v in flags.items() if v is not None}
+    if kw.get("cgroups", "auto") not in ("auto", "off"):
+        raise InputError("--cgroups", f"expected auto or off, got {kw['cgroups']!r}")
     token = resolve_token(token_file) if token_file else kw.pop("token", None) or resolve_token(None)
+    if token_fd is not None:
+        token = worker_start.read_token_fd(token_fd)
     kw.pop("token", None)
     os.environ.pop("HPCSCHED_TOKEN", None)  # read: no child of this daemon inherits it
     if not kw.get("controller") and kw.get("address_file"):
@@ -126,7 +137,14 @@ def worker(
         kw["host"] = address_towards(kw["controller"])
     kw.setdefault("work_dir", Path("hpcsched-worker") / kw["name"])
     cfg = WorkerConfig(token=token, cpus=os.cpu_count() or 1, **kw)
-    Worker(cfg).run(_until_signal())
+    worker_start.check_node(cfg.work_dir, cfg.min_free_mb)
+    try:
+        daemon = Worker(cfg)
+    except ValueError as e:  # an identity the config names (run_as, users) that cannot be used here
+        raise InputError(config or "worker", str(e)) from None
+    except OSError as e:  # its work dir, its agent's port
+        raise InputError(cfg.work_dir, f"cannot start the worker: {e.strerror or e}") from None
+    daemon.run(_until_signal())
 
 
 def _gpu_type(kw: dict, given_by: str) -> None:

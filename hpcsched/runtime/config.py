@@ -488,10 +488,18 @@ class WorkerConfig:
     warm_ranks: bool = True  # keep a torch-preloaded ``direct`` supervisor ready (fast relaunch on resize)
     address_file: Path | None = None  # re-read when the controller is unreachable: a restart on a new port
     orphan_timeout_s: float | None = None  # leave (checkpoint, stop) after the controller is unreachable this long
+    # Isolation (docs/runtime.md, threat model): whom tasks run as where the worker is root, where they may run,
+    # how their processes are held, and the free-space floor below which no checkpoint folder is handed out.
+    run_as: str | None = None  # one dedicated unprivileged user for every task of this worker
+    users: dict[str, str] = field(default_factory=dict)  # job owner (token name) -> local user; others refused
+    allowed_workdirs: tuple[Path, ...] | None = None  # None: the worker's work_dir and the task user's home
+    cgroups: str = "auto"  # "auto": cgroup v2 where writable, else process groups + subreaper; "off": never
+    min_free_mb: float = 512.0  # below this on the work dir's or a checkpoint's file system: launches refused
 
 
 WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "gpu_type", "token", "token_file", "tls_ca", "work_dir",
-               "stop_grace_s", "warm_ranks", "address_file", "orphan_timeout_s"}
+               "stop_grace_s", "warm_ranks", "address_file", "orphan_timeout_s", "run_as", "users",
+               "allowed_workdirs", "cgroups", "min_free_mb"}
 
 
 def read_worker_config(path: str | Path) -> dict[str, Any]:
@@ -526,6 +534,32 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
     token = read_token(doc.get("token", str, None), doc.path("token_file", base, None), doc.source)
     if token:
         out["token"] = token
+    out |= _isolation_keys(doc, base)
+    return out
+
+
+def _isolation_keys(doc: _Doc, base: Path) -> dict[str, Any]:
+    """run_as, users, allowed_workdirs, cgroups, min_free_mb of a worker file (WorkerConfig says what each is)."""
+    out: dict[str, Any] = {}
+    if "run_as" in doc.data:
+        out["run_as"] = doc.get("run_as", str, None)
+    if "users" in doc.data:
+        users = doc.get("users", dict, None) or {}
+        for k, v in users.items():
+            if not isinstance(k, str) or not isinstance(v, str | int) or isinstance(v, bool) or not str(v):
+                raise doc.fail("users", f"expected job owner: local user name, got {k!r}: {v!r}")
+        out["users"] = {k: str(v) for k, v in users.items()}
+    if "allowed_workdirs" in doc.data:
+        roots = doc.get("allowed_workdirs", list, None) or []
+        if not all(isinstance(r, str) and r for r in roots):
+            raise doc.fail("allowed_workdirs", f"expected a list of folders, got {roots!r}")
+        out["allowed_workdirs"] = tuple((base / r).resolve() for r in roots)
+    if "cgroups" in doc.data:
+        out["cgroups"] = doc.get("cgroups", str, "auto")
+        if out["cgroups"] not in ("auto", "off"):
+            raise doc.fail("cgroups", f"expected auto or off, got {out['cgroups']!r}")
+    if "min_free_mb" in doc.data:
+        out["min_free_mb"] = doc.non_negative("min_free_mb", float, 512.0)
     return out
 
 

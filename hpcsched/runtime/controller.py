@@ -664,6 +664,7 @@ class Controller:
         for wid, msg in launch_tasks(job.id, gen, job.spec, placement, hosts, port, ckpt, group, agents):
             if job.uid:  # the worker binds the checkpoint folder to it (a lost state's j0001 is not this one)
                 msg.env[JOB_UID_ENV] = job.uid
+            msg.owner = job.owner or ""  # a root worker runs the task as the local user this maps to
             self.store.add_allocation(AllocRow(msg.task_id, job.id, gen, wid, msg.node_rank, msg.nprocs, "launching",
                                                None, msg.SerializeToString()))
         self.attempt_start[job.id] = time.time()

@@ -16,7 +16,8 @@ before this worker has its task: a call waits up to ``HOLD_WAIT_S`` for it.
 
 The command runs as ``/bin/sh -c COMMAND`` (what ssh does with its command line) with the environment and working
 directory the job's task here was given. Its stdout and stderr are streamed back; the last reply is its exit code.
-It is killed (its whole session) when the caller goes away.
+It is killed (its whole tree) when the caller goes away. It runs under the same rules as the job's task here (the
+worker's ``Sandbox``): a task guard, the task's user, the task's cgroup leaf.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import hmac
 import logging
 import os
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -39,6 +39,7 @@ import grpc
 
 from hpcsched.runtime.auth import HEADER
 from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.sandbox import Identity, Sandbox
 
 log = logging.getLogger("hpcsched.runtime.worker_agent")
 
@@ -54,21 +55,18 @@ class Holder:
     env: dict[str, str]
     cwd: str | None
     procs: list[subprocess.Popen] = field(default_factory=list)
-
-
-def kill_session(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Signal a command's whole session (it was started as a session leader)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+    user: Identity | None = None  # whom the task runs as: its commands too
+    leaf: str = ""  # the task's cgroup leaf (by name): its commands join it
 
 
 class AgentService(pb_grpc.WorkerAgentServicer):
     """``token``: this worker's token (None: no auth, as a controller without one); ``find(job_id, generation)``
-    returns the live task's Holder or None; ``prefix`` is the argv prefix that sets the parent-death signal."""
+    returns the live task's Holder or None; ``sandbox`` starts and kills the commands (the worker's)."""
 
-    def __init__(self, worker: str, token: str | None, find: Callable[[str, int], Holder | None], prefix: list[str],
-                 hold_wait_s: float = HOLD_WAIT_S) -> None:
-        self.worker, self.token, self.find, self.prefix, self.hold_wait_s = worker, token, find, prefix, hold_wait_s
+    def __init__(self, worker: str, token: str | None, find: Callable[[str, int], Holder | None],
+                 sandbox: Sandbox | None = None, hold_wait_s: float = HOLD_WAIT_S) -> None:
+        self.worker, self.token, self.find, self.hold_wait_s = worker, token, find, hold_wait_s
+        self.sandbox = sandbox or Sandbox.plain()
 
     def _wait_for_holder(self, job_id: str, generation: int, context: grpc.ServicerContext) -> Holder | None:
         deadline = time.monotonic() + self.hold_wait_s
@@ -95,15 +93,15 @@ class AgentService(pb_grpc.WorkerAgentServicer):
                           f"worker {self.worker} holds no live task of job {st.job_id!r} attempt {st.generation} "
                           f"(waited {self.hold_wait_s:.0f} s)")
         try:
-            proc = subprocess.Popen([*self.prefix, "/bin/sh", "-c", st.command], env=holder.env, cwd=holder.cwd,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = self.sandbox.spawn(["/bin/sh", "-c", st.command], holder.env, cwd=holder.cwd,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      leaf=holder.leaf or None, user=holder.user)
         except OSError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker} cannot start the command: {e}")
         holder.procs.append(proc)
         log.info("job %s attempt %d: started %s for a remote launcher (pid %d)", st.job_id, st.generation,
                  st.command[:200], proc.pid)
-        context.add_callback(lambda: proc.poll() is None and kill_session(proc))  # the caller went away
+        context.add_callback(lambda: self.sandbox.kill_tree(proc))  # the caller went away
         out: queue.Queue[tuple[str, bytes]] = queue.Queue()
 
         def pump(stream, key: str) -> None:
@@ -138,6 +136,7 @@ class AgentService(pb_grpc.WorkerAgentServicer):
         code = proc.wait()
         with contextlib.suppress(ValueError):
             holder.procs.remove(proc)
+        self.sandbox.release(proc)
         log.info("job %s attempt %d: remote launcher's command (pid %d) exited with %d", st.job_id, st.generation,
                  proc.pid, code)
         yield pb.ExecOutput(exited=True, exit_code=code if code >= 0 else 128 - code)
