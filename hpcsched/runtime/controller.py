@@ -641,7 +641,10 @@ class Controller:
                     self.resizer.release_exited(job, a, f"went with worker {wid}")
                     continue
                 self.store.set_alloc_state(a.task_id, "exited", -9)
-                self._task_exited(job, a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s", lost=True)
+                # what was observed, not an exit code: a worker past its lease stops its tasks itself
+                self._task_exited(job, a, -9, f"lost: worker {wid} silent for {now - seen:.0f} s, past its lease "
+                                              f"({self.cfg.worker_timeout_s:g} s): its tasks are stopped by the worker "
+                                              "itself (fenced)", lost=True)
 
     def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str,
                agents: dict[str, str] | None = None) -> None:

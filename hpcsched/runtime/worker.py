@@ -369,6 +369,8 @@ class Worker(TaskControl, ControllerLink):
             env[rsh_agent.FILE_ENV] = str(run_dir / horovod_elastic.AGENTS)  # follows the job's hosts (issue 18)
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
+        if user is not None:  # not the worker's home (root's): where the task's own files go
+            env |= {"HOME": user.home, "USER": user.name, "LOGNAME": user.name}
         turns = interleave_dir(self.cfg.work_dir, self.cfg.name, t.group or t.job_id)
         env["HPCSCHED_INTERLEAVE_DIR"] = str(turns)
         if user is not None and os.getuid() == 0:  # the group's tasks (its users) make their stage locks there
