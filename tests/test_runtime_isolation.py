@@ -24,6 +24,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,15 +198,26 @@ def two_users():
             subprocess.run(["userdel", "-r", n], capture_output=True)
 
 
+@pytest.fixture
+def open_dir():
+    """A test folder other users may traverse (pytest's own base folder is private to root): their jobs' workdirs
+    and checkpoint folders are below it."""
+    d = Path(tempfile.mkdtemp(prefix="hpcsiso-", dir="/tmp"))
+    d.chmod(0o711)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def _log_of(d: Path, jid: str) -> str:
     return "\n".join(p.read_text() for p in (d / "run" / "w0").glob(f"{jid}.g*/output.log"))
 
 
 @needs_root
-def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(tmp_path: Path, two_users) -> None:
+def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(open_dir: Path, two_users) -> None:
     alice_u, bob_u = two_users
-    d = tmp_path
-    d.chmod(0o755)
+    d = open_dir
     jobs_dir = d / "jobs"
     jobs_dir.mkdir(mode=0o755)
     write_secret(d / "worker.token", "worker-tok-9z")
@@ -256,20 +268,24 @@ def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(tmp
 
 
 @needs_root
-def test_run_as_one_unprivileged_user(tmp_path: Path, two_users) -> None:
-    """``--run-as``: every task of the worker as that user, even where the worker's token file sits beside it."""
+def test_run_as_one_unprivileged_user(open_dir: Path, two_users) -> None:
+    """``--run-as``: every task of the worker as that user, even where the worker's token file sits beside it; its
+    workdir may be the user's home (allowed by default), not the folder of the worker's token."""
     user = two_users[0]
-    tmp_path.chmod(0o755)
+    tmp_path = open_dir
     mark = str(9000 + secrets.randbelow(50000))
     ctl, worker, c = _cluster(tmp_path, ("--run-as", user.pw_name))
     try:
-        jid = c.submit(_job(tmp_path, "r", f"cat {tmp_path}/token; sleep {mark}", "mpirun"), "r.yaml")
+        refused = c.submit(_job(tmp_path, "r", "exit 0", "mpirun"), "refused.yaml")
+        jid = c.submit(_job(tmp_path, "r", f"cat {tmp_path}/token; sleep {mark}", "mpirun", user.pw_dir), "r.yaml")
         (pid,) = wait_for("the task runs", lambda: _sleepers(mark), 60)
         assert os.stat(f"/proc/{pid}").st_uid == user.pw_uid
         assert c.cancel(jid).cancelled
         assert _gone(mark, CTL_GRACE_S + 10)
         out = _log_of(tmp_path, jid)
         assert "Permission denied" in out and TOKEN not in out, out
+        why = {j.job_id: j for j in c.jobs()}[refused].message
+        assert "is outside the folders this worker allows" in why, why
     finally:
         c.close()
         stop(worker)
