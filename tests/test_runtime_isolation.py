@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from runtime_procs import TOKEN, client, controller_config, start_controller, start_worker, stop, wait_for, write_secret
 
+from hpcsched.runtime import launchers
 from hpcsched.runtime.auth import metadata
 from hpcsched.runtime.sandbox import Cgroups
 
@@ -97,15 +98,17 @@ def _gone(mark: str, within_s: float) -> bool:
 # -------------------------------------------------------------------------------- whole trees, every kill
 KILLS = [("cgroup", "cancel", "direct"), ("cgroup", "sigterm", "direct"), ("cgroup", "kill9", "direct"),
          ("fallback", "cancel", "direct"), ("fallback", "sigterm", "direct"), ("fallback", "kill9", "direct"),
-         ("fallback", "cancel", "mpirun"), ("cgroup", "kill9", "mpirun"), ("fallback", "kill9", "mpirun")]
+         ("fallback", "cancel", "mpirun"), ("cgroup", "kill9", "mpirun"), ("fallback", "kill9", "mpirun"),
+         ("fallback", "cancel", "torchrun"), ("cgroup", "kill9", "torchrun"), ("cgroup", "cancel", "horovodrun"),
+         ("fallback", "kill9", "horovodrun")]
 
 
 @pytest.mark.parametrize(("mode", "kill", "launcher"), KILLS, ids=["-".join(k) for k in KILLS])
 def test_a_task_tree_escapes_no_kill(tmp_path: Path, mode: str, kill: str, launcher: str) -> None:
     if mode == "cgroup" and not CGROUPS:
         pytest.skip("cgroup v2 is not writable here: only the process-group path can be tested")
-    if launcher == "mpirun" and not shutil.which("mpirun"):
-        pytest.skip("mpirun is not installed")
+    if launcher not in launchers.available():
+        pytest.skip(f"{launcher} is not installed here")
     a, b = str(9000 + secrets.randbelow(50000)), str(60000 + secrets.randbelow(5000))
     args = ("--cgroups", "off") if mode == "fallback" else ()
     ctl, worker, c = _cluster(tmp_path, args)
@@ -132,6 +135,32 @@ def test_a_task_tree_escapes_no_kill(tmp_path: Path, mode: str, kill: str, launc
             os.kill(p, signal.SIGKILL)
         c.close()
         stop(worker)
+        stop(ctl)
+
+
+def test_remote_commands_of_a_job_across_workers_die_with_it(tmp_path: Path) -> None:
+    """mpirun across two workers: the rank on the second node is started by that worker's agent (the rsh agent,
+    no ssh) under a guard; a cancel takes it, and kill -9 of that worker takes it too."""
+    if "mpirun" not in launchers.available():
+        pytest.skip("mpirun is not installed here")
+    a, b = str(9000 + secrets.randbelow(50000)), str(60000 + secrets.randbelow(5000))
+    ctl, w0, c = _cluster(tmp_path)
+    w1 = start_worker(tmp_path, c.address, "w1", extra=("--stop-grace", str(WORKER_GRACE_S)))
+    try:
+        wait_for("two workers", lambda: sum(w.alive for w in c.workers()) == 2, 60)
+        text = _job(tmp_path, "two", f"setsid sleep {a} & sleep {b} & wait", "mpirun").replace("procs: 1", "procs: 2")
+        jid = c.submit(text, "two.yaml")
+        wait_for("a rank on each worker", lambda: len(_sleepers(a)) == 2 and len(_sleepers(b)) == 2, 90)
+        w1.send_signal(signal.SIGKILL)  # the remote node's worker dies: its orted's tree goes with it
+        assert wait_for("the remote rank gone", lambda: len(_sleepers(a)) <= 1 and len(_sleepers(b)) <= 1, 15)
+        c.cancel(jid)  # (it may have failed already, its peer gone) the first node's tree goes either way
+        assert _gone(a, CTL_GRACE_S + 10 * HEARTBEAT_S + 10) and _gone(b, 1.0), (_sleepers(a), _sleepers(b))
+    finally:
+        for p in (*_sleepers(a), *_sleepers(b)):
+            os.kill(p, signal.SIGKILL)
+        c.close()
+        stop(w1)
+        stop(w0)
         stop(ctl)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -113,7 +115,8 @@ class WarmRanks:
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its guard and the supervisor under it
             self.proc.wait(timeout=5)
         self.proc = None
         self.ready_file.unlink(missing_ok=True)

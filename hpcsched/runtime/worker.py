@@ -142,8 +142,7 @@ class Worker(TaskControl, ControllerLink):
                     self._register()
                     registered, renewed = True, sent
                 sent = time.monotonic()
-                left = self.lease_s - (sent - renewed) if self.lease_s else 10.0
-                reply = self.stub.Heartbeat(self._heartbeat(), timeout=max(1.0, min(10.0, left)), metadata=self.md)
+                reply = self._beat(renewed)
                 for t in self.tasks.values():
                     t.pending.clear()  # delivered
                 registered = not reply.reregister
@@ -178,6 +177,16 @@ class Worker(TaskControl, ControllerLink):
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.interval * 2)
         self.leave()
+
+    def _beat(self, renewed: float) -> pb.HeartbeatReply:
+        """One heartbeat; while it is in flight (a hung or cut-off controller holds it up to its 10 s timeout) the
+        lease is still watched, so the tasks are stopped when it runs out, not when the call gives up."""
+        call = self.stub.Heartbeat.future(self._heartbeat(), timeout=10, metadata=self.md)
+        while True:
+            try:
+                return call.result(timeout=_POLL_S)
+            except grpc.FutureTimeoutError:
+                self._fence(time.monotonic() - renewed)
 
     def leave(self) -> None:
         """A graceful stop (SIGTERM, as Slurm stops a job step): say so, checkpoint and stop every task,
