@@ -342,3 +342,42 @@ def test_recognised_but_unsupported_formats_are_named(tmp_path: Path) -> None:
     assert p.returncode == 2 and "sacct --json" in p.stderr
     p = _cli("trace", "inspect", str(LSF), "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["jobs"] == 3
+
+
+# 1. node sharing: the machine from NodeList, small jobs sharing nodes by cores
+
+# sacct -P of a 3-node, 32-core machine: four 8-CPU jobs share c1, one 64-CPU job holds c[2-3]. The peak sum of
+# NNodes is 6; the nodes the log names are 3.
+SHARED = """JobID|Partition|Submit|Start|End|ElapsedRaw|NNodes|NCPUS|State|NodeList
+1|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+2|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+3|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+4|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+5|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|2|64|COMPLETED|c[2-3]
+6|p|2021-01-01T02:00:00|2021-01-01T02:00:00|2021-01-01T04:00:00|7200|1|16|COMPLETED|c2
+"""
+
+
+def test_sacct_machine_is_its_distinct_nodes_and_small_jobs_share_them(tmp_path: Path) -> None:
+    log = tmp_path / "shared.sacct"
+    log.write_text(SHARED)
+    trace = open_trace(log)
+    list(trace)
+    meta = trace.report.meta
+    assert (meta["machine_nodes"], meta["cores_per_node"]) == (3, 32)
+    assert "distinct nodes" in str(meta["machine_nodes_source"])
+    tl = timeline_from_log(log)
+    # before: 6 nodes (the peak sum of NNodes), 3 of them never used
+    assert tl.notes["machine_nodes"] == 3 and tl.notes["skipped_no_room"] == 0 and tl.notes["log_jobs_placed"] == 6
+    assert tl.notes["log_peak_nodes"] == 3
+    # after 02:00 only job 6 runs (16 of 32 cores on one node): two nodes are idle for harvesting
+    idle = set(tl.initial)
+    assert idle == set()  # 00:00-02:00: c1 full (4 x 8 of 32 cores), c2 and c3 held by job 5
+    for e in tl.events:
+        if e.time <= tl.start + 3 * 3600:
+            idle = (idle | set(e.joined)) - set(e.left)
+    assert len(idle) == 2  # at 03:00 job 6 uses half of one node: the two others are idle
+    p = _cli("replay", "--log", str(log), "--jobs", str(JOBS10[0]), "--curves", str(JOBS10[1]),
+             "--out", str(tmp_path / "r"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["nodes"] == 3

@@ -51,6 +51,7 @@ from hpcsched.traces.base import (
 )
 from hpcsched.traces.duplicates import ArrayRanges, SameJob
 from hpcsched.traces.hostlist import expand_hostlist
+from hpcsched.traces.nodeuse import NodeListMachine
 from hpcsched.traces.sacct_layout import (
     MAX_CONTINUATION,
     REPAIRED_ROW,
@@ -340,6 +341,7 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
     same = SameJob(report, "sacct rows of one JobIDRaw with the same start and end (sacct --duplicates, "
                    "archives that overlap)" if raw_col else "sacct rows of one JobID with the same start and end")
     ranges = ArrayRanges(report)
+    machine = NodeListMachine()
     ids: set[str] = set()  # array task ids read as rows, so a range row left at the end does not make them twice
     for lineno, line in rows:
         if not line.strip():
@@ -394,8 +396,10 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
             continue
         if "_" in job.id:
             ids.add(job.id)
+        machine.add(job)
         yield job
     yield from ranges.rest(same, ids)
+    machine.finish(report)
     if pending is not None:
         report.anomaly(MALFORMED_ROW, pending[0], f"{len(layout.split(pending[1]))} fields, header has "
                        f"{layout.width}, at the end of the file")
@@ -418,6 +422,7 @@ def _read_jobcomp(path: Path, report: TraceReport) -> Iterator[Job]:
     report.convert(_TIME_NOTE)
     report.convert("TimeLimit in minutes -> s")
     seen_any = False
+    machine = NodeListMachine()
     for lineno, line in numbered_lines(path, report):
         if not line.strip():
             continue
@@ -433,9 +438,11 @@ def _read_jobcomp(path: Path, report: TraceReport) -> Iterator[Job]:
             kv["JobId"] = f"{kv['ArrayJobId']}_{kv['ArrayTaskId']}"
         job = _job(kv, cols, lineno, report, jobcomp=True)
         if job is not None:
+            machine.add(job)
             yield job
     if not seen_any:
         raise InputError(path, "empty file: no jobcomp lines", 1)
+    machine.finish(report)
 
 
 def _first(lines: list[str]) -> str:
