@@ -20,7 +20,8 @@ import yaml
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.diskspace import DEFAULT_FLOOR, parse_floor
-from hpcsched.runtime.pilots import NODE_SOURCES, PilotConfig, read_pilot_config
+from hpcsched.runtime.node_source import NODE_SOURCES
+from hpcsched.slurm.pilot_config import PilotConfig, read_pilot_config
 
 LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
 
@@ -281,7 +282,7 @@ class ControllerConfig:
     round_s: float = 360.0  # rounds: a round's length (Gavel's --time_per_iteration)
     round_reset_s: float = 1920.0  # rounds: least time between two allocations (Gavel's minimum between resets)
     throughputs: Path | None = None  # rounds: Gavel-format throughput table (None: the bundled one)
-    # node_source: static (workers register themselves) or slurm (the controller submits pilot jobs: pilots.py)
+    # node_source: static (workers register themselves) or slurm (pilot jobs: hpcsched.slurm.pilots)
     pilots: PilotConfig | None = None  # the ``slurm:`` section when node_source is slurm
     # free space kept on the state's filesystem (diskspace.py): under it the controller does not start and refuses
     # submits; "default": the smaller of 1 GiB and 5% of the filesystem
@@ -436,7 +437,7 @@ def _executor(doc: _Doc, base: Path) -> dict[str, Any]:
 
 
 def _node_source(doc: _Doc, base: Path) -> PilotConfig | None:
-    """``node_source: slurm`` and its ``slurm:`` section (pilots.py), or None for ``static``."""
+    """``node_source: slurm`` and its ``slurm:`` section (hpcsched.slurm.pilots), or None for ``static``."""
     source = doc.get("node_source", str, "static")
     if source not in NODE_SOURCES:
         raise doc.fail("node_source", f"expected one of {', '.join(NODE_SOURCES)}, got {source!r}")

@@ -43,7 +43,7 @@ from hpcsched.runtime.credentials import WorkerCredentials
 from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.listing import Busy
-from hpcsched.runtime.pilots import ControllerDemand, PilotManager, reachable
+from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.submission import LimitExceeded
@@ -134,7 +134,7 @@ class _Service(pb_grpc.ControllerServicer):
         self.store_errors = LogThrottle(log)  # SQLite errors in handlers (``_timed``)
         self.auth = auth
         self.own_jobs_only = own_jobs_only
-        self.pilots: PilotManager | None = None  # node_source slurm: set once the manager runs (ControllerServer)
+        self.source: NodeSource = StaticNodeSource()  # where workers come from (ControllerServer sets it)
 
     @_timed
     def Register(self, request, context):
@@ -171,8 +171,7 @@ class _Service(pb_grpc.ControllerServicer):
     def ListJobs(self, request, context):
         jobs, token = self.ctl.jobs_page(request.page_size, request.page_token, owner=self._owner_filter(context),
                                          filters=request)
-        if self.pilots is not None:
-            mark_pilot_jobs(jobs, self.pilots)
+        mark_pilot_jobs(jobs, self.source.view())
         return pb.ListJobsReply(jobs=jobs, next_page_token=token)
 
     @_timed
@@ -184,16 +183,14 @@ class _Service(pb_grpc.ControllerServicer):
     def ListWorkers(self, request, context):
         workers, token = self.ctl.workers_page(request.page_size, request.page_token)
         reply = pb.ListWorkersReply(workers=workers, next_page_token=token)
-        if self.pilots is not None:
-            mark_pilot_workers(reply.workers, self.pilots)
+        view = self.source.view()
+        mark_pilot_workers(reply.workers, view)
         if request.with_nodes and not request.page_token:
-            reply.node_source = "static" if self.pilots is None else "slurm"
-            if self.pilots is not None:
-                snap = self.pilots.snapshot
-                reply.nodes_time = snap.time
-                jobs_on = {node: jid for jid, node, _ in snap.pilots.values()}
-                reply.nodes.extend(pb.SlurmNode(node=n, use=use, slurm_job_id=jobs_on.get(n, ""))
-                                   for n, use in snap.nodes.items())
+            reply.node_source = view.name
+            if view.nodes:
+                reply.nodes_time = view.time
+                reply.nodes.extend(pb.SlurmNode(node=n, use=use, slurm_job_id=job)
+                                   for n, (use, job) in view.nodes.items())
         return reply
 
     @_timed
@@ -201,26 +198,19 @@ class _Service(pb_grpc.ControllerServicer):
         return self.ctl.leave(request)
 
 
-def mark_pilot_workers(workers, pilots: PilotManager) -> None:
-    """Fill the pilot fields of ``WorkerInfo`` rows from the pilot manager: its live pilots (last poll), else the
-    pilots it or a predecessor on this state had (their state ``GONE``: the pilot has left Slurm)."""
-    snap, known = pilots.snapshot, dict(pilots.known)
+def mark_pilot_workers(workers, view: SourceView) -> None:
+    """Fill the pilot fields of ``WorkerInfo`` rows from the node source's view: its workers now, and those that
+    left (state ``GONE``) that it or a predecessor on this state had."""
     for w in workers:
-        if w.worker_id in snap.pilots:
-            w.slurm_job_id, w.slurm_node, w.pilot_state = snap.pilots[w.worker_id]
-            w.pilot = True
-        elif w.worker_id in known:
-            (w.slurm_job_id, w.slurm_node), w.pilot_state = known[w.worker_id], "GONE"
+        if w.worker_id in view.workers:
+            w.slurm_job_id, w.slurm_node, w.pilot_state = view.workers[w.worker_id]
             w.pilot = True
 
 
-def mark_pilot_jobs(jobs, pilots: PilotManager) -> None:
-    """``JobInfo.pilot_jobs``: the Slurm jobs of the pilots among each job's workers."""
-    snap, known = pilots.snapshot, dict(pilots.known)
+def mark_pilot_jobs(jobs, view: SourceView) -> None:
+    """``JobInfo.pilot_jobs``: the external jobs (Slurm's) of the node source's workers among each job's workers."""
     for j in jobs:
-        ids = [snap.pilots[w][0] if w in snap.pilots else known[w][0] for w in j.workers
-               if w in snap.pilots or w in known]
-        j.pilot_jobs.extend(ids)
+        j.pilot_jobs.extend(view.workers[w][0] for w in j.workers if w in view.workers)
 
 
 class ControllerServer:
@@ -255,7 +245,7 @@ class ControllerServer:
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self.ctl.run_forever, args=(self._stop,), daemon=True, name="scheduler")
         self._switch_interval: float | None = None
-        self.pilots: PilotManager | None = None
+        self.source: NodeSource = StaticNodeSource()
         self._backups = threading.Thread(target=self._backup_loop, daemon=True, name="backups") \
             if cfg.backup_dir else None
 
@@ -272,12 +262,13 @@ class ControllerServer:
             self._backups.start()
         if self.cfg.address_file:
             _write_atomic(self.cfg.address_file, self.address + "\n")
-        if self.cfg.pilots is not None:  # node_source: slurm: harvest idle nodes with pilot jobs (pilots.py)
-            self.pilots = PilotManager(self.cfg.pilots, ControllerDemand(self.ctl), reachable(self.address),
-                                       self.cfg.worker_token or self.cfg.token, self.cfg.state)
-            self.service.pilots = self.pilots
-            self.ctl.arriving = self.pilots.arriving
-            self.pilots.start()
+        # node_source (hpcsched.runtime.node_source): slurm harvests idle nodes with pilot jobs; static does nothing
+        self.source = build("static" if self.cfg.pilots is None else "slurm", self.cfg.pilots,
+                            ControllerDemand(self.ctl), reachable(self.address),
+                            self.cfg.worker_token or self.cfg.token, self.cfg.state)
+        self.service.source = self.source
+        self.ctl.arriving = self.source.arriving
+        self.source.start()
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
                  ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
                  else "OFF", "on" if self.cfg.tls_cert else "off",
@@ -309,8 +300,7 @@ class ControllerServer:
         self.server.wait_for_termination()
 
     def stop(self) -> None:
-        if self.pilots is not None:  # first: their workers leave through this server
-            self.pilots.stop()
+        self.source.stop()  # first: its workers leave through this server
         self._stop.set()
         self.ctl.wakeup.set()
         self.server.stop(grace=1).wait()

@@ -78,7 +78,7 @@ def _key_lines(text: str) -> tuple[dict[str, int], list[int]]:
 def _pilot_keys(d: dict[str, Any], path: Path, key_lines: dict[str, int]) -> dict[str, Any]:
     """Mode controller: the pilot settings this file gives, by the names of the controller's ``slurm:`` section,
     checked now by the controller's own reader (so a mistake names this file before anything is submitted)."""
-    from hpcsched.runtime.pilots import read_pilot_config
+    from hpcsched.slurm.pilot_config import read_pilot_config
 
     out: dict[str, Any] = {k: d[k] for k in ("qos", "account", "time_limit_s") if k in d}
     for ours, theirs in (("poll_s", "poll_s"), ("settle_s", "settle_s"), ("pending_timeout_s", "start_timeout_s")):

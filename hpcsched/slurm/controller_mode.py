@@ -101,7 +101,7 @@ def controller_config(hf: HarvestFile, out: Path, max_pilots: int):  # -> Contro
     """The controller a harvest config asks for: loopback, port 0, its own state and tokens, pilots in the
     config's partition (``HarvestFile.pilot``: QOS, account, time limit, ...), MILP look-ahead ``tfwd``."""
     from hpcsched.runtime.config import ControllerConfig
-    from hpcsched.runtime.pilots import read_pilot_config
+    from hpcsched.slurm.pilot_config import read_pilot_config
 
     pilot = {"work_dir": str(out.resolve() / "pilots")} | hf.pilot | {
         "partition": hf.partition, "max_pilots": max(1, max_pilots), "slots": 1}
