@@ -737,6 +737,8 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
       ``preempt``), not for a pilot this controller cancelled (``cancelled_pilot_workers``); ``lost_steps``: steps
       lost past the last checkpoint, summed over every restart of a job
       (preemption, resize, failure), ``max_lost_steps`` the largest one.
+    - ``pilot_release_s_p50`` / ``_p99`` / ``_max``: how long a pilot Slurm ended held its node after Slurm
+      signalled it (a preemption): the delay it added to the batch job that wanted the node.
 
     Figures that need pilots are left out and listed under ``unavailable`` with the reason when the run has
     none (``node_source: static``, or a store written before pilot events were recorded)."""
@@ -788,4 +790,15 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     ended = [p for p in ran.values() if p["to"] is not None and not p["cancelled"]]
     out["pilots_preempted"] = sum(1 for p in ended if not p["window_end"])
     out["pilots_window_end"] = sum(1 for p in ended if p["window_end"])
+    # The cost a site pays: how long a preempted pilot held its node after Slurm signalled it, i.e. what it added
+    # to the start of the batch job that preempted it (the pilot's script times it: slurm/pilot_config.py).
+    release = sorted(float(e["release_s"]) for e in pilot_ev if e.get("event") == "gone"
+                     and e.get("release_s") is not None and not e.get("cancelled"))
+    if release:
+        out["pilot_release_s_p50"] = release[(len(release) - 1) // 2]
+        out["pilot_release_s_p99"] = release[min(len(release) - 1, math.ceil(0.99 * len(release)) - 1)]
+        out["pilot_release_s_max"] = release[-1]
+    elif out["pilots_preempted"]:
+        out.setdefault("unavailable", {})["pilot_release_s"] = (
+            "no preempted pilot timed its release (pilots from before the sentinel script, or worker_step: true)")
     return out

@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_slurm import FakeSlurm
 from runtime_procs import TOKEN, client, controller_config, kill_tree, start_controller, stop, wait_for
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.config import read_controller_config
-from hpcsched.runtime.pilots import PilotConfig, PilotManager, pilot_script, pilots_wanted
+from hpcsched.slurm.pilot_config import PilotConfig, pilot_script, pilots_wanted
+from hpcsched.slurm.pilots import PilotManager
 
 
 def _cfg(tmp_path: Path, text: str):
@@ -55,17 +57,65 @@ def test_node_source_mistakes_name_the_file_and_line(tmp_path: Path, text: str, 
     assert "controller.yaml" in str(e.value)
 
 
-def test_pilot_script_execs_the_worker_named_after_its_job(tmp_path: Path) -> None:
+def test_pilot_script_runs_the_worker_named_after_its_job(tmp_path: Path) -> None:
     cfg = PilotConfig(slots=2, gpus=1, stop_grace_s=4.0, work_dir=tmp_path / "pilot dir", python="/opt/py/bin/python")
     worker = ("/opt/py/bin/python -m hpcsched.runtime worker --controller ctl.example:5000 --slots 2 --gpus 1 "
               "--stop-grace 4.0 --orphan-timeout 600.0 --token-file ")
-    for step, prefix in ((True, 'exec srun --ntasks=1 --nodes=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" '
-                                '--mpi=none --quiet '), (False, "exec ")):
-        text = pilot_script(dataclasses.replace(cfg, worker_step=step), "ctl.example:5000", tmp_path / "tok", "ab")
-        assert text.startswith("#!/bin/sh\n")
-        last = text.strip().splitlines()[-1]
-        assert last.startswith(prefix + worker), last
-        assert '--name "pilot-$SLURM_JOB_ID"' in last and f"'{tmp_path}/pilot dir'/\"$SLURM_JOB_ID\"" in last
+    name = f'--name "pilot-$id" --work-dir \'{tmp_path}/pilot dir\'/"$id"'
+    step = pilot_script(dataclasses.replace(cfg, worker_step=True), "ctl.example:5000", tmp_path / "tok", "ab")
+    last = step.strip().splitlines()[-1]
+    assert last.startswith('exec srun --ntasks=1 --nodes=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" --mpi=none '
+                           '--quiet ' + worker) and last.endswith(name), last
+    text = pilot_script(cfg, "ctl.example:5000", tmp_path / "tok", "ab")
+    assert text.startswith("#!/bin/bash\n")
+    (line,) = [x for x in text.splitlines() if x.startswith(worker)]
+    assert line.endswith(name + " &")  # beside the sentinel step, not in it
+    assert "srun --ntasks=1 --nodes=1 --cpus-per-task=1 --overlap" in text
+    # the pilot's id, as squeue lists it: ARRAYID_TASK for an array element, the job id otherwise
+    for env, want in (({"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_ID": "9"}, "7_3"),
+                      ({"SLURM_JOB_ID": "9"}, "9")):
+        head = "\n".join(text.splitlines()[:3]) + '\necho "$id"\n'
+        out = subprocess.run(["bash", "-c", head], env={"PATH": os.environ["PATH"]} | env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert out == want
+
+
+def test_pilot_script_passes_a_preemption_on_to_the_worker_at_once(tmp_path: Path) -> None:
+    """The sentinel step ends on Slurm's SIGTERM to the job's steps; the script then signals the worker alone,
+    which leaves, and records when it was signalled and when the worker had left. Run with stand-ins for srun
+    and the worker (a shell that traps SIGTERM and takes 0.3 s to leave)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+    worker = tmp_path / "py"
+    out_file = tmp_path / "worker.out"
+    worker.write_text(f"#!/bin/bash\necho started > {out_file}\n"
+                      f"trap 'sleep 0.3; echo left >> {out_file}; exit 0' TERM\n"
+                      "while :; do sleep 0.05; done\n")
+    for p in (bin_dir / "srun", worker):
+        p.chmod(0o755)
+    cfg = PilotConfig(work_dir=tmp_path / "w", python=str(worker))
+    script = tmp_path / "pilot.sh"
+    script.write_text(pilot_script(cfg, "ctl:1", None, "ab"))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
+    p = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        wait_for("the sentinel running", lambda: (tmp_path / "w" / "42" / "sentinel").exists(), 10, poll=0.05)
+        pids = [int(x) for x in subprocess.run(["pgrep", "-s", str(p.pid), "-f", "sleep 2147483647"],
+                                               capture_output=True, text=True).stdout.split()]
+        assert pids
+        os.kill(pids[0], 15)  # what Slurm does to a preempted job's steps
+        assert p.wait(timeout=10) == 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+    out = p.stdout.read() if p.stdout else ""
+    assert "the worker leaves now" in out, out
+    assert (tmp_path / "worker.out").read_text().split() == ["started", "left"]
+    held = float((tmp_path / "w" / "42" / "released").read_text()) - \
+        float((tmp_path / "w" / "42" / "preempted").read_text())
+    assert 0.3 <= held < 5, held
 
 
 def test_pilots_wanted_table() -> None:
@@ -103,51 +153,6 @@ def test_a_worker_leaves_once_its_controller_is_gone_for_orphan_timeout(tmp_path
         stop(ctl)
 
 
-class FakeSlurm:
-    """sinfo / squeue / sbatch / scancel over a few nodes, as the manager calls them (its ``run``)."""
-
-    def __init__(self, nodes: int = 4) -> None:
-        self.nodes = {f"n{i}": "idle" for i in range(1, nodes + 1)}
-        self.jobs: dict[str, dict] = {}  # id -> name, state, node, argv
-        self.next_id = 100
-        self.calls: list[list[str]] = []
-        self.reservations = "No reservations in the system\n"
-        self.pending = ""
-
-    def run(self, argv: list[str]) -> str:
-        self.calls.append(argv)
-        tool = argv[0]
-        if tool == "sinfo":
-            return "".join(f"{n} {st}\n" for n, st in self.nodes.items())
-        if tool == "squeue" and "--name" in argv:
-            name = argv[argv.index("--name") + 1]
-            return "".join(f"{jid}|{j['state']}|{j['node'] if j['state'] == 'RUNNING' else ''}\n"
-                           for jid, j in self.jobs.items() if j["name"] == name)
-        if tool == "scontrol":  # fit-idle-window: scontrol -o show reservation
-            return self.reservations
-        if tool == "squeue" and "PD" in argv:  # fit-idle-window: pending jobs, ours with their requested node
-            return self.pending + "".join(f"{jid}|batch|{j['name']}|2026-11-27T06:30:41|{j['node']}\n"
-                                          for jid, j in self.jobs.items() if j["state"] == "PENDING")
-        if tool == "squeue":
-            return "".join(f"{jid}|scavenger|{j['name']}|RUNNING|{j['node']}\n"
-                           for jid, j in self.jobs.items() if j["state"] == "RUNNING")
-        if tool == "sbatch":
-            jid = str(self.next_id)
-            self.next_id += 1
-            self.jobs[jid] = {"name": argv[argv.index("--job-name") + 1], "state": "PENDING",
-                              "node": argv[argv.index("--nodelist") + 1], "argv": argv}
-            return f"{jid}\n"
-        if tool == "scancel":
-            for jid in argv[1:]:
-                self.jobs.pop(jid, None)
-            return ""
-        raise AssertionError(f"unexpected {argv}")
-
-    def start(self, jid: str) -> None:
-        self.jobs[jid]["state"] = "RUNNING"
-        self.nodes[self.jobs[jid]["node"]] = "allocated"
-
-
 class View:
     def __init__(self, demand: int) -> None:
         self.demand, self.w = demand, {}
@@ -178,30 +183,47 @@ def test_manager_claims_idle_nodes_for_the_queue_and_no_more(tmp_path: Path) -> 
     slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
     m = _manager(tmp_path, slurm, view, clock)
     m.step()
-    subs = [j["argv"] for j in slurm.jobs.values()]
-    assert [a[a.index("--nodelist") + 1] for a in subs] == ["n1", "n2"]
-    a = subs[0]
+    # one sbatch for both: a job array of one-node pilots, placed by Slurm on the partition's idle nodes
+    assert [c[0] for c in slurm.calls] == ["sinfo", "squeue", "sbatch"]
+    assert sorted(slurm.jobs) == ["100_0", "100_1"]
+    a = slurm.jobs["100_0"]["argv"]
     assert {"--partition", "scavenger"} <= set(a) and "--signal=B:TERM@60" in a and a[a.index("--time") + 1] == "30"
+    assert "--array=0-1" in a and "--nodelist" not in a
     assert ["sinfo", "-N", "-h", "-p", "scavenger", "-o", "%N %T"] in slurm.calls  # only the partition's nodes
     m.step()
     assert len(slurm.jobs) == 2  # on their way: not submitted again
     status = json.loads(m.status_path.read_text())  # what each node does for the controller, or why not
-    assert status["nodes"] == {"n1": "pilot 100 (pending, no worker yet)", "n2": "pilot 101 (pending, no worker yet)",
-                               "n3": "idle, not needed: the queue wants 2 slots, live workers have 0, 2 pilots coming",
-                               "n4": "idle, not needed: the queue wants 2 slots, live workers have 0, 2 pilots coming"}
+    assert status["nodes"] == {n: "idle, not needed: the queue wants 2 slots, live workers have 0, 2 pilots coming"
+                               for n in ("n1", "n2", "n3", "n4")}
+    assert [(p["job_id"], p["state"], p["node"]) for p in status["pilots"]] == [("100_0", "PENDING", ""),
+                                                                                ("100_1", "PENDING", "")]
     assert [e["kind"] for e in status["events"]] == ["submit", "submit"]
     for jid in list(slurm.jobs):
         slurm.start(jid)
         view.w[f"pilot-{jid}"] = (True, 1, 1)
-    view.demand = 3  # one more slot wanted: one more pilot, on a node still idle
+    view.demand = 3  # one more slot wanted: one more pilot
     clock.t += 1
     m.step()
-    assert len(slurm.jobs) == 3 and slurm.jobs["102"]["node"] == "n3"
+    assert len(slurm.jobs) == 3 and slurm.jobs["101_0"]["state"] == "PENDING"
+    assert slurm.start("101_0") == "n3"
     slurm.nodes["n4"] = "drained"
     m.step()
     nodes = json.loads(m.status_path.read_text())["nodes"]
-    assert nodes["n1"] == "pilot 100 (running, worker alive)" and nodes["n4"] == "drained"
+    assert nodes["n1"] == "pilot 100_0 (running, worker alive)" and nodes["n4"] == "drained"
+    assert nodes["n3"] == "pilot 101_0 (running, no worker yet)"
     assert (tmp_path / "pilots" / f"worker-token-{m.tag}").stat().st_mode & 0o777 == 0o600
+    # a steady poll: one sinfo and one squeue whatever the node count, and the status file is not rewritten
+    slurm.calls.clear()
+    before = m.status_path.stat().st_mtime_ns
+    m.step()
+    assert [c[0] for c in slurm.calls] == ["sinfo", "squeue"]
+    assert m.status_path.stat().st_mtime_ns == before
+    # pilots ended in one poll are cancelled with one scancel (here: running, their workers never registered)
+    view.w = {}
+    clock.t += 31
+    slurm.calls.clear()
+    m.step()
+    assert [c for c in slurm.calls if c[0] == "scancel"] == [["scancel", "100_0", "100_1", "101_0"]]
 
 
 def test_manager_cancels_pilots_that_never_start_and_backs_off(tmp_path: Path) -> None:
@@ -411,18 +433,25 @@ def test_fit_window_script_leaves_at_its_deadline(tmp_path: Path) -> None:
                     "sleep 30 & wait\n")
     fake.chmod(0o755)
     cfg = PilotConfig(time_limit="fit-idle-window", leave_before_s=20, work_dir=tmp_path, python=str(fake),
-                      worker_step=False)  # run here, outside Slurm: no srun
+                      worker_step=False)
     script = tmp_path / "pilot.sh"
     script.write_text(pilot_script(cfg, "ctl:1", None, "t"))
-    env = os.environ | {"SLURM_JOB_ID": "7"}
+    bin_dir = tmp_path / "bin"  # outside Slurm: an srun that fails, as one outside an allocation does
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\necho 'srun: error: no allocation' >&2\nexit 1\n")
+    (bin_dir / "srun").chmod(0o755)
+    env = os.environ | {"SLURM_JOB_ID": "7", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     t0 = time.monotonic()
-    p = subprocess.run(["sh", str(script), str(int(time.time()) + 100), "1"], env=env, capture_output=True, text=True,
-                       timeout=20)
-    assert p.returncode == 0 and p.stdout.splitlines() == ["hpcsched pilot: the worker leaves in 1 s", "left"], p
+    p = subprocess.run(["bash", str(script), str(int(time.time()) + 100), "1"], env=env, capture_output=True,
+                       text=True, timeout=20)
+    assert p.returncode == 0 and p.stdout.splitlines() == [
+        "hpcsched pilot: the worker leaves in 1 s",
+        "hpcsched pilot: the sentinel step did not run: a preemption reaches the worker at GraceTime's end",
+        "left"], p
     assert 0.9 < time.monotonic() - t0 < 5
     assert "--name pilot-7" in (tmp_path / "args").read_text()
     (tmp_path / "args").unlink()
-    p = subprocess.run(["sh", str(script), str(int(time.time()) - 1), "100"], env=env, capture_output=True,
+    p = subprocess.run(["bash", str(script), str(int(time.time()) - 1), "100"], env=env, capture_output=True,
                        text=True, timeout=20)
     assert p.returncode == 0 and "its idle window ended" in p.stdout and not (tmp_path / "args").exists()
 
@@ -433,12 +462,12 @@ def test_arriving_names_pilot_workers_not_registered_yet_for_at_most_settle_s(tm
     slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
     m = _manager(tmp_path, slurm, view, clock, settle_s=5.0)
     m.step()
-    assert m.arriving(set()) == ["pilot-100", "pilot-101"]  # just submitted to idle nodes: about to start
-    assert m.arriving({"pilot-100"}) == ["pilot-101"]
+    assert m.arriving(set()) == ["pilot-100_0", "pilot-100_1"]  # just submitted to idle nodes: about to start
+    assert m.arriving({"pilot-100_0"}) == ["pilot-100_1"]
     clock.t += 4.0
-    slurm.start("100")
+    slurm.start("100_0")
     m.step()  # seen running now: its 5 s count from here
     clock.t += 2.0
-    assert m.arriving(set()) == ["pilot-100"]  # 101 still pending, 6 s after its submit: not waited for
+    assert m.arriving(set()) == ["pilot-100_0"]  # 100_1 still pending, 6 s after its submit: not waited for
     clock.t += 3.5
     assert m.arriving(set()) == []  # a worker that does not come within settle_s holds nothing more

@@ -30,8 +30,9 @@ from runtime_procs import (
 )
 from slurm_cluster import NODES, clean_cluster, sh, squeue  # noqa: F401 (clean_cluster: autouse fixture)
 
-from hpcsched.runtime.pilots import PilotConfig, PilotManager
 from hpcsched.slurm import commands
+from hpcsched.slurm.pilot_config import PilotConfig
+from hpcsched.slurm.pilots import PilotManager
 
 WHY_NOT = commands.available()
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,

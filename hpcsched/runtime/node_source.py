@@ -33,7 +33,7 @@ from typing import Any, Protocol
 # name -> "module:factory". Imported only when a controller file names it: a static controller never loads Slurm.
 SOURCES: dict[str, str] = {
     "static": "hpcsched.runtime.node_source:StaticNodeSource",
-    "slurm": "hpcsched.slurm.pilots:SlurmNodeSource",
+    "slurm": "hpcsched.slurm.pilots:PilotManager",
 }
 NODE_SOURCES = tuple(SOURCES)
 

@@ -44,11 +44,10 @@ class PilotConfig:
     work_dir: Path = Path("pilots")  # pilots' logs, work dirs and token file (a shared file system)
     python: str = sys.executable
     sbatch_args: tuple[str, ...] = ()  # anything else the site needs (--constraint, --mem, ...)
-    # True: the worker runs as the job's step (srun). On preemption Slurm signals a job's steps at once but its batch
-    # shell only when GraceTime is over, on its own timer: a batch job waited 12-19 s for pilots whose worker was the
-    # batch shell, 2-6 s for steps (GraceTime 5 s). But then every process of the step gets the signal and the step
-    # ends with the worker, so an elastic Horovod job's ranks there die instead of being removed at a commit and its
-    # survivors wait out Gloo's timeout (docs/runtime.md): off by default until the worker keeps such ranks alive.
+    # True: the worker runs as the job's step (srun), and every process of the step gets Slurm's signals, so an
+    # elastic Horovod job's ranks there die instead of being removed at a commit and its survivors wait out Gloo's
+    # timeout (docs/runtime.md). The default (False) runs the worker beside a sentinel step, which hears a
+    # preemption as early (pilot_script) without signalling the tasks' processes.
     worker_step: bool = False
 
 
@@ -134,9 +133,47 @@ def pilots_wanted(demand_slots: int, live_slots: int, pending: int, running: int
 
 
 
+# The worker beside a sentinel step (bash: ``wait -n``). On preemption with a GraceTime, Slurm signals a job's
+# steps at once but its batch shell only when GraceTime ends: a batch job waited 15-20 s for pilots whose worker
+# was the batch shell. The sentinel is a one-process step that ends on that first SIGTERM; the script then passes
+# it on to the worker alone, which checkpoints its tasks and leaves, and the pilot ends (its nodes free) within
+# the worker's stop grace. The worker's tasks are in no step, so an elastic Horovod job's ranks elsewhere are
+# removed at a commit instead of being signalled with the step (what ``worker_step`` does). The sentinel marks
+# that it ran: one that ends without having run (srun refused) is said in the log and the worker keeps going.
+# ``preempted`` and ``released`` (unix times) in the pilot's work dir give how long it held its node after Slurm
+# asked for it (the manager reads them when the pilot is gone; ``hpcsched calc``: pilot_release_s).
+_SENTINEL = """mkdir -p {work}/"$id"
+{worker} &
+w=$!
+trap 'kill -TERM $w 2>/dev/null' TERM INT USR1 USR2
+srun --ntasks=1 --nodes=1 --cpus-per-task=1 --overlap --mpi=none --quiet --job-name=sentinel \\
+  /bin/sh -c 'touch "$1"; exec sleep 2147483647' sh {work}/"$id"/sentinel </dev/null &
+s=$!
+told=
+while kill -0 $w 2>/dev/null; do
+  if [ -z "$told" ]; then wait -n $w $s; else wait $w; fi
+  if [ -z "$told" ] && ! kill -0 $s 2>/dev/null; then
+    told=1
+    if [ -e {work}/"$id"/sentinel ]; then
+      date +%s.%N > {work}/"$id"/preempted
+      echo "hpcsched pilot: Slurm signalled the job's steps (preemption or cancel): the worker leaves now"
+      kill -TERM $w 2>/dev/null
+    else
+      echo "hpcsched pilot: the sentinel step did not run: a preemption reaches the worker at GraceTime's end"
+    fi
+  fi
+done
+wait $w
+rc=$?
+[ -e {work}/"$id"/preempted ] && date +%s.%N > {work}/"$id"/released
+kill $s 2>/dev/null
+exit $rc
+"""
+
+
 def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag: str) -> str:
-    """The batch script: the worker, named after the pilot job, exec'd as the job's one step (``worker_step``; else
-    as the batch shell) so that Slurm's signals reach it.
+    """The batch script: the worker, named after the pilot job, beside a sentinel step that passes a preemption's
+    SIGTERM on to it at once (``_SENTINEL``); with ``worker_step`` the worker is the job's one step instead.
 
     With ``time_limit: fit-idle-window`` the script takes two arguments, the unix time its worker must have left
     by (the node's claim less the margin and ``leave_before_s``) and the seconds after its start it leaves at
@@ -144,8 +181,8 @@ def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag
     earlier of the two, to the second. Slurm's ``--signal`` is not used then: Slurm sends it from a timer, early by
     up to its check period (measured: 11 s), and counts from the job's start, not from the claim; the time limit
     itself stays the backstop (SIGTERM, on which the worker still checkpoints, then SIGKILL after KillWait). GNU
-    ``timeout`` passes on the SIGTERM Slurm sends it (a preemption, scancel) and, with ``--preserve-status``, exits
-    with the worker's status, so a pilot that left cleanly ends COMPLETED rather than TIMEOUT."""
+    ``timeout`` passes on the SIGTERM it is sent and, with ``--preserve-status``, exits with the worker's status,
+    so a pilot that left cleanly ends COMPLETED rather than TIMEOUT."""
     argv = [cfg.python, "-m", "hpcsched.runtime", "worker", "--controller", controller, "--slots", str(cfg.slots),
             "--gpus", str(cfg.gpus), "--stop-grace", str(cfg.stop_grace_s), "--orphan-timeout",
             str(cfg.orphan_timeout_s)]
@@ -155,19 +192,20 @@ def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag
     work = shlex.quote(str(cfg.work_dir))
     # the pilot's id as squeue lists it: ARRAYID_TASK for an element of a job array (SLURM_JOB_ID is then a number
     # of its own that squeue -r does not show while the element is pending)
-    head = (f"#!/bin/sh\n# hpcsched pilot ({tag}): one worker for the controller at {controller}\n"
+    head = (f"#!/bin/bash\n# hpcsched pilot ({tag}): one worker for the controller at {controller}\n"
             'id="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"; id="${id:-$SLURM_JOB_ID}"\n')
-    run = f'{words} --name "pilot-$id" --work-dir {work}/"$id"\n'
-    # every CPU of the node to the step; no MPI plugin (the worker's mpirun must not see one); timeout inside the
-    # step, so that a worker leaving at its deadline ends the step (and the job) with its own status
-    step = ('srun --ntasks=1 --nodes=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" --mpi=none --quiet '
-            if cfg.worker_step else "")
-    if cfg.time_limit != FIT:
-        return head + "exec " + step + run
-    # SIGKILL only if the worker is still there at its time limit, as Slurm would
-    return (head + "# fit-idle-window: $1 = unix time to have left by, $2 = seconds after the start to leave at\n"
-            'left=$(( $1 - $(date +%s) ))\n[ "$left" -gt "$2" ] && left=$2\n'
-            'if [ "$left" -lt 1 ]; then echo "hpcsched pilot: its idle window ended at $1: no worker"; exit 0; fi\n'
-            'echo "hpcsched pilot: the worker leaves in $left s"\n'
-            f'exec {step}timeout --preserve-status -s TERM -k {cfg.leave_before_s} "$left" ' + run)
-
+    worker = f'{words} --name "pilot-$id" --work-dir {work}/"$id"'
+    if cfg.time_limit == FIT:
+        # SIGKILL only if the worker is still there at its time limit, as Slurm would
+        head += ("# fit-idle-window: $1 = unix time to have left by, $2 = seconds after the start to leave at\n"
+                 'left=$(( $1 - $(date +%s) ))\n[ "$left" -gt "$2" ] && left=$2\n'
+                 'if [ "$left" -lt 1 ]; then\n'
+                 '  echo "hpcsched pilot: its idle window ended at $1: no worker"; exit 0\nfi\n'
+                 'echo "hpcsched pilot: the worker leaves in $left s"\n')
+        worker = f'timeout --preserve-status -s TERM -k {cfg.leave_before_s} "$left" ' + worker
+    if cfg.worker_step:
+        # every CPU of the node to the step; no MPI plugin (the worker's mpirun must not see one); timeout inside the
+        # step, so that a worker leaving at its deadline ends the step (and the job) with its own status
+        return (head + 'exec srun --ntasks=1 --nodes=1 --cpus-per-task="${SLURM_CPUS_ON_NODE:-1}" --mpi=none --quiet '
+                + worker + "\n")
+    return head + _SENTINEL.format(work=work, worker=worker)

@@ -204,8 +204,11 @@ class PilotManager:
                 if window_end:
                     why = (f"left at the end of its idle window (by {clock_time(gone.leave_by)}"
                            f"{', before ' + gone.claim if gone.claim else ''})")
+                release = self._release_s(jid)
+                if release is not None and not gone.ended:
+                    why += f"; it left {release:.2f} s after Slurm signalled it"
                 self._event("gone", jid, gone.ended or why, node=gone.node, cancelled=bool(gone.ended),
-                            window_end=window_end and not gone.ended)
+                            window_end=window_end and not gone.ended, release_s=release)
         workers = self.demand_view.workers()
         for p in self.pilots.values():
             state, node = listed[p.job_id]
@@ -449,11 +452,21 @@ class PilotManager:
         except ValueError as e:
             raise commands.SlurmError(str(e)) from None
 
+    def _release_s(self, job_id: str) -> float | None:
+        """How long a gone pilot held its node after Slurm signalled its steps (a preemption, a cancel): the
+        ``preempted`` and ``released`` times its script wrote (pilot_config._SENTINEL); None when it was not
+        signalled so or the files are unreadable (a pilot killed outright writes no ``released``)."""
+        d = self.cfg.work_dir / job_id
+        try:
+            return max(0.0, float((d / "released").read_text()) - float((d / "preempted").read_text()))
+        except (OSError, ValueError):
+            return None
+
     def log_path(self, job_id: str) -> Path:
         return self.cfg.work_dir / f"pilot-{job_id}.log"
 
     def _event(self, kind: str, job_id: str, detail: str, node: str | None = None, cancelled: bool = False,
-               window_end: bool = False) -> None:
+               window_end: bool = False, release_s: float | None = None) -> None:
         """Log, keep (the last 1000) and record in the controller's store: a ``pilot`` event with the Slurm job,
         its node, its worker and, for ``gone``, whether this controller had cancelled it and whether it left by
         itself at the end of its idle window (``fit-idle-window``); else Slurm ended it: preempted, its time
@@ -476,6 +489,8 @@ class PilotManager:
             if kind == "gone":
                 detail_d["cancelled"] = cancelled
                 detail_d["window_end"] = window_end
+                if release_s is not None:
+                    detail_d["release_s"] = release_s
             try:
                 record(detail_d)
             except Exception:  # the store busy or closing: the status file and the log still have it
