@@ -206,6 +206,8 @@ def save(fake: FakeSlurm, state: Path) -> None:
 
 def main(argv: list[str]) -> int:
     state, tool, args = Path(argv[0]), argv[1], argv[2:]
+    with open(state.with_name(state.name + ".calls"), "a") as f:  # one line per call: what a caller cost Slurm
+        f.write(tool + "\n")
     fake = FakeSlurm.from_json(json.loads(state.read_text()))
     try:
         out = fake.run([tool, *args])

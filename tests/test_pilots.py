@@ -104,8 +104,9 @@ def test_pilot_script_passes_a_preemption_on_to_the_worker_at_once(tmp_path: Pat
         wait_for("the sentinel running", lambda: (tmp_path / "w" / "42" / "sentinel").exists(), 10, poll=0.05)
         pids = [int(x) for x in subprocess.run(["pgrep", "-s", str(p.pid), "-f", "sleep 2147483647"],
                                                capture_output=True, text=True).stdout.split()]
-        assert pids
-        os.kill(pids[0], 15)  # what Slurm does to a preempted job's steps
+        assert len(pids) == 2  # the sentinel's shell and its sleep
+        for pid in pids:
+            os.kill(pid, 15)  # what Slurm does to every process of a preempted job's steps
         assert p.wait(timeout=10) == 0
     finally:
         if p.poll() is None:

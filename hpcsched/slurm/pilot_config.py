@@ -135,19 +135,22 @@ def pilots_wanted(demand_slots: int, live_slots: int, pending: int, running: int
 
 # The worker beside a sentinel step (bash: ``wait -n``). On preemption with a GraceTime, Slurm signals a job's
 # steps at once but its batch shell only when GraceTime ends: a batch job waited 15-20 s for pilots whose worker
-# was the batch shell. The sentinel is a one-process step that ends on that first SIGTERM; the script then passes
-# it on to the worker alone, which checkpoints its tasks and leaves, and the pilot ends (its nodes free) within
-# the worker's stop grace. The worker's tasks are in no step, so an elastic Horovod job's ranks elsewhere are
-# removed at a commit instead of being signalled with the step (what ``worker_step`` does). The sentinel marks
-# that it ran: one that ends without having run (srun refused) is said in the log and the worker keeps going.
-# ``preempted`` and ``released`` (unix times) in the pilot's work dir give how long it held its node after Slurm
-# asked for it (the manager reads them when the pilot is gone; ``hpcsched calc``: pilot_release_s).
+# was the batch shell. The sentinel is a one-process step on the pilot's node that, on that first SIGTERM, passes
+# it on to the worker alone (by its pid: a one-node job's step runs beside its batch shell) and ends; the script
+# does the same when it sees the sentinel end (in case the step could not reach the worker). The worker
+# checkpoints its tasks and leaves, and the pilot ends (its node free) within the worker's stop grace. The
+# worker's tasks are in no step, so an elastic Horovod job's ranks elsewhere are removed at a commit instead of
+# being signalled with the step (what ``worker_step`` does). The sentinel marks that it ran: one that ends
+# without having run (srun refused) is said in the log and the worker keeps going. ``preempted`` and
+# ``released`` (unix times) in the pilot's work dir give how long it held its node after Slurm signalled it (the
+# manager reads them when the pilot is gone; ``hpcsched calc``: pilot_release_s).
 _SENTINEL = """mkdir -p {work}/"$id"
 {worker} &
 w=$!
 trap 'kill -TERM $w 2>/dev/null' TERM INT USR1 USR2
-srun --ntasks=1 --nodes=1 --cpus-per-task=1 --overlap --mpi=none --quiet --job-name=sentinel \\
-  /bin/sh -c 'touch "$1"; exec sleep 2147483647' sh {work}/"$id"/sentinel </dev/null &
+srun --ntasks=1 --nodes=1 --cpus-per-task=1 --overlap --mpi=none --quiet --job-name=sentinel /bin/sh -c \\
+  'touch "$1/sentinel"; trap "date +%s.%N > \\"$1/preempted\\"; kill -TERM $2; exit 0" TERM; sleep 2147483647 & wait' \\
+  sh {work}/"$id" $w </dev/null &
 s=$!
 told=
 while kill -0 $w 2>/dev/null; do
@@ -155,7 +158,7 @@ while kill -0 $w 2>/dev/null; do
   if [ -z "$told" ] && ! kill -0 $s 2>/dev/null; then
     told=1
     if [ -e {work}/"$id"/sentinel ]; then
-      date +%s.%N > {work}/"$id"/preempted
+      [ -e {work}/"$id"/preempted ] || date +%s.%N > {work}/"$id"/preempted
       echo "hpcsched pilot: Slurm signalled the job's steps (preemption or cancel): the worker leaves now"
       kill -TERM $w 2>/dev/null
     else
