@@ -145,6 +145,12 @@ def worker(
     except OSError as e:  # its work dir, its agent's port
         raise InputError(cfg.work_dir, f"cannot start the worker: {e.strerror or e}") from None
     daemon.run(_until_signal())
+    # Everything is said and every task has stopped (Worker.leave): skip the interpreter's teardown (thread joins,
+    # gRPC's, the collector), 0.2-0.9 s on a loaded node. A pilot's node is free only once this process is gone:
+    # that time is added to the start of the batch job that preempted it.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _gpu_type(kw: dict, given_by: str) -> None:
