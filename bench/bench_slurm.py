@@ -143,6 +143,23 @@ def poll_cost(sizes: tuple[int, ...] = (100, 1000, 10000), polls: int = 5) -> in
                 wall.append(time.perf_counter() - t0)
                 per.append((r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime))
                 calls_poll = dict(__import__("collections").Counter(calls))
+            # a poll with a change: Slurm ended one pilot (its worker gone): decided in full, one new pilot
+            ccpu, ccalls = [], {}
+            for _ in range(polls):
+                import json as _json
+
+                fake = FakeSlurm.from_json(_json.loads(state.read_text()))
+                gone = next(j for j, x in fake.jobs.items() if x["state"] == "RUNNING")
+                fake.end(gone)
+                save(fake, state)
+                view.w.pop(f"pilot-{gone}", None)
+                calls.clear()
+                c0 = time.process_time()
+                m.step()
+                ccpu.append(time.process_time() - c0)
+                ccalls = dict(__import__("collections").Counter(calls))
+                view.w = {p.worker: (True, 1, 1) for p in m.pilots.values()}
+                m.step()  # the new pilot's worker registered: settled again
             # the queue empties: every pilot idle past idle_release_s would go; here: half of them cancelled at once
             victims = list(m.pilots.values())[: len(m.pilots) // 2]
             calls.clear()
@@ -151,10 +168,12 @@ def poll_cost(sizes: tuple[int, ...] = (100, 1000, 10000), polls: int = 5) -> in
             m._flush_cancels()
             cancel_calls = dict(__import__("collections").Counter(calls))
             os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
-            print(f"{n:>6} nodes, {len(m.pilots)} pilots: first poll {first}; steady poll {calls_poll}; "
-                  f"manager CPU per poll median {statistics.median(cpu) * 1e3:.1f} ms (max {max(cpu) * 1e3:.1f}), "
-                  f"wall {statistics.median(wall) * 1e3:.0f} ms, fake tools' CPU {statistics.median(per) * 1e3:.0f} ms;"
-                  f" cancelling {len(victims)}: {cancel_calls}", flush=True)
+            print(f"{n:>6} nodes, {len(m.pilots)} pilots: first poll {first}; steady poll {calls_poll} "
+                  f"(settled, skipped {m.quiet_polls}): manager CPU median {statistics.median(cpu) * 1e3:.1f} ms "
+                  f"(max {max(cpu) * 1e3:.1f}), wall {statistics.median(wall) * 1e3:.0f} ms, fake tools' CPU "
+                  f"{statistics.median(per) * 1e3:.0f} ms; poll after a pilot ended {ccalls}: manager CPU median "
+                  f"{statistics.median(ccpu) * 1e3:.1f} ms (max {max(ccpu) * 1e3:.1f}); cancelling {len(victims)}: "
+                  f"{cancel_calls}", flush=True)
     print(f"load after: {open('/proc/loadavg').read().split()[:3]}")
     return 0
 

@@ -472,3 +472,31 @@ def test_arriving_names_pilot_workers_not_registered_yet_for_at_most_settle_s(tm
     assert m.arriving(set()) == ["pilot-100_0"]  # 100_1 still pending, 6 s after its submit: not waited for
     clock.t += 3.5
     assert m.arriving(set()) == []  # a worker that does not come within settle_s holds nothing more
+
+
+def test_a_poll_that_finds_nothing_changed_decides_nothing(tmp_path: Path) -> None:
+    """Every pilot running with a busy worker and Slurm, the workers and the demand as the last poll left them:
+    the poll reads Slurm (two calls) and stops there, counted; any change, or a timer's state, decides again."""
+    slurm, view, clock = FakeSlurm(), View(demand=2), Clock()
+    m = _manager(tmp_path, slurm, view, clock)
+    m.step()
+    for jid in list(slurm.jobs):
+        slurm.start(jid)
+        view.w[f"pilot-{jid}"] = (True, 1, 1)
+    m.step()
+    assert m.quiet_polls == 0
+    slurm.calls.clear()
+    clock.t += 100  # timers are not what a settled poll waits on
+    m.step()
+    m.step()
+    assert m.quiet_polls == 2 and [c[0] for c in slurm.calls] == ["sinfo", "squeue"] * 2
+    view.w["pilot-100_0"], view.demand = (True, 1, 0), 1  # nothing to run there: its idle timer runs, polls decide
+    m.step()
+    m.step()
+    assert m.quiet_polls == 2
+    clock.t += 21
+    m.step()
+    assert any(e.kind == "cancel" and e.detail.startswith("idle") for e in m.events)
+    del slurm.jobs["100_1"]  # Slurm ended a pilot: the next poll sees it gone
+    m.step()
+    assert any(e.kind == "gone" and e.job_id == "100_1" for e in m.events)

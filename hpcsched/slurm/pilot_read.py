@@ -63,12 +63,21 @@ def parse_jobs(text: str, pilot_name: str, expand: Callable[[str], list[str]] = 
     return tuple(holding), pilots, "".join(pending)
 
 
-def read_slurm(run: Callable[[list[str]], str], partition: str | None, pilot_name: str) -> SlurmRead:
-    """One ``sinfo`` (the partition's nodes, or every node) and one ``squeue`` (every job)."""
+def read_raw(run: Callable[[list[str]], str], partition: str | None) -> tuple[str, str]:
+    """The two calls of a poll: ``sinfo`` (the partition's nodes, or every node) and ``squeue`` (every job)."""
     part = ["-p", partition] if partition else []
-    states = parse_sinfo(run(["sinfo", "-N", "-h", *part, "-o", "%N %T"]))
+    return run(["sinfo", "-N", "-h", *part, "-o", "%N %T"]), run(["squeue", "-h", "-r", "-o", SQUEUE_FORMAT])
+
+
+def parse_read(raw: tuple[str, str], pilot_name: str) -> SlurmRead:
+    """``read_raw``'s output, parsed (SlurmError naming a line Slurm printed in an unknown format)."""
     try:
-        holding, pilots, pending = parse_jobs(run(["squeue", "-h", "-r", "-o", SQUEUE_FORMAT]), pilot_name)
+        holding, pilots, pending = parse_jobs(raw[1], pilot_name)
     except ValueError as e:
         raise commands.SlurmError(str(e)) from None
-    return SlurmRead(states, holding, pilots, pending)
+    return SlurmRead(parse_sinfo(raw[0]), holding, pilots, pending)
+
+
+def read_slurm(run: Callable[[list[str]], str], partition: str | None, pilot_name: str) -> SlurmRead:
+    """One ``sinfo`` and one ``squeue``, parsed."""
+    return parse_read(read_raw(run, partition), pilot_name)

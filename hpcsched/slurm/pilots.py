@@ -42,48 +42,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Container
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpcsched.runtime.node_source import ControllerView, SourceView
 from hpcsched.slurm import commands
 from hpcsched.slurm.pilot_config import FIT, PilotConfig, pilot_script, pilots_wanted
-from hpcsched.slurm.pilot_read import SQUEUE_FORMAT, SlurmRead, parse_jobs, read_slurm
+from hpcsched.slurm.pilot_read import SQUEUE_FORMAT, SlurmRead, parse_jobs, parse_read, read_raw
+from hpcsched.slurm.pilot_records import Pilot, PilotEvent, node_use
 from hpcsched.slurm.pilot_windows import WindowFit, clock_time
 from hpcsched.slurm.source import derive_pool
 
 log = logging.getLogger("hpcsched.slurm.pilots")
-
-
-@dataclass(slots=True)
-class Pilot:
-    """One pilot job as the manager knows it."""
-
-    job_id: str  # Slurm's id: ARRAYID_TASK for the elements of a job array
-    node: str  # the node it asked for (fit-idle-window) or runs on; '' while an array element is pending
-    state: str = "PENDING"
-    seen: float = 0.0  # when first seen (monotonic)
-    running_since: float | None = None
-    idle_since: float | None = None  # its worker alive with nothing to run, since
-    dead_since: float | None = None  # its worker gone from the controller while the job still runs, since
-    ended: str = ""  # why the manager ended it, when it did
-    leave_by: float | None = None  # fit-idle-window: unix time its worker leaves at (before the node's claim)
-    deadline: float | None = None  # fit-idle-window: ... at the latest, whenever it starts (script's $1)
-    run_s: int = 0  # fit-idle-window: ... and at the latest this long after its start (script's $2)
-    claim: str = ""  # fit-idle-window: what needs the node next ('reservation maint1 at 06:29:05'), if known
-
-    @property
-    def worker(self) -> str:
-        return f"pilot-{self.job_id}"
-
-
-@dataclass(slots=True)
-class PilotEvent:
-    time: float
-    kind: str  # submit, running, registered, cancel, gone, adopt
-    job_id: str
-    detail: str = ""
 
 
 class PilotManager:
@@ -124,6 +94,8 @@ class PilotManager:
         self._cancels: list[str] = []  # ids ended this poll: one scancel for all of them at its end
         self._status_said = ""  # the status file's content (less its time) as last written
         self._read: SlurmRead | None = None
+        self._quiet: tuple[Any, ...] | None = None  # a settled poll's inputs: the next one with the same skips
+        self.quiet_polls = 0  # polls skipped so (counted: nothing the manager did not do goes unsaid)
 
     # ------------------------------------------------------------------------------------------- loop
     def start(self) -> None:
@@ -186,7 +158,17 @@ class PilotManager:
     # ------------------------------------------------------------------------------------------- step
     def step(self) -> None:
         now = self.clock()
-        self._read = read = read_slurm(self.run, self.cfg.partition, self.job_name)
+        raw = read_raw(self.run, self.cfg.partition)
+        workers = self.demand_view.workers()
+        demand = self.demand_view.demand_slots()
+        # A poll that finds everything as the last one left it, with nothing waiting on a timer, has nothing to
+        # decide: at 10,000 nodes parsing and re-deriving everything is the manager's whole cost (bench_slurm.py).
+        quiet = (raw, workers, demand)
+        if self._quiet is not None and self._quiet == quiet:
+            self.quiet_polls += 1
+            return
+        self._quiet = None
+        self._read = read = parse_read(raw, self.job_name)
         idle_nodes, why_not = self._idle_nodes(read)
         fits: dict[str, float] = {}  # fit-idle-window: node -> its usable window (s), longest first
         if self.cfg.time_limit == FIT:
@@ -209,7 +191,6 @@ class PilotManager:
                     why += f"; it left {release:.2f} s after Slurm signalled it"
                 self._event("gone", jid, gone.ended or why, node=gone.node, cancelled=bool(gone.ended),
                             window_end=window_end and not gone.ended, release_s=release)
-        workers = self.demand_view.workers()
         for p in self.pilots.values():
             state, node = listed[p.job_id]
             p.state, p.node = state, node or p.node
@@ -230,7 +211,6 @@ class PilotManager:
         idle = [n for n in idle_nodes if n not in claimed]
         # array elements not placed yet will take some of these idle nodes
         unplaced = sum(1 for p in self.pilots.values() if not p.node and not p.ended)
-        demand = self.demand_view.demand_slots()
         new = pilots_wanted(demand, live_slots, pending, running, max(0, len(idle) - unplaced), self.cfg)
         if new and now < self.hold_until:
             new = 0  # backing off after pilots that never started or hung (see _cancel)
@@ -253,6 +233,21 @@ class PilotManager:
             unused = "idle, to be claimed"
         self._write_status(demand, live_slots, why_not | {n: unused + self.fit.note(n) for n in idle_nodes},
                            workers)
+        if self._settled(new, now, workers):
+            self._quiet = quiet
+
+    def _settled(self, submitted: int, now: float, workers: dict[str, tuple[bool, int, int]]) -> bool:
+        """Whether the next poll may skip its decisions if Slurm, the workers and the demand are unchanged: nothing
+        submitted or cancelled now, no back-off running out, and every pilot running with a live, busy worker (a
+        pending, hung, idle or orphaned pilot is ended by a timer). Never with fit-idle-window (its windows end by
+        the clock)."""
+        if submitted or now < self.hold_until or self.cfg.time_limit == FIT:
+            return False
+        for p in self.pilots.values():
+            w = workers.get(p.worker)
+            if p.ended or p.state != "RUNNING" or w is None or not w[0] or w[2] == 0:
+                return False
+        return True
 
     def _window_over(self, p: Pilot, workers: dict[str, tuple[bool, int, int]], wall: float) -> bool:
         """Its worker has left at the end of its idle window; Slurm lists the pilot until that process exits.
@@ -267,15 +262,7 @@ class PilotManager:
         controller or why it is not used, and the last events (what an operator asks first). Rewritten only when
         any of that changed (its ``time`` says when it last did): at 10,000 nodes a rewrite at every poll would
         be the manager's largest cost. The listings' view is replaced at every poll."""
-        for p in self.pilots.values():
-            if not p.node:
-                continue
-            w = workers.get(p.worker)
-            serving = "worker alive" if w and w[0] else "worker gone" if w else "no worker yet"
-            leaves = f"; leaves by {clock_time(p.leave_by)}{', before ' + p.claim if p.claim else ''}" \
-                if p.leave_by is not None else ""
-            nodes[p.node] = (f"pilot {p.job_id} ({p.state.lower()}, {serving}{leaves}"
-                             f"{'; ' + p.ended if p.ended else ''})")
+        nodes |= {p.node: node_use(p, workers) for p in self.pilots.values() if p.node}
         nodes = dict(sorted(nodes.items()))
         jobs_on = {p.node: p.job_id for p in self.pilots.values() if p.node}
         self._view = SourceView(self.name, time.time(), {n: (use, jobs_on.get(n, "")) for n, use in nodes.items()},
