@@ -285,6 +285,8 @@ class PilotManager:
         if said == self._status_said:
             return
         self._status_said = said
+        if "idle_windows" in status and self.fit.windows is not None:  # when the windows were read (not compared)
+            status["idle_windows"] = {"time": self.fit.windows.now} | status["idle_windows"]
         path = self.status_path
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"time": time.time()} | status, indent=1) + "\n")
