@@ -18,9 +18,9 @@ def sh(*argv: str) -> str:
 
 
 def squeue() -> dict[str, tuple[str, str]]:
-    """job id -> (name, state) of every job Slurm lists."""
+    """job id -> (name, state) of every job Slurm lists (an array's elements as ARRAYID_TASK)."""
     out = {}
-    for line in sh("squeue", "-h", "-o", "%i|%j|%T").splitlines():
+    for line in sh("squeue", "-h", "-r", "-o", "%i|%j|%T").splitlines():  # -r: array elements one a line
         jid, name, state = line.split("|")
         out[jid] = (name, state)
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -141,7 +142,8 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         assert result["steps"] == steps and j.steps_done == steps  # exact, across the preemption
         assert j.restarts == 0  # a preemption is not a failure
         log = (tmp_path / "controller.log").read_text()
-        assert log.count(": submit on n") >= 4, log[-3000:]  # two pilots, then two more after the batch job
+        # two pilots, then two more after the batch job: elements of job arrays
+        assert len(re.findall(r"pilot \d+_\d+: submit element", log)) >= 4, log[-3000:]
         assert "is leaving" in log  # the preempted pilots' workers said so (Leave), no timeout needed
         print(f"\nfirst start {first_run_s:.1f} s (pilots submitted, workers registered, job at step 20); "
               f"preemption to job stopped {stopped_s:.1f} s; batch end to job running again {back_s:.1f} s")
@@ -186,7 +188,8 @@ def test_controller_killed_and_restarted_adopts_its_pilots(tmp_path: Path) -> No
         assert j.state == "completed" and j.steps_done == steps, j.message
         assert j.restarts == 0 and j.generation == 1  # it never stopped: the workers kept it running
         log = (tmp_path / "controller.log").read_text()
-        assert log.count(": adopt ") == 2 and log.count(": submit on n") == 2, log[-3000:]
+        assert log.count(": adopt ") == 2 and len(re.findall(r"pilot \d+_\d+: submit element", log)) == 2, \
+            log[-3000:]
     finally:
         c.close()
         ctl.send_signal(signal.SIGTERM)
@@ -244,7 +247,7 @@ def test_a_hung_pilot_is_cancelled_and_replaced(tmp_path: Path) -> None:
         assert j.restarts == 1  # the lost worker failed one attempt; it resumed from its checkpoint
         log = (tmp_path / "controller.log").read_text()
         assert f"pilot {victim}: cancel its worker pilot-{victim} is gone from the controller" in log, log[-3000:]
-        assert log.count(": submit on n") == 3  # the replacement
+        assert len(re.findall(r"pilot \d+_\d+: submit element", log)) == 3  # the replacement
     finally:
         if stopped is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -342,3 +345,32 @@ def test_pilots_fit_idle_windows_without_a_scavenger_partition(tmp_path: Path) -
             with contextlib.suppress(commands.SlurmError):
                 sh("scontrol", "delete", f"ReservationName={name}")
     assert pilots_listed() == []
+
+
+def test_calls_per_poll_on_the_real_slurm_do_not_grow_with_the_pilots(tmp_path: Path) -> None:
+    """On the real Slurm, every node of the partition claimed: one sbatch (a job array) for all four pilots, then
+    one sinfo and one squeue per poll whatever runs, and one scancel for all of them at the stop."""
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> str:
+        calls.append(argv)
+        return commands.run(argv)
+
+    m = PilotManager(PilotConfig(partition="scavenger", max_pilots=len(NODES), poll_s=0.5, work_dir=tmp_path / "p"),
+                     FakeView(len(NODES)), "127.0.0.1:1", None, tmp_path / "a.db", run=run)
+    try:
+        m.step()
+        assert [c[0] for c in calls] == ["sinfo", "squeue", "sbatch"], calls
+        base = next(iter(m.pilots)).split("_")[0]
+        assert sorted(m.pilots) == [f"{base}_{i}" for i in range(4)]  # the elements of one array
+        wait_for("the four pilots running", lambda: sum(1 for _, st in squeue().values() if st == "RUNNING") == 4, 60)
+        for _ in range(3):
+            calls.clear()
+            m.step()
+            assert [c[0] for c in calls] == ["sinfo", "squeue"], calls
+        assert sorted(p.node for p in m.pilots.values()) == list(NODES)  # Slurm placed them, one per node
+    finally:
+        calls.clear()
+        m.stop(wait_s=30)
+    assert [c[0] for c in calls if c[0] in ("scancel", "sbatch")] == ["scancel"]
+    assert not squeue()
