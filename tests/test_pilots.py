@@ -500,3 +500,24 @@ def test_a_poll_that_finds_nothing_changed_decides_nothing(tmp_path: Path) -> No
     del slurm.jobs["100_1"]  # Slurm ended a pilot: the next poll sees it gone
     m.step()
     assert any(e.kind == "gone" and e.job_id == "100_1" for e in m.events)
+
+
+def test_a_node_a_pilot_was_preempted_from_is_left_to_the_preemptor_for_a_moment(tmp_path: Path) -> None:
+    """Slurm ends a pilot (preemption) and shows its node idle until the preempting job starts there: the manager
+    does not claim it back at once (a new pilot would only wait behind that job and hold the controller's decisions
+    for its worker), says why, and claims it again after the hold if it is still idle."""
+    slurm, view, clock = FakeSlurm(nodes=2), View(demand=2), Clock()
+    m = _manager(tmp_path, slurm, view, clock, poll_s=1.0)
+    m.step()
+    for jid in list(slurm.jobs):
+        slurm.start(jid)
+        view.w[f"pilot-{jid}"] = (True, 1, 1)
+    m.step()
+    slurm.end("100_0")  # preempted: its node n1 idle for a moment
+    del view.w["pilot-100_0"]
+    clock.t += 1
+    m.step()
+    assert len(slurm.jobs) == 1 and "just ended its pilot" in json.loads(m.status_path.read_text())["nodes"]["n1"]
+    clock.t += 5  # the hold (5 polls, at least 5 s) is over and n1 is still idle: claimed again
+    m.step()
+    assert len(slurm.jobs) == 2

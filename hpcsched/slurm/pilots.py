@@ -55,6 +55,8 @@ from hpcsched.slurm.source import derive_pool
 
 log = logging.getLogger("hpcsched.slurm.pilots")
 
+VACATED_HOLD_POLLS, VACATED_HOLD_S = 5, 5.0  # a node a pilot was preempted from is left to the preemptor (_vacated)
+
 
 class PilotManager:
     """Claims idle Slurm nodes for the controller with pilot jobs (module docstring); the ``slurm`` node source.
@@ -91,6 +93,9 @@ class PilotManager:
         # What listings show (node_source.SourceView): replaced whole at the end of each step (read from RPC threads).
         self._view = SourceView(self.name)
         self.fit = WindowFit(cfg, self.job_name)  # fit-idle-window: each idle node's window (last poll)
+        # node -> until when (monotonic) it is not claimed: a node a pilot was just preempted from shows idle until
+        # Slurm starts the job that preempted it there; a pilot submitted then only waits behind that job
+        self._vacated: dict[str, float] = {}
         self._cancels: list[str] = []  # ids ended this poll: one scancel for all of them at its end
         self._status_said = ""  # the status file's content (less its time) as last written
         self._read: SlurmRead | None = None
@@ -191,6 +196,8 @@ class PilotManager:
                     why += f"; it left {release:.2f} s after Slurm signalled it"
                 self._event("gone", jid, gone.ended or why, node=gone.node, cancelled=bool(gone.ended),
                             window_end=window_end and not gone.ended, release_s=release)
+                if not gone.ended and gone.node:
+                    self._vacated[gone.node] = now + max(VACATED_HOLD_S, VACATED_HOLD_POLLS * self.cfg.poll_s)
         for p in self.pilots.values():
             state, node = listed[p.job_id]
             p.state, p.node = state, node or p.node
@@ -208,6 +215,10 @@ class PilotManager:
             p.ended or p.running_since is None or not workers.get(p.worker, (False, 0, 0))[0]))
         running = sum(1 for p in self.pilots.values() if not self._window_over(p, workers, wall)) - pending
         claimed = {p.node for p in self.pilots.values()}
+        self._vacated = {n: t for n, t in self._vacated.items() if t > now}
+        why_not |= {n: "idle a moment: Slurm just ended its pilot (preempted), left to the job that wants it"
+                    for n in self._vacated if n in idle_nodes}
+        idle_nodes = [n for n in idle_nodes if n not in self._vacated]
         idle = [n for n in idle_nodes if n not in claimed]
         # array elements not placed yet will take some of these idle nodes
         unplaced = sum(1 for p in self.pilots.values() if not p.node and not p.ended)
@@ -241,7 +252,7 @@ class PilotManager:
         submitted or cancelled now, no back-off running out, and every pilot running with a live, busy worker (a
         pending, hung, idle or orphaned pilot is ended by a timer). Never with fit-idle-window (its windows end by
         the clock)."""
-        if submitted or now < self.hold_until or self.cfg.time_limit == FIT:
+        if submitted or now < self.hold_until or self._vacated or self.cfg.time_limit == FIT:
             return False
         for p in self.pilots.values():
             w = workers.get(p.worker)
