@@ -9,7 +9,7 @@ qos: scavenger           # controller: the pilots' --qos, --account, time limit 
 account: proj1
 time_limit_s: 3600
 min_runtime_s: 10        # controller: an attempt is not resized or preempted by the controller before this
-pilot: {stop_grace_s: 4} # controller: any other key of the controller's ``slurm:`` section (runtime/pilots.py)
+pilot: {stop_grace_s: 4} # controller: any other key of the controller's ``slurm:`` section (slurm/pilot_config.py)
 poll_s: 0.5              # controller: the pilots' and the pool's poll
 settle_s: 3              # scavenger/local: wait after a preemption; controller: the pilots' settle_s
 solver: highs            # scavenger/local: any hpcsched.milp solver (controller: its decision core's)
@@ -86,7 +86,7 @@ def _pilot_keys(d: dict[str, Any], path: Path, key_lines: dict[str, int]) -> dic
             out[theirs] = d[ours]
     extra = d.get("pilot") or {}
     if not isinstance(extra, dict):
-        raise InputError(path, "pilot: expected a mapping of the controller's slurm: keys (runtime/pilots.py)",
+        raise InputError(path, "pilot: expected a mapping of the controller's slurm: keys (slurm/pilot_config.py)",
                          key_lines.get("pilot"))
     for k in ("partition", "max_pilots", "slots"):
         if k in extra:
