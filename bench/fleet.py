@@ -223,6 +223,11 @@ class Submitter:
                 try:
                     ids = await self._submit_many(chunk)
                 except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # a controller from before SubmitMany
+                        self.many = False
+                        work.extend(chunk)
+                        await one_by_one()
+                        return
                     self.failed[e.code().name] = self.failed.get(e.code().name, 0) + len(chunk)
                     continue
                 for jid in ids:
@@ -300,8 +305,7 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
     sub = Submitter(address, o.submit_concurrency, o.submit_batch)
     out: dict = {"options": asdict(o), "harness_processes": procs, "nofile_limit": nofile,
                  "channels": "one per worker (own TCP connection)" if o.channels <= 0
-                 else f"{o.channels} per harness process, workers multiplexed over them",
-                 "submit_rpc": "SubmitMany" if sub.many else "Submit", "load_start": load_start}
+                 else f"{o.channels} per harness process, workers multiplexed over them", "load_start": load_start}
     ctx = multiprocessing.get_context("spawn")  # never fork a process that has gRPC threads
     workers: list = []
     try:
@@ -423,6 +427,7 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
                       "leaves_said": sum(s["leaves_said"] for s in stats.values()),
                       "processes_reported": len(stats),
                       "workers_alive_after_leave": alive_after}
+    out["submit_rpc"] = "SubmitMany" if sub.many else "Submit"  # after the submits: it falls back on UNIMPLEMENTED
     out["load_end"] = load_end
     out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if keep_dir is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import resource
 import time
 import uuid
@@ -43,6 +44,14 @@ LEAVE_BUDGET_S = 90.0  # all of one process's workers leaving, at most
 CKPT_FILE = "fleet-sim.step"
 # The controller's per-beat interval, when its HeartbeatReply carries one (field 5; absent from older controllers).
 _HB_INTERVAL = pb.HeartbeatReply.DESCRIPTOR.fields_by_number.get(5)
+# Partial heartbeats (only the tasks with news; every FULL_EVERY-th beat, and one the controller asks for, full), as
+# the real worker sends them where the protocol has them; a controller from before gets full reports every beat.
+_PARTIAL = "partial" in pb.HeartbeatRequest.DESCRIPTOR.fields_by_name
+_FULL_REPORT = "full_report" in pb.HeartbeatReply.DESCRIPTOR.fields_by_name
+try:
+    from hpcsched.runtime.liveness import FULL_EVERY
+except ImportError:  # a controller from before partial reports: every beat is full
+    FULL_EVERY = 1
 
 
 @dataclass(slots=True)
@@ -120,6 +129,9 @@ class SimWorker:
         self.interval = 1.0
         self.lease = 0.0
         self.registered = False
+        self.jitter = random.Random(self.instance)  # as the real worker: a storm's first beats spread over an interval
+        self.told: set[str] = set()  # tasks the controller has heard running: a partial heartbeat leaves them out
+        self.beats = 0  # heartbeats since the last full one
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
     async def run(self, delay: float) -> None:
@@ -140,14 +152,20 @@ class SimWorker:
                 try:
                     if not self.registered:
                         await self._register()
+                        self.beats = 0  # the first heartbeat after registering is full
+                        if self.interval > 1.0:  # a big fleet registering at once: first beats over one interval
+                            due = time.monotonic() + self.jitter.uniform(0, self.interval)
+                            continue
                     method = "Heartbeat"
-                    req = self._heartbeat(time.monotonic())
+                    req = self._heartbeat(time.monotonic(), partial=_PARTIAL and self.beats % FULL_EVERY != 0)
                     sent = time.perf_counter()
                     reply = await self.stub.Heartbeat(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
                     self.stats.hb_lat.append(time.perf_counter() - sent)
                     self.stats.hb_at.append(time.time())
                     for t in self.tasks.values():
                         t.pending.clear()  # delivered
+                    self.told = {t.task_id for t in req.tasks if t.running} | (self.told & set(self.tasks))
+                    self.beats = 0 if _FULL_REPORT and reply.full_report else self.beats + 1
                     if reply.reregister:
                         self.stats.reregister_replies += 1
                         self.registered = False
@@ -186,12 +204,17 @@ class SimWorker:
         self.lease = reply.worker_timeout_s
         self.registered = True
 
-    def _heartbeat(self, now: float) -> pb.HeartbeatRequest:
+    def _heartbeat(self, now: float, partial: bool = False) -> pb.HeartbeatRequest:
+        """Every task, or (``partial``) only those with news: not yet heard running, exited, or with progress."""
         req = pb.HeartbeatRequest(worker_id=self.name, instance=self.instance, spare_port=20000 + self.index % 40000)
+        if partial:
+            req.partial = True
         it = self.opts.iteration_s
         for tid, t in self.tasks.items():
             if t.exit_code is None:
                 self._progress(t, now, it)
+            if partial and tid in self.told and t.exit_code is None and not t.pending:
+                continue
             req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
                                            running=t.exit_code is None, exit_code=t.exit_code or 0,
                                            progress=t.pending,

@@ -46,7 +46,7 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     # every worker heartbeats at the interval the controller gave it, not the harness's default
     assert r["heartbeat"]["intervals_s"] == {str(HEARTBEAT_S): 50}
 
-    assert r["submit"]["jobs"] == 40 and not r["submit"]["failed"]
+    assert r["submit"]["jobs"] == 40 and not r["submit"]["failed"], r["submit"]
     ja = r["jobs_after"]
     assert ja["states"] == {"completed": 40}, ja
     assert ja["harness_saw_done"] == 40
