@@ -313,11 +313,7 @@ class SimWorker:
         it); a call that fails is counted and the next step is still tried, as the real worker does."""
         if self.name not in self.stats.first_registered_at:
             return
-        try:
-            await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=False, instance=self.instance),
-                                  timeout=LEAVE_TIMEOUT_S, metadata=self.md)
-        except grpc.RpcError as e:
-            self.stats.error("Leave", e)
+        await self._say_leave(final=False)
         for tid in list(self.tasks):
             self._kill(tid, checkpoint=True)
         if self.tasks:
@@ -328,12 +324,26 @@ class SimWorker:
                     self.tasks.pop(tid, None)
             except grpc.RpcError as e:
                 self.stats.error("Heartbeat (leaving)", e)
-        try:
-            await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=True, instance=self.instance),
-                                  timeout=LEAVE_TIMEOUT_S, metadata=self.md)
+        if await self._say_leave(final=True):
             self.stats.leaves_said += 1
+
+    async def _say_leave(self, final: bool, again: bool = True) -> bool:
+        """One Leave; refused as UNAUTHENTICATED (the controller dropped this worker, and its credential with it, while
+        it was unreachable), it registers again and repeats once, as the real worker's ``_say_leave``."""
+        try:
+            await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=final, instance=self.instance),
+                                  timeout=LEAVE_TIMEOUT_S, metadata=self.md)
+            return True
         except grpc.RpcError as e:
-            self.stats.error("Leave", e)
+            if e.code() != grpc.StatusCode.UNAUTHENTICATED or not again:
+                self.stats.error("Leave", e)
+                return False
+        try:
+            await self._register()
+        except grpc.RpcError as e:
+            self.stats.error("Register (leaving)", e)
+            return False
+        return await self._say_leave(final, again=False)
 
 
 async def _loop_lag(lags: array, period: float = 0.05) -> None:
