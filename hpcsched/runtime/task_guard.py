@@ -24,11 +24,10 @@ On SIGUSR1 (its worker died) or SIGUSR2 (the worker's hard kill) it SIGKILLs the
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: ``signal`` imports enum, 40-90 ms of every task's start on a busy node
 import ctypes
 import os
-import signal
 import sys
-import warnings  # noqa: F401  (os.execvpe imports it lazily: after the drop to a user who may not read it)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -140,6 +139,19 @@ def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return opts, argv[k + 1:]
 
 
+def _execvpe(argv: list[str], env: dict[str, str]) -> None:
+    """``os.execvpe`` without its lazy imports (``warnings``: unreadable after the drop to a user, and slow)."""
+    if "/" in argv[0]:
+        os.execve(argv[0], argv, env)
+    first: OSError | None = None
+    for d in (env.get("PATH") or os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(d or ".", argv[0]), argv, env)
+        except OSError as e:
+            first = first or (e if not isinstance(e, FileNotFoundError | NotADirectoryError) else None)
+    raise first or FileNotFoundError(2, "No such file or directory", argv[0])
+
+
 def _exec_task(opts: dict[str, str], argv: list[str]) -> None:
     """In the forked child: drop privileges, enter the workdir, exec; never returns."""
     try:
@@ -154,7 +166,7 @@ def _exec_task(opts: dict[str, str], argv: list[str]) -> None:
             os.setuid(int(uid))
         if opts.get("cwd"):
             os.chdir(opts["cwd"])
-        os.execvpe(argv[0], argv, dict(os.environ))
+        _execvpe(argv, dict(os.environ))
     except OSError as e:
         what = f"cannot enter the workdir {opts.get('cwd')}" if e.filename == opts.get("cwd") and opts.get("cwd") \
             else f"cannot start {argv[0]}"
