@@ -211,9 +211,14 @@ class Sandbox:
             self.leaf_of[proc.pid] = path
         return proc
 
-    def leaf(self, name: str) -> str | None:
-        """A task's leaf made ahead of its processes (a slot-holding task whose commands come through the agent)."""
-        return self.cgroups.leaf(name) if self.cgroups is not None else None
+    def kill_leaf(self, name: str) -> None:
+        """Kill and remove a task's leaf by name, if it has one (a slot-holding task's agent-started commands)."""
+        if self.cgroups is None:
+            return
+        path = self.cgroups.root / _safe(name)
+        if path.is_dir():
+            task_guard.kill_cgroup(str(path))
+            self.cgroups.remove(str(path))
 
     def kill(self, proc: subprocess.Popen | None, leaf: str | None = None) -> None:
         """SIGKILL a task's whole tree: its cgroup leaf when it has one, else the guard's descendants and group

@@ -129,7 +129,7 @@ class TaskControl:
                 return
             for p in live:
                 self.sandbox.kill_tree(p)
-            self.sandbox.kill(None, self.sandbox.leaf(t.launch.task_id))
+            self.sandbox.kill_leaf(t.launch.task_id)
             t.exit_code = 0 if checkpoint else -9
             return
         if checkpoint and t.term_at is None:
@@ -150,6 +150,7 @@ class TaskControl:
                 if not live or time.time() - t.term_at > t.grace_s:
                     for p in live:
                         self.sandbox.kill_tree(p)
+                    self.sandbox.kill_leaf(t.launch.task_id)
                     t.exit_code, news = 0, True
             if t.exit_code is None and t.proc is not None:
                 code = t.proc.poll()
