@@ -367,3 +367,17 @@ def test_a_worker_started_on_a_full_disk_says_so_and_exits(tmp_path: Path, small
     assert done.returncode != 0
     assert "Traceback" not in done.stderr and "MB free" in done.stderr, done.stderr
     assert len([ln for ln in done.stderr.splitlines() if "error" in ln.lower()]) == 1, done.stderr
+
+
+@needs_root
+def test_a_worker_refuses_identities_it_cannot_use_in_one_line(tmp_path: Path) -> None:
+    """An unknown ``run_as`` user, or a ``users`` entry naming none, stops the worker at start with the key."""
+    bad = tmp_path / "worker.yaml"
+    bad.write_text("users:\n  alice: no-such-user-hpcs\n")
+    for extra in (["--run-as", "no-such-user-hpcs"], ["--config", str(bad)]):
+        done = subprocess.run([sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", "127.0.0.1:9",
+                               "--name", "w0", "--work-dir", str(tmp_path / "w0"), *extra], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+        assert "no local user 'no-such-user-hpcs'" in line and ("run_as" in line or "users: alice" in line), line
