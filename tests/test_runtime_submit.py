@@ -279,3 +279,27 @@ def test_render_elides_in_the_middle_and_never_the_unelidable() -> None:
     out = render([Column("ID", elide=False), Column("NAME")], [["j" + "9" * 90, "n" * 50]], 40, "~")
     row = out.split("\n")[1]
     assert row.startswith("j" + "9" * 90)  # wider than the terminal: printed whole, never cut
+
+
+def test_pending_counts_are_cached_between_counts_and_fresh_for_a_refusal(tmp_path: Path) -> None:
+    """The per-user count is read from the store once per ttl and kept up to date with submits in between (a count
+    cost 17-35 ms at 100,000 pending jobs, under the lock); a would-be refusal always counts again."""
+    from hpcsched.runtime.submission import PendingCounts
+
+    st = Store(tmp_path / "s.db")
+    spec = parse_job_spec("command: [a.py]\n", "j.yaml")
+    ids = st.add_jobs([(spec, None)] * 3, 0.0, "alice")
+    now = [0.0]
+    counts = PendingCounts(ttl_s=5.0, clock=lambda: now[0])
+    try:
+        assert counts.get(st, "alice", 1, 100) == 3
+        counts.add("alice", 2)  # two submitted through the controller
+        st.update_job(ids[0], state="running")  # started: the cache does not hear of it
+        assert counts.get(st, "alice", 1, 100) == 5  # an upper bound, no count
+        assert counts.get(st, "alice", 96, 100) == 2  # 5 + 96 would pass 100: counted afresh (the store's truth)
+        st.update_job(ids[1], state="running")
+        now[0] = 6.0
+        assert counts.get(st, "alice", 1, 100) == 1  # older than the ttl: counted
+        assert counts.get(st, "bob", 1, 100) == 0
+    finally:
+        st.close()

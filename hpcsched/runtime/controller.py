@@ -54,7 +54,7 @@ from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, JobFilt
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
-from hpcsched.runtime.submission import Item, LimitExceeded, parse_items, pending_refusal, store_items
+from hpcsched.runtime.submission import Item, LimitExceeded, PendingCounts, parse_items, pending_refusal, store_items
 
 log = logging.getLogger("hpcsched.runtime.controller")
 
@@ -106,6 +106,7 @@ class Controller:
         self.step_errors = LogThrottle(log)
         self._holding: list[str] = []
         self.listing = Listing(self.store)  # the read-only views, on reader connections of their own
+        self.pending = PendingCounts()  # per-user pending counts for max_pending_per_user (submission.py)
         self.resizer = InPlaceResizer(self.store, self.attempt_start, self._task_exited)
         self.rounds = None  # executor: rounds: Gavel's round mechanism plans instead (hpcsched.runtime.round_planner)
         if cfg.executor == "rounds":
@@ -385,9 +386,10 @@ class Controller:
                 log.info("job %s: submit retried (request %s): not stored again", earlier, request_id)
                 return earlier, True
             limit = self.cfg.max_pending_per_user
-            if limit and (pending := self.store.pending_count(owner)) + 1 > limit:
+            if limit and (pending := self.pending.get(self.store, owner, 1, limit)) + 1 > limit:
                 raise LimitExceeded(pending_refusal(owner, pending, limit, 1))
             job_id = self.store.add_job(spec, time.time(), request_id or None, owner)
+            self.pending.add(owner, 1)
         log.info("job %s submitted (%s, %d procs)", job_id, spec.name, spec.procs)
         self.wakeup.set()
         return job_id, False
@@ -399,7 +401,8 @@ class Controller:
         stored = 0
         if any(not i.error for i in items):
             with self.lock:
-                stored = store_items(self.store, items, owner, self.cfg.max_pending_per_user, time.time())
+                stored = store_items(self.store, items, owner, self.cfg.max_pending_per_user, time.time(),
+                                     self.pending)
             if stored:
                 self.wakeup.set()
         bad = sum(1 for i in items if i.error)
