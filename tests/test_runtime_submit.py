@@ -303,3 +303,21 @@ def test_pending_counts_are_cached_between_counts_and_fresh_for_a_refusal(tmp_pa
         assert counts.get(st, "bob", 1, 100) == 0
     finally:
         st.close()
+
+
+def test_cancel_an_array_by_name(server) -> None:
+    """``hpcsched cancel -n 'sweep[*'`` cancels every instance of an array (the controller's name filter, brackets
+    literal), nothing else; without ids or filters it refuses rather than cancel everything."""
+    _, addr = server
+    c = Client(addr, TOKEN)
+    got = c.submit_many([("name: sweep\ncommand: [a.py]\narray: 3\n", "s.yaml", 3),
+                         ("name: sweep2\ncommand: [a.py]\n", "t.yaml", 1)])
+    assert [list(r.job_ids) for r in got] == [["j0001", "j0002", "j0003"], ["j0004"]]
+    done = _cli(addr, "cancel", "-n", "sweep[*")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [f"j000{k}: cancelling" for k in (1, 2, 3)]
+    assert {j.job_id: j.state for j in c.jobs()} == {"j0001": "cancelled", "j0002": "cancelled",
+                                                     "j0003": "cancelled", "j0004": "pending"}
+    refused = _cli(addr, "cancel")
+    assert refused.returncode == 2 and "which jobs?" in refused.stderr
+    c.close()

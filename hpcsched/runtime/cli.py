@@ -323,19 +323,33 @@ def jobs(
 
 
 def cancel(
-    job_ids: list[str] = typer.Argument(..., help="job ids"),
+    job_ids: list[str] = typer.Argument(None, help="job ids"),
     controller: str = _CONTROLLER,
     address_file: Path = _ADDRESS_FILE,
     token_file: Path = _TOKEN_FILE,
     tls_ca: Path = _TLS_CA,
+    state: list[str] = typer.Option(None, "--state", "-t", help="also every job in these states (as `jobs -t`)"),
+    user: str = typer.Option("", "--user", "-u", help="also every job of this user (as `jobs -u`)"),
+    name: str = typer.Option("", "--name", "-n", help="also every job of this name or pattern: 'sweep[*' cancels an "
+                             "array"),
 ) -> None:
-    """Cancel jobs: a running one checkpoints and stops. Exit status 1 when any was not cancelled."""
+    """Cancel jobs (a running one checkpoints and stops): the ids given, and with filters every job that matches
+    them all (like scancel -t/-u/-n; finished jobs are left alone). Exit status 1 when any was not cancelled."""
     from hpcsched.runtime.client import ClientError
 
+    states = tuple(s.strip() for v in state or () for s in v.split(",") if s.strip())
+    if not job_ids and not (states or user or name):
+        raise InputError("cancel", "which jobs? give job ids, or --state/--user/--name to cancel every job matching")
     failed = 0
     try:
         c = _client(controller, address_file, token_file, tls_ca)
-        for job_id in job_ids:
+        ids = list(job_ids or ())
+        if states or user or name:
+            live = tuple(s for s in states or ("pending", "running", "stopping"))
+            ids += [j.job_id for j in c.jobs(states=live, owner=user, name=name) if j.job_id not in ids]
+            if not ids:
+                print("no job matches")
+        for job_id in ids:
             r = c.cancel(job_id)
             print(f"{job_id}: {r.message}")
             failed += not r.cancelled
