@@ -114,9 +114,12 @@ def server_credentials(cert: Path, key: Path) -> grpc.ServerCredentials:
 
 
 # gRPC's default reconnect backoff grows to minutes; a worker must find a restarted controller within
-# one heartbeat timeout, so retries stay between 0.2 and 2 s.
-CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 2000))
+# one heartbeat timeout, so retries stay between 0.2 and 2 s. grpc.min_reconnect_backoff_ms is left at gRPC's
+# default (20 s): gRPC also takes it as the least time a connection attempt may take, and at 200 ms a controller
+# busy with thousands of registering workers, not answering the handshake within 200 ms, had each attempt fail and
+# be retried (2,000 simulated workers: 2,916 Register UNAVAILABLE and 72 re-registrations, against none with it
+# left at 20 s; bench/RESULTS.md, fleet harness).
+CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000))
 
 
 def open_channel(address: str, tls_ca: Path | None = None) -> grpc.Channel:
