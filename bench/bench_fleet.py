@@ -63,7 +63,9 @@ def table(r: dict) -> str:
     rows += [
         ("submit->launch p50/p90/p99/max", ms(s2l) + (f", {s2l['never_launched']} never launched"
                                                        if s2l["never_launched"] else "")),
-        (f"jobs after {ja['elapsed_s']:g} s", ", ".join(f"{k} {v}" for k, v in ja["states"].items())),
+        (f"jobs done after {ja['elapsed_s']:g} s", f"{ja['done_at_end']} of {sub['jobs']} (their last step reported)"),
+        (f"job states {ja['states_listed_after_s']:g} s later",
+         ", ".join(f"{k} {v}" for k, v in ja["states"].items()) + " (the controller's listing)"),
         ("last job done (harness)", f"{ja['last_done_s']} s after the first submit ({ja['harness_saw_done']} seen)"),
         ("controller CPU", f"{ctl['cpu_pct']}% of a core ({ctl['cpu_s']} s over {ctl['window_s']} s)"),
         ("controller peak RSS", f"{ctl['peak_rss_mb']} MB"),

@@ -413,6 +413,7 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
         server = json.loads(with_stats.read_text())
     out.update(_figures(o, stats, sub, states, pending_ids, t0, t_reg_done, t_submit, t_end, submit_s, submitted))
     out["jobs_after"]["elapsed_s"] = round(t_end - t_submit, 1)
+    out["jobs_after"]["states_listed_after_s"] = round(list_s, 1)  # how late the ``states`` are
     window = t_end - t0
     out["controller"] = {"cpu_pct": round(100 * ctl_cpu / window, 1), "cpu_s": round(ctl_cpu, 1),
                          "window_s": round(window, 1), "peak_rss_mb": round(hwm_kb / 1024, 1),
@@ -482,6 +483,8 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
         "jobs_after": {"seconds": o.duration, "states": counts, "done": counts.get("completed", 0),
                        "pending_unrunnable": len(pending_ids),
                        "harness_saw_done": len(done_lat),
+                       # at the end of the window itself: the listing above comes later (seconds at 100,000 jobs)
+                       "done_at_end": sum(t <= t_end - t_submit for t in done_lat),
                        "last_done_s": round(max(done_lat), 1) if done_lat else None},
         "tasks": {k: sum(s[k] for s in stats.values())
                   for k in ("launches", "tasks_done", "tasks_checkpointed", "tasks_killed")},
