@@ -121,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ramp-s", type=float, default=d.ramp_s,
                     help="spread the workers' start over this long (0: all at once, a registration storm)")
     ap.add_argument("--connect-ms", type=int, default=d.connect_ms,
-                    help="an experiment: the workers' grpc.min_reconnect_backoff_ms (gRPC's minimum connect timeout "
-                         "too) instead of the real worker's 200 (0: the real worker's options; default %(default)s)")
+                    help="an experiment: the workers' grpc.min_reconnect_backoff_ms, gRPC's minimum connect timeout "
+                         "too, instead of the real worker's (gRPC's 20 s default; the worker had 200 ms until the "
+                         "fleet runs showed a registration storm's connections failing). 0: the real worker's "
+                         "options (default %(default)s)")
     ap.add_argument("--register-timeout", type=float, default=d.register_timeout,
                     help="give up waiting for every registration after this long; the jobs are submitted anyway "
                          "(%(default)s)")

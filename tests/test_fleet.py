@@ -41,8 +41,8 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     reg = r["registration"]
     assert reg["registered"] == 50 and reg["all_registered_s"] is not None
     assert reg["reregistrations"] == 0 and reg["reregister_replies"] == 0
-    # A Register may fail to connect on a loaded machine (the real worker's 200 ms connect floor: bench/RESULTS.md);
-    # it is retried at once and is no re-registration. Any other failed call is a defect.
+    # A Register may fail to connect on a loaded machine (a worker's connect floor, 200 ms until the fleet runs showed
+    # it: bench/RESULTS.md); it is retried at once and is no re-registration. Any other failed call is a defect.
     assert set(r["rpc_errors"]) <= {"Register UNAVAILABLE"}, r["rpc_error_examples"]
     assert r["heartbeat"]["lease_lapses"] == 0
     # every worker heartbeats at the interval the controller gave it, not the harness's default
