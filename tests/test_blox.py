@@ -164,3 +164,25 @@ def test_default_mode_names_its_slowdown_and_restart_cost(tmp_path: Path) -> Non
     bad = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "fifo", "--out",
                str(tmp_path / "c"), "--compat", "muri", "--slowdown-factor", "1.0")
     assert bad.returncode == 2 and "--slowdown-factor" in bad.stderr
+
+
+def test_blox_walk_by_hand() -> None:
+    """Blox's placement quirks, which its 1-GPU workload never exercises, worked out by hand.
+
+    Scattered placement takes up to the job's count from EACH node and succeeds only on an exact total: a 2-GPU
+    job facing 1 free GPU on node 0 and 2 on node 1 gathers 3 and does not fit; it can preempt only jobs below
+    it in the order, and the walk stops there (no backfill), so it waits for the 1-GPU job to finish."""
+    from hpcsched.compat.blox import simulate_blox
+    from hpcsched.model import ClusterSpec, Job
+
+    jobs = [Job("0", 0.0, gpus=1, duration=1000.0), Job("1", 0.0, gpus=2, duration=100.0)]
+    res = {r.job_id: r for r in simulate_blox(jobs, ClusterSpec(1, 2, 2), "fifo").results}
+    assert (res["0"].start, res["0"].end) == (0.0, 1200.0)  # four full rounds: 1200 >= 1000
+    assert (res["1"].start, res["1"].end) == (1200.0, 1500.0)
+    # LAS re-sorts every round by wall-clock attained service: the newcomer preempts the job that has run
+    jobs = [Job("0", 0.0, gpus=1, duration=900.0), Job("1", 1.0, gpus=1, duration=300.0)]
+    out = simulate_blox(jobs, ClusterSpec(1, 1, 1), "las")
+    res = {r.job_id: r for r in out.results}
+    assert (res["1"].start, res["1"].end, res["0"].end) == (300.0, 600.0, 1200.0)
+    assert [p for _, p, *_ in out.rounds] == [0, 1, 0, 0]  # rounds 0, 300, 600, 900; stops at 1200
+    assert out.responsiveness == {"0": 300.0, "1": 599.0}

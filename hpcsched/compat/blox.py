@@ -197,9 +197,7 @@ def simulate_blox(
             active[k].preemptions += 1
         for k, placement in launched.items():
             r = active[k]
-            r.running, r.gpus_held = True, placement
-            for g in placement:
-                gpus.holder[g] = k
+            r.running, r.gpus_held = True, placement  # its GPUs were marked by the walk
             if r.first_start is None:
                 r.first_start = t
             r.nodes = len({g // gpus.per_node for g in placement})
@@ -263,9 +261,6 @@ def _place(order: list[int], active: dict[int, _Run], gpus: _Cluster) -> tuple[l
         launched[k] = placement
         for g in placement:
             gpus.holder[g] = k
-    for k in launched:  # ``_run``'s launch marks them again, with their start time
-        for g in launched[k]:
-            gpus.holder[g] = None
     return preempted, launched
 
 
