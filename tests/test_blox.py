@@ -186,3 +186,12 @@ def test_blox_walk_by_hand() -> None:
     assert (res["1"].start, res["1"].end, res["0"].end) == (300.0, 600.0, 1200.0)
     assert [p for _, p, *_ in out.rounds] == [0, 1, 0, 0]  # rounds 0, 300, 600, 900; stops at 1200
     assert out.responsiveness == {"0": 300.0, "1": 599.0}
+
+
+def test_compare_refuses_compat_blox(tmp_path: Path) -> None:
+    """``compare`` runs the event engine; Blox's loop runs through ``simulate`` only, never silently replaced."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,num_gpu,submit_time,duration\n0,1,0,100\n")
+    r = _cli("compare", "--trace", str(trace), "--cluster", str(CLUSTER), "--policies", "fifo", "--compat", "blox",
+             "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "simulate --compat blox" in r.stderr and "Traceback" not in r.stderr

@@ -240,9 +240,9 @@ def compare_cmd(
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
     _check_compat(compat)
-    if compat == "gavel":  # Gavel's round mechanism runs per policy, on Gavel's traces and type=count clusters
-        print("error: compare does not run --compat gavel; run `hpcsched simulate --compat gavel` once per policy "
-              "(docs/hetero.md)", file=sys.stderr)
+    if compat in ("gavel", "blox"):  # their own round loops run per policy, through `simulate`
+        print(f"error: compare does not run --compat {compat}; run `hpcsched simulate --compat {compat}` once per "
+              "policy (docs/hetero.md, docs/simulator.md)", file=sys.stderr)
         raise typer.Exit(2)
     names = REGISTRY.names() if policies == "all" else [p.strip() for p in policies.split(",") if p.strip()]
     if len(set(names)) < len(names):  # one directory per policy: a repeated name would overwrite its own run

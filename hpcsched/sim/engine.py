@@ -206,6 +206,9 @@ def simulate(
     """
     if compat is not None and compat not in COMPAT_MODES:
         raise ValueError(f"unknown compat mode {compat!r}; known: {', '.join(COMPAT_MODES)}")
+    if compat in ("gavel", "blox"):  # their own loops, not this engine's rules
+        raise ValueError(f"compat {compat!r} is its own round loop: hpcsched.hetero.simulate.run_gavel / "
+                         "hpcsched.compat.blox.simulate_blox")
     if as_controller is not None and compat is not None:
         raise ValueError("as_controller runs the controller's rules; compat modes run the reference's: pick one")
     if restart_s is not None and not (restart_s >= 0 and math.isfinite(restart_s)):
