@@ -381,3 +381,46 @@ def test_sacct_machine_is_its_distinct_nodes_and_small_jobs_share_them(tmp_path:
              "--out", str(tmp_path / "r"), "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["nodes"] == 3
+
+
+# 7. inspect by columns: the same figures as the row reader
+
+ANOMALOUS_ROWS = [
+    "1 0 5 100 4 -1 -1 4 50 -1 1 1 1 -1 1 -1 -1 -1",  # ran over its request
+    "2 10 -1 0 8 2.5 -1 8 60 -1 1 2 1 7 1 -1 -1 -1",  # 0 s, wait unknown, a fractional avg CPU, an executable
+    "3 5 0 20 64 -1 -1 64 60 -1 0 2 1 -1 1 -1 -1 -1",  # submitted before row 2, larger than the machine
+    "4 20 0 -5 -1 -1 -1 -1 60 -1 5 3 1 -1 1 3 -1 -1",  # negative run time, no size, a partition
+    "5 30 1 10 4 -1 -1 4 -1 -1 5 3 1 -1 1 -1 -1 -1",  # cancelled after it ran, no requested time
+]
+
+
+def _same(path: Path) -> dict[str, object]:
+    cols, rows = inspect_trace(path), inspect_trace(path, options={"rows": True})
+    assert json.dumps(cols, sort_keys=True) == json.dumps(rows, sort_keys=True)
+    return cols
+
+
+def test_inspect_by_columns_matches_the_row_reader(tmp_path: Path) -> None:
+    from hpcsched.traces.swf_columns import summarise
+
+    f = tmp_path / "anomalous.swf"
+    head = "; UnixStartTime: 100\n; MaxNodes: 4\n; MaxProcs: 16\n; MaxJobs: 9\n"
+    f.write_text(head + "\n".join(ANOMALOUS_ROWS) + "\n")
+    t = open_trace(f)
+    assert summarise(f, t.report) is not None  # this file takes the columnar path
+    info = _same(f)
+    assert info["anomalies"] == {"larger_than_machine": 1, "negative_runtime": 1, "runtime_over_request": 1,
+                                 "unknown_field": 4, "unsorted_submit": 1, "zero_runtime": 1}
+    assert info["anomaly_first_lines"] == {"unknown_field": 6, "unsorted_submit": 7, "zero_runtime": 6,
+                                           "negative_runtime": 8, "runtime_over_request": 5, "larger_than_machine": 7}
+    _same(KTH)
+    _same(_no_wait_log(tmp_path / "nowait.swf"))
+    # a malformed row, a repeated id: the columnar path declines and the row reader answers (same output)
+    bad = tmp_path / "bad.swf"
+    bad.write_text("; UnixStartTime: 0\n" + "\n".join(ANOMALOUS_ROWS[:2]) + "\n1 2 3\n" + ANOMALOUS_ROWS[0] + "\n")
+    t = open_trace(bad)
+    assert summarise(bad, t.report) is None and not t.report.anomalies
+    assert _same(bad)["anomalies"]["malformed_row"] == 1
+    ricc = ROOT.parent / "shared" / "trace-data" / "swf" / "RICC-2010-2.swf.gz"
+    if ricc.exists():  # 447,794 jobs; absent from a user's clone
+        assert _same(ricc)["jobs"] == 447794

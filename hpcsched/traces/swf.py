@@ -38,13 +38,13 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from operator import itemgetter
+from collections.abc import Iterator
 from pathlib import Path
 
 from hpcsched.errors import InputError
 from hpcsched.model import Job, JobStatus
 from hpcsched.traces.base import MALFORMED_ROW, UNKNOWN_FIELD, TraceFormat, TraceReport, numbered_lines
+from hpcsched.traces.swf_header import Header, NotKept, header_int
 
 _LIMIT = 2.0**53  # above this an SWF number is damage (and no longer exact as a float)
 _STATUS = {
@@ -71,20 +71,6 @@ def _number(text: str) -> float:
     return v
 
 
-# Every header field SWF 2.2 defines (the Parallel Workloads Archive's format page), by lower-case name.
-HEADER_FIELDS = ("Version", "Computer", "Installation", "Acknowledge", "Information", "Conversion", "MaxJobs",
-                 "MaxRecords", "Preemption", "UnixStartTime", "TimeZone", "TimeZoneString", "StartTime", "EndTime",
-                 "MaxNodes", "MaxProcs", "MaxRuntime", "MaxMemory", "AllowOveruse", "MaxQueues", "Queues", "Queue",
-                 "MaxPartitions", "Partitions", "Partition", "Note")
-_FIELD_BY_LOWER = {k.lower(): k for k in HEADER_FIELDS}
-_NUMERIC_FIELDS = frozenset({"MaxJobs", "MaxRecords", "UnixStartTime", "TimeZone", "MaxNodes", "MaxProcs", "MaxRuntime",
-                             "MaxMemory", "MaxQueues", "MaxPartitions"})
-_REPEATED_FIELDS = frozenset({"Queue", "Partition", "Note"})  # one line per queue / partition / note
-# SWF fields no ``Job`` attribute holds (0-based index -> name): seen known, they are listed in
-# ``meta['swf_fields_not_kept']`` (name -> first line) so a conversion can say it did not carry them over.
-NOT_KEPT = {5: "average CPU time (field 6)", 6: "used memory (field 7)", 9: "requested memory (field 10)",
-            12: "group (field 13)", 13: "executable (field 14)", 15: "partition (field 16)",
-            16: "preceding job (field 17)", 17: "think time (field 18)"}
 TRUNCATED_SHARE = 0.99  # fewer rows than this share of the header's MaxJobs: cut short, not cleaned
 UNKNOWN_WAIT = "unknown_wait"  # wait -1 in a log without any wait: start taken as the submit time (kept)
 _WAIT_PROBE_ROWS = 1000  # data rows looked at to tell a log without waits from one with a few unknown
@@ -94,114 +80,10 @@ _SAYS_NO_WAITS = re.compile(r"submit\w*\s+times?\s+(?:are|is|=)\s+(?:the\s+|actu
                             re.IGNORECASE)
 
 
-class _NotKept:
-    """Which of the ``NOT_KEPT`` fields a log fills, each with its first line. Only the fields not seen yet
-    are looked at (one C-level ``itemgetter`` per row), so a log that fills them all costs nothing more."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, int] = {}
-        self._pending: tuple[int, ...] = tuple(NOT_KEPT)
-        self._get: Callable[[list[str]], tuple[str, ...]] = itemgetter(*self._pending)  # type: ignore[assignment]
-        self._none: tuple[str, ...] = ("-1",) * len(self._pending)
-
-    def check(self, f: list[str], lineno: int) -> None:
-        if not self._pending or self._get(f) == self._none:
-            return
-        for i in self._pending:
-            if f[i] != "-1":
-                self.first[NOT_KEPT[i]] = lineno
-        self._pending = tuple(i for i in self._pending if NOT_KEPT[i] not in self.first)
-        if self._pending:
-            # a tuple even for one index, as the unknown value to compare it with is one
-            self._get = (itemgetter(*self._pending) if len(self._pending) > 1
-                         else (lambda row, k=self._pending[0]: (row[k],)))  # type: ignore[assignment]
-            self._none = ("-1",) * len(self._pending)
-
-
-class _Header:
-    """The ``; Key: value`` comment block: the first value of each key for the reader, every defined field
-    (repeated ones as lists, continuation lines joined to the field above them) for ``report.meta``."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, str] = {}
-        self.fields: dict[str, object] = {}
-        self.other: dict[str, str] = {}
-        self._last: str | None = None
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.first
-
-    def __getitem__(self, key: str) -> str:
-        return self.first[key]
-
-    def add(self, line: str) -> None:
-        raw = line.lstrip()[1:]
-        body = raw.strip()
-        if not body:
-            self._last = None  # a bare ';' ends a field's continuation lines
-            return
-        key, sep, value = body.partition(":")
-        name = _FIELD_BY_LOWER.get(key.strip().lower()) if sep else None
-        if name is None and self._last is not None and raw[:3].isspace():  # an indented line continues a field
-            self._extend(self._last, body)
-            return
-        if name is None:
-            if sep and key.strip() and " " not in key.strip():
-                self.first.setdefault(key.strip(), value.strip())
-                self.other.setdefault(key.strip(), value.strip())
-            self._last = None
-            return
-        value = value.strip()
-        self.first.setdefault(name, value)
-        if name in _REPEATED_FIELDS:
-            self.fields.setdefault(name, [])
-            self.fields[name].append(value)  # type: ignore[union-attr]
-        else:
-            self.fields.setdefault(name, value)
-        self._last = name
-
-    def _extend(self, name: str, more: str) -> None:
-        if name in _REPEATED_FIELDS:
-            items = self.fields[name]
-            items[-1] = f"{items[-1]}\n{more}" if items[-1] else more  # type: ignore[index]
-        elif isinstance(self.fields.get(name), str):
-            self.fields[name] = f"{self.fields[name]}\n{more}" if self.fields[name] else more
-            if self.first.get(name) == "":
-                self.first[name] = more
-
-    def meta(self) -> dict[str, object]:
-        """Defined fields, numbers as numbers where they are numbers (MaxNodes: 100 -> 100)."""
-        out: dict[str, object] = {}
-        for name in HEADER_FIELDS:
-            if name not in self.fields:
-                continue
-            v = self.fields[name]
-            if name in _NUMERIC_FIELDS and isinstance(v, str):
-                try:
-                    f = float(v.split()[0])
-                    v = int(f) if f.is_integer() and abs(f) < 2**63 else f
-                except (ValueError, IndexError, OverflowError):
-                    pass
-            out[name] = v
-        if self.other:
-            out["other"] = dict(self.other)
-        return out
-
-
-def _header_int(path: Path, header: _Header, key: str) -> int | None:
-    if key not in header:
-        return None
-    try:
-        v = int(float(header[key].split()[0]))
-    except (ValueError, IndexError, OverflowError):
-        raise InputError(path, f"SWF header {key}: {header[key]!r} is not a number") from None
-    return v if v > 0 else None
-
-
-def _setup(path: Path, report: TraceReport, header: _Header) -> tuple[float, float, int]:
+def setup_header(path: Path, report: TraceReport, header: Header) -> tuple[float, float, int]:
     """From the header and options: (time offset, cores per node, unix start) and the stated conversions."""
-    max_nodes, max_procs = _header_int(path, header, "MaxNodes"), _header_int(path, header, "MaxProcs")
-    start = _header_int(path, header, "UnixStartTime")
+    max_nodes, max_procs = header_int(path, header, "MaxNodes"), header_int(path, header, "MaxProcs")
+    start = header_int(path, header, "UnixStartTime")
     fields = header.meta()
     if fields:
         report.meta["swf_header"] = fields
@@ -228,7 +110,7 @@ def _setup(path: Path, report: TraceReport, header: _Header) -> tuple[float, flo
     return float(start or 0), cpn, start or 0
 
 
-def _waits_unknown(path: Path, report: TraceReport) -> bool:
+def waits_unknown(path: Path, report: TraceReport) -> bool:
     """Does the log give no wait at all (every wait -1 in its first data rows)? Such logs record start times
     as submit times (their header says so), so ``start = submit`` instead of an unknown start.
 
@@ -257,18 +139,18 @@ def _waits_unknown(path: Path, report: TraceReport) -> bool:
 
 
 def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
-    header = _Header()
+    header = Header()
     unknown: Counter[str] = Counter()
     report.meta.update(unknown_fields=unknown, cancelled_that_ran=0)
     cancelled_ran = 0
-    wait_is_start = _waits_unknown(path, report)
+    wait_is_start = waits_unknown(path, report)
     if wait_is_start:
         report.meta["waits_unknown"] = True
         report.convert("no wait in the log (every wait -1): start = submit, each such job counted as unknown_wait "
                        "(the log's submit times are start times; swf_waits=unknown keeps starts unknown)")
     setup: tuple[float, float, int] | None = None
     any_text = False
-    not_kept = _NotKept()
+    not_kept = NotKept()
     data_rows = 0
     report.meta["swf_fields_not_kept"] = not_kept.first
     lim, status_of, unknown_status = _LIMIT, _STATUS.get, JobStatus.UNKNOWN
@@ -282,7 +164,7 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
                 header.add(line)
             continue
         if setup is None:
-            setup = _setup(path, report, header)
+            setup = setup_header(path, report, header)
             offset, cpn, _ = setup
             cpn_int = int(cpn) if cpn == int(cpn) else 0
         data_rows += 1
@@ -311,20 +193,20 @@ def _read_swf(path: Path, report: TraceReport) -> Iterator[Job]:
     if not any_text:
         raise InputError(path, "empty file: no SWF header or jobs", 1)
     if setup is None:
-        setup = _setup(path, report, header)
+        setup = setup_header(path, report, header)
     report.meta["cancelled_that_ran"] += cancelled_ran
     rows = data_rows
     for key in ("MaxJobs", "MaxRecords"):  # headers that disagree with the body (KTH: 28,490 vs 28,476)
         if key in header:
             report.meta[f"header_{key.lower()}"] = header[key]
-    _note_truncation(path, header, rows, report)
+    note_truncation(path, header, rows, report)
 
 
-def _note_truncation(path: Path, header: _Header, rows: int, report: TraceReport) -> None:
+def note_truncation(path: Path, header: Header, rows: int, report: TraceReport) -> None:
     """A header counting more jobs than the file holds: a truncated download or an excerpt, whose figures
     cover its rows only (a cleaned log drops a few jobs too, so the share is said)."""
     for key in ("MaxJobs", "MaxRecords"):
-        said = _header_int(path, header, key) if key in header else None
+        said = header_int(path, header, key) if key in header else None
         if said and rows < TRUNCATED_SHARE * said:
             report.note(f"the SWF header says {key} {said:,} but the file holds {rows:,} job rows "
                         f"({100 * rows / said:.3g}%): a truncated file or an excerpt; figures cover these rows only")
