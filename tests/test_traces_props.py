@@ -37,7 +37,10 @@ def _head(path: Path, lines: int = 30) -> bytes:
         return b"".join(f.readline() for _ in range(lines))
 
 
-SAMPLES = {p.name: (_head(p), p.suffix == ".gz") for p in sorted(DATA.rglob("*")) if p.is_file() and p.suffix != ".md"}
+# Blox's own result tables (trace-data/blox/README.md) sit beside the traces but are no trace of any format.
+NOT_TRACES = frozenset({"blox-preemptions-300-500.csv", "blox-results-300-500.csv"})
+SAMPLES = {p.name: (_head(p), p.suffix == ".gz") for p in sorted(DATA.rglob("*"))
+           if p.is_file() and p.suffix != ".md" and p.name not in NOT_TRACES}
 HEADERS = sorted({s.split(b"\n", 1)[0] for s, _ in SAMPLES.values()})
 TOKENS = ["-1", "0", "1", "17", "3.5", "1e9", "nan", "inf", "-7", "", " ", "Unknown", "UNLIMITED", "n[1-4,7]",
           "a[01-03]b", "n[3-1]", "2019-01-01 08:55:55", "2026-11-22T23:07:08", "[0.0, 1.0]", "[1, 0]", '"[0, 1"',
