@@ -292,12 +292,17 @@ def _say(o: FleetOptions, text: str) -> None:
 
 def run_fleet(o: FleetOptions, keep_dir: Path | None = None) -> dict:
     """Run one scenario (module docstring) and return its figures."""
-    return asyncio.run(_run(o, keep_dir))
-
-
-async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
-    nofile = raise_nofile(o.workers + 4096)  # the controller inherits it: one descriptor per worker connection
     d = Path(tempfile.mkdtemp(prefix="hpcsched-fleet-"))
+    try:
+        return asyncio.run(_run(o, d))
+    finally:  # a failed run's directory too: copied when asked for (its log says why), never left behind
+        if keep_dir is not None:
+            shutil.copytree(d, keep_dir, dirs_exist_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+async def _run(o: FleetOptions, d: Path) -> dict:
+    nofile = raise_nofile(o.workers + 4096)  # the controller inherits it: one descriptor per worker connection
     procs = o.procs or min(4, max(1, -(-o.workers // 1000)))
     load_start = loadavg()
     ctl, address = start_controller(d, controller_config(d, o))
@@ -431,9 +436,6 @@ async def _run(o: FleetOptions, keep_dir: Path | None) -> dict:
     out["submit_rpc"] = "SubmitMany" if sub.many else "Submit"  # after the submits: it falls back on UNIMPLEMENTED
     out["load_end"] = load_end
     out["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    if keep_dir is not None:
-        shutil.copytree(d, keep_dir, dirs_exist_ok=True)
-    shutil.rmtree(d, ignore_errors=True)
     return out
 
 
