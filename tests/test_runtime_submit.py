@@ -321,3 +321,17 @@ def test_cancel_an_array_by_name(server) -> None:
     refused = _cli(addr, "cancel")
     assert refused.returncode == 2 and "which jobs?" in refused.stderr
     c.close()
+
+
+@pytest.mark.parametrize("server", [{"max_submit_batch": 4}], indirect=True)
+def test_the_client_splits_a_batch_over_the_controllers_cap(server) -> None:
+    """A controller whose max_submit_batch is below the client's batch size: the client halves the refused batch
+    until it fits (same request ids), every file is stored in order; an array larger than the cap is refused."""
+    _, addr = server
+    c = Client(addr, TOKEN)
+    got = c.submit_many([(f"name: f{i}\ncommand: [a.py]\n", f"f{i}.yaml", 1) for i in range(10)]
+                        + [("name: big\ncommand: [a.py]\narray: 5\n", "big.yaml", 5)])
+    assert [list(r.job_ids) for r in got[:10]] == [[f"j{k:04d}"] for k in range(1, 11)]
+    assert not got[10].job_ids and "at most 4 per call (max_submit_batch)" in got[10].error
+    assert [j.name for j in c.jobs()] == [f"f{i}" for i in range(10)]
+    c.close()

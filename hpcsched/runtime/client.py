@@ -109,29 +109,32 @@ class Client:
         """Submit job files (spec YAML, source, jobs it makes: an array's N) in batches of at most BATCH_FILES files,
         BATCH_JOBS jobs and BATCH_BYTES bytes, one SubmitMany call each; a result per item, in order. Each item has
         its own request id, and a batch whose reply is lost is resent with the same ids (no job is made twice). A
-        batch the controller refuses whole gives each of its items that error; once it cannot be reached, the items
-        not sent (in this call and later ones: ``stopped``) say so. Safe to call from another thread than the one
-        preparing the next items (``hpcsched submit`` overlaps the two)."""
+        batch over the controller's own cap (its max_submit_batch may be lower than BATCH_JOBS) is split in halves
+        and sent again; one it refuses otherwise gives each of its items that error; once it cannot be reached, the
+        items not sent (in this call and later ones: ``stopped``) say so. Safe to call from another thread than the
+        one preparing the next items (``hpcsched submit`` overlaps the two)."""
         out: list[pb.SubmitResult] = []
         for batch in _batches(items):
-            stopped = self.stopped
-            if stopped:
-                out += [pb.SubmitResult(error=stopped) for _ in batch]
-                continue
-            req = pb.SubmitManyRequest(jobs=[pb.SubmitRequest(spec_yaml=y, source=src, request_id=uuid.uuid4().hex)
-                                             for y, src, _ in batch])
-            try:
-                reply = self._call("SubmitMany", req, retry=_RETRY, attempt_s=max(5.0, self.timeout / 2))
-                out += reply.results
-            except ClientError as e:
-                if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "UNAUTHENTICATED",
-                              "PERMISSION_DENIED"):
-                    stopped = self.stopped = f"not sent: {e}"
-                # No answer in time: this batch may be stored (its reply lost), the later ones are not sent.
-                maybe = f"not confirmed (see `hpcsched jobs` before resubmitting): {e}"
-                out += [pb.SubmitResult(error=maybe if e.code == "DEADLINE_EXCEEDED" else stopped or str(e))
-                        for _ in batch]
+            out += self._send([pb.SubmitRequest(spec_yaml=y, source=src, request_id=uuid.uuid4().hex)
+                               for y, src, _ in batch])
         return out
+
+    def _send(self, batch: list[pb.SubmitRequest]) -> list[pb.SubmitResult]:
+        if self.stopped:
+            return [pb.SubmitResult(error=self.stopped) for _ in batch]
+        try:
+            return list(self._call("SubmitMany", pb.SubmitManyRequest(jobs=batch), retry=_RETRY,
+                                   attempt_s=max(5.0, self.timeout / 2)).results)
+        except ClientError as e:
+            if e.code == "INVALID_ARGUMENT" and "(max_submit_batch)" in str(e) and len(batch) > 1:
+                half = len(batch) // 2
+                return self._send(batch[:half]) + self._send(batch[half:])
+            if e.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "UNAUTHENTICATED", "PERMISSION_DENIED"):
+                self.stopped = f"not sent: {e}"
+            # No answer in time: this batch may be stored (its reply lost), the later ones are not sent.
+            maybe = f"not confirmed (see `hpcsched jobs` before resubmitting): {e}"
+            return [pb.SubmitResult(error=maybe if e.code == "DEADLINE_EXCEEDED" else self.stopped or str(e))
+                    for _ in batch]
 
     def jobs(self, page_size: int = 0, states: tuple[str, ...] = (), owner: str = "", name: str = ""
              ) -> list[pb.JobInfo]:
