@@ -20,7 +20,7 @@ from hpcsched.runtime.config import parse_job_spec, read_controller_config
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 from hpcsched.runtime.store import Store
-from hpcsched.runtime.tables import Column, elide, render
+from hpcsched.runtime.tables import Column, cells, elide, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,6 +279,12 @@ def test_render_elides_in_the_middle_and_never_the_unelidable() -> None:
     out = render([Column("ID", elide=False), Column("NAME")], [["j" + "9" * 90, "n" * 50]], 40, "~")
     row = out.split("\n")[1]
     assert row.startswith("j" + "9" * 90)  # wider than the terminal: printed whole, never cut
+    wide = "学習ジョブ" * 10  # 50 characters, 100 columns
+    out = render([Column("ID", elide=False), Column("NAME"), Column("STATE", elide=False)],
+                 [["j0001", wide, "pending"], ["j0002", "x", "running"]], 40, "~")
+    assert [cells(line) for line in out.split("\n")[1:]] == [40, 40]  # each row exactly the width (header: stripped)
+    row = out.split("\n")[1]
+    assert row.startswith("j0001  学習ジョブ") and "学~学習" in row and row.endswith(" pending")
 
 
 def test_pending_counts_are_cached_between_counts_and_fresh_for_a_refusal(tmp_path: Path) -> None:

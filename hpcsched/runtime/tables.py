@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,15 +41,32 @@ def ellipsis() -> str:
         return "~"
 
 
+def cells(text: str) -> int:
+    """Terminal columns ``text`` takes: East Asian wide and full-width characters two, combining marks none (a job
+    named in Japanese must fit 80 columns too)."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def elide(text: str, width: int, mark: str = "…") -> str:
-    """``text`` in at most ``width`` characters, its middle replaced by ``mark`` when it is longer."""
-    if len(text) <= width:
+    """``text`` in at most ``width`` terminal columns, its middle replaced by ``mark`` when it is wider."""
+    if cells(text) <= width:
         return text
-    if width <= len(mark):
-        return text[:width]
-    keep = width - len(mark)
-    head = (keep + 1) // 2
-    return text[:head] + mark + (text[len(text) - (keep - head):] if keep - head else "")
+    if width <= cells(mark):
+        return _head(text, width)
+    keep = width - cells(mark)
+    head = _head(text, (keep + 1) // 2)
+    tail = _head(text[::-1], keep - cells(head))[::-1]
+    return head + mark + tail
+
+
+def _head(text: str, width: int) -> str:
+    """The longest start of ``text`` within ``width`` columns."""
+    used = 0
+    for k, c in enumerate(text):
+        used += cells(c)
+        if used > width:
+            return text[:k]
+    return text
 
 
 def printable(text: str) -> str:
@@ -61,10 +79,10 @@ def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int 
     """The table as lines of text, at most ``width`` characters each when the unelidable columns fit (None: no
     limit, every cell whole). Trailing spaces are stripped."""
     mark = ellipsis() if mark is None else mark
-    cells = [[printable(c) for c in r] for r in rows]
-    widths = [max([len(col.header)] + [len(r[k]) for r in cells]) for k, col in enumerate(columns)]
+    rows_ = [[printable(c) for c in r] for r in rows]
+    widths = [max([cells(col.header)] + [cells(r[k]) for r in rows_]) for k, col in enumerate(columns)]
     if width is not None:
-        floor = [widths[k] if not col.elide else min(widths[k], max(MIN_ELIDED, len(mark) + 2))
+        floor = [widths[k] if not col.elide else min(widths[k], max(MIN_ELIDED, cells(mark) + 2))
                  for k, col in enumerate(columns)]
         excess = sum(widths) + len(GAP) * (len(columns) - 1) - width
         while excess > 0:
@@ -74,15 +92,16 @@ def render(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int 
             widths[k] -= 1
             excess -= 1
     lines = [_line([c.header for c in columns], columns, widths, mark)]
-    lines += [_line(r, columns, widths, mark) for r in cells]
+    lines += [_line(r, columns, widths, mark) for r in rows_]
     return "\n".join(lines)
 
 
-def _line(cells: Sequence[str], columns: Sequence[Column], widths: list[int], mark: str) -> str:
+def _line(row: Sequence[str], columns: Sequence[Column], widths: list[int], mark: str) -> str:
     out = []
-    for text, col, w in zip(cells, columns, widths, strict=True):
+    for text, col, w in zip(row, columns, widths, strict=True):
         t = elide(text, w, mark) if col.elide else text
-        out.append(t.rjust(w) if col.right else t.ljust(w))
+        pad = " " * max(0, w - cells(t))
+        out.append(pad + t if col.right else t + pad)
     return GAP.join(out).rstrip()
 
 
