@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -39,6 +40,7 @@ from hpcsched.runtime import task_guard
 log = logging.getLogger("hpcsched.runtime.worker")
 
 GUARD = str(Path(__file__).with_name("task_guard.py"))
+SWEEP_S = 0.5  # how often the worker looks for strays reparented to it
 MARKER_ENV = "HPCSCHED_TASK_ID"  # in every task's environment: how a stray of a task tree is told from others
 
 
@@ -172,6 +174,7 @@ class Sandbox:
         self.lock = threading.Lock()
         self.leaf_of: dict[int, str | None] = {}  # pid of each guard started -> its cgroup leaf
         self.strays_killed = 0
+        self.next_sweep = 0.0
         self.cgroups: Cgroups | None = None
         why = "cgroups: off in the worker config"
         if cgroups != "off":
@@ -255,8 +258,9 @@ class Sandbox:
         """Kill and reap orphans of task trees reparented to this process (it is their subreaper): children it
         did not start whose environment names a task, or whose process group or session is one of its
         guards'. Returns how many it killed."""
-        if not self.subreaper:
+        if not self.subreaper or time.monotonic() < self.next_sweep:
             return 0
+        self.next_sweep = time.monotonic() + SWEEP_S  # a worker has dozens of threads: each one's children list read
         killed = 0
         with self.lock:
             known = set(self.leaf_of)
