@@ -207,7 +207,7 @@ def _window(window: str | None) -> tuple[int, int] | None:
 def _simulate_blox(trace: Path, cluster: Path, policy: str, out: Path, as_json: bool, win: tuple[int, int] | None,
                    round_s: float, optimus_load: float | None) -> None:
     """Blox's loop (``hpcsched.compat.blox``); a bad policy, option or trace is a clear error, never a traceback."""
-    from hpcsched.compat.blox_run import run_blox_command
+    from hpcsched.sim.blox_run import run_blox_command
     from hpcsched.errors import InputError
 
     try:
