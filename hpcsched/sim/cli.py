@@ -207,8 +207,8 @@ def _window(window: str | None) -> tuple[int, int] | None:
 def _simulate_blox(trace: Path, cluster: Path, policy: str, out: Path, as_json: bool, win: tuple[int, int] | None,
                    round_s: float, optimus_load: float | None) -> None:
     """Blox's loop (``hpcsched.compat.blox``); a bad policy, option or trace is a clear error, never a traceback."""
-    from hpcsched.sim.blox_run import run_blox_command
     from hpcsched.errors import InputError
+    from hpcsched.sim.blox_run import run_blox_command
 
     try:
         summary = run_blox_command(trace, cluster, policy, out, as_json, win, round_s, optimus_load)
