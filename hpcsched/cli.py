@@ -48,10 +48,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("hpcsched.runtime.cli",
                "Run a worker daemon for this node: registers, heartbeats, launches and kills tasks."),
     "submit": ("hpcsched.runtime.cli",
-               "Submit a training job; relative paths in its command resolve from the job file's folder."),
-    "jobs": ("hpcsched.runtime.cli", "List jobs with their state, size, progress and loss."),
-    "cancel": ("hpcsched.runtime.cli", "Cancel a job: a running one checkpoints and stops."),
-    "workers": ("hpcsched.runtime.cli", "List the workers the controller knows: slots, GPUs and their type, liveness."),
+               "Submit training jobs; relative paths in a command resolve from its job file's folder."),
+    "jobs": ("hpcsched.runtime.cli", "List jobs: id, name, user, state, size, progress and age (-o wide: loss, "
+             "checkpoint, workers, message...)."),
+    "cancel": ("hpcsched.runtime.cli", "Cancel jobs: a running one checkpoints and stops."),
+    "workers": ("hpcsched.runtime.cli", "List the workers the controller knows: state, slots in use, GPUs and their "
+                "type, pilot, host."),
     "profile": ("hpcsched.runtime.cli", "Write measured stage times (Muri CSV) and scaling curves (BFTrainer JNPs + "
                 "Jbnd CSV) for the simulator."),
     "testbed": ("hpcsched.testbed.cli",

@@ -242,12 +242,13 @@ LAUNCHERS_HERE = [
 @pytest.mark.parametrize("launcher", LAUNCHERS_HERE)
 def test_failing_job_is_failed_for_every_launcher(cluster: Cluster, launcher: str) -> None:
     """``command: [/bin/false]`` ended ``completed`` under ``direct``; under every launcher it is retried by the
-    job's policy (max_restarts) and then failed, with the exit in its message and in ``hpcsched jobs``."""
+    job's policy (max_restarts) and then failed, with the exit in its message and in ``hpcsched jobs -o wide`` (the
+    default table keeps to what reads at 80 columns: the state, not the message)."""
     jid = cluster.submit("false", ["/bin/false"], launcher=launcher)
     job = _assert_failed(cluster, jid, f"task {jid}.g{MAX_RESTARTS + 1}.n0 exited with 1")
     env = os.environ | {"HPCSCHED_TOKEN": TOKEN, "COLUMNS": "400"}
     cli = [sys.executable, "-m", "hpcsched.runtime", "jobs", "--controller", cluster.address]
-    table = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
+    table = subprocess.run([*cli, "-o", "wide"], capture_output=True, text=True, env=env, timeout=120)
     assert table.returncode == 0, table.stderr
     (row,) = [ln for ln in table.stdout.splitlines() if jid in ln]
     assert "failed" in row and "exited with 1" in row and f"failed {MAX_RESTARTS + 1} attempts" in row, row

@@ -333,8 +333,10 @@ def cancel(
     name: str = typer.Option("", "--name", "-n", help="also every job of this name or pattern: 'sweep[*' cancels an "
                              "array"),
 ) -> None:
-    """Cancel jobs (a running one checkpoints and stops): the ids given, and with filters every job that matches
-    them all (like scancel -t/-u/-n; finished jobs are left alone). Exit status 1 when any was not cancelled."""
+    """Cancel jobs: a running one checkpoints and stops.
+
+    The ids given, and with filters every job that matches them all (like scancel -t/-u/-n; finished jobs are left
+    alone). Exit status 1 when any was not cancelled."""
     from hpcsched.runtime.client import ClientError
 
     states = tuple(s.strip() for v in state or () for s in v.split(",") if s.strip())
