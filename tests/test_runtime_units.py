@@ -615,6 +615,9 @@ def test_a_sizing_that_is_not_optimal_is_counted_logged_and_listed(tmp_path: Pat
     real = hpcsched.milp.allocate
     monkeypatch.setattr(hpcsched.milp, "allocate",
                         lambda *a, **k: dataclasses.replace(real(*a, **k), status="time_limit"))
+    from hpcsched.runtime import controller as controller_mod
+
+    monkeypatch.setattr(controller_mod, "_REPLAN_S", 0.0)  # every step plans (else a step with no news does not)
     c = _ctl(tmp_path)
     c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=4, launchers=["torchrun"]))
     job = "command: [t.py]\nmin_procs: 1\nmax_procs: 4\nscaling: {procs: [1, 2, 4], rates: [10, 19, 30]}\n"

@@ -266,6 +266,9 @@ class ControllerConfig:
     policy: str = "fifo"
     heartbeat_interval_s: float = 1.0
     worker_timeout_s: float = 10.0
+    # heartbeats a second the controller budgets for: workers beat every max(heartbeat_interval_s, workers / rate)
+    # seconds, at most worker_timeout_s / 3 (sized for a 2-core controller host; raise it on a bigger one)
+    heartbeat_rate: float = 500.0
     schedule_interval_s: float = 0.5
     max_restarts: int = 5  # failed attempts of one job before it is marked failed
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
@@ -297,7 +300,8 @@ class ControllerConfig:
 
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
-    "policy", "heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s", "max_restarts", "stop_grace_s",
+    "policy", "heartbeat_interval_s", "worker_timeout_s", "heartbeat_rate", "schedule_interval_s", "max_restarts",
+    "stop_grace_s",
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
@@ -386,6 +390,7 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         policy=doc.get("policy", str, "fifo"),
         heartbeat_interval_s=doc.positive("heartbeat_interval_s", float, 1.0),
         worker_timeout_s=doc.positive("worker_timeout_s", float, 10.0),
+        heartbeat_rate=doc.positive("heartbeat_rate", float, 500.0),
         schedule_interval_s=doc.positive("schedule_interval_s", float, 0.5),
         max_restarts=doc.get("max_restarts", int, 5),
         stop_grace_s=doc.positive("stop_grace_s", float, 30.0),

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Container
 
+from hpcsched.allocator import hints_of
 from hpcsched.errors import InputError
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import reconcile, scheduler
@@ -51,17 +52,23 @@ from hpcsched.runtime.lifecycle import (
     retry_delay,
 )
 from hpcsched.runtime.listing import MAX_MESSAGE_CHARS, MAX_REPLY_BYTES, JobFilter, Listing, every_page, wall
+from hpcsched.runtime.liveness import heartbeat_problem, interval_s
+from hpcsched.runtime.memstore import MemStore
+from hpcsched.runtime.plan_set import PendingQueue
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, Store, WorkerRow
+from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow, WorkerRow
 from hpcsched.runtime.submission import Item, LimitExceeded, PendingCounts, parse_items, pending_refusal, store_items
+from hpcsched.runtime.waiting import WaitingNotes, with_note
 
 log = logging.getLogger("hpcsched.runtime.controller")
 
 _MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
 _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
-_WAITING = re.compile(r"(?:^|; )waiting: [^;]*$")  # the note a job that no live worker set can hold carries
+_UNCHANGED = pb.TaskStatus(running=True)  # a confirmed task a partial heartbeat left out: it runs, no news
+_REPLAN_S = 5.0  # a step plans at least this often even when nothing it knows of changed (a safety net)
+_ACCRUE_S = 1.0  # service is accrued (one UPDATE of the running jobs) at most this often
 
 # Registration bounds (issue 15: 2^31-1, -5 and 0 slots and a 100 KB id were accepted).
 MAX_WORKER_ID_CHARS = 128
@@ -82,10 +89,31 @@ class Controller:
         the wall clock (NTP, an operator) must neither declare healthy workers lost nor add service."""
         self.cfg = cfg
         self.mono = clock
-        self.store = Store(cfg.state, owner=True)  # one controller per state file
+        self.store = MemStore(cfg.state)  # one controller per state file; its state in memory, written through
         self.lock = threading.RLock()
         self.wakeup = threading.Event()
-        scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
+        policy = scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
+        self.queue = PendingQueue(policy)  # the pending jobs in the policy's order: a step plans over its head
+        self.notes = WaitingNotes()
+        # A step plans only when something it decides on changed (``_needs_plan``), except for a policy whose order
+        # moves with time (LAS, SRTF: service and progress change priorities), the rounds executor and an admission
+        # rule (load-based), which plan at every step as before.
+        self._every_step = (not hints_of(policy).order_key_static or cfg.executor == "rounds"
+                            or cfg.admission != "accept-all")
+        self._workers_changed = True  # the live worker set changed since the last step (register, leave, lost)
+        self._replan = True  # plan at the next step: the last plan was dropped, or a start waited for what came now
+        self._own: set[str] = set()  # jobs the last plan started, stopped or resized: no news to plan on
+        self._full_wanted: set[str] = set()  # workers asked for a full report (HeartbeatReply.full_report)
+        self._wanted: set[str] = set()  # workers a start waits on for a free port or an agent port (``_start``)
+        self._last_plan = float("-inf")
+        self._next_expiry = float("inf")  # the earliest end of a running attempt's min_runtime_s protection
+        self._accrued = self.mono()
+        self.plans = 0  # steps that called the planner
+        self.refused_reports = 0  # task reports refused: not placed on the reporting worker, or another job's
+        self.refused_heartbeats = 0  # heartbeats refused unprocessed: more entries than the worker's slots allow
+        self._rate_warned = False
+        self.on_step: Callable[[str, float], None] | None = None  # (kind, seconds) of each step: the server's timings
+        self.quiet_steps = 0  # steps that did not (nothing changed)
         self.last_seen: dict[str, float] = {}  # worker -> its last heartbeat, on the monotonic clock
         self.spare_port: dict[str, int] = {}
         self.agent_port: dict[str, int] = {}  # worker -> its WorkerAgent port (every heartbeat says it: no state)
@@ -119,9 +147,11 @@ class Controller:
         the database knows gets one timeout of grace to come back before its tasks count as lost."""
         with self.lock:
             now, mono = time.time(), self.mono()
+            self._accrued = mono
             for w in self.store.workers():
                 if w.alive:
                     self.last_seen.setdefault(w.id, mono)
+                    self._full_wanted.add(w.id)  # what runs there is only in the tables: ask for every task
             for j in self.store.jobs(("running",)):  # not durable: a restart counts as the attempt's start
                 self.attempt_start.setdefault(j.id, now)
             self._last_tick = mono
@@ -149,6 +179,7 @@ class Controller:
                           time.time(), True, req.gpu_type.lower())
             self.store.upsert_worker(w)
             self.leaving.discard(w.id)
+            self._workers_changed = True
             if req.agent_port:  # a job placed on it at once may need it (mpirun's daemons, horovodrun's ranks)
                 self.agent_port[w.id] = req.agent_port
             else:  # a new daemon's agent listens elsewhere: known at its first heartbeat
@@ -158,10 +189,36 @@ class Controller:
         log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
                  req.gpus, req.gpu_type.lower() or "(not advertised)")
         self.wakeup.set()
-        return pb.RegisterReply(heartbeat_interval_s=self.cfg.heartbeat_interval_s,
+        return pb.RegisterReply(heartbeat_interval_s=self.heartbeat_interval(),
                                 worker_timeout_s=self.cfg.worker_timeout_s)
 
+    def heartbeat_interval(self) -> float:
+        """The interval workers are told to beat at now (``liveness.interval_s``: it grows with the fleet so the
+        controller's heartbeat rate stays near ``heartbeat_rate``); said once when the timeout caps it."""
+        interval, capped = interval_s(len(self.last_seen), self.cfg.heartbeat_interval_s, self.cfg.heartbeat_rate,
+                                      self.cfg.worker_timeout_s)
+        if capped and not self._rate_warned:
+            self._rate_warned = True
+            log.warning("%d workers at heartbeat_rate %g/s would beat every %.1f s, but worker_timeout_s %g caps the "
+                        "interval at %.1f s (a third of it): the controller gets %.0f heartbeats a second; raise "
+                        "worker_timeout_s (or heartbeat_rate on a bigger host)", len(self.last_seen),
+                        self.cfg.heartbeat_rate, len(self.last_seen) / self.cfg.heartbeat_rate,
+                        self.cfg.worker_timeout_s, interval, len(self.last_seen) / interval)
+        return interval
+
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        """Reconcile one worker's report (``reconcile``). Its size is checked before the lock is taken
+        (``liveness.heartbeat_problem``: InputError), and a task it reports that is not placed on it, or names
+        another job or attempt than its placement, is refused and counted and changes nothing. A ``partial``
+        report lists only tasks with news: a confirmed task it leaves out runs on unchanged, and a task the worker
+        lost is found at its next full report (every ``liveness.FULL_EVERY`` beats, and after registering)."""
+        w = self.store.worker(req.worker_id)  # one dict read, no lock: the slots of a registered worker never shrink
+        problem = heartbeat_problem(req, w.slots if w is not None else 0)
+        if problem:
+            self.refused_heartbeats += 1
+            log.warning("refused a heartbeat of worker %s unprocessed: %s (%d such so far)",
+                        _clip(req.worker_id, 60), problem, self.refused_heartbeats)
+            raise InputError(f"heartbeat of worker {_clip(req.worker_id, 60)!r}", problem)
         reply = pb.HeartbeatReply()
         with self.lock:
             wid = req.worker_id
@@ -176,13 +233,26 @@ class Controller:
                 self.spare_port[wid] = req.spare_port
             if req.agent_port:
                 self.agent_port[wid] = req.agent_port
+            if wid in self._wanted and (req.spare_port or req.agent_port):  # a start waited for this: plan again
+                self._wanted.discard(wid)
+                self._replan = True
+                self.wakeup.set()
             reported = {t.task_id: t for t in req.tasks}
+            if wid in self._full_wanted:
+                if req.partial:
+                    reply.full_report = True
+                else:
+                    self._full_wanted.discard(wid)
             changed = False
             with self.store.tx():
                 for t in req.tasks:
-                    changed |= self._reconcile_reported(t, reply)
+                    changed |= self._reconcile_reported(wid, t, reply)
                 for a in self.store.allocations(worker_id=wid):
-                    changed |= self._reconcile_expected(a, reported.get(a.task_id), reply)
+                    seen = reported.get(a.task_id)
+                    if seen is None and req.partial and a.state == "running":
+                        seen = _UNCHANGED  # confirmed earlier, no news: it runs on
+                    changed |= self._reconcile_expected(a, seen, reply)
+            reply.heartbeat_interval_s = self.heartbeat_interval()
         if changed:
             self.wakeup.set()
         return reply
@@ -201,6 +271,7 @@ class Controller:
         with self.lock, self.store.tx():
             now = time.time()
             self.leaving.add(wid)
+            self._workers_changed = True
             for a in self.store.allocations(worker_id=wid):
                 job = self.store.job(a.job_id)
                 if a.nprocs == 0 or self.resizer.shrink_away(job, wid, f"worker {wid} left", now):
@@ -227,10 +298,19 @@ class Controller:
         self.wakeup.set()
         return pb.LeaveReply(stopping_jobs=stopping)
 
-    def _reconcile_reported(self, t: pb.TaskStatus, reply: pb.HeartbeatReply) -> bool:
-        """Act on one reported task (``reconcile.reported``); True when a job's state may have changed."""
+    def _reconcile_reported(self, wid: str, t: pb.TaskStatus, reply: pb.HeartbeatReply) -> bool:
+        """Act on one reported task (``reconcile.reported``); True when a job's state may have changed. A task
+        placed on another worker, or whose job or attempt is not its placement's, is refused: counted, logged
+        (the first few), and nothing changes (a forged report marked another user's job completed)."""
         a = self.store.alloc(t.task_id)
-        job = self.store.job(t.job_id)
+        if a is not None and (a.worker_id != wid or a.job_id != t.job_id or a.generation != t.generation):
+            self.refused_reports += 1
+            if self.refused_reports <= 10 or self.refused_reports % 1000 == 0:
+                log.warning("worker %s reported task %s (job %s, generation %d), placed on %s as job %s generation %d: "
+                            "refused (%d such reports so far)", wid, _clip(t.task_id, 60), _clip(t.job_id, 40),
+                            t.generation, a.worker_id, a.job_id, a.generation, self.refused_reports)
+            return False
+        job = self.store.job(a.job_id if a is not None else t.job_id)
         if reconcile.is_current(a, job):
             for p in t.progress:
                 self._apply_progress(job, p)
@@ -445,14 +525,22 @@ class Controller:
             return scheduler.Plan()
         if self._stale >= _MAX_STALE:
             with self.lock, self.store.tx():
-                state, jobs, workers = self._cluster_state(*self._read())
+                seen = self._read()
+                if seen is None:
+                    return scheduler.Plan()
+                state, jobs, workers = self._cluster_state(*seen)
                 plan = self._plan(state)
                 self.resizer.apply(plan.resizes, workers, self.agent_port, state.now)
                 self._apply(plan, state, workers, plan.stops, list(plan.starts))
+                self._own = {*plan.starts, *plan.stops, *plan.resizes}
+                self._set_expiry()
             self._stale = 0
+            self._replan = False
             return plan
         with self.lock, self.store.tx():
             seen = self._read()
+        if seen is None:
+            return scheduler.Plan()
         state, jobs, workers = self._cluster_state(*seen)
         plan = self._plan(state)
         starts = list(plan.starts)
@@ -464,14 +552,31 @@ class Controller:
                 if not self._still_valid(stops | dict.fromkeys(resizes, "resize"),
                                          {j: plan.starts[j] for j in batch}, jobs):
                     self._stale += 1
+                    self._replan = True
                     self.wakeup.set()  # re-plan at once from the new state
                     if k == 0:
                         return scheduler.Plan()
                     return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
                 self.resizer.apply(resizes, workers, self.agent_port, state.now)
                 self._apply(plan, state, workers, stops, batch)
+                self._own.update(batch, stops, resizes)
+        with self.lock:
+            self._set_expiry()
         self._stale = 0
+        self._replan = False
         return plan
+
+    def _set_expiry(self) -> None:
+        """When the earliest running attempt's ``min_runtime_s`` protection ends (after this step's starts and in-place
+        resizes, which restart it): a reason to plan again then (``_needs_plan``). Under the lock."""
+        self._wanted |= self.resizer.wanted_agents  # a heartbeat bringing one of their agent ports re-plans
+        self.resizer.wanted_agents.clear()
+        if self.cfg.min_runtime_s <= 0:
+            return
+        now = time.time()
+        ends = (self.attempt_start[j] + self.cfg.min_runtime_s for j in self.store.active_ids("running")
+                if j in self.attempt_start)
+        self._next_expiry = min((e for e in ends if e > now), default=float("inf"))
 
     def _hold_for_arrivals(self) -> bool:
         """Whether this step waits for pilots' workers about to register (node_source slurm; each waited for at
@@ -489,69 +594,74 @@ class Controller:
             self.held_steps += 1
         return bool(waiting)
 
-    def _read(self) -> tuple:
-        """Read what a step needs (under the lock); building the scheduler's view of it is left to
-        ``_cluster_state``, which needs no lock."""
+    def _read(self) -> tuple | None:
+        """Read what a step needs (under the lock), or None when it need not plan (``_needs_plan``); building the
+        scheduler's view of it is left to ``_cluster_state``, which needs no lock.
+
+        The step sees the running jobs and a bounded head of the pending queue in the policy's order
+        (``plan_set``): what it costs grows with the free slots and the running jobs, not with the queue."""
         now, mono = time.time(), self.mono()
         self._reap_dead_workers(mono)
-        jobs = self.store.jobs(("pending", "running", "stopping"))
-        if self.retry_at:  # a failed job waiting for its retry's time is not planned until then
-            self.retry_at = {j: t for j, t in self.retry_at.items() if t > now}
-            jobs = [j for j in jobs if j.state != "pending" or j.id not in self.retry_at]
-        self.store.accrue_service(mono - self._last_tick)
+        if self.retry_at:  # a failed job waiting for its retry's time is not planned until then (see the head below)
+            waiting = {j: t for j, t in self.retry_at.items() if t > now}
+            self._replan |= len(waiting) < len(self.retry_at)  # a retry's time came: plan it
+            self.retry_at = waiting
+        if mono - self._accrued >= _ACCRUE_S:
+            self.store.accrue_service(mono - self._accrued)
+            self._accrued = mono
         self._last_tick = mono
         workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
-        self._note_waiting(jobs, workers)
+        moved, freed = self.store.drain()
+        self._requeue(moved, workers)
         if self.rounds is not None:
             self.rounds.flush(self.store)  # the round the last step decided: its event and the jobs' notes
-        return (now, jobs, workers, *self._slot_use(), dict(self.attempt_start))
+        own, self._own = self._own, set()
+        if not self._needs_plan(moved - own, freed, now):
+            self.quiet_steps += 1
+            return None
+        self.plans += 1
+        self._last_plan = now
+        used, groups, where = self._slot_use()
+        free = sum(max(0, w.slots - used.get(w.id, 0)) for w in workers)
+        head = [self.store.job(j.id) for j in self.queue.head(free, self.notes.blocked()) if j.id not in self.retry_at]
+        running = [self.store.job(j) for j in self.store.active_ids("running")]
+        jobs = sorted((j for j in running + head if j is not None), key=lambda j: j.seq)
+        starts = {j.id: self.attempt_start[j.id] for j in running if j is not None and j.id in self.attempt_start}
+        return (now, jobs, workers, used, groups, where, starts)
 
-    def _note_waiting(self, jobs: list[JobRow], workers: list[WorkerRow]) -> None:
-        """Say why a pending job cannot start whatever the policy does: it needs more procs than the live
-        workers that have its launcher hold in total, or none has its launcher. Such a job waited with an
-        empty message (``procs: 1000000``). The note goes when workers that can hold it arrive; a job's
-        failure reason, if it has one, is kept in front of it. Written only when it changes."""
-        slots: dict[str, int] = {}
-        count: dict[str, int] = {}
-        typed: dict[tuple[str, str], tuple[int, int]] = {}  # (launcher, GPU type) -> (slots, workers)
-        for w in workers:
-            for name in w.launchers:
-                slots[name] = slots.get(name, 0) + w.slots
-                count[name] = count.get(name, 0) + 1
-                s, n = typed.get((name, w.gpu_type), (0, 0))
-                typed[(name, w.gpu_type)] = (s + w.slots, n + 1)
-        for j in jobs:
-            if j.state != "pending":
-                continue
-            launcher, need, types = j.spec.launcher, j.spec.min_procs, j.spec.gpu_types
-            if not workers:
-                note = "waiting: no live worker"
-            elif launcher not in slots:
-                note = f"waiting: no live worker has the {launcher} launcher"
-            elif types:  # only the workers of its types count
-                have = [typed.get((launcher, t), (0, 0)) for t in types]
-                total, n = sum(s for s, _ in have), sum(k for _, k in have)
-                kinds = "/".join(types)
-                if not n:
-                    live = sorted({w.gpu_type or "(not advertised)" for w in workers if launcher in w.launchers})
-                    note = (f"waiting: no live worker with {launcher} has GPU type {kinds} (their types: "
-                            f"{', '.join(live)})")
-                elif need > total:
-                    note = _too_big(need, n, f"{launcher} and GPU type {kinds}", total)
-                else:
-                    note = ""
-            elif need > slots[launcher]:
-                note = _too_big(need, count[launcher], launcher, slots[launcher])
-            else:
-                note = ""
-            if (note and (j.message == note or j.message.endswith("; " + note))) or \
-                    (not note and "waiting: " not in j.message):
-                continue  # unchanged (nearly every job at nearly every step: this runs under the lock)
-            base = _WAITING.sub("", j.message)  # the note has no ';': only the last part is a note
-            message = _clip(f"{base}; {note}" if base and note else base or note)
-            if message != j.message:
-                self.store.update_job(j.id, message=message)
-                j.message = message
+    def _needs_plan(self, moved: set[str], freed: bool, now: float) -> bool:
+        """Whether a step must call the planner: a job moved (submitted, started, stopped, ended), slots came free,
+        the live workers changed, the last plan did something (a start may wait for a worker's port), a running
+        attempt's ``min_runtime_s`` protection ended, the policy's order moves with time, or ``_REPLAN_S`` passed."""
+        need = (bool(moved) or freed or self._workers_changed or self._replan or self._every_step
+                or now >= self._next_expiry or now - self._last_plan >= _REPLAN_S)
+        self._workers_changed = False
+        return need
+
+    def _requeue(self, moved: set[str], workers: list[WorkerRow]) -> None:
+        """Keep the pending queue and the waiting notes up to date with the jobs that moved and the live workers."""
+        if self._workers_changed:  # first: a job entering now gets its note from the workers as they are
+            for jid, note in self.notes.workers_changed(workers):
+                j = self.store.job(jid)
+                if j is not None and j.state == "pending":
+                    self._set_note(j, note)
+        entering = []
+        for jid in moved:
+            self.notes.leave(jid)
+            j = self.store.job(jid)
+            if j is None or j.state not in ("running", "stopping"):
+                self.attempt_start.pop(jid, None)  # only a running attempt's start is read: not one per job ever
+            if j is not None and j.state == "pending":
+                cls = (j.spec.launcher, j.spec.min_procs, j.spec.gpu_types)
+                entering.append((j.seq, _job_state(j), cls))
+                self._set_note(j, self.notes.enter(jid, cls))
+        self.queue.update(moved, entering)
+
+    def _set_note(self, j: JobRow, note: str) -> None:
+        """Say why a pending job cannot start whatever the policy does (``waiting``); written only when it changes."""
+        message = with_note(j.message, note, MAX_MESSAGE_CHARS)
+        if message != j.message:
+            self.store.update_job(j.id, message=message)
 
     @staticmethod
     def _cluster_state(now: float, jobs: list[JobRow], workers: list[WorkerRow], used: dict[str, int],
@@ -621,7 +731,7 @@ class Controller:
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's
         co-location key and its placement (node-rank order), from the live allocations (``launch.slot_use``)."""
-        used, groups, where, self._groups = slot_use(self.store.allocations(), self._groups)
+        used, groups, where, self._groups = slot_use(self.store.live_allocations(), self._groups)
         return used, groups, where
 
     def _reap_dead_workers(self, now: float) -> None:
@@ -632,6 +742,7 @@ class Controller:
             self.instance.pop(wid, None)  # the name is free for the next daemon
             self.spare_port.pop(wid, None)
             self.store.set_worker_alive(wid, False)
+            self._workers_changed = True
             self.store.event(None, "worker_lost", worker=wid, silent_s=now - seen)
             log.warning("worker %s silent for %.1f s: lost", wid, now - seen)
             for a in self.store.allocations(worker_id=wid):
@@ -654,6 +765,7 @@ class Controller:
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
         if not port:  # no fresh free port from that node yet: start at the next heartbeat
+            self._wanted.add(master)
             return
         if (job.spec.launcher in AGENT_LAUNCHERS and len(placement) > 1 and agents is not None
                 and any(w not in agents for w, _ in placement)):
@@ -663,6 +775,7 @@ class Controller:
             log.info("job %s waits for the agent port of %s", job.id,
                      ", ".join(w for w, _ in placement if w not in agents))
             self.spare_port[master] = port
+            self._wanted.update(w for w, _ in placement if w not in agents)
             return
         gen = job.generation + 1
         size = sum(k for _, k in placement)
@@ -687,15 +800,24 @@ class Controller:
         while not stop.is_set():
             self.wakeup.wait(self.cfg.schedule_interval_s)
             self.wakeup.clear()
+            t0, plans = time.perf_counter(), self.plans
             try:
                 self.tick()
             except Exception as e:  # a bug in one step must not kill the controller: logged, once per cause and
                 # interval (a step failing at every tick, on a full disk, wrote a traceback each time)
                 self.step_errors.log(logging.ERROR, cause(e), "scheduling step failed: %s", cause(e),
                                      exc_info=not is_disk_full(e))
+            if self.on_step is not None:  # a decision's time is a figure the scale targets are set on
+                self.on_step("scheduling_step" if self.plans > plans else "quiet_step", time.perf_counter() - t0)
             stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
 
     # ------------------------------------------------------------------------------------- queries
+    def counters(self) -> dict[str, float]:
+        """What the controller refused and how its steps went, for its summary (logged at stop, ``rpc_stats_file``)."""
+        return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
+                "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
+                "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue)}
+
     def list_jobs(self) -> list[pb.JobInfo]:
         """Every job (all pages of ``jobs_page``): for callers in this process; the RPC serves one page."""
         return every_page(lambda token: self.jobs_page(page_token=token))
@@ -763,11 +885,6 @@ def _job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, 
         resize_s=j.spec.resize_s, in_place=j.state == "running" and in_place_capable(j.spec),
         gpu_types=j.spec.gpu_types, model=j.spec.model,
     )
-
-
-def _too_big(need: int, n: int, what: str, total: int) -> str:
-    return (f"waiting: needs {need} procs, and the {n} live worker{'s' if n > 1 else ''} with {what} "
-            f"{'have' if n > 1 else 'has'} {total} slot{'s' if total > 1 else ''} in total")
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

@@ -54,6 +54,7 @@ class InPlaceResizer:
         self.attempt_start = attempt_start
         self.task_exited = task_exited
         self.waiting: set[str] = set()  # jobs whose planned resize waits for their last one (logged once)
+        self.wanted_agents: set[str] = set()  # workers a resize waits on for their agent port (the controller re-plans)
 
     def apply(self, resizes: dict[str, list[tuple[str, int]]], workers: list[WorkerRow], agent_port: dict[str, int],
               now: float) -> None:
@@ -88,6 +89,7 @@ class InPlaceResizer:
         # a worker whose agent's port is not known yet (a daemon that did not say it as it registered says it in its
         # first heartbeat): the next step plans again
         if unknown:
+            self.wanted_agents.update(unknown)
             log.info("job %s: in-place resize onto %s waits for its agent port", job.id, ", ".join(unknown))
             return False
         change = in_place_change(tasks, where, hosts, agents)

@@ -233,6 +233,7 @@ class ControllerServer:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
         self.service = _Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only)
+        self.ctl.on_step = self.timings.add  # scheduling steps' durations beside the RPCs' (rpc_stats_file)
         pb_grpc.add_ControllerServicer_to_server(self.service, self.server)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if cfg.tls_cert and cfg.tls_key:
@@ -315,8 +316,13 @@ class ControllerServer:
         for method, st in sorted(stats.items()):
             log.info("rpc %s: %d calls, handler p50 %.2f ms, p99 %.2f ms, max %.1f ms", method, st["calls"],
                      st["p50_ms"], st["p99_ms"], st["max_ms"])
+        counters = self.ctl.counters()
+        log.info("controller: %s", ", ".join(f"{k} {v:g}" for k, v in counters.items() if not k.startswith("refused")))
+        if counters["refused_task_reports"] or counters["refused_heartbeats"]:  # a forged or broken worker: say so
+            log.warning("controller refused %d task reports (not placed on their worker) and %d oversized heartbeats",
+                        counters["refused_task_reports"], counters["refused_heartbeats"])
         if self.cfg.rpc_stats_file:
-            _write_atomic(self.cfg.rpc_stats_file, json.dumps(stats, indent=1) + "\n")
+            _write_atomic(self.cfg.rpc_stats_file, json.dumps(stats | {"controller": counters}, indent=1) + "\n")
 
 
 def backup(store_path: Path, backup_dir: Path, keep: int) -> Path:

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import socket
 import sys
 import threading
@@ -48,6 +49,7 @@ from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
+from hpcsched.runtime.liveness import FULL_EVERY
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
 from hpcsched.runtime.task_dirs import (
@@ -93,6 +95,9 @@ class Worker(TaskControl, ControllerLink):
         self.launchers = launchers.available()
         self.interval = 1.0
         self.instance = uuid.uuid4().hex  # this daemon, as against another started with the same name
+        self._jitter = random.Random(self.instance)  # seeded per daemon: a storm of them spreads its first beats
+        self._told: set[str] = set()  # tasks the controller has heard running: a partial heartbeat leaves them out
+        self._beats = 0  # heartbeats since the last full one (every FULL_EVERY-th is full)
         self.base_env = task_base_env(os.environ, cfg.token)  # what tasks inherit: no credentials
         self._refused_logged = ""
         self._tls_hinted = False
@@ -141,10 +146,18 @@ class Worker(TaskControl, ControllerLink):
                     sent = time.monotonic()
                     self._register()
                     registered, renewed = True, sent
+                    self._beats = 0  # the first heartbeat after registering is full
+                    if self.interval > 1.0:  # a big fleet registering at once: its first beats spread over one interval
+                        due = time.monotonic() + self._jitter.uniform(0, self.interval)
+                        continue
                 sent = time.monotonic()
-                reply = self._beat(renewed)
+                req = self._heartbeat(partial=self._beats % FULL_EVERY != 0)
+                reply = self._beat(renewed, req)
                 for t in self.tasks.values():
                     t.pending.clear()  # delivered
+                self._told = {t.task_id for t in req.tasks if t.running} | (self._told & set(self.tasks))
+                self._beats = 0 if reply.full_report else self._beats + 1
+                self.interval = reply.heartbeat_interval_s or self.interval  # it grows with the fleet
                 registered = not reply.reregister
                 reached = time.monotonic()
                 self._fence(reached - renewed)  # an answer that came after a stop past the lease: fence first
@@ -178,10 +191,10 @@ class Worker(TaskControl, ControllerLink):
                 backoff = min(backoff * 2, self.interval * 2)
         self.leave()
 
-    def _beat(self, renewed: float) -> pb.HeartbeatReply:
+    def _beat(self, renewed: float, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
         """One heartbeat; while it is in flight (a hung or cut-off controller holds it up to its 10 s timeout) the
         lease is still watched, so the tasks are stopped when it runs out, not when the call gives up."""
-        call = self.stub.Heartbeat.future(self._heartbeat(), timeout=10, metadata=self.md)
+        call = self.stub.Heartbeat.future(req, timeout=10, metadata=self.md)
         while True:
             try:
                 return call.result(timeout=_POLL_S)
@@ -261,11 +274,15 @@ class Worker(TaskControl, ControllerLink):
                  self.cfg.name, self.cfg.slots, self.cfg.gpus, self.cfg.gpu_type or "(not advertised)",
                  ",".join(self.launchers))
 
-    def _heartbeat(self) -> pb.HeartbeatRequest:
+    def _heartbeat(self, partial: bool = False) -> pb.HeartbeatRequest:
+        """The report: every task, or (``partial``) only those with news: not yet heard running, exited, or with
+        progress to deliver (the controller takes the others as running on)."""
         req = pb.HeartbeatRequest(worker_id=self.cfg.name, spare_port=spare_port(self.cfg.host),
-                                  agent_port=self.agent_port)
+                                  agent_port=self.agent_port, partial=partial)
         req.instance = self.instance
         for tid, t in self.tasks.items():
+            if partial and tid in self._told and t.exit_code is None and not t.pending:
+                continue
             req.tasks.append(pb.TaskStatus(task_id=tid, job_id=t.launch.job_id, generation=t.launch.generation,
                                            running=t.exit_code is None, exit_code=t.exit_code or 0,
                                            progress=t.pending, reason=t.reason if t.exit_code is not None else ""))

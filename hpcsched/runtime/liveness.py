@@ -1,0 +1,48 @@
+"""Heartbeats that scale: how often a worker beats, and how much one heartbeat may ask of the controller.
+
+Interval: every worker beating once a second sends 10,000 RPCs a second to one Python process at 10,000
+workers. The controller budgets ``heartbeat_rate`` heartbeats a second and tells every worker its interval in
+each RegisterReply and HeartbeatReply: ``max(heartbeat_interval_s, workers / heartbeat_rate)``, capped at
+``worker_timeout_s / 3`` so a dead worker is still noticed within ``worker_timeout_s`` (three missed beats).
+Where the cap binds the rate is exceeded; the controller says so once, naming the setting to raise (Slurm
+pings slurmd at SlurmdTimeout/3 for the same reason).
+
+Size: a heartbeat lists at most the worker's own tasks. A worker runs at most ``MAX_GROUP`` co-located jobs on
+each slot, and keeps an exited task until the controller tells it to forget it, so a report may hold
+``MAX_GROUP * slots + EXTRA_TASKS`` task entries and ``MAX_PROGRESS`` progress reports per entry. A larger one is
+refused before the controller's lock is taken (150,000 bogus entries held the lock 17 s and a live worker was
+declared lost meanwhile): the check reads only the worker's registered slots.
+"""
+
+from __future__ import annotations
+
+from hpcsched.interleave.period import MAX_GROUP
+from hpcsched.runtime.rpc import pb
+
+EXTRA_TASKS = 32  # exited tasks not yet forgotten, released in-place tasks, beyond the slots' worth
+MAX_PROGRESS = 1000  # progress reports per task in one heartbeat (a program reporting every step for an interval)
+FULL_EVERY = 10  # a worker sends every task (not only those with news) at least every this many beats
+
+
+def interval_s(workers: int, base_s: float, rate: float, timeout_s: float) -> tuple[float, bool]:
+    """The heartbeat interval for a fleet of ``workers`` (rules in the module docstring), and whether the
+    ``worker_timeout_s / 3`` cap bound it (the rate budget is then exceeded)."""
+    fleet, cap = workers / rate, timeout_s / 3
+    if fleet <= base_s:
+        return base_s, False  # an operator's own heartbeat_interval_s is kept, as before
+    if fleet <= cap:
+        return fleet, False
+    return max(base_s, cap), True
+
+
+def heartbeat_problem(req: pb.HeartbeatRequest, slots: int) -> str:
+    """Why a heartbeat is too large to process ('' when it is not), for a worker registered with ``slots``."""
+    most = MAX_GROUP * max(slots, 0) + EXTRA_TASKS
+    if len(req.tasks) > most:
+        return (f"{len(req.tasks)} task entries, more than a worker of {slots} slots may report "
+                f"(at most {most}: its own tasks)")
+    for t in req.tasks:
+        if len(t.progress) > MAX_PROGRESS:
+            return (f"task {t.task_id[:60]!r}: {len(t.progress)} progress reports in one heartbeat "
+                    f"(at most {MAX_PROGRESS})")
+    return ""

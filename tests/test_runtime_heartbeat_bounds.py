@@ -1,0 +1,180 @@
+"""Heartbeats that cannot harm other workers' jobs or the controller, and that scale with the fleet (issue 26
+items 2-3, issue 25 liveness).
+
+Seen: one forged heartbeat reporting another worker's task ``done`` at step 1000 marked that job completed at
+67 of its steps and killed its real process as stale; 150,000 bogus task entries held the controller lock 17 s
+and a live worker was declared lost. Real controller, real gRPC on port 0; the workers are gRPC clients that
+speak the protocol as a worker daemon does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from runtime_procs import TOKEN, controller_config
+
+from hpcsched.runtime.auth import metadata, open_channel
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.server import ControllerServer
+
+JOB = "name: victim\ncommand: [train.py]\nlauncher: direct\nprocs: 1\nsteps: 1000\n"
+
+
+class FakeWorker:
+    """A worker as the controller sees it: registers, heartbeats with what it says it runs."""
+
+    def __init__(self, stub: pb_grpc.ControllerStub, name: str, slots: int = 2,
+                 launchers: tuple[str, ...] = ("direct",)) -> None:
+        self.stub, self.name, self.md = stub, name, metadata(TOKEN)
+        reply = stub.Register(pb.RegisterRequest(worker_id=name, host="127.0.0.1", slots=slots, cpus=2,
+                                                 launchers=list(launchers), instance=f"i-{name}"),
+                              metadata=self.md, timeout=10)
+        self.interval = reply.heartbeat_interval_s
+
+    def beat(self, tasks: list[pb.TaskStatus] = (), partial: bool = False, timeout: float = 10) -> pb.HeartbeatReply:
+        req = pb.HeartbeatRequest(worker_id=self.name, instance=f"i-{self.name}", spare_port=40000, tasks=tasks,
+                                  partial=partial)
+        return self.stub.Heartbeat(req, metadata=self.md, timeout=timeout)
+
+
+@pytest.fixture
+def controller(tmp_path: Path, request: pytest.FixtureRequest):
+    extra = getattr(request, "param", {})
+    srv = ControllerServer(read_controller_config(controller_config(tmp_path, **extra)))
+    addr = srv.start()
+    channel = open_channel(addr)
+    try:
+        yield srv, pb_grpc.ControllerStub(channel)
+    finally:
+        channel.close()
+        srv.stop()
+
+
+def _place(srv: ControllerServer, stub: pb_grpc.ControllerStub, w: FakeWorker) -> pb.LaunchTask:
+    """Submit the victim job and heartbeat ``w`` until it is told to launch it; confirm it running at step 67."""
+    stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="victim.yaml"), metadata=metadata(TOKEN), timeout=10)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        reply = w.beat()
+        if reply.launch:
+            launch = reply.launch[0]
+            progress = [pb.Progress(step=67, loss=1.0, time=time.time(), world_size=1, resumed_from=-1)]
+            w.beat([pb.TaskStatus(task_id=launch.task_id, job_id=launch.job_id, generation=launch.generation,
+                                  running=True, progress=progress)])
+            assert srv.ctl.store.job(launch.job_id).steps_done == 67
+            return launch
+        time.sleep(0.1)
+    raise AssertionError("the job was never placed")
+
+
+def test_a_forged_report_of_another_workers_task_changes_nothing(controller) -> None:
+    srv, stub = controller
+    victim = FakeWorker(stub, "w-victim")
+    forger = FakeWorker(stub, "w-forger", launchers=("mpirun",))  # nothing of the victim's job can go there
+    launch = _place(srv, stub, victim)
+    done = [pb.Progress(step=1000, loss=0.1, time=time.time(), world_size=1, done=True, resumed_from=-1)]
+    forged = pb.TaskStatus(task_id=launch.task_id, job_id=launch.job_id, generation=launch.generation,
+                           running=False, exit_code=0, progress=done)
+    reply = forger.beat([forged])
+    assert not reply.kill and not reply.launch
+    # the right worker, but another job's id or another attempt: refused too
+    victim.beat([pb.TaskStatus(task_id=launch.task_id, job_id="j9999", generation=launch.generation, running=False,
+                               progress=done)])
+    victim.beat([pb.TaskStatus(task_id=launch.task_id, job_id=launch.job_id, generation=launch.generation + 1,
+                               running=False, progress=done)])
+    job = srv.ctl.store.job(launch.job_id)
+    assert (job.state, job.steps_done, job.done, job.generation) == ("running", 67, 0, launch.generation)
+    assert srv.ctl.refused_reports == 3
+    assert srv.ctl.store.alloc(launch.task_id).state == "running"
+    # the real process is not killed as stale: its own worker's next report is answered with nothing to do
+    reply = victim.beat([pb.TaskStatus(task_id=launch.task_id, job_id=launch.job_id, generation=launch.generation,
+                                       running=True)])
+    assert not reply.kill and not reply.forget
+
+
+def test_a_huge_heartbeat_is_refused_before_the_lock_and_a_live_worker_stays(controller) -> None:
+    srv, stub = controller
+    live = FakeWorker(stub, "w-live")
+    bully = FakeWorker(stub, "w-bully")
+    launch = _place(srv, stub, live)
+    mine = pb.TaskStatus(task_id=launch.task_id, job_id=launch.job_id, generation=launch.generation, running=True)
+    stop = threading.Event()
+    answered: list[float] = []
+    problems: list[str] = []
+
+    def keep_beating() -> None:  # the live worker, at its interval
+        while not stop.wait(live.interval):
+            t0 = time.perf_counter()
+            try:
+                reply = live.beat([mine], timeout=30)
+            except grpc.RpcError as e:
+                problems.append(f"{e.code().name}: {e.details()}")
+                continue
+            answered.append(time.perf_counter() - t0)
+            if reply.reregister or reply.kill:
+                problems.append(f"told to reregister or kill: {reply}")
+
+    bogus = [pb.TaskStatus(task_id=f"{i:05x}", job_id=f"j{i:06d}", running=False) for i in range(150_000)]
+    big = pb.HeartbeatRequest(worker_id="w-bully", instance="i-w-bully", tasks=bogus)
+    assert 2_500_000 < big.ByteSize() < 4 * 1024 * 1024  # under gRPC's default limit: the controller must refuse it
+    # Refused before the lock: it is refused even while the lock is held here
+    with srv.ctl.lock:
+        t0 = time.perf_counter()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Heartbeat(big, metadata=metadata(TOKEN), timeout=20)
+        held = time.perf_counter() - t0
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "150000 task entries" in e.value.details()
+    assert held < 10, held
+    beater = threading.Thread(target=keep_beating, daemon=True)
+    beater.start()
+    timeout = srv.cfg.worker_timeout_s
+    t_end = time.time() + timeout * 1.5  # past one worker_timeout_s of being flooded
+    sent = 1
+    while time.time() < t_end:
+        with pytest.raises(grpc.RpcError):
+            stub.Heartbeat(big, metadata=metadata(TOKEN), timeout=20)
+        sent += 1
+    stop.set()
+    beater.join(timeout=60)
+    assert not problems, problems
+    assert answered and max(answered) < timeout, answered
+    assert srv.ctl.refused_heartbeats == sent
+    assert "w-live" in srv.ctl.last_seen
+    job = srv.ctl.store.job(launch.job_id)
+    assert (job.state, job.generation, job.restarts) == ("running", launch.generation, 0)
+    assert not bully.beat().kill  # a heartbeat of a normal size is served (it may be told to register again)
+
+
+@pytest.mark.parametrize("controller", [{"heartbeat_rate": 2, "worker_timeout_s": 30}], indirect=True)
+def test_the_interval_grows_with_the_fleet_and_partial_reports_keep_tasks(controller) -> None:
+    srv, stub = controller
+    w = FakeWorker(stub, "w0")
+    launch = _place(srv, stub, w)
+    others = [FakeWorker(stub, f"w{i}") for i in range(1, 6)]
+    assert w.interval == pytest.approx(0.5) and others[-1].interval == pytest.approx(3.0)  # 1, then 6 workers at 2/s
+    writes = srv.ctl.store.sql_writes
+    reply = w.beat([], partial=True)  # nothing new: the running task is left out
+    assert reply.heartbeat_interval_s == pytest.approx(3.0)
+    assert not reply.launch and not reply.kill
+    assert srv.ctl.store.sql_writes == writes  # a heartbeat that changes nothing writes nothing
+    job = srv.ctl.store.job(launch.job_id)
+    assert job.state == "running" and srv.ctl.store.alloc(launch.task_id).state == "running"
+    # a full report without the task: the worker lost it (restarted without it): the attempt is lost
+    w.beat([], partial=False)
+    assert srv.ctl.store.alloc(launch.task_id).state == "exited"
+    assert srv.ctl.store.job(launch.job_id).state in ("stopping", "pending")
+
+
+@pytest.mark.parametrize("controller", [{"heartbeat_rate": 1, "worker_timeout_s": 3}], indirect=True)
+def test_the_timeout_caps_the_interval_and_says_so_once(controller, caplog: pytest.LogCaptureFixture) -> None:
+    srv, stub = controller
+    with caplog.at_level("WARNING", logger="hpcsched.runtime.controller"):
+        workers = [FakeWorker(stub, f"w{i}") for i in range(6)]
+    assert workers[-1].interval == pytest.approx(1.0)  # 6 s wanted, a third of worker_timeout_s 3 s allowed
+    said = [r for r in caplog.records if "raise worker_timeout_s" in r.getMessage()]
+    assert len(said) == 1
