@@ -19,6 +19,7 @@ from runtime_procs import TOKEN, controller_config
 
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 
@@ -35,6 +36,7 @@ class FakeWorker:
                                                  launchers=list(launchers), instance=f"i-{name}"),
                               metadata=self.md, timeout=10)
         self.interval = reply.heartbeat_interval_s
+        self.md = self.md + credential_metadata(reply.credential)  # its own credential, as a worker daemon's
 
     def beat(self, tasks: list[pb.TaskStatus] = (), partial: bool = False, timeout: float = 10) -> pb.HeartbeatReply:
         req = pb.HeartbeatRequest(worker_id=self.name, instance=f"i-{self.name}", spare_port=40000, tasks=tasks,
@@ -126,7 +128,7 @@ def test_a_huge_heartbeat_is_refused_before_the_lock_and_a_live_worker_stays(con
     with srv.ctl.lock:
         t0 = time.perf_counter()
         with pytest.raises(grpc.RpcError) as e:
-            stub.Heartbeat(big, metadata=metadata(TOKEN), timeout=20)
+            stub.Heartbeat(big, metadata=bully.md, timeout=20)
         held = time.perf_counter() - t0
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "150000 task entries" in e.value.details()
     assert held < 10, held
@@ -137,7 +139,7 @@ def test_a_huge_heartbeat_is_refused_before_the_lock_and_a_live_worker_stays(con
     sent = 1
     while time.time() < t_end:
         with pytest.raises(grpc.RpcError):
-            stub.Heartbeat(big, metadata=metadata(TOKEN), timeout=20)
+            stub.Heartbeat(big, metadata=bully.md, timeout=20)
         sent += 1
     stop.set()
     beater.join(timeout=60)

@@ -100,7 +100,9 @@ class MemStore(Store):
         with self.tx():
             self._begin()
             ids = super().add_jobs(jobs, now, owner)
-            rows = [r for k in range(0, len(ids), 500) for r in super().jobs(ids=ids[k:k + 500])]
+            rows = []
+            for k in range(0, len(ids), 500):  # SQLite bounds the parameters of one statement
+                rows += super().jobs(ids=ids[k:k + 500])
         for row in rows:
             self._set_job(row)
         return ids
