@@ -274,8 +274,10 @@ class _LazyTx:
                 s.db.execute("COMMIT")
                 return
             except BaseException:  # a full disk fails the commit: undo it in memory too
-                s.db.execute("ROLLBACK")
+                if s.db.in_transaction:  # SQLite may have rolled it back itself (SQLITE_FULL)
+                    s.db.execute("ROLLBACK")
                 s._load()
                 raise
-        s.db.execute("ROLLBACK")
+        if s.db.in_transaction:
+            s.db.execute("ROLLBACK")
         s._load()
