@@ -57,7 +57,7 @@ def test_workers_advertise_types_and_jobs_land_on_theirs(tmp_path: Path) -> None
                                                                  "w2-p100": "p100"}
         assert {"host", "slots", "used", "alive", "last_seen", "gpus"} <= set(listed["w1-v100"])  # keys kept
         table = _cli(address, "workers").stdout
-        assert "gpu type" in table and "p100" in table and "v100" in table
+        assert "GPU TYPE" in table and "p100" in table and "v100" in table
         assert "GPU type cpu (this worker offers no GPUs)" in (tmp_path / "w0-cpu.log").read_text()
         assert "GPU type v100 (from --gpu-type)" in (tmp_path / "w1-v100.log").read_text()
 

@@ -101,13 +101,14 @@ def workers_table(rows: Sequence[pb.WorkerInfo], wide: bool, width: int | None, 
     """The workers, one line each (a pilot too: its Slurm job, node and state in one cell)."""
     now = time.time() if now is None else now
     cols = [Column("WORKER", elide=False), Column("STATE", elide=False), Column("USED", right=True),
-            Column("GPUS"), Column("PILOT"), Column("HOST")]
+            Column("GPUS", right=True), Column("GPU TYPE"), Column("PILOT"), Column("HOST")]
     if wide:
         cols += [Column("LAST SEEN", right=True)]
     table = []
     for w in rows:
-        gpus = f"{w.gpus} {w.gpu_type or '?'}" if w.gpus else "0"
-        r = [w.worker_id, "alive" if w.alive else "lost", f"{w.used}/{w.slots}", gpus, _pilot(w), w.host]
+        # the type a worker advertises matters without GPUs too: jobs that ask for a type go only to its workers
+        r = [w.worker_id, "alive" if w.alive else "lost", f"{w.used}/{w.slots}", str(w.gpus), w.gpu_type or "-",
+             _pilot(w), w.host]
         if wide:
             r.append(since(w.last_seen, now))
         table.append(r)
