@@ -92,21 +92,10 @@ def poll_cost(sizes: tuple[int, ...] = (100, 1000, 10000), polls: int = 5) -> in
     import resource
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from fake_slurm import FakeSlurm, install, save
+    from fake_slurm import FakeSlurm, View, install, save  # View: every pilot's worker alive and busy
 
     from hpcsched.slurm.pilot_config import PilotConfig
     from hpcsched.slurm.pilots import PilotManager
-
-    class View:  # the controller side: every pilot's worker alive and busy, the queue wanting them all
-        def __init__(self) -> None:
-            self.w: dict[str, tuple[bool, int, int]] = {}
-            self.demand = 0
-
-        def demand_slots(self) -> int:
-            return self.demand
-
-        def workers(self) -> dict[str, tuple[bool, int, int]]:
-            return self.w
 
     print(f"load before: {open('/proc/loadavg').read().split()[:3]}")
     for n in sizes:

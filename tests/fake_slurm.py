@@ -26,6 +26,22 @@ from hpcsched.slurm.commands import SlurmError
 _FUTURE = "2027-11-28T05:52:50"  # what squeue printed as %S for a pending job backfill has no plan for
 
 
+class View:
+    """The controller's side a Slurm node source asks (``node_source.ControllerView``), for the fakes and tests: a
+    demand in slots the test sets, and the workers registered so far (``w``: worker -> (alive, slots, used)),
+    returned as a copy, as the controller's own view builds a new dict on every call."""
+
+    def __init__(self, demand: int = 0) -> None:
+        self.demand = demand
+        self.w: dict[str, tuple[bool, int, int]] = {}
+
+    def demand_slots(self) -> int:
+        return self.demand
+
+    def workers(self) -> dict[str, tuple[bool, int, int]]:
+        return dict(self.w)
+
+
 class FakeSlurm:
     def __init__(self, nodes: int = 4, partitions: tuple[str, ...] = ("batch", "scavenger"), prefix: str = "n",
                  auto_start: bool = False) -> None:

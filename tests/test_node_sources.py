@@ -10,21 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_slurm import FakeSlurm, install, save
+from fake_slurm import FakeSlurm, View, install, save
 
 from hpcsched.runtime.node_source import NODE_SOURCES, SOURCES, SourceView, build, factory
 from hpcsched.slurm.pilot_config import PilotConfig
-
-
-class View:
-    def __init__(self, demand: int) -> None:
-        self.demand = demand
-
-    def demand_slots(self) -> int:
-        return self.demand
-
-    def workers(self) -> dict[str, tuple[bool, int, int]]:
-        return {}
 
 
 def _source(name: str, tmp_path: Path, nodes: int, monkeypatch: pytest.MonkeyPatch):

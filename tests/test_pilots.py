@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_slurm import FakeSlurm
+from fake_slurm import FakeSlurm, View
 from runtime_procs import TOKEN, client, controller_config, kill_tree, start_controller, stop, wait_for
 
 from hpcsched.errors import InputError
@@ -152,17 +152,6 @@ def test_a_worker_leaves_once_its_controller_is_gone_for_orphan_timeout(tmp_path
         if w.poll() is None:
             kill_tree(w)
         stop(ctl)
-
-
-class View:
-    def __init__(self, demand: int) -> None:
-        self.demand, self.w = demand, {}
-
-    def demand_slots(self) -> int:
-        return self.demand
-
-    def workers(self) -> dict[str, tuple[bool, int, int]]:
-        return dict(self.w)
 
 
 class Clock:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_slurm import View
 from runtime_procs import (
     ROOT,
     client,
@@ -40,19 +41,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}")]
 
 
-class FakeView:
-    """The controller's side for the manager alone: a fixed demand and the workers registered so far (none)."""
-
-    def __init__(self, demand: int) -> None:
-        self.demand = demand
-
-    def demand_slots(self) -> int:
-        return self.demand
-
-    def workers(self) -> dict[str, tuple[bool, int, int]]:
-        return {}
-
-
 def test_pilots_that_never_start_or_hang_are_cancelled(tmp_path: Path) -> None:
     """A pilot Slurm will not start (held by --begin an hour away) and one whose worker never registers (its
     'python' only sleeps) are both cancelled after their timeouts, with the reason in the manager's events."""
@@ -61,10 +49,10 @@ def test_pilots_that_never_start_or_hang_are_cancelled(tmp_path: Path) -> None:
     hang.chmod(0o755)
     never = PilotManager(PilotConfig(partition="scavenger", max_pilots=1, start_timeout_s=3, poll_s=0.5,
                                      work_dir=tmp_path / "a", sbatch_args=("--begin=now+3600",)),
-                         FakeView(1), "127.0.0.1:1", None, tmp_path / "a.db")
+                         View(1), "127.0.0.1:1", None, tmp_path / "a.db")
     hung = PilotManager(PilotConfig(partition="scavenger", max_pilots=1, register_timeout_s=3, poll_s=0.5,
                                     work_dir=tmp_path / "b", python=str(hang)),
-                        FakeView(1), "127.0.0.1:1", None, tmp_path / "b.db")
+                        View(1), "127.0.0.1:1", None, tmp_path / "b.db")
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not all(
@@ -357,7 +345,7 @@ def test_calls_per_poll_on_the_real_slurm_do_not_grow_with_the_pilots(tmp_path: 
         return commands.run(argv)
 
     m = PilotManager(PilotConfig(partition="scavenger", max_pilots=len(NODES), poll_s=0.5, work_dir=tmp_path / "p"),
-                     FakeView(len(NODES)), "127.0.0.1:1", None, tmp_path / "a.db", run=run)
+                     View(len(NODES)), "127.0.0.1:1", None, tmp_path / "a.db", run=run)
     try:
         m.step()
         assert [c[0] for c in calls] == ["sinfo", "squeue", "sbatch"], calls
