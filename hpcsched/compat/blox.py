@@ -33,6 +33,7 @@ from typing import Any
 
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import JobResult
+from hpcsched.window import in_window_id
 
 MODE = "blox"
 POLICIES = ("fifo", "srtf", "optimus", "las", "tiresias")
@@ -268,14 +269,7 @@ def _window_ids(jobs: Sequence[Job], window: tuple[int, int] | None) -> set[str]
     if window is None:
         return None
     a, b = window
-    ids: set[str] = set()
-    for j in jobs:
-        try:
-            n = int(j.id)
-        except ValueError:
-            raise ValueError(f"--window needs integer job ids; job {j.id!r} is not one") from None
-        if a <= n <= b:
-            ids.add(j.id)
+    ids = {j.id for j in jobs if in_window_id(j.id, window)}
     if not ids:
         raise ValueError(f"--window {a}-{b}: no job of the trace has an id in {a}..{b}")
     return ids

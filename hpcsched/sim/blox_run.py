@@ -24,7 +24,7 @@ def run_blox_command(trace: Path, cluster: Path, policy: str, out: Path, as_json
     from hpcsched.cluster_spec import read_cluster_spec
     from hpcsched.metrics import summarize_results
     from hpcsched.sim.runs import load_jobs
-    from hpcsched.sim.window import in_window
+    from hpcsched.window import in_window
 
     spec = read_cluster_spec(cluster)
     jobs, anomalies = load_jobs(trace)

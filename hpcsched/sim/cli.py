@@ -166,7 +166,7 @@ def simulate_cmd(
     write_run(out, result)
     shown = result.results
     if win is not None:
-        from hpcsched.sim.window import in_window
+        from hpcsched.window import in_window
 
         try:
             shown = in_window(result.results, win)
@@ -196,7 +196,7 @@ def simulate_cmd(
 def _window(window: str | None) -> tuple[int, int] | None:
     if window is None:
         return None
-    from hpcsched.sim.window import parse_window
+    from hpcsched.window import parse_window
 
     try:
         return parse_window(window)

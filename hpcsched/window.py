@@ -27,15 +27,15 @@ def parse_window(text: str) -> tuple[int, int]:
     return a, b
 
 
+def in_window_id(job_id: str, window: tuple[int, int]) -> bool:
+    """Whether a job's id lies in the window; a non-integer id is an error (no silent skip)."""
+    try:
+        n = int(job_id)
+    except ValueError:
+        raise ValueError(f"--window needs integer job ids; job {job_id!r} is not one") from None
+    return window[0] <= n <= window[1]
+
+
 def in_window(results: Iterable[JobResult], window: tuple[int, int]) -> list[JobResult]:
-    """The results whose integer job id lies in the window; a non-integer id is an error (no silent skip)."""
-    a, b = window
-    out = []
-    for r in results:
-        try:
-            n = int(r.job_id)
-        except ValueError:
-            raise ValueError(f"--window needs integer job ids; job {r.job_id!r} is not one") from None
-        if a <= n <= b:
-            out.append(r)
-    return out
+    """The results whose integer job id lies in the window (``in_window_id``)."""
+    return [r for r in results if in_window_id(r.job_id, window)]
