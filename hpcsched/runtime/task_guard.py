@@ -77,16 +77,8 @@ def kill_tree(root: int, cgroup: str | None) -> None:
         pids = descendants(root)
         if not pids:
             break
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGSTOP)
-            except OSError:
-                pass
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        _signal_each(pids, signal.SIGSTOP)
+        _signal_each(pids, signal.SIGKILL)
         _reap_all()
     if cgroup:
         kill_cgroup(cgroup)
@@ -108,11 +100,16 @@ def kill_cgroup(path: str) -> None:
             return
         if not pids:
             return
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        _signal_each(pids, signal.SIGKILL)
+
+
+def _signal_each(pids: list[int], sig: int) -> None:
+    """Signal each process; one that is already gone is no error."""
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
 
 
 def _reap_all() -> None:
