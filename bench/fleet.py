@@ -43,6 +43,9 @@ from pathlib import Path
 import grpc
 from fleet_worker import SimOptions, channel_options, raise_nofile, worker_process
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's process helpers
+from runtime_procs import start_controller  # noqa: E402
+
 from hpcsched.runtime.auth import metadata
 from hpcsched.runtime.rpc import pb, pb_grpc
 
@@ -96,20 +99,6 @@ def controller_config(d: Path, o: FleetOptions) -> Path:
     p = d / "controller.yaml"
     p.write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
     return p
-
-
-def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
-    addr_file = d / "run" / "controller.addr"
-    log = open(d / "controller.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
-    deadline = time.time() + 120
-    while not addr_file.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"controller did not start; its log:\n{(d / 'controller.log').read_text()[-3000:]}")
-        time.sleep(0.1)
-    return proc, addr_file.read_text().strip()
 
 
 def stop_controller(proc: subprocess.Popen) -> None:
@@ -305,7 +294,7 @@ async def _run(o: FleetOptions, d: Path) -> dict:
     nofile = raise_nofile(o.workers + 4096)  # the controller inherits it: one descriptor per worker connection
     procs = o.procs or min(4, max(1, -(-o.workers // 1000)))
     load_start = loadavg()
-    ctl, address = start_controller(d, controller_config(d, o))
+    ctl, address = start_controller(d, controller_config(d, o), timeout_s=120)
     _say(o, f"controller pid {ctl.pid} at {address}, state in {d}; load {load_start}")
     sub = Submitter(address, o.submit_concurrency, o.submit_batch)
     out: dict = {"options": asdict(o), "harness_processes": procs, "nofile_limit": nofile,

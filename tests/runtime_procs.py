@@ -35,16 +35,19 @@ def controller_config(d: Path, listen: str = "127.0.0.1:0", **extra: object) -> 
     return p
 
 
-def start_controller(d: Path, config: Path) -> tuple[subprocess.Popen, str]:
+def start_controller(d: Path, config: Path, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """A controller process in ``d`` and its address, once it has written it; one that does not within
+    ``timeout_s`` is killed (no controller is left behind a failed start) and its log raised."""
     addr_file = d / "run" / "controller.addr"
     addr_file.unlink(missing_ok=True)
     log = open(d / "controller.log", "a")
     proc = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(config)],
                             stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
-    deadline = time.time() + 60
+    deadline = time.time() + timeout_s
     while not addr_file.exists():
         if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"controller did not start:\n{(d / 'controller.log').read_text()}")
+            proc.kill()
+            raise RuntimeError(f"controller did not start:\n{(d / 'controller.log').read_text()[-3000:]}")
         time.sleep(0.1)
     return proc, addr_file.read_text().strip()
 
