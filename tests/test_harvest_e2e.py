@@ -72,7 +72,9 @@ TRACE = Path(os.environ.get("HPCSCHED_TRACE_DATA", "/work/shared/trace-data")) /
 JOBCOMP = Path("/var/log/slurm/jobcomp.txt")
 MPI_MISSING = shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None
 pytestmark = [
-    pytest.mark.slurm, pytest.mark.slow, pytest.mark.mpi,
+    # alone: the live run's JCT is compared with the replay's model; a busy test beside it (CI: 2 cores, two xdist
+    # workers) stretched it past the tolerance once (+10.7%), so `make test` runs it with nothing beside it
+    pytest.mark.slurm, pytest.mark.slow, pytest.mark.mpi, pytest.mark.alone,
     pytest.mark.skipif(WHY_NOT is not None, reason=f"no real Slurm: {WHY_NOT}"),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the loopback Slurm runs pilots as root)"),
     pytest.mark.skipif(MPI_MISSING, reason="needs Open MPI (mpirun) and mpi4py"),

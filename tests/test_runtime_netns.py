@@ -287,6 +287,17 @@ class ElasticRun:
     progress_after_kill: float = 0.0
 
 
+def _resized_to(cluster: Cluster, jid: str, procs: int, after: float) -> bool:
+    """Whether the controller has recorded the end of a resize of ``jid`` to ``procs`` since ``after``."""
+    from hpcsched.runtime.store import Store
+
+    store = Store(cluster.dir / "run" / "state.db", query_only=True)
+    try:
+        return any(e["procs"] == procs and e["time"] > after for e in store.events(jid, "resized"))
+    finally:
+        store.close()
+
+
 def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
     """The issue-18 scenario on the three hosts (also run by ``bench/bench_horovod_controller.py --across-hosts``):
     h3's worker leaves; an elastic Horovod job (min 1, max 3, a scaling curve: the MILP sizes it) starts on the two
@@ -326,6 +337,9 @@ def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
         wait_for("a step at 2 after the kill", lambda: any(r["time"] > killed_at and r.get("world_size") == 2 and not
                                                            r.get("resized_in_place") for r in _reports(progress)),
                  60, poll=0.2)
+        # Horovod re-forms at 2 before the controller hears of the kill: the shrink ends (``resized``) only at the
+        # first report the controller reads after its own resize; a leave before that would replace it.
+        wait_for("the shrink to 2 ended", lambda: _resized_to(cluster, jid, 2, killed_at), 60, poll=0.2)
         leaver = next(h for h in ("h1", "h2") if h != first)
         cluster.workers.pop(leaver).send_signal(signal.SIGTERM)  # drain: it leaves, the job shrinks onto the rest
         wait_for("the shrink to 1 in place", lambda: any(r.get("world_size") == 1 and r.get("resized_in_place")

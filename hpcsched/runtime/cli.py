@@ -63,8 +63,9 @@ def controller(
     _logging(verbose)
     cfg = dataclasses.replace(read_controller_config(config), insecure=insecure)
     srv = ControllerServer(cfg)
+    stopping = _until_signal()  # before start: a SIGTERM while starting stops it cleanly, its log said
     print(srv.start(), flush=True)  # the bound address: with port 0, this is how a script learns it
-    _until_signal().wait()
+    stopping.wait()
     srv.stop()
 
 

@@ -261,8 +261,6 @@ class ControllerServer:
         self._loop.start()
         if self._backups is not None:
             self._backups.start()
-        if self.cfg.address_file:
-            _write_atomic(self.cfg.address_file, self.address + "\n")
         # node_source (hpcsched.runtime.node_source): slurm harvests idle nodes with pilot jobs; static does nothing
         self.source = build("static" if self.cfg.pilots is None else "slurm", self.cfg.pilots,
                             ControllerDemand(self.ctl), reachable(self.address),
@@ -282,6 +280,8 @@ class ControllerServer:
         if list(self.roles) == [ADMIN]:
             log.warning("one token for every role: whoever can submit jobs can also act as a worker (heartbeats, "
                         "Leave, Register); set worker_token_file (and admin_token_file) in the controller config")
+        if self.cfg.address_file:  # last: whoever waits on it finds a controller that has started and said so
+            _write_atomic(self.cfg.address_file, self.address + "\n")
         return self.address
 
     def _backup_loop(self) -> None:
