@@ -25,7 +25,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hpcsched.hetero.policies import AllocationInput, GavelPolicy
+from hpcsched.hetero.policies.base import AllocationInput, GavelPolicy
 
 if TYPE_CHECKING:
     import numpy as np

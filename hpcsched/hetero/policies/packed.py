@@ -1,11 +1,11 @@
 """Gavel's other space-sharing ("packed") policies: FIFO, finish-time fairness, minimum total duration and
 minimum cost over single jobs and co-located pairs.
 
-Gavel (c4fa400, ``scheduler/policies``) has a packed variant of most of its policies; ``policies.py`` has
+Gavel (c4fa400, ``scheduler/policies``) has a packed variant of most of its policies; ``max_min.py`` has
 ``max-min-fairness-packed``, this module the others, read from Gavel's ``FIFOPolicyWithPacking``,
 ``FinishTimeFairnessPolicyWithPacking``, ``MinTotalDurationPolicyWithPacking`` and
 ``ThroughputNormalizedByCostSumWithPackingSLOs`` and written anew. They share the combination program of
-``policies.packed_program`` (a variable per combination, i.e. each job alone and each pair of active jobs of
+``lp.packed_program`` (a variable per combination, i.e. each job alone and each pair of active jobs of
 equal size, and per type; a pair holds its GPUs once; each job's alone and pair time sums to <= 1) and the
 pair mechanism of ``hetero/packing.py``; only what is maximised differs. A job's throughput under an
 allocation is ``y_i = sum over the combinations c holding i, sum_j T_icj x_cj`` (``T_icj``: its rate alone,
@@ -39,17 +39,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hpcsched.hetero.policies import (
-    AllocationInput,
-    FinishTimeFairnessPerf,
-    GavelPolicy,
-    gavel_horizon,
-    highs_solver,
-    isolated,
-    packed_program,
-    run_lp,
-    solve_ipm,
-)
+from hpcsched.hetero.policies.base import AllocationInput, GavelPolicy
+from hpcsched.hetero.policies.finish_time import FinishTimeFairnessPerf
+from hpcsched.hetero.policies.lp import highs_solver, infeasible_status, isolated, packed_program, run_lp, solve_ipm
+from hpcsched.hetero.policies.min_total_duration import gavel_horizon
+from hpcsched.hetero.policies.registry import GavelOptions, register
 
 if TYPE_CHECKING:
     import highspy
@@ -319,32 +313,30 @@ class MinCostPackedSLOs(GavelPolicy):
                 need = np.where(np.isfinite(inp.slo_left), inp.steps_remaining / inp.slo_left, -np.inf)
             need = np.where(inp.slo_left > 0, need, -np.inf)  # a deadline already past: Gavel's row is void
             v = solve_ipm(self, comb.bounded(need, cost))
-            if self._solvers["ipm"].getModelStatus() != _infeasible():
+            if self._solvers["ipm"].getModelStatus() != infeasible_status():
                 return np.clip(v[:-1].reshape(comb.rows, comb.n), 0.0, 1.0)
             self._count("slo_infeasible", "min cost: no allocation meets every SLO; solved without them, as Gavel does")
         v = solve_ipm(self, comb.bounded(np.full(comb.m, -np.inf), cost))
         return np.clip(v[:-1].reshape(comb.rows, comb.n), 0.0, 1.0)
 
 
-def _infeasible() -> highspy.HighsModelStatus:
-    import highspy
-
-    return highspy.HighsModelStatus.kInfeasible
-
-
-PACKED_NAMES = ("fifo-packed", "finish-time-fairness-packed", "min-total-duration-packed",
-                "max-sum-throughput-normalized-by-cost-packed-SLOs")
-"""This module's policies, by Gavel's names with hyphens (registered with their descriptions in ``policies``)."""
+@register("fifo-packed", "FIFO with space sharing: queued jobs packed onto placed jobs of equal size when the pair "
+                         "runs > 1.5x their normalised rates", solves=False)
+def _fifo(opts: GavelOptions) -> GavelPolicy:
+    return FifoPacked(name="fifo-packed")
 
 
-def make_packed_policy(name: str) -> GavelPolicy:
-    """A fresh packed policy for one run (finish-time fairness keeps per-run progress)."""
-    if name == "fifo-packed":
-        return FifoPacked(name=name)
-    if name == "finish-time-fairness-packed":
-        return FinishTimeFairnessPacked(name=name)
-    if name == "min-total-duration-packed":
-        return MinTotalDurationPacked(name=name)
-    if name == "max-sum-throughput-normalized-by-cost-packed-SLOs":
-        return MinCostPackedSLOs(name=name)
-    raise KeyError(f"unknown packed Gavel policy {name!r}; known: {', '.join(PACKED_NAMES)}")
+@register("finish-time-fairness-packed", "finish-time fairness (worst rho) with space sharing")
+def _ftf(opts: GavelOptions) -> GavelPolicy:
+    return FinishTimeFairnessPacked(name="finish-time-fairness-packed")
+
+
+@register("min-total-duration-packed", "finish all active jobs as soon as possible, with space sharing")
+def _mtd(opts: GavelOptions) -> GavelPolicy:
+    return MinTotalDurationPacked(name="min-total-duration-packed")
+
+
+@register("max-sum-throughput-normalized-by-cost-packed-SLOs", "minimum cost with space sharing and SLOs (without "
+          "prices or SLOs: packed max-sum throughput)")
+def _min_cost(opts: GavelOptions) -> GavelPolicy:
+    return MinCostPackedSLOs(name="max-sum-throughput-normalized-by-cost-packed-SLOs")
