@@ -1,0 +1,252 @@
+"""An application's measured profile: step times per placement and batch, and training progress per batch size.
+
+Reads a profile folder (``placements.csv``, ``scalability.csv``, ``validation-<B>.csv``; columns in
+``data/pollux/README.md``) and answers what the Pollux OSDI'21 artifact's simulator takes as ground truth
+(simulator/applications.py, Apache-2.0; semantics reproduced, code our own):
+
+- the measured step time of a placement: linear in the per-GPU batch between measured batches when that
+  placement (up to rotation) was measured, else linear over (nodes <= 16, replicas, batch) across the per-group
+  means of the placements plus the large-scale rows (scipy's Delaunay-based ``LinearNDInterpolator``, the same
+  triangulation, so the same values);
+- gradient statistics and iterations per epoch, linear in the batch between validated batch sizes;
+- an epoch's progress threshold: the least progress any validated batch size had made by its end.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+POLLUX_DIR = DATA_DIR / "pollux"
+GPU_TYPES = {"t4": POLLUX_DIR}
+"""GPU type -> folder of per-application profiles. Pollux profiled AWS g4dn.12xlarge (4 x T4) only."""
+APPLICATIONS: dict[str, dict[str, int]] = {
+    "bert": {"max_epochs": 2},
+    "cifar10": {"max_epochs": 100},
+    "ncf": {"max_epochs": 10},
+    "imagenet": {"max_epochs": 90},
+    "deepspeech2": {"max_epochs": 80},
+    "yolov3": {"max_epochs": 50, "max_local_bsz": 8},
+}
+"""The artifact's per-application settings (epochs to completion; yolov3's micro-batch is capped at 8 there)."""
+MAX_INTERP_NODES = 16
+"""Node counts beyond the profiled 16 are interpolated as 16."""
+
+_PLACEMENT_COLS = ("placement", "local_bsz", "step_time", "sync_time")
+_SCALABILITY_COLS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
+_VALIDATION_COLS = ("progress", "iteration", "metric", "grad_sqr", "grad_var")
+
+
+class ProfileError(ValueError):
+    """A profile file is missing or malformed; the message names the file (and the line where one is at fault)."""
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: cannot read: {e}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ProfileError(f"{path}:1: missing column(s) {', '.join(missing)} (has {', '.join(df.columns)})")
+    for c in columns:
+        bad = pd.to_numeric(df[c], errors="coerce").isna()
+        if bad.any():
+            line = int(np.flatnonzero(bad.to_numpy())[0]) + 2
+            raise ProfileError(f"{path}:{line}: column {c}: not a number: {df[c].iloc[line - 2]!r}")
+    return df
+
+
+@dataclass
+class ApplicationProfile:
+    """One application's profile on one GPU type. Build with :func:`load_profile`."""
+
+    name: str
+    gpu_type: str
+    placements: pd.DataFrame
+    scalability: pd.DataFrame
+    validation: dict[int, pd.DataFrame]  # global batch size -> one row per epoch, sorted by batch size
+    init_batch_size: int
+    max_batch_size: int
+    min_local_bsz: int
+    max_local_bsz: int
+    max_epochs: int
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    # -- training progress (validation profiles) ----------------------------------------------------------------
+
+    def _bracket(self, batch_size: float) -> tuple[int, int]:
+        lower = upper = None
+        for b in self.validation:
+            if b <= batch_size:
+                lower = b
+            if b >= batch_size:
+                upper = b
+                break
+        if lower is None or upper is None:
+            raise ValueError(f"{self.name}: batch size {batch_size} outside the validated {list(self.validation)}")
+        return lower, upper
+
+    def _lerp(self, batch_size: float, column: str, epoch: int) -> float:
+        lo, hi = self._bracket(batch_size)
+        y_lo = self.validation[lo][column].iloc[epoch]
+        y_hi = self.validation[hi][column].iloc[epoch]
+        if lo == hi:
+            return y_lo
+        return ((batch_size - lo) * y_hi + (hi - batch_size) * y_lo) / (hi - lo)
+
+    def grad_stats(self, batch_size: float, epoch: int) -> tuple[float, float]:
+        """(grad_sqr, grad_var) measured during ``epoch`` (0-based) at ``batch_size``, linear between batches."""
+        key = ("grad", batch_size, epoch)
+        if key not in self._cache:
+            self._cache[key] = (self._lerp(batch_size, "grad_sqr", epoch), self._lerp(batch_size, "grad_var", epoch))
+        return self._cache[key]
+
+    def iterations(self, batch_size: float, epoch: int) -> float:
+        """Iterations done by the end of ``epoch`` at ``batch_size``."""
+        key = ("it", batch_size, epoch)
+        if key not in self._cache:
+            self._cache[key] = self._lerp(batch_size, "iteration", epoch)
+        return self._cache[key]
+
+    def progress_at(self, epoch: int) -> float:
+        """Progress (B0-equivalent samples) that completes ``epoch`` epochs: the least any batch size needed."""
+        if epoch == 0:
+            return 0.0
+        key = ("progress", epoch)
+        if key not in self._cache:
+            self._cache[key] = min(df["progress"].iloc[epoch - 1] for df in self.validation.values())
+        return self._cache[key]
+
+    def completion_epoch(self, batch_size: float | None = None) -> int:
+        """The last epoch a job runs (it is complete once past it): ``max_epochs - 1`` (no target metric)."""
+        return self.max_epochs - 1
+
+    def best_metric(self, batch_size: float, epoch: int) -> float | None:
+        """Best validation metric seen before ``epoch`` at ``batch_size`` (max if the metric rises in training)."""
+        if epoch == 0:
+            return None
+        key = ("metric", batch_size, epoch)
+        if key not in self._cache:
+            first = next(iter(self.validation.values()))["metric"].to_numpy()
+            rising = first[0] < first[-1]
+            lo, hi = self._bracket(batch_size)
+
+            def best(b: int) -> float:
+                m = self.validation[b]["metric"].iloc[:epoch]
+                return m.max() if rising else m.min()
+
+            v_lo, v_hi = best(lo), best(hi)
+            self._cache[key] = v_lo if lo == hi else ((batch_size - lo) * v_hi + (hi - batch_size) * v_lo) / (hi - lo)
+        return self._cache[key]
+
+    # -- throughput (placement and scalability profiles) --------------------------------------------------------
+
+    def step_time(self, placement: tuple[int, ...], local_bsz: float) -> tuple[float, float]:
+        """Measured (step_time, sync_time) in seconds of one step at per-GPU batch ``local_bsz`` on ``placement``
+        (GPUs per node, order irrelevant up to rotation). Needs scipy. ValueError outside the profiled range."""
+        placement = tuple(g for g in placement if g)
+        placement = min(placement[i:] + placement[:i] for i in range(len(placement)))
+        key = ("step", placement, local_bsz)
+        if key in self._cache:
+            return self._cache[key]
+        from scipy.interpolate import LinearNDInterpolator, interp1d
+
+        pid = int("".join(map(str, placement)))
+        measured = self.placements[self.placements["placement"] == pid]
+        if len(measured):
+            f = interp1d(measured["local_bsz"].to_numpy(), measured[["step_time", "sync_time"]].to_numpy(), axis=0)
+            ret = f(local_bsz)
+        else:
+            interp = self._cache.get("nd")
+            if interp is None:
+                xs = ["num_nodes", "num_replicas", "local_bsz"]
+                ys = ["step_time", "sync_time"]
+                means = self.placements.groupby(xs)[xs + ys].mean()
+                df = pd.concat([means, self.scalability[xs + ys]], ignore_index=True)
+                interp = self._cache["nd"] = LinearNDInterpolator(df[xs].to_numpy(), df[ys].to_numpy())
+            ret = interp([min(len(placement), MAX_INTERP_NODES), sum(placement), local_bsz])[0]
+        out = (float(ret[0]), float(ret[1]))
+        if math.isnan(out[0]) or math.isnan(out[1]):
+            raise ValueError(f"{self.name}: placement {placement} at per-GPU batch {local_bsz} is outside the "
+                             "profiled range")
+        self._cache[key] = out
+        return out
+
+    def observations(self) -> dict[str, np.ndarray]:
+        """Every profiled step: num_nodes, num_replicas, local_bsz, step_time, sync_time (placements first)."""
+        cols = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
+        df = pd.concat([self.placements[cols], self.scalability[cols]], ignore_index=True)
+        return {c: df[c].to_numpy(dtype=float) for c in cols}
+
+    def tuned_batch_size(self, num_replicas: int) -> int | None:
+        """The validated batch size with the shortest predicted run on a packed ``num_replicas``-GPU placement
+        (4 GPUs per node), among those whose per-GPU share fits without accumulation; None if none fits."""
+        if num_replicas * self.min_local_bsz > self.max_batch_size:
+            return None
+        placement = packed_placement(num_replicas)
+        best = None
+        for b, df in self.validation.items():
+            local = math.ceil(b / num_replicas)
+            if local < self.min_local_bsz:
+                continue
+            if local > self.max_local_bsz:
+                break
+            jct = df["iteration"].iloc[self.completion_epoch(b)] * self.step_time(placement, local)[0]
+            if best is None or jct < best[0]:
+                best = (jct, b)
+        return None if best is None else best[1]
+
+
+def packed_placement(num_replicas: int, gpus_per_node: int = 4) -> tuple[int, ...]:
+    """``num_replicas`` GPUs packed onto as few nodes as possible: (4, 4, 2) for 10."""
+    out: list[int] = []
+    while sum(out) < num_replicas:
+        out.append(min(num_replicas - sum(out), gpus_per_node))
+    return tuple(out)
+
+
+def load_profile(name: str, gpu_type: str = "t4", folder: Path | None = None, max_epochs: int | None = None,
+                 max_local_bsz: int | None = None) -> ApplicationProfile:
+    """Load an application's profile by name (one of :data:`APPLICATIONS`) for ``gpu_type``, or from ``folder``.
+
+    Defaults as in the Pollux artifact: B0 = the smallest validated batch, the largest batch = the largest
+    validated one, the micro-batch range = the profiled per-GPU batches, ``max_epochs`` per application (else the
+    fewest epochs any validation run has)."""
+    if folder is None:
+        if gpu_type not in GPU_TYPES:
+            raise KeyError(f"no profiles for GPU type {gpu_type!r}; known: {', '.join(GPU_TYPES)}")
+        if name not in APPLICATIONS:
+            raise KeyError(f"no profile named {name!r}; known: {', '.join(APPLICATIONS)}")
+        folder = GPU_TYPES[gpu_type] / name
+    folder = Path(folder)
+    settings = APPLICATIONS.get(name, {})
+    validation: dict[int, pd.DataFrame] = {}
+    for path in sorted(folder.glob("validation-*.csv")):
+        try:
+            batch = int(path.stem.split("-")[-1])
+        except ValueError:
+            raise ProfileError(f"{path}: name is not validation-<batch size>.csv") from None
+        validation[batch] = _read_csv(path, _VALIDATION_COLS)
+    if not validation:
+        raise ProfileError(f"{folder}: no validation-<B>.csv profile")
+    validation = dict(sorted(validation.items()))
+    placements = _read_csv(folder / "placements.csv", _PLACEMENT_COLS)
+    placements["num_nodes"] = placements["placement"].apply(lambda p: len(str(p)))
+    placements["num_replicas"] = placements["placement"].apply(lambda p: sum(map(int, str(p))))
+    scalability = _read_csv(folder / "scalability.csv", _SCALABILITY_COLS)
+    init_batch, max_batch = min(validation), max(validation)
+    min_local = int(placements["local_bsz"].min())
+    max_local = int(max_local_bsz or settings.get("max_local_bsz") or placements["local_bsz"].max())
+    if max_batch < min_local:
+        raise ProfileError(f"{folder}: largest validated batch {max_batch} below the smallest per-GPU batch "
+                           f"{min_local}")
+    epochs = int(max_epochs or settings.get("max_epochs") or min(len(df) for df in validation.values()))
+    return ApplicationProfile(folder.name if name is None else name, gpu_type, placements, scalability, validation,
+                              init_batch, max_batch, min_local, max_local, epochs)

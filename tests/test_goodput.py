@@ -1,0 +1,161 @@
+"""hpcsched.goodput held against the Pollux OSDI'21 artifact's own functions.
+
+tests/data/pollux/goodput_reference.json was written by tests/data/pollux/make_goodput_reference.py, which imports
+the artifact (petuum/adaptdl osdi21-artifact c793c70, simulator/) in its own environment (numpy 1.26 + alias shim,
+scipy 1.17, pandas 1.5, autograd) and evaluates its Application, fit_perf_params, GoodputFunction and
+SpeedupFunction on a fixed grid for all six applications. Our profile reading and goodput functions must give the
+same numbers (1e-12: the two pandas versions parse some CSV floats one ulp apart); our fit (an analytic gradient
+where the artifact uses autograd) must predict the same step times within 1 %.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy", reason="the goodput extra (scipy) is needed to fit and interpolate profiles")
+
+from hpcsched.goodput import (  # noqa: E402
+    APPLICATIONS,
+    GoodputFunction,
+    GoodputModel,
+    PerfParams,
+    ProfileError,
+    SpeedupFunction,
+    fit_perf_params,
+    load_profile,
+    step_time,
+)
+
+REF = json.loads((Path(__file__).parent / "data" / "pollux" / "goodput_reference.json").read_text())
+REL = 1e-12
+
+
+def _close(a: object, b: object, rel: float = REL) -> bool:
+    return bool(np.allclose(np.asarray(a, float), np.asarray(b, float), rtol=rel, atol=0))
+
+
+def test_reference_covers_every_application() -> None:
+    assert sorted(REF) == sorted(APPLICATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(REF))
+def test_profile_matches_artifact(name: str) -> None:
+    rec = REF[name]
+    p = load_profile(name)
+    assert (p.init_batch_size, p.max_batch_size, p.min_local_bsz, p.max_local_bsz, p.max_epochs) == (
+        rec["init_batch_size"], rec["max_batch_size"], rec["min_local_bsz"], rec["max_local_bsz"], rec["max_epochs"])
+    measured = 0
+    for placement, bsz, expected in rec["throughput"]:
+        try:
+            got = p.step_time(tuple(placement), bsz)
+        except ValueError:
+            got = None
+        if expected is None:  # outside the profile: the artifact raises, so must we
+            assert got is None, (placement, bsz, got)
+        else:
+            measured += 1
+            assert got is not None and _close(got, expected), (placement, bsz, got, expected)
+    assert measured >= len(rec["throughput"]) // 2
+    for b, e, sqr, var in rec["grad_stats"]:
+        assert _close(p.grad_stats(b, e), (sqr, var)), (b, e)
+    for b, e, it in rec["iterations"]:
+        assert _close(p.iterations(b, e), it), (b, e)
+    for b, e, metric in rec["best_metric"]:
+        got = p.best_metric(b, e)
+        assert (got is None and metric is None) or _close(got, metric), (b, e, got, metric)
+    assert _close([p.progress_at(e) for e in range(p.max_epochs + 1)], rec["progress"])
+
+
+def _predictions(params: PerfParams | list[float], grid: list[tuple[int, int, int]]) -> np.ndarray:
+    n, r, b = (np.array(c) for c in zip(*grid, strict=True))
+    return step_time(PerfParams(*params), n, r, b)
+
+
+@pytest.mark.parametrize("name", sorted(REF))
+def test_fit_predicts_like_artifact(name: str) -> None:
+    rec = REF[name]
+    p = load_profile(name)
+    lo, hi = p.min_local_bsz, p.max_local_bsz
+    grid = [(n, r, b) for n, r in ((1, 1), (1, 2), (1, 4), (2, 8), (4, 16), (16, 64)) for b in (lo, (lo + hi) // 2, hi)]
+    ours = GoodputModel.load(name).perf
+    assert np.max(np.abs(_predictions(ours, grid) / _predictions(rec["fit_full"], grid) - 1)) < 0.01
+    for fit in rec["fits"]:  # what an agent knows after a few configurations: pinned parameters included
+        configs = [(tuple(c[0]), c[1]) for c in fit["configs"]]
+        times = [p.step_time(pl, b) for pl, b in configs]
+        params = fit_perf_params([len(pl) for pl, _ in configs], [sum(pl) for pl, _ in configs],
+                                 [b for _, b in configs], [s - y for s, y in times], [s for s, _ in times])
+        seen = [(len(pl), sum(pl), b) for pl, b in configs]
+        assert np.max(np.abs(_predictions(params, seen) / _predictions(fit["params"], seen) - 1)) < 0.01
+        assert np.max(np.abs(_predictions(params, grid) / _predictions(fit["params"], grid) - 1)) < 0.05
+        pinned = [i for i, v in enumerate(fit["params"]) if v == 1e-8]
+        assert all(params[i] == pytest.approx(1e-8) or i in (2, 3) for i in pinned)
+
+
+@pytest.mark.parametrize("name", sorted(REF))
+def test_goodput_functions_match_artifact(name: str) -> None:
+    rec = REF[name]
+    p = load_profile(name)
+    rng = (p.min_local_bsz, p.max_local_bsz)
+    for g in rec["goodput"]:
+        fn = GoodputFunction(rec["fit_full"], g["grad"], p.init_batch_size)
+        assert _close(p.grad_stats(p.init_batch_size, g["epoch"]), g["grad"])
+        for n, r, b, k, goodput, throughput in g["evaluate"]:
+            assert _close(fn.evaluate(n, r, b, k), goodput) and _close(fn.throughput(n, r, b, k), throughput)
+        for b, eff in g["efficiency"]:
+            assert _close(fn.efficiency(b), eff)
+        nodes = np.array([o[0] for o in g["optimize"]])
+        reps = np.array([o[1] for o in g["optimize"]])
+        goodput, atomic, accum = fn.optimize(nodes, reps, p.max_batch_size, rng, True)
+        assert _close(goodput, [o[2] for o in g["optimize"]])
+        assert atomic.tolist() == [o[3] for o in g["optimize"]] and accum.tolist() == [o[4] for o in g["optimize"]]
+        one = fn.optimize(1, 1, p.max_batch_size, rng, True)
+        assert _close(one[0], g["optimize_1"][0]) and list(one[1:]) == g["optimize_1"][1:]
+        sp = SpeedupFunction(fn, p.max_batch_size, rng, accumulation=True)
+        for n, r, s in g["speedup"]:
+            assert _close(sp(n, r), s), (n, r)
+
+
+def test_goodput_model_api() -> None:
+    m = GoodputModel.load("cifar10")
+    assert m.name == "cifar10" and m.gpu_type == "t4"
+    assert m.efficiency(m.profile.init_batch_size) == pytest.approx(1.0)
+    assert m.efficiency(4096) < m.efficiency(1024) < 1.0
+    # throughput: more GPUs at the same batch is faster; goodput = throughput x efficiency
+    assert m.throughput(2, 8, 1024) > m.throughput(1, 1, 1024)
+    assert m.goodput(2, 8, 1024) == pytest.approx(m.throughput(2, 8, 1024) * m.efficiency(1024))
+    # the best batch grows with the allocation, and is never worse than a fixed one
+    small, big = m.best_batch(1, 1), m.best_batch(4, 16)
+    assert big.local_bsz * 16 > small.local_bsz * 1
+    assert big.goodput >= m.goodput(4, 16, 16 * 32) * (1 - 1e-12)
+    assert m.speedup(1, 4) > 1.0
+    # late in training the gradient noise is larger: large batches are more efficient, so more GPUs pay off
+    late = m.at_epoch(m.profile.max_epochs - 1)
+    assert late.efficiency(4096) > m.efficiency(4096)
+    assert late.speedup(4, 16) > m.speedup(4, 16)
+    s = m.split(1, 1024)
+    assert s.accum_steps >= 1 and s.atomic_bsz * (s.accum_steps + 1) >= 1024
+    with pytest.raises(ValueError, match="epoch"):
+        m.at_epoch(m.profile.max_epochs)
+    with pytest.raises(KeyError, match="known"):
+        GoodputModel.load("gpt5")
+    with pytest.raises(KeyError, match="GPU type"):
+        GoodputModel.load("cifar10", gpu_type="a100")
+
+
+def test_bad_profile_names_file_and_line(tmp_path: Path) -> None:
+    src = load_profile("ncf")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    src.placements[["placement", "local_bsz", "step_time", "sync_time"]].to_csv(folder / "placements.csv", index=False)
+    src.scalability.to_csv(folder / "scalability.csv", index=False)
+    rows = (Path(__file__).parents[1] / "hpcsched/goodput/data/pollux/ncf/validation-256.csv").read_text().splitlines()
+    rows[3] = "1.0,2,oops,0.1,0.2"
+    (folder / "validation-256.csv").write_text("\n".join(rows) + "\n")
+    with pytest.raises(ProfileError, match=r"validation-256\.csv:4: column metric"):
+        load_profile("mine", folder=folder)
+    assert math.isfinite(load_profile("ncf").step_time((1,), 64)[0])
