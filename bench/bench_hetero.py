@@ -85,7 +85,7 @@ def hetero_isolated_jcts(trace: str | Path, cluster: str, throughputs: str | Pat
     from hpcsched.hetero.cluster import parse_hetero_cluster
     from hpcsched.hetero.simulate import load_round_jobs
     from hpcsched.hetero.throughputs import load_throughputs
-    from hpcsched.metrics import fluid_share_jcts
+    from hpcsched.metrics.fairness import fluid_share_jcts
 
     spec = parse_hetero_cluster(cluster)
     table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()
@@ -110,7 +110,7 @@ def run_one(trace: Path, cluster: str, policy: str, out: Path, isolated: dict[st
     the jobs with ids in [from, to) (``win_avg_jct``), as Gavel's paper measures a window of a long trace."""
     import pandas as pd
 
-    from hpcsched.metrics import fairness_metrics
+    from hpcsched.metrics.fairness import fairness_metrics
 
     t0 = time.perf_counter()
     if via == "cli":

@@ -80,7 +80,7 @@ def controller_run(state: Path) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     it ran at, ``node_seconds`` the worker-seconds its attempts held), its meta, and ``metrics.pilot_metrics``."""
     import pandas as pd
 
-    from hpcsched.metrics import job_attempts, pilot_metrics
+    from hpcsched.metrics.pilots import job_attempts, pilot_metrics
     from hpcsched.results import COLUMNS
     from hpcsched.runtime.store import Store
 
@@ -133,18 +133,11 @@ def calc(
     from rich.table import Table
 
     from hpcsched.errors import InputError
-    from hpcsched.metrics import (
-        FAIRNESS_UNITS,
-        METRIC_UNITS,
-        PILOT_UNITS,
-        entities_from_trace,
-        fairness_metrics,
-        parse_prices,
-        plot_jct_cdf,
-        run_labels,
-        runs_subject,
-        summarize,
-    )
+    from hpcsched.metrics import METRIC_UNITS, summarize
+    from hpcsched.metrics.fairness import FAIRNESS_UNITS, entities_from_trace, fairness_metrics, parse_prices
+    from hpcsched.metrics.labels import run_labels, runs_subject
+    from hpcsched.metrics.pilots import PILOT_UNITS
+    from hpcsched.metrics.plot import plot_jct_cdf
     from hpcsched.results import read_results
 
     try:
@@ -237,7 +230,7 @@ def _fluid_baseline(meta: dict[str, Any], trace: Path | None,
                     cache: dict[str, Any]) -> tuple[dict[str, float] | None, str | None, str | None]:
     """Isolated JCTs for ``--isolated fluid`` (``metrics.isolated_jcts``): jobs from ``--trace``, else the
     trace the run recorded in meta.json; capacity from meta.json. (JCTs, name, None) or (None, None, reason)."""
-    from hpcsched.metrics import isolated_jcts
+    from hpcsched.metrics.fairness import isolated_jcts
     from hpcsched.traces import read_jobs
 
     path = str(trace) if trace is not None else meta.get("trace")

@@ -181,7 +181,7 @@ def _fluid_reference(jobs: list[tuple[str, float, int, float]], capacity: float)
 
 
 def test_isolated_fluid_by_hand_and_against_a_plain_reference_on_trace3(tmp_path: Path, trace3_runs) -> None:
-    from hpcsched.metrics import isolated_jcts
+    from hpcsched.metrics.fairness import isolated_jcts
     from hpcsched.traces import read_jobs
 
     # 8 GPUs; A (8 GPUs) and B (4 GPUs), 100 s each alone (x 1.015, the simulator's solo factor), both at t=0:

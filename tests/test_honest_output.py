@@ -19,7 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from hpcsched.cli import app
-from hpcsched.metrics import run_labels, runs_subject, summarize
+from hpcsched.metrics import summarize
+from hpcsched.metrics.labels import run_labels, runs_subject
 from hpcsched.results import JobResult, read_results, write_results
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from test_pilots import Clock, FakeSlurm, View, _manager
 from typer.testing import CliRunner
 
 from hpcsched.calc_cli import register as register_calc
-from hpcsched.metrics import pilot_metrics
+from hpcsched.metrics.pilots import pilot_metrics
 from hpcsched.runtime.auth import metadata
 from hpcsched.runtime.cli import register as register_runtime
 from hpcsched.runtime.config import parse_job_spec, read_controller_config

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from hpcsched.errors import InputError
-from hpcsched.metrics import run_labels
+from hpcsched.metrics.labels import run_labels
 from hpcsched.report import plots, published
 from hpcsched.report.frames import (
     BAR_METRICS,
@@ -314,7 +314,7 @@ def _listed(names: Sequence[str], what: str, most: int = 8) -> str:
 
 def _series_labels(cells: pd.DataFrame, base: str) -> list[str]:
     """Legend labels for cells drawn in one panel: ``base``'s value, told apart by the parameters that
-    differ (seed, ...) or the cell id where two cells share one (``hpcsched.metrics.run_labels``)."""
+    differ (seed, ...) or the cell id where two cells share one (``hpcsched.metrics.labels.run_labels``)."""
     rows = [{k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))} | {"policy": r[base],
             "dir": r["cell_id"]} for r in cells.to_dict("records")]
     return run_labels(rows)

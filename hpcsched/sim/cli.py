@@ -235,7 +235,8 @@ def compare_cmd(
 ) -> None:
     """Simulate several policies on one trace; print a comparison table and write a JCT CDF plot."""
     from hpcsched.cluster_spec import read_cluster_spec
-    from hpcsched.metrics import plot_jct_cdf, summarize
+    from hpcsched.metrics import summarize
+    from hpcsched.metrics.plot import plot_jct_cdf
     from hpcsched.policies import REGISTRY
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
@@ -276,7 +277,7 @@ def compare_cmd(
 
 def _subject(trace: Path, spec: object, compat: str | None) -> str:
     """'trace3 on n8g8 (64 GPUs), compat=muri': the title of every table and plot of a run."""
-    from hpcsched.metrics import runs_subject
+    from hpcsched.metrics.labels import runs_subject
 
     return runs_subject([{"trace": str(trace), "cluster": getattr(spec, "name", None),
                           "capacity_gpus": getattr(spec, "gpus", None), "compat": compat}])
@@ -287,7 +288,7 @@ def _table(summaries: list[dict], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hpcsched.metrics import run_labels
+    from hpcsched.metrics.labels import run_labels
 
     absolute = any(s.get("first_submit") for s in summaries)  # calendar times: show the last end too
     table = Table(title=title, caption="makespan = last end - first submit; p99 = Muri's sorted JCTs at int(0.99 n); "

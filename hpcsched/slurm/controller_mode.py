@@ -286,7 +286,7 @@ def to_results(out: Path, t0: float, names: dict[str, str], events: list[dict[st
     step, ``ckpt_step`` the step the next attempt resumed from, else its last checkpoint, ``lost_steps`` the
     difference), ``finish``, ``failed`` (a failed attempt, with the reason).
     ``lost_steps`` in meta: one entry per preemption, as in the harvester's modes."""
-    from hpcsched.metrics import cancelled_pilot_workers, job_attempts, pilot_metrics
+    from hpcsched.metrics.pilots import cancelled_pilot_workers, job_attempts, pilot_metrics
     from hpcsched.results import JobResult, write_results
 
     gens = _generations(progress)
