@@ -49,6 +49,7 @@ def _cgroups_writable() -> bool:
 
 
 CGROUPS = _cgroups_writable()
+LAUNCHERS = ["direct", "torchrun", "mpirun", "horovodrun"]
 
 
 def _sleepers(mark: str) -> list[int]:
@@ -99,8 +100,9 @@ def _gone(mark: str, within_s: float) -> bool:
 KILLS = [("cgroup", "cancel", "direct"), ("cgroup", "sigterm", "direct"), ("cgroup", "kill9", "direct"),
          ("fallback", "cancel", "direct"), ("fallback", "sigterm", "direct"), ("fallback", "kill9", "direct"),
          ("fallback", "cancel", "mpirun"), ("cgroup", "kill9", "mpirun"), ("fallback", "kill9", "mpirun"),
-         ("fallback", "cancel", "torchrun"), ("cgroup", "kill9", "torchrun"), ("cgroup", "cancel", "horovodrun"),
-         ("fallback", "kill9", "horovodrun")]
+         ("cgroup", "sigterm", "mpirun"), ("fallback", "cancel", "torchrun"), ("cgroup", "kill9", "torchrun"),
+         ("fallback", "sigterm", "torchrun"), ("cgroup", "cancel", "horovodrun"), ("fallback", "kill9", "horovodrun"),
+         ("cgroup", "sigterm", "horovodrun")]
 
 
 @pytest.mark.parametrize(("mode", "kill", "launcher"), KILLS, ids=["-".join(k) for k in KILLS])
@@ -192,21 +194,28 @@ def with_sigcont(proc: subprocess.Popen) -> None:
         proc.send_signal(signal.SIGCONT)
 
 
-def test_a_worker_its_controller_stops_answering_stops_its_tasks_itself(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_worker_its_controller_stops_answering_stops_its_tasks_itself(tmp_path: Path, launcher: str) -> None:
     """A hung controller (SIGSTOP: connections open, no answer) is a partition to the worker: not a controller
-    that is down (which would count no one lost), so the lease runs out and the worker stops its task."""
-    mark = str(9000 + secrets.randbelow(50000))
+    that is down (which would count no one lost), so the lease runs out and the worker stops its task: the
+    launcher's whole tree, an escaped ``setsid`` daemon included."""
+    if launcher not in launchers.available():
+        pytest.skip(f"{launcher} is not installed here")
+    mark, escaped = str(9000 + secrets.randbelow(50000)), str(60000 + secrets.randbelow(5000))
     ctl, worker, c = _cluster(tmp_path)
     try:
-        c.submit(_job(tmp_path, "cut", f"sleep {mark}"), "cut.yaml")
-        wait_for("the task runs", lambda: _sleepers(mark), 60)
+        c.submit(_job(tmp_path, "cut", f"setsid sleep {escaped} & sleep {mark}", launcher), "cut.yaml")
+        wait_for("the task runs", lambda: _sleepers(mark) and _sleepers(escaped), 90)
         ctl.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         assert _gone(mark, LEASE_S + WORKER_GRACE_S + 10), "the task outlived its worker's lease"
         assert time.monotonic() - t0 >= LEASE_S - 1.0, "stopped before the lease ran out"
+        assert _gone(escaped, 5.0), "the escaped daemon outlived its worker's lease"
         assert "past this worker's lease" in (tmp_path / "w0.log").read_text()
     finally:
         with_sigcont(ctl)
+        for p in (*_sleepers(mark), *_sleepers(escaped)):
+            os.kill(p, signal.SIGKILL)
         c.close()
         stop(worker)
         stop(ctl)
@@ -243,8 +252,49 @@ def _log_of(d: Path, jid: str) -> str:
     return "\n".join(p.read_text() for p in (d / "run" / "w0").glob(f"{jid}.g*/output.log"))
 
 
+@pytest.fixture(scope="module")
+def task_python():
+    """A Python the task users can run, with this suite's packages (torch, Horovod, gRPC): the suite's own
+    interpreter lives under /root (0700 here), so it is what a site's ``task_python`` is. A venv of the system's
+    Python of the same version, whose site loads this interpreter's site-packages, and the ``horovodrun`` beside
+    it."""
+    import site
+    import sysconfig
+
+    system = shutil.which("python3", path="/usr/bin:/usr/local/bin")
+    if not ROOT or system is None:
+        pytest.skip("needs root and a system python3 other users can run")
+    version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True).stdout.strip()
+    if version != str(sys.version_info[:2]):
+        pytest.skip(f"the system python3 is {version}, not this suite's {sys.version_info[:2]}")
+    d = Path(tempfile.mkdtemp(prefix="hpcsiso-py-", dir="/tmp"))
+    try:
+        d.chmod(0o755)
+        if subprocess.run([system, "-m", "venv", "--without-pip", str(d / "venv")], capture_output=True).returncode:
+            pytest.skip(f"{system} -m venv failed (no venv module?)")
+        own = site.getsitepackages()[0]
+        target = Path(subprocess.run([str(d / "venv/bin/python"), "-c", "import sysconfig; print(sysconfig."
+                                      "get_paths()['purelib'])"], capture_output=True, text=True).stdout.strip())
+        (target / "suite.pth").write_text(f"import site; site.addsitedir({own!r})\n")
+        hvd = Path(sysconfig.get_path("scripts")) / "horovodrun"
+        if hvd.exists():
+            (d / "venv/bin/horovodrun").symlink_to(hvd)
+        yield d / "venv/bin/python"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+LAUNCHER_MARK = {"direct": "LOCAL_WORLD_SIZE", "torchrun": "TORCHELASTIC_RUN_ID", "mpirun": "OMPI_COMM_WORLD_SIZE",
+                 "horovodrun": "HOROVOD_SIZE"}  # a variable only that launcher sets: the job did run under it
+
+
 @needs_root
-def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(open_dir: Path, two_users) -> None:
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(open_dir: Path, two_users, task_python,
+                                                                            launcher: str) -> None:
+    if launcher not in launchers.available():
+        pytest.skip(f"{launcher} is not installed here")
     alice_u, bob_u = two_users
     d = open_dir
     jobs_dir = d / "jobs"
@@ -257,7 +307,7 @@ def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(ope
     cfg.write_text(cfg.read_text() + f"user_tokens:\n  alice: {alice_t}\n  bob: {bob_t}\n  carol: {carol_t}\n")
     wcfg = d / "worker.yaml"
     wcfg.write_text(f"users:\n  alice: {alice_u.pw_name}\n  bob: {bob_u.pw_name}\n"
-                    f"allowed_workdirs: [{jobs_dir}]\n")
+                    f"allowed_workdirs: [{jobs_dir}]\ntask_python: {task_python}\n")
     ctl, addr = start_controller(d, cfg)
     worker = start_worker(d, addr, "w0", token="worker-tok-9z", extra=("--config", str(wcfg)))
     users = {n: client(addr) for n in ("alice", "bob", "carol")}
@@ -265,25 +315,29 @@ def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(ope
         c.md = metadata((d / f"{n}.token").read_text().strip())
     try:
         wait_for("the worker registered", lambda: "registered with" in (d / "w0.log").read_text(), 60)
+        assert "cannot run" not in (d / "w0.log").read_text(), "the task users can run task_python"
         assert b"worker-tok-9z" not in Path(f"/proc/{worker.pid}/environ").read_bytes(), "token in /proc environ"
         ckpt_root = d / "run" / "ckpt"
-        a = users["alice"].submit(_job(d, "a", "id -un; echo alice-secret > $HPCSCHED_CHECKPOINT_DIR/s", "mpirun",
+        mark = LAUNCHER_MARK[launcher]
+        a = users["alice"].submit(_job(d, "a", "id -un; echo alice-secret > $HPCSCHED_CHECKPOINT_DIR/s", launcher,
                                        jobs_dir), "a.yaml")
         final = ("completed", "failed", "cancelled")
-        wait_for("alice's job ended", lambda: {j.job_id: j for j in users["alice"].jobs()}[a].state in final, 60)
-        attack = (f"id -un; cat {ckpt_root}/{a}/s; cat /proc/{worker.pid}/environ; cat {d}/worker.token; "
-                  f"cat {d}/token; exit 0")
-        b = users["bob"].submit(_job(d, "b", attack, "mpirun", jobs_dir), "b.yaml")
-        carol = users["carol"].submit(_job(d, "c", "exit 0", "mpirun", jobs_dir), "c.yaml")
-        etc = users["alice"].submit(_job(d, "etc", "cat shadow", "mpirun", "/etc"), "etc.yaml")
+        wait_for("alice's job ended", lambda: {j.job_id: j for j in users["alice"].jobs()}[a].state in final, 90)
+        attack = (f"id -un; echo under=${{{mark}+yes}}; cat {ckpt_root}/{a}/s; echo x > {ckpt_root}/{a}/evil; "
+                  f"cat /proc/{worker.pid}/environ; cat {d}/worker.token; cat {d}/token; exit 0")
+        b = users["bob"].submit(_job(d, "b", attack, launcher, jobs_dir), "b.yaml")
+        carol = users["carol"].submit(_job(d, "c", "exit 0", launcher, jobs_dir), "c.yaml")
+        etc = users["alice"].submit(_job(d, "etc", "cat shadow", launcher, "/etc"), "etc.yaml")
         admin = client(addr)
         done = wait_for("every job ended", lambda: (js := {j.job_id: j for j in admin.jobs()}) and all(
-            js[x].state in final for x in (b, carol, etc)) and js, 90)
+            js[x].state in final for x in (b, carol, etc)) and js, 120)
         assert done[a].state == "completed" and alice_u.pw_name in _log_of(d, a), (done[a].message, _log_of(d, a))
         out = _log_of(d, b)
         assert done[b].state == "completed" and bob_u.pw_name in out, (done[b].message, out)
+        assert "under=yes" in out, f"not run under {launcher}: {out}"
         assert "alice-secret" not in out and "worker-tok-9z" not in out and TOKEN not in out, out
-        assert out.count("Permission denied") >= 4, out
+        assert out.count("Permission denied") >= 5, out
+        assert not (ckpt_root / a / "evil").exists()
         st = (ckpt_root / a).stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (alice_u.pw_uid, 0o700)
         assert done[carol].state == "failed" and "not in this worker's user map" in done[carol].message
@@ -292,6 +346,26 @@ def test_tasks_run_as_their_owners_and_cannot_read_credentials_or_each_other(ope
     finally:
         for c in users.values():
             c.close()
+        stop(worker)
+        stop(ctl)
+
+
+@needs_root
+def test_a_worker_says_when_its_task_users_cannot_run_its_python(open_dir: Path, two_users) -> None:
+    """The suite's interpreter is under /root (0700 here): a worker mapping users without a task_python they can
+    run says so at start, naming the user and the folder, instead of every job failing with a bare denial."""
+    private = next((p for p in Path(os.path.realpath(sys.executable)).parents if stat.S_IMODE(p.stat().st_mode)
+                    & 0o001 == 0), None)
+    if private is None:
+        pytest.skip(f"{sys.executable} is open to every user here: nothing to warn about")
+    user = two_users[0]
+    ctl, worker, c = _cluster(open_dir, ("--run-as", user.pw_name))
+    try:
+        log = (open_dir / "w0.log").read_text()
+        assert f"tasks run as {user.pw_name} cannot run" in log and f"{private} is not open to" in log, log[-2000:]
+        assert "task_python" in log
+    finally:
+        c.close()
         stop(worker)
         stop(ctl)
 

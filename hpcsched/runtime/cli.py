@@ -95,6 +95,8 @@ def worker(
                                "must be root)"),
     cgroups: str = typer.Option(None, "--cgroups", help="auto (a cgroup v2 leaf per task where writable, else "
                                 "process groups + subreaper) or off"),
+    task_python: Path = typer.Option(None, "--task-python", help="the Python tasks run under (default: the worker's "
+                                     "own; give one the task users can run where that is private to root)"),
     token_fd: int = typer.Option(None, "--token-fd", hidden=True, help="the token on this inherited descriptor"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
 ) -> None:
@@ -111,7 +113,8 @@ def worker(
     file = read_worker_config(config) if config else {}
     flags = {"controller": controller, "name": name, "slots": slots, "gpus": gpus, "gpu_type": gpu_type, "host": host,
              "tls_ca": tls_ca, "work_dir": work_dir, "stop_grace_s": stop_grace, "address_file": address_file,
-             "orphan_timeout_s": orphan_timeout, "run_as": run_as, "cgroups": cgroups}
+             "orphan_timeout_s": orphan_timeout, "run_as": run_as, "cgroups": cgroups,
+             "task_python": task_python}
     kw = file | {k: v for k, v in flags.items() if v is not None}
     if kw.get("cgroups", "auto") not in ("auto", "off"):
         raise InputError("--cgroups", f"expected auto or off, got {kw['cgroups']!r}")

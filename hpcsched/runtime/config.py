@@ -501,11 +501,15 @@ class WorkerConfig:
     allowed_workdirs: tuple[Path, ...] | None = None  # None: the worker's work_dir and the task user's home
     cgroups: str = "auto"  # "auto": cgroup v2 where writable, else process groups + subreaper; "off": never
     min_free_mb: float = 512.0  # below this on the work dir's or a checkpoint's file system: launches refused
+    # The Python tasks run under (ranks.py, torchrun, horovodrun, a job's .py, the rsh agent); None: the worker's
+    # own. A site whose worker Python is private to root (a venv under /root) gives its task users one they can run.
+    task_python: Path | None = None
+    checkpoint_quota_mb: float | None = None  # per-job checkpoint folder limit, where the file system has quotas
 
 
 WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "gpu_type", "token", "token_file", "tls_ca", "work_dir",
                "stop_grace_s", "warm_ranks", "address_file", "orphan_timeout_s", "run_as", "users",
-               "allowed_workdirs", "cgroups", "min_free_mb"}
+               "allowed_workdirs", "cgroups", "min_free_mb", "task_python", "checkpoint_quota_mb"}
 
 
 def read_worker_config(path: str | Path) -> dict[str, Any]:
@@ -545,7 +549,8 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
 
 
 def _isolation_keys(doc: _Doc, base: Path) -> dict[str, Any]:
-    """run_as, users, allowed_workdirs, cgroups, min_free_mb of a worker file (WorkerConfig says what each is)."""
+    """run_as, users, allowed_workdirs, cgroups, min_free_mb, task_python, checkpoint_quota_mb of a worker file
+    (WorkerConfig says what each is)."""
     out: dict[str, Any] = {}
     if "run_as" in doc.data:
         out["run_as"] = doc.get("run_as", str, None)
@@ -566,6 +571,10 @@ def _isolation_keys(doc: _Doc, base: Path) -> dict[str, Any]:
             raise doc.fail("cgroups", f"expected auto or off, got {out['cgroups']!r}")
     if "min_free_mb" in doc.data:
         out["min_free_mb"] = doc.non_negative("min_free_mb", float, 512.0)
+    if "task_python" in doc.data:
+        out["task_python"] = doc.path("task_python", base, None)
+    if "checkpoint_quota_mb" in doc.data:
+        out["checkpoint_quota_mb"] = doc.positive("checkpoint_quota_mb", float, None)
     return out
 
 

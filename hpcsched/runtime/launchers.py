@@ -189,11 +189,19 @@ def horovodrun(t: pb.LaunchTask, python: str, devices: str) -> Launch:
     env = _env(t, devices)
     if t.node_rank != 0:
         return None, env
-    exe = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
     nic = os.environ.get("HPCSCHED_NETWORK_INTERFACE") or interface(t) or "lo"
-    cmd = [exe, "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts), local_alias(t)), "--gloo",
-           "--network-interface", nic]
+    cmd = [*horovodrun_command(python), "-np", str(t.world_size), "-H", merged_hosts(list(t.hosts), local_alias(t)),
+           "--gloo", "--network-interface", nic]
     return [*cmd, *_program(list(t.command), python)], env
+
+
+def horovodrun_command(python: str) -> list[str]:
+    """The ``horovodrun`` beside the tasks' Python, run by that Python (its ``#!`` line may name an interpreter
+    the task's user cannot execute: a venv whose base Python is under a private /root), else the one on PATH."""
+    beside = os.path.join(os.path.dirname(python), "horovodrun")
+    if os.path.exists(beside):
+        return [python, beside]
+    return [shutil.which("horovodrun") or beside]
 
 
 LAUNCHERS = {"torchrun": torchrun, "direct": direct, "mpirun": mpirun, "horovodrun": horovodrun}

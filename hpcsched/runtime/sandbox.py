@@ -27,6 +27,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -66,6 +67,27 @@ def lookup_user(name: str) -> Identity:
         raise ValueError(f"no local user {name!r} on this worker") from None
     groups = tuple(sorted(set(os.getgrouplist(pw.pw_name, pw.pw_gid))))
     return Identity(pw.pw_name, pw.pw_uid, pw.pw_gid, groups, pw.pw_dir)
+
+
+def runnable_problem(path: str, user: Identity) -> str:
+    """Why ``user`` cannot execute ``path`` ('' when it can), from the mode bits of the file and of every folder
+    above it (ACLs not read): the worker's own Python in a venv under a 0700 /root is what a task user cannot run."""
+    real = os.path.realpath(path)
+    chain = [str(p) for p in reversed(Path(real).parents)] + [real]
+    for p in chain:
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            return f"{p}: {e.strerror or e}"
+        if st.st_uid == user.uid:
+            bits = st.st_mode >> 6
+        elif st.st_gid == user.gid or st.st_gid in user.groups:
+            bits = st.st_mode >> 3
+        else:
+            bits = st.st_mode
+        if not bits & 0o1:
+            return f"{p} is not open to {user.name} (mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})"
+    return ""
 
 
 def cgroup2_base() -> tuple[Path | None, str]:

@@ -90,7 +90,7 @@ class Worker(TaskControl, ControllerLink):
         # Absolute from the start: a task runs in its job's workdir, where a relative progress-file or
         # log path would name another file (or none).
         self.cfg = dataclasses.replace(cfg, work_dir=cfg.work_dir.resolve())
-        self.python = python
+        self.python = str(cfg.task_python) if cfg.task_python else python  # what tasks run under
         self.tasks: dict[str, Task] = {}
         self.launchers = launchers.available()
         self.interval = 1.0
@@ -102,7 +102,8 @@ class Worker(TaskControl, ControllerLink):
         self._refused_logged = ""
         self._tls_hinted = False
         self.run_as = self._users()
-        self.sandbox = Sandbox(cfg.name, python, cfg.cgroups)
+        self.sandbox = Sandbox(cfg.name, python, cfg.cgroups)  # the guard runs as this worker: its own Python
+        self._check_task_python()
         log.info("tasks are held by %s; they run as %s", self.sandbox.mode,
                  "their owners' mapped users" if cfg.users else (self.run_as.name if self.run_as else
                                                                  f"this worker's user (uid {os.getuid()})"))
@@ -111,7 +112,7 @@ class Worker(TaskControl, ControllerLink):
         self.channel = open_channel(cfg.controller, cfg.tls_ca)
         # torch here; not with per-owner users: one supervisor forked for every job would be one user's
         use_warm = cfg.warm_ranks and "direct" in self.launchers and "torchrun" in self.launchers and not cfg.users
-        self.warm = WarmRanks(python, self.cfg.work_dir / "warm-ranks.log", start=self._warm_start) if use_warm \
+        self.warm = WarmRanks(self.python, self.cfg.work_dir / "warm-ranks.log", start=self._warm_start) if use_warm \
             else None
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(cfg.token)
@@ -120,7 +121,7 @@ class Worker(TaskControl, ControllerLink):
             self.cfg.host, worker_agent.AgentService(cfg.name, cfg.token, self._holder, self.sandbox))
         # horovodrun reaches other hosts by running `ssh` (its ssh check, its gloo ranks): on a job across workers it
         # finds this one first on its PATH, which is the rsh agent under that name.
-        self.ssh_shim = rsh_agent.write_ssh_shim(self.cfg.work_dir / "agent-bin", python)
+        self.ssh_shim = rsh_agent.write_ssh_shim(self.cfg.work_dir / "agent-bin", self.python)
 
     def run(self, stop: threading.Event) -> None:
         """Heartbeat every ``interval``, and at once when a task exits or a program's first report arrives:

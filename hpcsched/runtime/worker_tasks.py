@@ -19,7 +19,7 @@ from typing import IO
 from hpcsched.runtime import task_guard, worker_agent
 from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.sandbox import Identity, Sandbox, lookup_user
+from hpcsched.runtime.sandbox import Identity, Sandbox, lookup_user, runnable_problem
 from hpcsched.runtime.task_report import MAX_PENDING, exit_reason, thin_reports
 
 log = logging.getLogger("hpcsched.runtime.worker")
@@ -64,6 +64,7 @@ class TaskControl:
     tasks: dict[str, Task]
     sandbox: Sandbox
     run_as: Identity | None
+    python: str
 
     def _users(self) -> Identity | None:
         """Check the identities the config names (ValueError naming the key) and say where tasks get the worker's
@@ -84,6 +85,19 @@ class TaskControl:
                         "jobs' checkpoints: set run_as (one unprivileged user) or users (owner -> local user) in "
                         "its config (docs/runtime.md, threat model)")
         return run_as
+
+    def _check_task_python(self) -> None:
+        """Say at start, once per user, when a task user cannot run the Python tasks run under (``python``): every
+        ``direct``, ``torchrun`` and ``horovodrun`` job of that user would fail with "Permission denied"."""
+        if os.getuid() != 0:
+            return
+        names = ([self.cfg.run_as] if self.cfg.run_as else []) + sorted(set(self.cfg.users.values()))
+        for name in names:
+            problem = runnable_problem(self.python, lookup_user(name))
+            if problem:
+                log.warning("tasks run as %s cannot run %s (%s): their direct, torchrun and horovodrun jobs and "
+                            "their .py commands will fail to start; give the worker a task_python they can run "
+                            "(docs/runtime.md, deploying workers)", name, self.python, problem)
 
     def _warm_start(self, argv: list[str], env: dict[str, str], out: IO[bytes]) -> subprocess.Popen:
         return self.sandbox.spawn(argv, env, stdout=out, stdin=subprocess.PIPE, leaf=f"warm-{uuid.uuid4().hex[:8]}",
