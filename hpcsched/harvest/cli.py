@@ -47,6 +47,12 @@ def replay_cmd(
     columns: str | None = typer.Option(None, "--columns", help="--log: the columns of a headerless sacct dump "
                                        "(sacct -P --noheader): its --format list, or xdmod / apel."),
     delimiter: str | None = typer.Option(None, "--delimiter", help="--log: sacct's field delimiter."),
+    goodput: Path | None = typer.Option(None, "--goodput", help="Goodput profiles (CSV job,application,"
+                                        "gpus_per_node,epochs): those jobs train a Pollux application with an "
+                                        "adaptive batch; their progress and Pmax are useful (base-batch) samples."),
+    value: str = typer.Option("goodput", "--value", help="With --goodput: what the MILP values profiled jobs by: "
+                              "goodput (throughput x statistical efficiency at the best batch) or throughput (the "
+                              "samples/s of that configuration). Other jobs are valued by their curves either way."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar (shown on stderr only when it is a "
                                "terminal, never with --json)."),
@@ -76,6 +82,8 @@ def replay_cmd(
         raise typer.BadParameter(f"--solver must be one of {', '.join(SOLVERS)}")
     if accounting not in ACCOUNTING:
         raise typer.BadParameter(f"--accounting must be one of {', '.join(ACCOUNTING)}")
+    if value not in ("goodput", "throughput"):
+        raise typer.BadParameter("--value must be goodput or throughput")
     if tfwd <= 0:
         raise typer.BadParameter("--tfwd must be > 0")
     config = ReplayConfig(tfwd=tfwd, solver=solver, objective=objective, accounting=accounting,
@@ -87,7 +95,8 @@ def replay_cmd(
         raise typer.BadParameter("--format, --columns and --delimiter apply to --log only")
     log_options = {k: v for k, v in (("columns", columns), ("delimiter", delimiter)) if v}
     request = ReplayRequest(jobs_file, curves, idle=idle, log=log, nodes=nodes, node_order=node_order, start=start,
-                            config=config, skip_warmup=skip_warmup, log_format=log_format, log_options=log_options)
+                            config=config, skip_warmup=skip_warmup, log_format=log_format, log_options=log_options,
+                            goodput=goodput, value=value)
     err = Console(stderr=True)
     source = idle if idle is not None else log
     assert source is not None

@@ -43,8 +43,9 @@ import bisect
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
 from hpcsched.milp import JobState, Objective
@@ -53,6 +54,17 @@ from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs
 from hpcsched.milp.problem import check_job, job_rate
 from hpcsched.model import ElasticJob
 from hpcsched.results import JobResult
+
+
+
+class Valuation(Protocol):
+    """Revalues some jobs as they progress (``hpcsched.harvest.goodput.GoodputValuation``): ``at`` gives a job in
+    ``profiles`` after ``samples`` as (the job to progress at, the job as the MILP values it, its phase)."""
+
+    profiles: Mapping[str, object]
+
+    def at(self, job: ElasticJob, samples: float) -> tuple[ElasticJob, ElasticJob, int]: ...
+
 
 ACCOUNTING = ("reference", "restart")
 NONOPTIMAL = ("time_limit", "fallback", "heuristic")  # Decision.status values that are not proven optimal
@@ -101,6 +113,7 @@ class _Run:
     preemptions: int = 0
     past_pmax_ns: float = 0.0  # node-seconds held after reaching Pmax, before an event saw it
     step_past_ns: float = 0.0  # the last step's share of that, kept only if the job completes at the event
+    valued: ElasticJob | None = None  # the job as the MILP values it, when a valuation revalues it (else ``job``)
 
 
 @dataclass(slots=True)
@@ -280,13 +293,14 @@ class _Progress:
 class _Replay:
     """One replay's mutable state; ``run`` walks the events in the reference's per-event order."""
 
-    def __init__(self, timeline: PoolTimeline, jobs: Sequence[ElasticJob], config: ReplayConfig) -> None:
+    def __init__(self, timeline: PoolTimeline, jobs: Sequence[ElasticJob], config: ReplayConfig,
+                 valuation: Valuation | None = None) -> None:
         ids = [j.id for j in jobs]
         if len(set(ids)) != len(ids):
             raise ValueError("job ids must be unique")
         for j in jobs:
             check_job(j)
-        self.tl, self.cfg = timeline, config
+        self.tl, self.cfg, self.valuation = timeline, config, valuation
         self.names = timeline.nodes
         self._index: dict[str, int] | None = None
         self.queue = sorted(jobs, key=lambda j: j.submit)  # stable: file order among equal submits
@@ -428,12 +442,14 @@ class _Replay:
         for r in self.active:  # what Problem checked per node, per run: held nodes are idle nodes
             if not all(self.pool.covers(lo, hi) for lo, hi in r.held):
                 raise RuntimeError(f"replay state broken: job {r.job.id} holds nodes that are not idle at {now}")
-        # counts depend only on who holds how many, who was preempted, the pool size and Tfwd
-        key = (tuple((r.job.id, r.n, r.job.id in lost) for r in self.active), self.pool.size, tfwd)
+        # counts depend only on who holds how many, who was preempted, the pool size and Tfwd (and, for jobs a
+        # valuation revalues as they progress, on the phase each is in)
+        key = (tuple((r.job.id, r.n, r.job.id in lost) for r in self.active), self.pool.size, tfwd,
+               self._revalue())
         hit = self.cache.get(key)
         if hit is None:
-            states = tuple(JobState(r.job, NodeRuns(r.held, self.names), NodeRuns(lost.get(r.job.id, ()), self.names))
-                           for r in self.active)
+            states = tuple(JobState(r.valued or r.job, NodeRuns(r.held, self.names),
+                                    NodeRuns(lost.get(r.job.id, ()), self.names)) for r in self.active)
             counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
                                                    cfg.time_limit)
             held = 0
@@ -465,6 +481,18 @@ class _Replay:
                 r.start = now
         self.rescales += rescales
         return rescales, loss, tfwd, status, secs
+
+    def _revalue(self) -> tuple[tuple[str, int], ...]:
+        """Profiled jobs' curves for the progress each has made (``goodput``): their phases, for the cache key."""
+        v = self.valuation
+        if v is None:
+            return ()
+        phases = []
+        for r in self.active:
+            if r.job.id in v.profiles:
+                r.job, r.valued, phase = v.at(r.job, r.samples)
+                phases.append((r.job.id, phase))
+        return tuple(phases)
 
     def _held_at_minimum(self, states: tuple[JobState, ...], counts: list[int], status: str,
                          tfwd: float) -> tuple[list[int], str, int]:
@@ -621,9 +649,12 @@ def replay(
     jobs: Sequence[ElasticJob],
     config: ReplayConfig,
     progress: Callable[[int, int], None] | None = None,
+    valuation: Valuation | None = None,
 ) -> ReplayResult:
-    """Run the replay; ``progress(done, total)`` follows it in event units (``_Progress``), ending at (total, total)."""
-    state = _Replay(timeline, jobs, config)
+    """Run the replay; ``progress(done, total)`` follows it in event units (``_Progress``), ending at (total, total).
+    ``valuation`` revalues the jobs it profiles at every decision (``hpcsched.harvest.goodput``); the jobs must be
+    as its ``prepare`` returned them."""
+    state = _Replay(timeline, jobs, config, valuation)
     stopped_at = state.run(progress)
     if progress is not None:
         progress(len(timeline.events), len(timeline.events))

@@ -48,6 +48,8 @@ class ReplayRequest:
     skip_warmup: bool = False
     log_format: str | None = None  # ``log``: its format (None: detected)
     log_options: dict[str, object] = field(default_factory=dict)  # ``log``: reader options (columns, delimiter)
+    goodput: Path | None = None  # goodput profiles of some jobs (``hpcsched.harvest.goodput``); None: none
+    value: str = "goodput"  # what the MILP values profiled jobs by: goodput, or their throughput at that batch
 
     def __post_init__(self) -> None:
         if (self.idle is None) == (self.log is None):
@@ -147,8 +149,18 @@ def run_replay(
         tl = timeline_from_log(request.log, request.nodes, request.log_format, start=request.start,
                                skip_warmup=request.skip_warmup, options=request.log_options)
         jobs, shift = shift_into_log(jobs, tl.start, tl.end)
+    valuation, described = None, {}
+    if request.goodput is not None:
+        from hpcsched.harvest.goodput import GoodputValuation, read_goodput_profiles
+
+        valuation = GoodputValuation(read_goodput_profiles(request.goodput), request.value)
+        try:
+            jobs = valuation.prepare(jobs)
+        except ValueError as e:
+            raise InputError(request.goodput, str(e)) from None
+        described = {"goodput": {"file": str(request.goodput), **valuation.describe()}}
     cfg = request.config
-    res = replay(tl, jobs, cfg, progress=progress)
+    res = replay(tl, jobs, cfg, progress=progress, valuation=valuation)
     s = res.summary
     notes, warnings = explain(tl, res, shift, cfg)
     meta: dict[str, object] = {
@@ -157,7 +169,7 @@ def run_replay(
         "capacity_node_seconds": float(s["idle_node_hours"]) * 3600.0,  # type: ignore[arg-type]
         "tfwd": cfg.tfwd, "objective": str(cfg.objective), "accounting": cfg.accounting,
         "predict_tfwd": cfg.predict_tfwd, "exact_events": cfg.exact_events, "no_pause": cfg.no_pause,
-        "max_jobs": cfg.max_jobs,
+        "max_jobs": cfg.max_jobs, **described,
         "submit_shift_s": shift, **(meta_extra or {}), **tl.notes, "summary": s,
         "nonoptimal_by_status": res.nonoptimal_by_status, "notes": notes, "warnings": warnings,
     }
