@@ -75,9 +75,9 @@ def main() -> int:
     out = {v: run(v, a.jobs, a.nodes, a.max_jobs, a.tfwd) for v in ("throughput", "goodput")}
     g, t = out["goodput"], out["throughput"]
     for v, r in out.items():
-        print(f"{v:10s} done {r['jobs_done']}/{r['jobs']}  avg JCT {r['avg_jct_h']:.2f} h  median {r['median_jct_h']:.2f} h"
-              f"  makespan {r['makespan_h']:.2f} h  held {r['held_node_hours']:.1f} node-h  useful samples/held "
-              f"node-h {r['useful_samples_per_held_node_hour']:.4g}  rescales {r['rescales']}  "
+        print(f"{v:10s} done {r['jobs_done']}/{r['jobs']}  avg JCT {r['avg_jct_h']:.2f} h  median "
+              f"{r['median_jct_h']:.2f} h  makespan {r['makespan_h']:.2f} h  held {r['held_node_hours']:.1f} node-h"
+              f"  useful samples/held node-h {r['useful_samples_per_held_node_hour']:.4g}  rescales {r['rescales']}  "
               f"({r['wall_s']:.1f} s)")
         print("           avg JCT by app (h): " + ", ".join(f"{k} {x:.2f}" for k, x in r["avg_jct_h_by_app"].items()))
     print(f"goodput / throughput: avg JCT x{g['avg_jct_h'] / t['avg_jct_h']:.3f}, makespan "

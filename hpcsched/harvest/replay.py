@@ -56,7 +56,6 @@ from hpcsched.model import ElasticJob
 from hpcsched.results import JobResult
 
 
-
 class Valuation(Protocol):
     """Revalues some jobs as they progress (``hpcsched.harvest.goodput.GoodputValuation``): ``at`` gives a job in
     ``profiles`` after ``samples`` as (the job to progress at, the job as the MILP values it, its phase)."""
