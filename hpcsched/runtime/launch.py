@@ -49,17 +49,29 @@ def launch_env(job_id: str, generation: int, spec: JobSpec, checkpoint_dir: Path
     return env
 
 
+def batch_env(batch_size: int, base: int, lr_scaling: str) -> dict[str, str]:
+    """An adaptive-batch attempt's batch in its environment, as its LaunchTask carries it (``adaptive_batch``)."""
+    return {"HPCSCHED_BATCH_SIZE": str(batch_size), "HPCSCHED_BASE_BATCH": str(base),
+            "HPCSCHED_LR_SCALING": lr_scaling}
+
+
 def launch_tasks(job_id: str, generation: int, spec: JobSpec, placement: list[tuple[str, int]],
                  hosts: dict[str, str], port: int, checkpoint_dir: Path, group: str,
-                 agents: dict[str, str] | None = None) -> list[tuple[str, pb.LaunchTask]]:
+                 agents: dict[str, str] | None = None, batch_size: int = 0) -> list[tuple[str, pb.LaunchTask]]:
     """One attempt's tasks, one per (worker, procs) of ``placement`` in node-rank order, each with its worker:
     node 0's host and ``port`` are the rendezvous, ``hosts`` maps a worker to its host name, ``group`` is the
     co-location key (the job's id when it runs alone), ``agents`` maps a worker to its agent service's
-    ``HOST:PORT`` (how node 0's mpirun starts daemons on the other hosts; workers without one are left out)."""
+    ``HOST:PORT`` (how node 0's mpirun starts daemons on the other hosts; workers without one are left out),
+    ``batch_size`` the attempt's global batch for a job with ``batch:`` (0: none)."""
     size = sum(k for _, k in placement)
     host_list = [f"{hosts[w]}:{k}" for w, k in placement]
     agent_of = {hosts[w]: agents[w] for w, _ in placement if agents and w in agents}
     env = launch_env(job_id, generation, spec, checkpoint_dir)
+    batch = getattr(spec, "batch", None)
+    told = {}
+    if batch is not None and batch_size > 0:
+        env |= batch_env(batch_size, batch.base, batch.lr_scaling)
+        told = {"batch_size": batch_size, "base_batch": batch.base, "lr_scaling": batch.lr_scaling}
     out = []
     offset = 0
     for rank, (wid, k) in enumerate(placement):
@@ -68,6 +80,7 @@ def launch_tasks(job_id: str, generation: int, spec: JobSpec, placement: list[tu
             command=list(spec.command), env=env | {"HPCSCHED_WORKDIR": spec.workdir}, node_rank=rank,
             nnodes=len(placement), nprocs=k, world_size=size, master_addr=hosts[placement[0][0]], master_port=port,
             checkpoint_dir=str(checkpoint_dir), hosts=host_list, rank_offset=offset, group=group, agents=agent_of,
+            **told,
         )
         offset += k
         out.append((wid, msg))

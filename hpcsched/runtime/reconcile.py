@@ -99,6 +99,8 @@ def progress_update(job: JobRow, p: pb.Progress, now: float) -> ProgressUpdate:
         "time": p.time, "step": p.step, "loss": p.loss, "samples_per_s": p.samples_per_s, "data_s": p.data_s,
         "compute_s": p.compute_s, "comm_s": p.comm_s, "world_size": p.world_size, "checkpoint": p.checkpoint,
         "resumed_from": p.resumed_from if p.resumed_from >= 0 else None}
+    if p.batch_size > 0:  # an adaptive-batch job's report (``adaptive_batch``): kept for the controller's fit
+        row |= {"batch_size": p.batch_size, "grad_sqr": p.grad_sqr, "grad_var": p.grad_var}
     f: dict[str, object] = {"steps_done": p.step}
     events: list[tuple[str, dict[str, object]]] = []
     if not p.first:  # a process's first report comes before its first step: it has no loss yet

@@ -75,7 +75,10 @@ CREATE INDEX IF NOT EXISTS jobs_seq ON jobs(seq);
 """
 # Columns added after the first release: added to an older state file when its owner opens it.
 _ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"), ("jobs", "owner", "TEXT"),
-                  ("workers", "gpu_type", "TEXT NOT NULL DEFAULT ''"))  # '': registered before workers had types
+                  ("workers", "gpu_type", "TEXT NOT NULL DEFAULT ''"),  # '': registered before workers had types
+                  # an adaptive-batch job's report: its batch and gradient statistics (NULL: none measured)
+                  ("progress", "batch_size", "INTEGER"), ("progress", "grad_sqr", "REAL"),
+                  ("progress", "grad_var", "REAL"))
 _ADDED_INDEXES = "CREATE UNIQUE INDEX IF NOT EXISTS jobs_request ON jobs(request_id) WHERE request_id IS NOT NULL;"
 # What the listing filters and the per-user pending count read (``jobs_filtered``, ``pending_count``): each page
 # of a filtered listing is a range of one index, whatever the number of jobs.
@@ -85,6 +88,9 @@ CREATE INDEX IF NOT EXISTS jobs_owner_state_seq ON jobs(owner, state, seq);
 CREATE INDEX IF NOT EXISTS jobs_owner_seq ON jobs(owner, seq);
 CREATE INDEX IF NOT EXISTS jobs_name_seq ON jobs(name, seq);
 """
+_PROGRESS_COLS = ("job_id", "generation", "time", "step", "loss", "samples_per_s", "data_s", "compute_s", "comm_s",
+                  "world_size", "checkpoint", "resumed_from", "batch_size", "grad_sqr", "grad_var")
+_PROGRESS_INSERT = f"INSERT INTO progress ({', '.join(_PROGRESS_COLS)}) VALUES ({','.join('?' * len(_PROGRESS_COLS))})"
 MAX_REQUEST_ID_CHARS = 128
 _IN_CHUNK = 500  # values in one SQL ``IN (...)``
 
@@ -470,10 +476,10 @@ class Store:
     # progress and events --------------------------------------------------------------------------
     def add_progress(self, job_id: str, generation: int, p: dict) -> None:
         self.db.execute(
-            "INSERT INTO progress VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            _PROGRESS_INSERT,
             (job_id, generation, p["time"], p["step"], p.get("loss"), p.get("samples_per_s"), p.get("data_s"),
              p.get("compute_s"), p.get("comm_s"), p.get("world_size"), p.get("checkpoint") or None,
-             p.get("resumed_from")),
+             p.get("resumed_from"), p.get("batch_size"), p.get("grad_sqr"), p.get("grad_var")),
         )
 
     def progress(self, job_id: str | None = None) -> list[dict]:

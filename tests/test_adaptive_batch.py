@@ -1,0 +1,93 @@
+"""Adaptive batch size (hpcsched.runtime.adaptive_batch): the job file's key, the fit from reports, the choice."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcsched.runtime.adaptive_batch import BatchFit, BatchSpec, choose_batch, goodput_curve, parse_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+scipy_missing = importlib.util.find_spec("scipy") is None
+
+
+def test_batch_key_is_checked_and_bounds_follow_the_size() -> None:
+    s = parse_batch({"base": 64, "max": 1024, "min_per_proc": 48, "max_per_proc": 64, "lr_scaling": "adascale"})
+    assert s == BatchSpec(64, 1024, 48, 64, "adascale")
+    assert [s.bounds(n) for n in (1, 2, 3)] == [(64, 64), (96, 128), (144, 192)]
+    assert parse_batch(s.as_dict()) == s  # what the controller stores parses back the same
+    assert BatchSpec(64, 64, max_per_proc=16).bounds(2) == (32, 32)  # B0 does not fit: the most that does
+    for bad, what in (({"max": 8}, "base required"), ({"base": 0}, "base must be"), ({"base": 64, "max": 32},
+                      "below base"), ({"base": 8, "lr_scaling": "cubic"}, "lr_scaling must be"),
+                      ({"base": 8, "min_per_proc": 9, "max_per_proc": 4}, "above max_per_proc"),
+                      ({"base": 8, "size": 3}, "base required"), ({"base": True}, "base must be")):
+        with pytest.raises(ValueError, match=what):
+            parse_batch(bad)
+
+
+def test_fit_keeps_running_statistics_and_refuses_what_it_cannot_use() -> None:
+    f = BatchFit()
+    assert f.noise_scale() is None
+    assert not f.add(64, 1, 0.0, 0.0, 0.01, 0.02)  # a report without statistics
+    assert not f.add(64, 1, float("nan"), 1.0, 0.01, 0.02)
+    for _ in range(20):
+        assert f.add(64, 1, 0.5, 20.0, 0.01, 0.02)
+    assert f.noise_scale() == pytest.approx(40.0)
+    g = BatchFit()
+    g.add(64, 1, -0.1, 5.0, 0.01, 0.02)  # the unbiased |G|^2 estimate can go negative: noise scale unknown
+    assert g.noise_scale() is None
+
+
+def test_without_statistics_a_size_gets_its_smallest_batch_and_says_why() -> None:
+    s = BatchSpec(64, 1024, 48, 64)
+    c = choose_batch(s, None, 3)
+    assert (c.batch, c.how) == (144, "no statistics yet")
+    assert goodput_curve(s, BatchFit(), range(1, 4)) == ((), ())
+
+
+@pytest.mark.skipif(scipy_missing, reason="the goodput extra (scipy) fits the step-time model")
+def test_goodput_choice_grows_the_batch_with_the_noise_scale() -> None:
+    """Same step times; a noisier gradient (larger noise scale) makes large batches statistically cheap, so the
+    goodput-best batch at 4 processes is larger; every choice is a whole per-process batch within the bounds."""
+    s = BatchSpec(64, 4096, 1, 512)
+    chosen = {}
+    for var in (2.0, 2000.0):
+        f = BatchFit()
+        for n, b in ((1, 64), (2, 128), (4, 256), (4, 1024)):
+            for _ in range(4):  # step time: 5 ms + 0.1 ms per sample of a process, 4 ms all-reduce beyond 1 proc
+                compute = 0.005 + 1e-4 * b / n
+                f.add(b, n, 1.0, var, compute, compute + (0.004 if n > 1 else 0.0))
+        c = choose_batch(s, f, 4)
+        lo, hi = s.bounds(4)
+        assert c.how == "goodput" and lo <= c.batch <= hi and c.batch % 4 == 0 and c.goodput > 0
+        chosen[var] = c.batch
+        sizes, rates = goodput_curve(s, f, range(1, 5))
+        assert sizes == (1, 2, 3, 4) and all(r > 0 for r in rates)
+    assert chosen[2000.0] > 2 * chosen[2.0], chosen
+
+
+def test_the_workloads_estimator_recovers_the_gradient_noise() -> None:
+    """adaptive_train's estimator on synthetic gradients with a known mean and per-sample variance."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+    sys.path.insert(0, str(ROOT / "workloads"))
+    try:
+        from adaptive_train import grad_stats, lr_factor
+    finally:
+        sys.path.remove(str(ROOT / "workloads"))
+    gen = torch.Generator().manual_seed(0)
+    dim, small, sqr_true, var_true = 4000, 16, 0.25, 8.0  # tr(Sigma) = var_true over dim coordinates
+    mean = torch.full((dim,), (sqr_true / dim) ** 0.5)
+    sqrs, vars_ = [], []
+    for _ in range(200):  # two half-shard gradients of ``small`` samples each, one rank
+        halves = [mean + torch.randn(dim, generator=gen) * (var_true / dim / small) ** 0.5 for _ in range(2)]
+        _, sqr, var = grad_stats(halves, small, 2 * small, 1, False)
+        sqrs.append(sqr)
+        vars_.append(var)
+    assert sum(sqrs) / len(sqrs) == pytest.approx(sqr_true, rel=0.1)
+    assert sum(vars_) / len(vars_) == pytest.approx(var_true, rel=0.05)
+    assert lr_factor("linear", 256, 64, 1, 1) == 4 and lr_factor("sqrt", 256, 64, 1, 1) == 2
+    assert lr_factor("adascale", 64, 64, 1.0, 40.0) == 1.0 and 1 < lr_factor("adascale", 256, 64, 1.0, 40.0) < 4
+    assert lr_factor("adascale", 256, 64, 0.0, 0.0) == 1.0  # no statistics: no guess above the tuned rate
