@@ -17,18 +17,16 @@ is live (the escaping process exists, the worker is stopped while its task train
 from __future__ import annotations
 
 import os
-import pwd
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import task_users
 from runtime_procs import TOKEN, client, controller_config, start_controller, start_worker, stop, wait_for, write_secret
 
 from hpcsched.runtime import launchers
@@ -224,28 +222,14 @@ def test_a_worker_its_controller_stops_answering_stops_its_tasks_itself(tmp_path
 # ------------------------------------------------------------------------------------------- credentials
 @pytest.fixture
 def two_users():
-    if not ROOT or not shutil.which("useradd"):
-        pytest.skip("creating users needs root and useradd")
-    names = [f"hpcsiso{secrets.token_hex(3)}" for _ in range(2)]
-    for n in names:
-        subprocess.run(["useradd", "-m", n], check=True, capture_output=True)
-    try:
-        yield [pwd.getpwnam(n) for n in names]
-    finally:
-        for n in names:
-            subprocess.run(["userdel", "-r", n], capture_output=True)
+    with task_users.throwaway_users(2) as users:
+        yield users
 
 
 @pytest.fixture
 def open_dir():
-    """A test folder other users may traverse (pytest's own base folder is private to root): their jobs' workdirs
-    and checkpoint folders are below it."""
-    d = Path(tempfile.mkdtemp(prefix="hpcsiso-", dir="/tmp"))
-    d.chmod(0o711)
-    try:
+    with task_users.open_folder() as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _log_of(d: Path, jid: str) -> str:
@@ -254,35 +238,8 @@ def _log_of(d: Path, jid: str) -> str:
 
 @pytest.fixture(scope="module")
 def task_python():
-    """A Python the task users can run, with this suite's packages (torch, Horovod, gRPC): the suite's own
-    interpreter lives under /root (0700 here), so it is what a site's ``task_python`` is. A venv of the system's
-    Python of the same version, whose site loads this interpreter's site-packages, and the ``horovodrun`` beside
-    it."""
-    import site
-    import sysconfig
-
-    system = shutil.which("python3", path="/usr/bin:/usr/local/bin")
-    if not ROOT or system is None:
-        pytest.skip("needs root and a system python3 other users can run")
-    version = subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                             text=True).stdout.strip()
-    if version != str(sys.version_info[:2]):
-        pytest.skip(f"the system python3 is {version}, not this suite's {sys.version_info[:2]}")
-    d = Path(tempfile.mkdtemp(prefix="hpcsiso-py-", dir="/tmp"))
-    try:
-        d.chmod(0o755)
-        if subprocess.run([system, "-m", "venv", "--without-pip", str(d / "venv")], capture_output=True).returncode:
-            pytest.skip(f"{system} -m venv failed (no venv module?)")
-        own = site.getsitepackages()[0]
-        target = Path(subprocess.run([str(d / "venv/bin/python"), "-c", "import sysconfig; print(sysconfig."
-                                      "get_paths()['purelib'])"], capture_output=True, text=True).stdout.strip())
-        (target / "suite.pth").write_text(f"import site; site.addsitedir({own!r})\n")
-        hvd = Path(sysconfig.get_path("scripts")) / "horovodrun"
-        if hvd.exists():
-            (d / "venv/bin/horovodrun").symlink_to(hvd)
-        yield d / "venv/bin/python"
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    with task_users.task_python() as python:
+        yield python
 
 
 LAUNCHER_MARK = {"direct": "LOCAL_WORLD_SIZE", "torchrun": "TORCHELASTIC_RUN_ID", "mpirun": "OMPI_COMM_WORLD_SIZE",

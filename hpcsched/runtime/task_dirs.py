@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpcsched.runtime.sandbox import Identity
@@ -26,11 +27,12 @@ def task_base_env(environ: dict[str, str] | os._Environ, token: str | None) -> d
 UID_FILE = "job-uid"
 
 
-def bind_checkpoint_dir(ckpt: Path, uid: str) -> None:
+def bind_checkpoint_dir(ckpt: Path, uid: str, make: Callable[[Path], None] | None = None) -> None:
     """Bind a job's checkpoint folder to its uid before its first launch there. A folder holding anything but
     this job's marker (another job's, or files without a marker: a job of a lost state with the same id) is moved
     aside to ``.lost-<name>-<its uid or 'unmarked'>-<time>`` in the same parent, kept for the operator, never
-    resumed. ``uid`` empty (a job stored before uids): the folder is used as is."""
+    resumed. ``uid`` empty (a job stored before uids): the folder is used as is. ``make`` creates a missing folder
+    (a quota may need it made a particular way: ``checkpoint_quota``)."""
     if not uid:
         return
     marker = ckpt / UID_FILE
@@ -45,10 +47,14 @@ def bind_checkpoint_dir(ckpt: Path, uid: str) -> None:
         os.replace(ckpt, aside)
         log.warning("checkpoint folder %s belonged to another job (%s): moved to %s; job uid %s starts fresh", ckpt,
                     owner or "no uid marker", aside, uid)
-    ckpt.mkdir(parents=True, exist_ok=True)
+    (make or _mkdir)(ckpt)
     tmp = ckpt / f".{UID_FILE}.{os.getpid()}.tmp"
     tmp.write_text(uid + "\n")
     os.replace(tmp, marker)
+
+
+def _mkdir(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
 
 
 def interleave_dir(work_dir: Path, worker: str, group: str) -> Path:

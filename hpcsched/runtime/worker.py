@@ -46,6 +46,7 @@ import grpc
 
 from hpcsched.runtime import horovod_elastic, launchers, rsh_agent, worker_agent
 from hpcsched.runtime.auth import metadata, open_channel
+from hpcsched.runtime.checkpoint_quota import CheckpointQuota
 from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
@@ -104,6 +105,7 @@ class Worker(TaskControl, ControllerLink):
         self.run_as = self._users()
         self.sandbox = Sandbox(cfg.name, python, cfg.cgroups)  # the guard runs as this worker: its own Python
         self._check_task_python()
+        self.quota = CheckpointQuota(cfg.checkpoint_quota_mb)
         log.info("tasks are held by %s; they run as %s", self.sandbox.mode,
                  "their owners' mapped users" if cfg.users else (self.run_as.name if self.run_as else
                                                                  f"this worker's user (uid {os.getuid()})"))
@@ -408,13 +410,14 @@ class Worker(TaskControl, ControllerLink):
         if t.agents and t.launcher == "horovodrun":
             env["PATH"] = f"{self.ssh_shim}{os.pathsep}{env.get('PATH') or self.base_env.get('PATH', '')}"
         proc = None
-        how = ""
+        how = quota = ""
         if t.node_rank == 0:
             ckpt = Path(t.checkpoint_dir)
-            bind_checkpoint_dir(ckpt, t.env.get(JOB_UID_ENV, ""))
-            ckpt.mkdir(parents=True, exist_ok=True)
+            bind_checkpoint_dir(ckpt, t.env.get(JOB_UID_ENV, ""), make=self.quota.make)
+            self.quota.make(ckpt)
             (ckpt / "generation").write_text(f"{t.generation}\n")
             private_checkpoint_dir(ckpt, user)
+            quota = self.quota.apply(ckpt)
         if argv is not None and cwd is not None and not os.path.isdir(cwd):
             self._cannot_start(t, f"the job's workdir {cwd} is not a directory on this worker")
             return
@@ -442,7 +445,8 @@ class Worker(TaskControl, ControllerLink):
                     return
         held = worker_agent.Holder(self.base_env | env, cwd, user=user, leaf=t.task_id) if argv is None else None
         self.tasks[t.task_id] = Task(t, proc, progress, devices, held=held)
-        log.info("launched %s (%s, %d procs%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding")
+        log.info("launched %s (%s, %d procs%s%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding",
+                 f", {quota}" if quota else "")
 
     def resize_in_place(self, task_id: str, hosts: list[str], agents: dict[str, str] | None = None) -> bool:
         """Grow or shrink a running elastic Horovod task without stopping it (new ``host:slots`` list, and the

@@ -43,6 +43,10 @@ class PilotConfig:
     idle_release_s: float = 60.0  # a pilot with nothing to run this long, while none is needed, is released
     work_dir: Path = Path("pilots")  # pilots' logs, work dirs and token file (a shared file system)
     python: str = sys.executable
+    # The pilots' worker config file (``--config``): whom their tasks run as (run_as, users), task_python,
+    # allowed_workdirs, checkpoint_quota_mb... A pilot submitted by a root controller runs as root, and so would its
+    # tasks, able to read the pilot's token file, without one.
+    worker_config: Path | None = None
     sbatch_args: tuple[str, ...] = ()  # anything else the site needs (--constraint, --mem, ...)
     # True: the worker runs as the job's step (srun), and every process of the step gets Slurm's signals, so an
     # elastic Horovod job's ranks there die instead of being removed at a commit and its survivors wait out Gloo's
@@ -78,8 +82,10 @@ def read_pilot_config(data: Any, source: str, line: int | None, base: Path) -> P
                 raise InputError(source, f"slurm: time_limit: expected one of {', '.join(TIME_LIMITS)}, got {v!r}",
                                  line)
             out[k] = v
-        elif k == "work_dir":
-            p = Path(str(v))
+        elif k in ("work_dir", "worker_config"):
+            if not isinstance(v, str) or not v:
+                raise InputError(source, f"slurm: {k}: expected a path, got {v!r}", line)
+            p = Path(v)
             out[k] = p if p.is_absolute() else (base / p).resolve()
         elif k == "sbatch_args":
             if not isinstance(v, list) or not all(isinstance(a, str) for a in v):
@@ -191,6 +197,8 @@ def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag
             str(cfg.orphan_timeout_s)]
     if token_file is not None:
         argv += ["--token-file", str(token_file)]
+    if cfg.worker_config is not None:
+        argv += ["--config", str(cfg.worker_config)]
     words = " ".join(shlex.quote(a) for a in argv)
     work = shlex.quote(str(cfg.work_dir))
     # the pilot's id as squeue lists it: ARRAYID_TASK for an element of a job array (SLURM_JOB_ID is then a number
