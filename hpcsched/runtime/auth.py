@@ -7,7 +7,9 @@ runs, a call without a known token, and with PERMISSION_DENIED a call its role m
 - ``user``: Submit, ListJobs, Cancel, ListWorkers;
 - ``worker``: Register, Heartbeat, Leave (a user's token cannot act as a worker: issue 15 saw a user's heartbeat
   mark a running job ``completed 1000/1000`` and make workers leave);
-- ``admin``: every RPC, including any not listed here (an RPC added later is admin-only until it is given a role).
+- ``admin``: every RPC, including any not listed here (an RPC added later is admin-only until it is given a role);
+- ``readonly``: ListJobs, ListWorkers, and the status page and ``/metrics`` (``metrics_http``): what a dashboard or
+  a Prometheus server holds, which can change nothing.
 
 Each token is also a name (``user``, ``worker``, ``admin``, or a ``user_tokens`` name): the jobs a user submits are
 theirs, and with ``own_jobs_only`` a user lists and cancels only those (``identify``; the service asks it).
@@ -32,11 +34,13 @@ from hpcsched.runtime.ratelimit import LogThrottle
 log = logging.getLogger("hpcsched.runtime.auth")
 
 HEADER = "authorization"
-USER, WORKER, ADMIN = "user", "worker", "admin"
+USER, WORKER, ADMIN, READONLY = "user", "worker", "admin", "readonly"
 ROLE_RPCS: dict[str, frozenset[str]] = {
     USER: frozenset({"Submit", "SubmitMany", "ListJobs", "Cancel", "ListWorkers"}),
     WORKER: frozenset({"Register", "Heartbeat", "Leave"}),
+    READONLY: frozenset({"ListJobs", "ListWorkers"}),
 }
+READ_ROLES = frozenset({READONLY, USER, ADMIN})  # may read the status page and /metrics (a worker's token may not)
 
 
 def allowed(role: str, method: str) -> bool:

@@ -30,6 +30,7 @@ import sqlite3
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent import futures
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
-from hpcsched.runtime.submission import LimitExceeded
+from hpcsched.runtime.submission import QUOTA_KEY, LimitExceeded
 
 log = logging.getLogger("hpcsched.runtime.server")
 
@@ -64,6 +65,7 @@ class RpcTimings:
         self._lock = threading.Lock()
         self._counts: dict[str, list[int]] = {}
         self._max: dict[str, float] = {}
+        self._sum: dict[str, float] = {}  # seconds in all, per method (a Prometheus histogram's _sum)
 
     def add(self, method: str, seconds: float) -> None:
         k = min(bisect.bisect_left(self._EDGES, seconds), len(self._EDGES) - 1)
@@ -73,6 +75,13 @@ class RpcTimings:
                 counts = self._counts[method] = [0] * len(self._EDGES)
             counts[k] += 1
             self._max[method] = max(self._max.get(method, 0.0), seconds)
+            self._sum[method] = self._sum.get(method, 0.0) + seconds
+
+    def histogram(self, method: str) -> tuple[tuple[float, ...], list[int], float]:
+        """(bucket upper edges, a copy of the method's counts per bucket, its seconds in all); no calls: zeros."""
+        with self._lock:
+            counts = self._counts.get(method)
+            return self._EDGES, list(counts) if counts else [0] * len(self._EDGES), self._sum.get(method, 0.0)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """method -> calls and p50 / p99 / max in ms (a quantile is its bucket's upper edge)."""
@@ -98,7 +107,8 @@ def _timed(method):
     (a bad request: it names the field), Refused -> FAILED_PRECONDITION (another daemon holds the worker's name),
     Busy -> RESOURCE_EXHAUSTED (too many queries at once: retry), a SQLite error -> RESOURCE_EXHAUSTED when its
     disk is full, else UNAVAILABLE, logged once per cause and interval (``ratelimit``) instead of gRPC's traceback
-    per failed call, LimitExceeded -> RESOURCE_EXHAUSTED (a per-user limit: the message says which)."""
+    per failed call, LimitExceeded -> RESOURCE_EXHAUSTED (a per-user limit: the message says which). Each refusal
+    for a limit (a quota, busy, a full disk) is counted per method and reason (``/metrics``)."""
     @functools.wraps(method)
     def wrapper(self, request, context):
         t0 = time.perf_counter()
@@ -109,11 +119,14 @@ def _timed(method):
         except Refused as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except Busy as e:
+            self.refused[method.__name__, "busy"] += 1
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"controller busy with queries: {e}")
         except LimitExceeded as e:  # a per-user quota: the client does not retry it
+            self.refused[method.__name__, "quota"] += 1
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except sqlite3.Error as e:  # one line per cause and interval, not a traceback per call (a full disk)
             if is_disk_full(e):
+                self.refused[method.__name__, "disk_full"] += 1
                 self.store_errors.error("disk full", "cannot write the state %s: its disk is full (%s); refusing "
                                         "what needs a write until space is freed", self.ctl.cfg.state, e)
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the controller's state disk is full: this call "
@@ -132,6 +145,7 @@ class _Service(pb_grpc.ControllerServicer):
         self.ctl = ctl
         self.timings = timings
         self.store_errors = LogThrottle(log)  # SQLite errors in handlers (``_timed``)
+        self.refused: Counter[tuple[str, str]] = Counter()  # (method, reason) -> calls or files refused for a limit
         self.auth = auth
         self.own_jobs_only = own_jobs_only
         self.source: NodeSource = StaticNodeSource()  # where workers come from (ControllerServer sets it)
@@ -164,6 +178,9 @@ class _Service(pb_grpc.ControllerServicer):
     @_timed
     def SubmitMany(self, request, context):
         items = self.ctl.submit_many(list(request.jobs), owner=self._who(context)[1])
+        quota = sum(1 for i in items if i.error and QUOTA_KEY in i.error)  # a file past the pending-jobs limit
+        if quota:
+            self.refused["SubmitMany", "quota"] += quota
         return pb.SubmitManyReply(results=[pb.SubmitResult(job_ids=i.job_ids, duplicate=i.duplicate, error=i.error)
                                            for i in items])
 

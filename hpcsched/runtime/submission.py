@@ -31,6 +31,9 @@ ARRAY_INDEX_ENV = "HPCSCHED_ARRAY_INDEX"
 ARRAY_COUNT_ENV = "HPCSCHED_ARRAY_COUNT"
 
 
+QUOTA_KEY = "max_pending_per_user"  # named in every refusal for it (the server counts those by it)
+
+
 class LimitExceeded(Exception):
     """A submit past a per-user limit; the message says the limit, its config key and the user's count."""
 
@@ -171,7 +174,7 @@ def pending_refusal(owner: str, pending: int, limit: int, adding: int) -> str:
     """Why a submit is refused by the pending-jobs quota: the limit, its key, the count and what to do."""
     who = f"user {owner!r}" if owner else "the submitter (no user names: one token)"
     return (f"refused: {who} has {pending:,} pending jobs and this would add {adding:,}; the limit is {limit:,} "
-            "pending jobs per user (max_pending_per_user in the controller's config): wait for some to start or "
+            f"pending jobs per user ({QUOTA_KEY} in the controller's config): wait for some to start or "
             "cancel some")
 
 
