@@ -256,6 +256,7 @@ class ControllerConfig:
     tls_key: Path | None = None
     worker_token: str | None = None  # the worker role's: Register, Heartbeat, Leave
     admin_token: str | None = None  # every RPC
+    readonly_token: str | None = None  # ListJobs, ListWorkers, the status page and /metrics: a dashboard's
     user_tokens: dict[str, str] = field(default_factory=dict)  # more users, name -> token: their jobs are theirs
     own_jobs_only: bool = False  # a user lists and cancels only the jobs they submitted (admins: all)
     max_pending_per_user: int = 250_000  # a submit past it is refused with the count (0: no limit)
@@ -294,6 +295,9 @@ class ControllerConfig:
     # retry_backoff_max_s: a job failing on a full disk spent its 6 attempts in 20 s
     retry_backoff_s: float = 10.0
     retry_backoff_max_s: float = 300.0
+    # operators' HTTP listener (metrics_http): /metrics for Prometheus and / the status page; None: off
+    metrics_listen: str | None = None
+    metrics_address_file: Path | None = None  # its bound HOST:PORT is written here (port 0 picks one)
     # ``controller --insecure`` only (never a config key): allows a controller without tokens on a non-loopback address
     insecure: bool = False
 
@@ -308,6 +312,7 @@ CONTROLLER_KEYS = {
     "node_source", "slurm", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
     "state_min_free", "retry_backoff_s", "retry_backoff_max_s",
     "max_pending_per_user", "max_submit_batch",
+    "metrics_listen", "metrics_address_file", "readonly_token", "readonly_token_file",
 }
 EXECUTORS = ("decide", "rounds")
 ROUND_KEYS = ("hetero_policy", "round_s", "round_reset_s", "throughputs")  # read by the rounds executor only
@@ -318,7 +323,7 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
     """The controller's YAML as a ControllerConfig; the roles' tokens, when several are set, must differ."""
     cfg = _controller_config(path)
     secrets = [(k, v) for k, v in (("token", cfg.token), ("worker_token", cfg.worker_token),
-                                   ("admin_token", cfg.admin_token),
+                                   ("admin_token", cfg.admin_token), ("readonly_token", cfg.readonly_token),
                                    *((f"user_tokens: {n}", t) for n, t in cfg.user_tokens.items())) if v]
     for i, (k, v) in enumerate(secrets):
         for k2, v2 in secrets[i + 1:]:
@@ -326,6 +331,9 @@ def read_controller_config(path: str | Path) -> ControllerConfig:
                 raise InputError(path, f"{k} and {k2} are the same credential; each role needs its own")
     if (cfg.worker_token or cfg.admin_token) and not (cfg.token or cfg.user_tokens):
         raise InputError(path, "worker_token / admin_token set without a user's token: set token_file or user_tokens")
+    if cfg.readonly_token and not (cfg.token or cfg.user_tokens):
+        raise InputError(path, "readonly_token set without a user's token: with no token_file the controller has no "
+                               "authentication and a read-only token would restrict nothing; set token_file too")
     if cfg.user_tokens and not cfg.worker_token:
         raise InputError(path, "user_tokens need worker_token_file: else the one token would hold every role")
     if cfg.own_jobs_only and not cfg.user_tokens and not cfg.worker_token:
@@ -355,9 +363,15 @@ def _user_tokens(doc: _Doc, base: Path) -> dict[str, str]:
 def _controller_config(path: str | Path) -> ControllerConfig:
     doc, base = _read(path)
     doc.check_keys(CONTROLLER_KEYS)
-    _inline_secret(doc, Path(path), ("token", "worker_token", "admin_token"))
+    _inline_secret(doc, Path(path), ("token", "worker_token", "admin_token", "readonly_token"))
     listen = doc.get("listen", str, "127.0.0.1:0")
     parse_address(listen, doc.source)
+    metrics_listen = doc.get("metrics_listen", str, None)
+    if metrics_listen is not None:
+        try:
+            parse_address(metrics_listen, "metrics_listen")
+        except InputError as e:
+            raise doc.fail("metrics_listen", e.message) from None
     cert, key = doc.path("tls_cert", base, None), doc.path("tls_key", base, None)
     if (cert is None) != (key is None):
         raise doc.fail("tls_cert" if cert is None else "tls_key", "TLS needs both tls_cert and tls_key")
@@ -381,6 +395,10 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         admin_token=read_token(doc.get("admin_token", str, None), doc.path("admin_token_file", base, None),
                                doc.source),
         user_tokens=_user_tokens(doc, base),
+        readonly_token=read_token(doc.get("readonly_token", str, None), doc.path("readonly_token_file", base, None),
+                                  doc.source),
+        metrics_listen=metrics_listen,
+        metrics_address_file=doc.path("metrics_address_file", base, None),
         own_jobs_only=doc.get("own_jobs_only", bool, False),
         max_pending_per_user=doc.non_negative("max_pending_per_user", int, 250_000),
         max_submit_batch=doc.positive("max_submit_batch", int, 10_000),

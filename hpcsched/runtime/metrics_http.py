@@ -56,6 +56,7 @@ class OpsServer:
         self._pool = PoolReader(server)  # the sampler's and the page's (the collector has its own)
         self._pool_lock = threading.Lock()
         self._stop = threading.Event()
+        self._started = False
         self.throttle = LogThrottle(log)
         host, port = parse_address(listen, "metrics_listen")
         try:
@@ -68,6 +69,7 @@ class OpsServer:
                          threading.Thread(target=self._sample_loop, daemon=True, name="metrics-sampler")]
 
     def start(self) -> str:
+        self._started = True
         for t in self._threads:
             t.start()
         if self.address_file is not None:
@@ -79,10 +81,11 @@ class OpsServer:
 
     def stop(self) -> None:
         self._stop.set()
-        self.http.shutdown()
+        if self._started:  # shutdown() waits for serve_forever, which only a started server runs
+            self.http.shutdown()
+            for t in self._threads:
+                t.join(timeout=5)
         self.http.server_close()
-        for t in self._threads:
-            t.join(timeout=5)
         self.collector.close()
 
     def _sample_loop(self) -> None:

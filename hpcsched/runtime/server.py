@@ -37,7 +37,7 @@ from pathlib import Path
 import grpc
 
 from hpcsched.errors import InputError
-from hpcsched.runtime.auth import ADMIN, USER, WORKER, TokenInterceptor, server_credentials
+from hpcsched.runtime.auth import ADMIN, READONLY, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
 from hpcsched.runtime.controller import Controller, Refused
 from hpcsched.runtime.credentials import WorkerCredentials
@@ -266,6 +266,11 @@ class ControllerServer:
         self.source: NodeSource = StaticNodeSource()
         self._backups = threading.Thread(target=self._backup_loop, daemon=True, name="backups") \
             if cfg.backup_dir else None
+        self.ops = None  # metrics_listen: /metrics and the status page (bound now: a taken port fails the start)
+        if cfg.metrics_listen:
+            from hpcsched.runtime.metrics_http import OpsServer  # prometheus_client only where it is used
+
+            self.ops = OpsServer(self, cfg.metrics_listen, cfg.metrics_address_file)
 
     def start(self) -> str:
         self._switch_interval = sys.getswitchinterval()  # restored at stop (tests run controllers in-process)
@@ -285,6 +290,8 @@ class ControllerServer:
         self.service.source = self.source
         self.ctl.arriving = self.source.arriving
         self.source.start()
+        if self.ops is not None:
+            self.ops.start()
         log.info("controller listening on %s (auth %s, TLS %s, policy %s, state %s)", self.address,
                  ("roles " + ", ".join(sorted(self.roles)) if len(self.roles) > 1 else "one token") if self.roles
                  else "OFF", "on" if self.cfg.tls_cert else "off",
@@ -294,7 +301,7 @@ class ControllerServer:
             log.warning("INSECURE (--insecure): no tokens on %s, which is not loopback: anyone who can reach it can "
                         "submit jobs, which run as the workers' user, and act as a worker. Set token_file and "
                         "worker_token_file in the controller config", self.address)
-        if list(self.roles) == [ADMIN]:
+        if set(self.roles) - {READONLY} == {ADMIN}:
             log.warning("one token for every role: whoever can submit jobs can also act as a worker (heartbeats, "
                         "Leave, Register); set worker_token_file (and admin_token_file) in the controller config")
         if self.cfg.address_file:  # last: whoever waits on it finds a controller that has started and said so
@@ -318,7 +325,9 @@ class ControllerServer:
         self.server.wait_for_termination()
 
     def stop(self) -> None:
-        self.source.stop()  # first: its workers leave through this server
+        if self.ops is not None:  # first: a scrape reads the store this closes
+            self.ops.stop()
+        self.source.stop()  # its workers leave through this server
         self._stop.set()
         self.ctl.wakeup.set()
         self.server.stop(grace=1).wait()
@@ -361,10 +370,16 @@ def backup(store_path: Path, backup_dir: Path, keep: int) -> Path:
 
 
 def _roles(cfg: ControllerConfig) -> dict[str, str]:
-    """role -> token. ``token`` alone: the one token holds every role (the set-up before roles; logged at start)."""
+    """role -> token. ``token`` alone: the one token holds every role (the set-up before roles; logged at start).
+    ``readonly_token`` adds the read-only role to either set-up."""
     if cfg.worker_token or cfg.admin_token or cfg.user_tokens:
-        return {role: t for role, t in ((USER, cfg.token), (WORKER, cfg.worker_token), (ADMIN, cfg.admin_token)) if t}
-    return {ADMIN: cfg.token} if cfg.token else {}
+        roles = {role: t for role, t in ((USER, cfg.token), (WORKER, cfg.worker_token), (ADMIN, cfg.admin_token))
+                 if t}
+    else:
+        roles = {ADMIN: cfg.token} if cfg.token else {}
+    if cfg.readonly_token and roles:
+        roles[READONLY] = cfg.readonly_token
+    return roles
 
 
 def _loopback(host: str) -> bool:

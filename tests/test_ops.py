@@ -1,0 +1,205 @@
+"""What operators see (issue 31): ``metrics_listen`` serves ``/metrics`` and the status page under the API's
+authentication (a read-only role), the totals over the state agree with ``hpcsched calc``'s, and the latency
+histograms keep the server's timings. Real controller, real gRPC and HTTP on loopback port 0."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from runtime_procs import TOKEN, controller_config, write_secret
+
+from hpcsched.errors import InputError
+from hpcsched.metrics import pilot_metrics
+from hpcsched.runtime.auth import metadata, open_channel
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.ops_metrics import BUCKETS_S, histogram_buckets
+from hpcsched.runtime.ops_tally import StateTally
+from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.server import ControllerServer, RpcTimings
+from hpcsched.runtime.store import Store
+
+READONLY, WORKER = "readonly-token-91c2", "worker-token-5d0e"
+JOB = "name: train\ncommand: [a.py]\nprocs: 2\nsteps: 1000\n"
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, str, dict[str, str]]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page: (name, sorted labels) -> value."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    """A controller with tokens per role (user, worker, readonly) and its metrics listener on port 0."""
+    write_secret(tmp_path / "ro.token", READONLY)
+    write_secret(tmp_path / "worker.token", WORKER)
+    cfg = read_controller_config(controller_config(
+        tmp_path, worker_timeout_s=600, metrics_listen="127.0.0.1:0", metrics_address_file="run/metrics.addr",
+        readonly_token_file="ro.token", worker_token_file="worker.token"))
+    srv = ControllerServer(cfg)
+    addr = srv.start()
+    metrics_addr = (tmp_path / "run" / "metrics.addr").read_text().strip()
+    yield srv, addr, f"http://{metrics_addr}"
+    srv.stop()
+
+
+def test_metrics_and_page_need_a_reading_token(ops) -> None:
+    srv, addr, url = ops
+    stub = pb_grpc.ControllerStub(open_channel(addr, None))
+    for k in range(3):
+        stub.Register(pb.RegisterRequest(worker_id=f"n{k}", host="h", slots=4, instance="i"),
+                      metadata=metadata(WORKER), timeout=30)
+    job_id = stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="j.yaml"), metadata=metadata(TOKEN), timeout=30).job_id
+
+    for path in ("/metrics", "/"):
+        status, body, headers = _get(url + path)
+        assert status == 401 and "Bearer" in headers.get("WWW-Authenticate", ""), (path, status, body)
+        assert _get(f"{url}{path}?token={READONLY}")[0] == 401  # a token in the URL would end up in logs
+        assert _get(url + path, "not-a-token")[0] == 401
+        assert _get(url + path, WORKER)[0] == 403  # a worker's token reads nothing
+        for token in (READONLY, TOKEN):
+            assert _get(url + path, token)[0] == 200, (path, token)
+    assert _get(url + "/nope", READONLY)[0] == 404
+
+    status, text, headers = _get(url + "/metrics", READONLY)
+    assert headers["Content-Type"].startswith("text/plain; version=")
+    got = samples(text)
+    assert got["hpcsched_workers", (("state", "alive"),)] == 3
+    assert got["hpcsched_jobs", (("state", "pending"),)] + got["hpcsched_jobs", (("state", "running"),)] == 1
+    assert got["hpcsched_slots", (("kind", "free"),)] + got["hpcsched_slots", (("kind", "used"),)] == 12
+    assert got["hpcsched_submitted_jobs_total", ()] == 1
+    assert got["hpcsched_heartbeat_seconds_count", ()] == 0  # registered, never beat
+    assert got["hpcsched_decision_seconds_count", ()] >= 1  # the submit woke a scheduling step that planned
+    for name in ("hpcsched_preemptions_total", "hpcsched_lost_steps_total", "hpcsched_harvested_node_hours_total",
+                 "hpcsched_nonoptimal_decisions_total", "hpcsched_refused_heartbeats_total"):
+        assert got[name, ()] == 0, name
+
+    status, page, _ = _get(url + "/", READONLY)
+    assert job_id in page and "pending" in page and 'id="utilisation-plot"' in page and "n2" in page
+
+    # the read-only role on the API: lists, never submits
+    stub.ListJobs(pb.ListJobsRequest(), metadata=metadata(READONLY), timeout=30)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="j.yaml"), metadata=metadata(READONLY), timeout=30)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_refused_submit_is_counted_by_reason(tmp_path: Path) -> None:
+    srv = ControllerServer(read_controller_config(controller_config(
+        tmp_path, metrics_listen="127.0.0.1:0", max_pending_per_user=1)))
+    addr = srv.start()
+    try:
+        stub, md = pb_grpc.ControllerStub(open_channel(addr, None)), metadata(TOKEN)
+        stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="a.yaml"), metadata=md, timeout=30)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="b.yaml"), metadata=md, timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        reply = stub.SubmitMany(pb.SubmitManyRequest(jobs=[pb.SubmitRequest(spec_yaml=JOB, source="c.yaml")] * 2),
+                                metadata=md, timeout=30)
+        assert all(r.error for r in reply.results)
+        got = samples(_get(f"http://{srv.ops.address}/metrics", TOKEN)[1])
+        assert got["hpcsched_refused_requests_total", (("method", "Submit"), ("reason", "quota"))] == 1
+        assert got["hpcsched_refused_requests_total", (("method", "SubmitMany"), ("reason", "quota"))] == 2
+    finally:
+        srv.stop()
+
+
+def test_metrics_listen_is_checked_with_the_file_and_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"controller\.yaml:\d+: metrics_listen: expected HOST:PORT"):
+        read_controller_config(controller_config(tmp_path, metrics_listen="localhost"))
+    p = controller_config(tmp_path)
+    write_secret(tmp_path / "ro.token", READONLY)
+    p.write_text("listen: 127.0.0.1:0\nreadonly_token_file: ro.token\n")
+    with pytest.raises(InputError, match="readonly_token set without a user's token"):
+        read_controller_config(p)
+    write_secret(tmp_path / "ro.token", TOKEN)  # the same credential as the user's
+    with pytest.raises(InputError, match="token and readonly_token are the same credential"):
+        read_controller_config(controller_config(tmp_path, readonly_token_file="ro.token"))
+
+
+def test_a_taken_metrics_port_fails_the_start_naming_the_key(tmp_path: Path) -> None:
+    first = ControllerServer(read_controller_config(controller_config(tmp_path, metrics_listen="127.0.0.1:0")))
+    try:
+        other = tmp_path / "other"
+        other.mkdir()
+        with pytest.raises(InputError, match="metrics_listen: cannot bind"):
+            ControllerServer(read_controller_config(controller_config(other, metrics_listen=first.ops.address)))
+    finally:
+        first.ops.stop()
+        first.ctl.store.close()
+
+
+def _event(st: Store, t: float, job: str | None, kind: str, **detail: object) -> None:
+    st.db.execute("INSERT INTO events VALUES (?,?,?,?)", (t, job, kind, json.dumps(detail)))
+
+
+def test_the_totals_tailed_from_the_state_agree_with_calc(tmp_path: Path) -> None:
+    """Preemptions, lost steps and harvested node-hours as ``hpcsched calc`` counts them (``pilot_metrics``), read
+    in two parts as two scrapes would: the second read adds only what came after the first."""
+    st = Store(tmp_path / "state.db")
+    tally = StateTally(st.reader())
+    _event(st, 100.0, None, "pilot", event="running", slurm_job="41", worker="pilot-41")
+    _event(st, 100.0, None, "pilot", event="adopt", state="RUNNING", slurm_job="42", worker="pilot-42")
+    _event(st, 150.0, "j1", "stop", reason="preempt", worker_left="pilot-41")
+    for i, (gen, step, resumed) in enumerate(((1, 10, None), (1, 40, None), (2, 30, 30), (2, 55, None))):
+        st.add_progress("j1", gen, {"time": 110.0 + i, "step": step, "resumed_from": resumed})
+    first = tally.read(now=200.0)
+    assert (first.preemptions, first.lost_steps) == (1, 10)
+    assert first.harvested_node_hours == pytest.approx(2 * 100.0 / 3600)
+    _event(st, 300.0, None, "pilot", event="gone", slurm_job="41", worker="pilot-41")
+    _event(st, 310.0, None, "pilot", event="cancel", slurm_job="42", worker="pilot-42")
+    _event(st, 320.0, "j2", "stop", reason="preempt", worker_left="pilot-42")  # its pilot was cancelled: not counted
+    _event(st, 330.0, "j3", "stop", reason="resize")
+    _event(st, 340.0, None, "pilot", event="gone", slurm_job="42", worker="pilot-42", cancelled=True)
+    # no checkpoint said: lost from its first step
+    st.add_progress("j1", 3, {"time": 350.0, "step": 20, "resumed_from": None})
+    second = tally.read(now=400.0)
+    calc = pilot_metrics(st.events(), st.progress(), end=400.0)
+    assert second.preemptions == calc["preemptions"] == 1
+    assert second.lost_steps == calc["lost_steps"] == 10 + 35
+    assert second.harvested_node_hours == pytest.approx(calc["harvested_node_hours"])
+    assert second.harvested_node_hours == pytest.approx((200.0 + 240.0) / 3600)
+    tally.close()
+    st.close()
+
+
+def test_histograms_keep_the_timings_within_a_fine_bucket() -> None:
+    t = RpcTimings()
+    values = [0.00015] * 5 + [0.003] * 3 + [0.2, 7.0]
+    for v in values:
+        t.add("Heartbeat", v)
+    edges, counts, total = t.histogram("Heartbeat")
+    assert total == pytest.approx(sum(values))
+    got = dict(histogram_buckets(edges, counts))
+    for le in BUCKETS_S:  # each value is more than 5% from every edge: its count is exact
+        assert got[repr(le)] == sum(1 for v in values if v <= le), le
+    assert got["+Inf"] == len(values)
+    _, empty, zero = t.histogram("never-called")
+    assert not any(empty) and zero == 0
+
+
+def test_the_page_cuts_long_tables_and_says_so(ops) -> None:
+    srv, addr, url = ops
+    stub = pb_grpc.ControllerStub(open_channel(addr, None))
+    reply = stub.SubmitMany(pb.SubmitManyRequest(jobs=[pb.SubmitRequest(
+        spec_yaml="name: many\ncommand: [a.py]\nprocs: 1\narray: 520\n", source="m.yaml")]),
+        metadata=metadata(TOKEN), timeout=60)
+    assert len(reply.results[0].job_ids) == 520
+    page = _get(url + "/", READONLY)[1]
+    assert "more active jobs past these 500" in page
+    assert reply.results[0].job_ids[499] in page and reply.results[0].job_ids[500] not in page
