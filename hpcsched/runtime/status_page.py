@@ -38,6 +38,11 @@ class Sample:
     pilots: int
 
 
+def sample_of(pool: PoolSnapshot) -> Sample:
+    live = pool.workers_by_state.get("alive", 0) + pool.workers_by_state.get("leaving", 0)
+    return Sample(pool.time, pool.slots_used, pool.slots_total, live, pool.pilots_by_state.get("running", 0))
+
+
 class UtilisationHistory:
     """The last ``size`` samples of the pool (thread-safe: the sampler adds, page requests read)."""
 
@@ -46,10 +51,8 @@ class UtilisationHistory:
         self._lock = threading.Lock()
 
     def add(self, pool: PoolSnapshot) -> None:
-        live = pool.workers_by_state.get("alive", 0) + pool.workers_by_state.get("leaving", 0)
         with self._lock:
-            self._samples.append(Sample(pool.time, pool.slots_used, pool.slots_total, live,
-                                        pool.pilots_by_state.get("running", 0)))
+            self._samples.append(sample_of(pool))
 
     def samples(self) -> list[Sample]:
         with self._lock:
@@ -67,12 +70,20 @@ def plot_svg(samples: Sequence[Sample]) -> str:
     t0, t1 = pts[0].time, pts[-1].time
     top = max(1, max(s.total for s in pts))
 
-    def xy(s: Sample, v: int) -> str:
-        x = x0 + (s.time - t0) / max(t1 - t0, 1e-9) * (x1 - x0)
+    def xy(t: float, v: int) -> str:
+        x = x0 + (t - t0) / max(t1 - t0, 1e-9) * (x1 - x0)
         return f"{x:.1f},{y0 - v / top * (y0 - y1):.1f}"
 
-    used = " ".join(xy(s, s.used) for s in pts)
-    total = " ".join(xy(s, s.total) for s in pts)
+    def steps(value: str) -> str:
+        """A sample holds until the next one (a step, not a slope the pool never had)."""
+        out = []
+        for i, s in enumerate(pts):
+            if i:
+                out.append(xy(s.time, getattr(pts[i - 1], value)))
+            out.append(xy(s.time, getattr(s, value)))
+        return " ".join(out)
+
+    used, total = steps("used"), steps("total")
     area = f"{x0},{y0} {used} {x1},{y0}"
     last = pts[-1]
     share = f"{100 * last.used / last.total:.0f}%" if last.total else "no live slot"
@@ -121,8 +132,10 @@ def _progress(j: pb.JobInfo) -> str:
 
 def render(pool: PoolSnapshot, totals: Totals, jobs: Sequence[pb.JobInfo], more_jobs: bool,
            samples: Sequence[Sample], title: str) -> str:
-    """The page as HTML: ``jobs`` are the active jobs shown (``more_jobs``: there are others past them)."""
+    """The page as HTML: ``jobs`` are the active jobs shown (``more_jobs``: there are others past them). The plot
+    ends with ``pool`` itself: the page's own reading, so it is current however long ago the last sample was."""
     now = pool.time
+    samples = [s for s in samples if s.time < pool.time] + [sample_of(pool)]
     counts = " · ".join(f"{s} {n}" for s, n in pool.workers_by_state.items())
     pilots = " · ".join(f"{s} {n}" for s, n in sorted(pool.pilots_by_state.items())) or "none"
     states = " · ".join(f"{s} {n:,}" for s, n in sorted(totals.jobs_by_state.items())) or "none"
