@@ -75,6 +75,12 @@ def table(r: dict) -> str:
                   f"{h['workers_alive_after_leave']} still alive to the controller"),
         ("load start / end", f"{r['load_start']} / {r['load_end']}"),
     ]
+    if "metrics_listener" in r:
+        m = r["metrics_listener"]
+        rows += [("/metrics scrapes", f"{m['scrapes']} every {m['every_s']:g} s ({m['errors']} failed), wall p50 "
+                                      f"{m['scrape_wall_s_p50']} s, max {m['scrape_wall_s_max']} s"),
+                 ("/metrics CPU", f"{m['cpu_ms_per_scrape']} ms a scrape, {m['cpu_ms_per_sample']} ms a plot sample: "
+                                  f"{m['cpu_pct_of_core_at_15s']}% of a core at one of each every 15 s")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -130,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(%(default)s)")
     ap.add_argument("--until-done", action="store_true",
                     help="end as soon as every submitted job has reached its last step (at most --duration)")
+    ap.add_argument("--scrape-s", type=float, default=d.scrape_s,
+                    help="serve /metrics (metrics_listen) and scrape it every this many seconds, as Prometheus "
+                         "would; the listener's CPU is reported (0: no listener, the default)")
     ap.add_argument("--json", type=Path, help="write every figure here as JSON")
     ap.add_argument("--keep", type=Path, help="copy the controller's directory (config, log, state) here")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

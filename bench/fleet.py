@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
+from fleet_scrape import Scraper
 from fleet_worker import SimOptions, channel_options, raise_nofile, worker_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's process helpers
@@ -81,6 +82,7 @@ class FleetOptions:
     connect_ms: int = 0  # > 0: the workers' grpc.min_reconnect_backoff_ms instead of the real worker's
     register_timeout: float = 180.0
     until_done: bool = False  # end once the harness has seen every submitted job reach its last step
+    scrape_s: float = 0.0  # > 0: the controller serves /metrics (metrics_listen) and it is scraped this often
     quiet: bool = False
 
 
@@ -93,6 +95,8 @@ def controller_config(d: Path, o: FleetOptions) -> Path:
     cfg: dict[str, object] = {"listen": "127.0.0.1:0", "address_file": "run/controller.addr", "state": "run/state.db",
                               "checkpoint_root": "run/ckpt", "token_file": "token", "policy": o.policy,
                               "stop_grace_s": 10, "rpc_stats_file": "run/rpc_stats.json"}
+    if o.scrape_s > 0:
+        cfg |= {"metrics_listen": "127.0.0.1:0", "metrics_address_file": "run/metrics.addr"}
     for key in ("heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s"):
         if getattr(o, key) is not None:
             cfg[key] = getattr(o, key)
@@ -302,6 +306,7 @@ async def _run(o: FleetOptions, d: Path) -> dict:
                  else f"{o.channels} per harness process, workers multiplexed over them", "load_start": load_start}
     ctx = multiprocessing.get_context("spawn")  # never fork a process that has gRPC threads
     workers: list = []
+    scraper = Scraper(d / "run" / "metrics.addr", TOKEN, o.scrape_s) if o.scrape_s > 0 else None
     try:
         if o.pending:
             unrunnable = [(f"pending-{i}.yaml", pending_yaml(i, o.pending_kind)) for i in range(o.pending)]
@@ -339,6 +344,8 @@ async def _run(o: FleetOptions, d: Path) -> dict:
                     stats[pid] = body
 
         cpu0, t0 = proc_cpu_s(ctl.pid), time.time()
+        if scraper is not None:
+            scraper.start()
         go.set()
         _say(o, f"{o.workers} workers starting in {procs} processes ({out['channels']})")
         last_say = 0.0
@@ -377,6 +384,8 @@ async def _run(o: FleetOptions, d: Path) -> dict:
         submit_s, submitted = await submit_task
         t_end = time.time()
         ctl_cpu = proc_cpu_s(ctl.pid) - cpu0
+        if scraper is not None:
+            out["metrics_listener"] = await scraper.stop()
         hwm_kb, rss_kb = proc_status_kb(ctl.pid, "VmHWM"), proc_status_kb(ctl.pid, "VmRSS")
         load_end = loadavg()
         t_list = time.perf_counter()

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,10 +92,12 @@ class OpsServer:
     def _sample_loop(self) -> None:
         """A sample of the pool for the page's plot at start, then every ``sample_s``."""
         while True:
+            t0 = time.thread_time()
             try:
                 self.history.add(self.read_pool(False))
             except Exception as e:  # a failed sample leaves a gap in the plot, never stops the controller
                 self.throttle.warn("sample", "utilisation sample failed: %s", e)
+            self.collector.cost.add("sample", time.thread_time() - t0)
             if self._stop.wait(self.sample_s):
                 return
 
@@ -151,6 +154,14 @@ def _handler(ops: OpsServer) -> type[BaseHTTPRequestHandler]:
         sys_version = ""
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            t0 = time.thread_time()
+            try:
+                self._get()
+            finally:  # every request's CPU, refused ones too (a flood of bad tokens costs the controller as well)
+                ops.collector.cost.add("page" if self.path.split("?", 1)[0] == "/" else "metrics",
+                                       time.thread_time() - t0)
+
+        def _get(self) -> None:
             path = self.path.split("?", 1)[0]
             if path not in ("/", "/metrics"):
                 self._send(404, b"not found: / (status page) and /metrics only\n", "text/plain; charset=utf-8")

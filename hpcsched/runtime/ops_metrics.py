@@ -49,6 +49,26 @@ def histogram_buckets(edges: tuple[float, ...], counts: list[int]) -> list[tuple
     return out
 
 
+class ListenerCost:
+    """CPU seconds the metrics listener's threads spent (scrapes, pages, utilisation samples), each measured on its
+    own thread's CPU clock (``time.thread_time``): the endpoint's cost to the controller, exported so that it can be
+    watched where it runs (the 1%-of-a-core budget at 10,000 workers; bench/bench_fleet.py --scrape-s)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cpu_s: dict[str, float] = {}
+        self.requests: dict[str, int] = {}
+
+    def add(self, what: str, cpu_s: float) -> None:
+        with self._lock:
+            self.cpu_s[what] = self.cpu_s.get(what, 0.0) + cpu_s
+            self.requests[what] = self.requests.get(what, 0) + 1
+
+    def read(self) -> tuple[dict[str, float], dict[str, int]]:
+        with self._lock:
+            return dict(self.cpu_s), dict(self.requests)
+
+
 class ControllerCollector(Collector):
     """The series of one controller server (module docstring). Scrapes are serialised: two at once would only
     double the work."""
@@ -58,6 +78,7 @@ class ControllerCollector(Collector):
         self.pool = PoolReader(server)
         self.tally = StateTally(server.ctl.store.reader())
         self._lock = threading.Lock()
+        self.cost = ListenerCost()
         self.last_collect_s = 0.0  # the previous scrape's own time (exported: the endpoint's cost)
 
     def close(self) -> None:
@@ -69,6 +90,17 @@ class ControllerCollector(Collector):
             metrics = self._metrics()
             self.last_collect_s = time.perf_counter() - t0
         yield from metrics
+        cpu, requests = self.cost.read()
+        c = CounterMetricFamily("hpcsched_metrics_cpu_seconds", "CPU seconds the metrics listener's threads spent, by "
+                                "what (metrics: scrapes, page: the status page, sample: the plot's samples); this "
+                                "scrape's own not yet counted", labels=["what"])
+        n = CounterMetricFamily("hpcsched_metrics_requests", "Requests served (or samples taken) by the metrics "
+                                "listener, by what", labels=["what"])
+        for what in ("metrics", "page", "sample"):
+            c.add_metric([what], cpu.get(what, 0.0))
+            n.add_metric([what], requests.get(what, 0))
+        yield c
+        yield n
         g = GaugeMetricFamily("hpcsched_metrics_collect_seconds", "Seconds the previous scrape of this endpoint "
                               "took to collect (its cost to the controller)")
         g.add_metric([], self.last_collect_s)
