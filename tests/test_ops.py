@@ -5,6 +5,7 @@ histograms keep the server's timings. Real controller, real gRPC and HTTP on loo
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,6 +25,7 @@ from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer, RpcTimings
 from hpcsched.runtime.store import Store
 
+ROOT = Path(__file__).resolve().parents[1]
 READONLY, WORKER = "readonly-token-91c2", "worker-token-5d0e"
 JOB = "name: train\ncommand: [a.py]\nprocs: 2\nsteps: 1000\n"
 
@@ -91,6 +93,19 @@ def test_metrics_and_page_need_a_reading_token(ops) -> None:
 
     status, page, _ = _get(url + "/", READONLY)
     assert job_id in page and "pending" in page and 'id="utilisation-plot"' in page and "n2" in page
+
+    # the listener counts its own cost: the scrapes and the page above, the sampler's first sample
+    got = samples(_get(url + "/metrics", READONLY)[1])
+    assert got["hpcsched_metrics_requests_total", (("what", "metrics"),)] >= 7  # refused requests included
+    assert got["hpcsched_metrics_requests_total", (("what", "page"),)] >= 7
+    assert got["hpcsched_metrics_requests_total", (("what", "sample"),)] >= 1
+    assert got["hpcsched_metrics_cpu_seconds_total", (("what", "metrics"),)] > 0
+
+    # every series the dashboard plots is one this endpoint exports
+    families = {f.name for f in text_string_to_metric_families(_get(url + "/metrics", READONLY)[1])}
+    dashboard = (ROOT / "docs" / "grafana-dashboard.json").read_text()
+    plotted = {re.sub(r"_(total|bucket|count|sum)$", "", n) for n in re.findall(r"hpcsched_[a-z_]+", dashboard)}
+    assert len(plotted) >= 15 and plotted <= families, plotted - families
 
     # the read-only role on the API: lists, never submits
     stub.ListJobs(pb.ListJobsRequest(), metadata=metadata(READONLY), timeout=30)

@@ -155,38 +155,37 @@ def _handler(ops: OpsServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             t0 = time.thread_time()
-            try:
-                self._get()
-            finally:  # every request's CPU, refused ones too (a flood of bad tokens costs the controller as well)
-                ops.collector.cost.add("page" if self.path.split("?", 1)[0] == "/" else "metrics",
-                                       time.thread_time() - t0)
-
-        def _get(self) -> None:
             path = self.path.split("?", 1)[0]
+            reply = self._answer(path)
+            # every request's CPU, refused ones too (a flood of bad tokens costs the controller as well), counted
+            # before the reply goes out: a client that reads /metrics next sees this request in it
+            ops.collector.cost.add("page" if path == "/" else "metrics", time.thread_time() - t0)
+            self._send(*reply)
+
+        def _answer(self, path: str) -> tuple[int, bytes, str, dict[str, str]]:
+            """(status, body, content type, headers) for a GET of ``path``."""
+            text = "text/plain; charset=utf-8"
             if path not in ("/", "/metrics"):
-                self._send(404, b"not found: / (status page) and /metrics only\n", "text/plain; charset=utf-8")
-                return
+                return 404, b"not found: / (status page) and /metrics only\n", text, {}
             status, owner, why = ops.who(self.headers.get("Authorization"))
             if status != 200:
                 ops.throttle.warn(f"http {status}", "refused %s from %s: %s", path, self.client_address[0], why)
-                self._send(status, (why + "\n").encode(), "text/plain; charset=utf-8",
-                           {"WWW-Authenticate": 'Bearer realm="hpcsched"'} if status == 401 else {})
-                return
+                return status, (why + "\n").encode(), text, \
+                    {"WWW-Authenticate": 'Bearer realm="hpcsched"'} if status == 401 else {}
             try:
                 if path == "/metrics":
-                    self._send(200, ops.metrics(), CONTENT_TYPE_LATEST)
-                else:
-                    self._send(200, ops.page(owner).encode(), "text/html; charset=utf-8")
+                    return 200, ops.metrics(), CONTENT_TYPE_LATEST, {}
+                return 200, ops.page(owner).encode(), "text/html; charset=utf-8", {}
             except Exception as e:  # one failed request is answered 500 and logged, the listener goes on
                 ops.throttle.error(f"http 500 {path}", "%s failed: %s", path, e)
-                self._send(500, f"{path} failed: {type(e).__name__}\n".encode(), "text/plain; charset=utf-8")
+                return 500, f"{path} failed: {type(e).__name__}\n".encode(), text, {}
 
-        def _send(self, status: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
+        def _send(self, status: int, body: bytes, ctype: str, headers: dict[str, str]) -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
-            for k, v in (headers or {}).items():
+            for k, v in headers.items():
                 self.send_header(k, v)
             self.end_headers()
             self.wfile.write(body)
