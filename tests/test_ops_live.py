@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from hpcsched.runtime.server import ControllerServer
 PROMETHEUS = shutil.which("prometheus")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 READONLY = "readonly-token-91c2"
+ROOT = Path(__file__).resolve().parents[1]
 SCRAPE_S = 1.0  # Prometheus' scrape interval here; every deadline below is a multiple of it
 
 
@@ -106,6 +108,16 @@ def test_a_prometheus_server_scrapes_the_controller(tmp_path: Path) -> None:
         assert {"hpcsched_heartbeat_seconds_bucket", "hpcsched_preemptions_total", "hpcsched_lost_steps_total",
                 "hpcsched_harvested_node_hours_total", "hpcsched_nonoptimal_decisions_total",
                 "hpcsched_refused_heartbeats_total", "hpcsched_metrics_collect_seconds"} <= names, names
+        # every query of the Grafana dashboard is valid PromQL here, and those on always-present series answer
+        dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        while time.monotonic() < deadline:  # rate() and increase() need two scrapes in their window
+            if float(_query(port, 'count_over_time(up{job="hpcsched"}[1m])')[0]["value"][1]) >= 3:
+                break
+            time.sleep(SCRAPE_S / 2)
+        empty = [e for e in exprs if not _query(port, e.replace("$job", "hpcsched").replace("$__range", "1m"))]
+        # no series without pilots, nodes of a node source or a refusal: those alone may answer nothing
+        assert all(re.search("hpcsched_(pilots|source_nodes|refused_requests)", e) for e in empty), empty
     finally:
         os.killpg(prom.pid, 15)
         prom.wait(timeout=30)
