@@ -165,14 +165,14 @@ th {{ background: #eee; }}
 <span>slots in use: {pool.slots_used}/{pool.slots_total}</span></p>
 <h2>Utilisation of the pool</h2>
 {plot_svg(samples)}
+<h2>Queue and jobs</h2>
+<p>jobs: {html.escape(states)}; submitted {totals.submitted:,}; preemptions {totals.preemptions:,};
+lost steps {totals.lost_steps:,}; harvested {totals.harvested_node_hours:,.2f} node-h</p>
+{job_table}
 <h2>Pool</h2>
 <p>workers: {html.escape(counts)}; pilots: {html.escape(pilots)}</p>
 {workers}
 <h3>Nodes of the node source</h3>
 {nodes}
-<h2>Queue and jobs</h2>
-<p>jobs: {html.escape(states)}; submitted {totals.submitted:,}; preemptions {totals.preemptions:,};
-lost steps {totals.lost_steps:,}; harvested {totals.harvested_node_hours:,.2f} node-h</p>
-{job_table}
 </body></html>
 """
