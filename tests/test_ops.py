@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime_procs import TOKEN, controller_config, write_secret
 
 from hpcsched.errors import InputError
-from hpcsched.metrics import pilot_metrics
+from hpcsched.metrics.pilots import pilot_metrics
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.ops_metrics import BUCKETS_S, histogram_buckets

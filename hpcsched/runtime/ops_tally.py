@@ -1,13 +1,13 @@
 """Harvesting totals of a controller's state for ``/metrics``: submits, preemptions, lost steps, harvested node-hours.
 
 Why tail the state instead of counting in memory: these figures are what ``hpcsched calc`` reports over a run
-(``metrics.pilot_metrics``), and an operator compares the two; counted from the state file they span the whole
+(``metrics.pilots.pilot_metrics``), and an operator compares the two; counted from the state file they span the whole
 state (a restarted controller goes on from its predecessor's totals) and cost the controller's write path nothing.
 The ``events`` and ``progress`` tables are append-only (no row is ever deleted), so each read asks only for the rows
 past the last one it saw (``rowid > last``): a scrape costs the rows written since the previous one. The first
 read after a start reads the whole history once (about 1 s per million rows).
 
-The same rules as ``metrics.pilot_metrics``, applied row by row:
+The same rules as ``metrics.pilots.pilot_metrics``, applied row by row:
 
 - preemptions: ``stop`` events with reason ``preempt``, except stops for a worker whose pilot this controller
   cancelled itself; a cancel recorded after the stop it explains (the manager records it once ``scancel``
