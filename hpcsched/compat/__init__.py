@@ -4,7 +4,9 @@ A compat mode is a name (``--compat muri``); a policy declares, in its ``PolicyH
 that mode's reference used for it; the simulator's engine reads them only when that mode is on.
 ``--compat gavel`` is its own loop (``hpcsched.hetero.rounds``): Gavel's policies and round mechanism.
 ``--compat blox`` is its own loop too (``hpcsched.compat.blox``): Blox's rounds, sort, placement walk and metrics.
+
+``--compat pollux`` likewise (``hpcsched.compat.pollux``): the Pollux OSDI'21 artifact's rounds and progress model.
 """
 
-MODES = ("muri", "gavel", "blox")
+MODES = ("muri", "gavel", "blox", "pollux")
 """The compat modes the simulator knows."""

@@ -7,13 +7,14 @@ Reads a profile folder (``placements.csv``, ``scalability.csv``, ``validation-<B
 - the measured step time of a placement: linear in the per-GPU batch between measured batches when that
   placement (up to rotation) was measured, else linear over (nodes <= 16, replicas, batch) across the per-group
   means of the placements plus the large-scale rows (scipy's Delaunay-based ``LinearNDInterpolator``, the same
-  triangulation, so the same values);
+  triangulation and arithmetic, so the same values to the bit: the baselines' greedy choices compare them);
 - gradient statistics and iterations per epoch, linear in the batch between validated batch sizes;
 - an epoch's progress threshold: the least progress any validated batch size had made by its end.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,12 @@ class ApplicationProfile:
     max_local_bsz: int
     max_epochs: int
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+    _columns: dict[int, dict[str, list[float]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # Plain lists per validated batch: a simulation reads single values millions of times.
+        self._columns = {b: {c: df[c].astype(float).tolist() for c in _VALIDATION_COLS}
+                         for b, df in self.validation.items()}
 
     # -- training progress (validation profiles) ----------------------------------------------------------------
 
@@ -95,8 +102,8 @@ class ApplicationProfile:
 
     def _lerp(self, batch_size: float, column: str, epoch: int) -> float:
         lo, hi = self._bracket(batch_size)
-        y_lo = self.validation[lo][column].iloc[epoch]
-        y_hi = self.validation[hi][column].iloc[epoch]
+        y_lo = self._columns[lo][column][epoch]
+        y_hi = self._columns[hi][column][epoch]
         if lo == hi:
             return y_lo
         return ((batch_size - lo) * y_hi + (hi - batch_size) * y_lo) / (hi - lo)
@@ -121,7 +128,7 @@ class ApplicationProfile:
             return 0.0
         key = ("progress", epoch)
         if key not in self._cache:
-            self._cache[key] = min(df["progress"].iloc[epoch - 1] for df in self.validation.values())
+            self._cache[key] = min(c["progress"][epoch - 1] for c in self._columns.values())
         return self._cache[key]
 
     def completion_epoch(self, batch_size: float | None = None) -> int:
@@ -151,33 +158,45 @@ class ApplicationProfile:
     def step_time(self, placement: tuple[int, ...], local_bsz: float) -> tuple[float, float]:
         """Measured (step_time, sync_time) in seconds of one step at per-GPU batch ``local_bsz`` on ``placement``
         (GPUs per node, order irrelevant up to rotation). Needs scipy. ValueError outside the profiled range."""
+        key = ("step", placement, local_bsz)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         placement = tuple(g for g in placement if g)
         placement = min(placement[i:] + placement[:i] for i in range(len(placement)))
-        key = ("step", placement, local_bsz)
-        if key in self._cache:
-            return self._cache[key]
-        from scipy.interpolate import LinearNDInterpolator, interp1d
 
-        pid = int("".join(map(str, placement)))
-        measured = self.placements[self.placements["placement"] == pid]
-        if len(measured):
-            f = interp1d(measured["local_bsz"].to_numpy(), measured[["step_time", "sync_time"]].to_numpy(), axis=0)
-            ret = f(local_bsz)
+        measured = self._measured().get(int("".join(map(str, placement))))
+        if measured is not None:
+            out = _interp_linear(measured, local_bsz, self.name, placement)
         else:
             interp = self._cache.get("nd")
             if interp is None:
+                from scipy.interpolate import LinearNDInterpolator
+
                 xs = ["num_nodes", "num_replicas", "local_bsz"]
                 ys = ["step_time", "sync_time"]
                 means = self.placements.groupby(xs)[xs + ys].mean()
                 df = pd.concat([means, self.scalability[xs + ys]], ignore_index=True)
                 interp = self._cache["nd"] = LinearNDInterpolator(df[xs].to_numpy(), df[ys].to_numpy())
             ret = interp([min(len(placement), MAX_INTERP_NODES), sum(placement), local_bsz])[0]
-        out = (float(ret[0]), float(ret[1]))
+            out = (float(ret[0]), float(ret[1]))
         if math.isnan(out[0]) or math.isnan(out[1]):
             raise ValueError(f"{self.name}: placement {placement} at per-GPU batch {local_bsz} is outside the "
                              "profiled range")
         self._cache[key] = out
         return out
+
+    def _measured(self) -> dict[int, tuple[list[float], list[float], list[float]]]:
+        """placement id -> (per-GPU batches ascending, step times, sync times) of the measured placements."""
+        m = self._cache.get("measured")
+        if m is None:
+            m = {}
+            for pid, df in self.placements.groupby("placement", sort=False):
+                df = df.sort_values("local_bsz", kind="mergesort")
+                m[int(pid)] = (df["local_bsz"].tolist(), df["step_time"].astype(float).tolist(),
+                               df["sync_time"].astype(float).tolist())
+            self._cache["measured"] = m
+        return m
 
     def observations(self) -> dict[str, np.ndarray]:
         """Every profiled step: num_nodes, num_replicas, local_bsz, step_time, sync_time (placements first)."""
@@ -202,6 +221,21 @@ class ApplicationProfile:
             if best is None or jct < best[0]:
                 best = (jct, b)
         return None if best is None else best[1]
+
+
+def _interp_linear(measured: tuple[list[float], list[float], list[float]], x: float, name: str,
+                   placement: tuple[int, ...]) -> tuple[float, float]:
+    """Piecewise-linear (step, sync) at ``x``, computed as scipy's ``interp1d`` computes it (the segment left of
+    ``x`` when ``x`` is a measured point: (x_hi - x_lo) slope from the point below), so values equal it bit for
+    bit; outside the measured batches, a ValueError as interp1d raises."""
+    xs, steps, syncs = measured
+    if not xs[0] <= x <= xs[-1]:
+        raise ValueError(f"{name}: placement {placement} measured at per-GPU batches {xs[0]}..{xs[-1]}, not {x}")
+    hi = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+    lo = hi - 1
+    dx = xs[hi] - xs[lo]
+    return ((steps[hi] - steps[lo]) / dx * (x - xs[lo]) + steps[lo],
+            (syncs[hi] - syncs[lo]) / dx * (x - xs[lo]) + syncs[lo])
 
 
 def packed_placement(num_replicas: int, gpus_per_node: int = 4) -> tuple[int, ...]:

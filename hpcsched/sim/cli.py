@@ -21,7 +21,8 @@ CLUSTER_OPT = typer.Option(..., "--cluster", help="Cluster spec: Muri CSV (clust
 COMPAT_OPT = typer.Option(
     None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers); 'gavel': "
                            "Gavel's policies and round mechanism on a type=count cluster (docs/hetero.md); 'blox': "
-                           "Blox's round loop and its fifo/srtf/optimus/las/tiresias (docs/simulator.md)."
+                           "Blox's round loop and its fifo/srtf/optimus/las/tiresias (docs/simulator.md); 'pollux': "
+                           "the Pollux artifact's loop: tiresias/optimus/pollux on its workload CSV."
 )
 
 
@@ -93,6 +94,10 @@ def simulate_cmd(
         None, "--blox-optimus-load", metavar="JOBS_PER_HOUR",
         help="With --compat blox --policy optimus: reproduce Blox's bug of looking its speed-up table up by the "
              "experiment's load (1-9 jobs/h: 5, 3, 1.4, 1.2, 1.1, then 1.0). Without it: no speed-up."),
+    seed: int = typer.Option(0, "--seed", help="With --compat pollux --policy pollux: the optimiser's seed."),
+    pollux_optimiser: str = typer.Option(
+        "ga", "--pollux-optimiser",
+        help="With --compat pollux --policy pollux: ga (our seeded NSGA-II-like search of Pollux's objective)."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
@@ -100,6 +105,11 @@ def simulate_cmd(
     --policy srsf --out out/srsf --compat muri
     """
     _check_compat(compat)
+    if compat != "pollux" and (seed != 0 or pollux_optimiser != "ga"):
+        raise typer.BadParameter("only with --compat pollux", param_hint="--seed/--pollux-optimiser")
+    if compat == "pollux":
+        _simulate_pollux(trace, cluster, policy, out, as_json, seed, pollux_optimiser)
+        return
     win = _window(window)
     if compat != "blox" and (round_s != 300.0 or blox_optimus_load is not None):
         raise typer.BadParameter("only with --compat blox", param_hint="--round-s/--blox-optimus-load")
@@ -202,6 +212,27 @@ def _window(window: str | None) -> tuple[int, int] | None:
         return parse_window(window)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--window") from None
+
+
+def _simulate_pollux(trace: Path, cluster: Path, policy: str, out: Path | None, as_json: bool, seed: int,
+                     optimiser: str) -> None:
+    """The Pollux artifact's loop (``hpcsched.compat.pollux``); bad input is a clear error, never a traceback."""
+    from hpcsched.errors import InputError
+    from hpcsched.sim.pollux_run import run_pollux_command
+
+    if out is None:
+        raise typer.BadParameter("required", param_hint="--out")
+    try:
+        summary = run_pollux_command(trace, cluster, policy, out, as_json, seed, optimiser)
+    except KeyError as e:
+        _fail_policy(e)
+        return
+    except (ValueError, InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if not as_json:
+        _table([summary], f"hpcsched simulate {policy}: {_subject(trace, Path(cluster), 'pollux')}")
+        print(f"{summary['rounds']} rounds in {summary['wall_s']:.2f} s; results in {out}")
 
 
 def _simulate_blox(trace: Path, cluster: Path, policy: str, out: Path, as_json: bool, win: tuple[int, int] | None,
