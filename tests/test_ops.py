@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,12 +14,13 @@ from pathlib import Path
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from runtime_procs import TOKEN, controller_config, write_secret
+from runtime_procs import TOKEN, controller_config, start_controller, stop, write_secret
 
 from hpcsched.errors import InputError
 from hpcsched.metrics.pilots import pilot_metrics
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.node_source import SourceView
 from hpcsched.runtime.ops_metrics import BUCKETS_S, histogram_buckets
 from hpcsched.runtime.ops_tally import StateTally
 from hpcsched.runtime.rpc import pb, pb_grpc
@@ -218,3 +220,80 @@ def test_the_page_cuts_long_tables_and_says_so(ops) -> None:
     page = _get(url + "/", READONLY)[1]
     assert "more active jobs past these 500" in page
     assert reply.results[0].job_ids[499] in page and reply.results[0].job_ids[500] not in page
+
+
+class _Source:
+    """A node source's view as the Slurm one gives it (node_source.SourceView): what the page and the pilot series
+    read; its polling is tested with the pilot manager's own tests."""
+
+    name = "slurm"
+
+    def __init__(self, view: SourceView) -> None:
+        self._view = view
+
+    def view(self) -> SourceView:
+        return self._view
+
+    def stop(self) -> None:
+        return None
+
+
+def test_pilots_and_refused_nodes_are_shown_with_why(ops) -> None:
+    srv, addr, url = ops
+    stub = pb_grpc.ControllerStub(open_channel(addr, None))
+    stub.Register(pb.RegisterRequest(worker_id="pilot-101", host="c1", slots=4, instance="i"),
+                  metadata=metadata(WORKER), timeout=30)
+    srv.source = _Source(SourceView("slurm", time.time(), {
+        "c1": ("pilot running, worker alive", "101"), "c2": ("pilot pending", "102"),
+        "c3": ("down: not responding (DOWN*)", ""), "c4": ("idle, not claimed: max_pilots (2) reached", "")},
+        {"pilot-101": ("101", "c1", "RUNNING"), "pilot-102": ("102", "c2", "PENDING"),
+         "pilot-99": ("99", "c9", "GONE")}))
+    got = samples(_get(url + "/metrics", READONLY)[1])
+    assert got["hpcsched_pilots", (("state", "running"),)] == 1 and got["hpcsched_pilots", (("state", "pending"),)] == 1
+    assert ("hpcsched_pilots", (("state", "gone"),)) not in got  # gone pilots are history, not the pool
+    for use in ("idle", "down", "pilot running", "pilot pending"):  # the words before the first punctuation
+        assert got["hpcsched_source_nodes", (("use", use),)] == 1, use
+    page = _get(url + "/", READONLY)[1]
+    assert "<td>c3</td><td>down: not responding (DOWN*)</td>" in page
+    assert "<td>idle, not claimed: max_pilots (2) reached</td>" in page
+    assert "<td>101 c1 RUNNING</td>" in page and "node source: slurm" in page
+
+
+def test_with_own_jobs_only_a_user_sees_only_their_jobs_on_the_page(tmp_path: Path) -> None:
+    alice = write_secret(tmp_path / "alice.token", "alice-tok-4e")
+    write_secret(tmp_path / "worker.token", WORKER)
+    config = controller_config(tmp_path, worker_token_file="worker.token", own_jobs_only="true",
+                               metrics_listen="127.0.0.1:0")
+    config.write_text(config.read_text() + f"user_tokens:\n  alice: {alice}\n")
+    srv = ControllerServer(read_controller_config(config))
+    addr = srv.start()
+    try:
+        stub = pb_grpc.ControllerStub(open_channel(addr, None))
+        mine = stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="a.yaml"), metadata=metadata("alice-tok-4e"),
+                           timeout=30).job_id
+        other = stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="u.yaml"), metadata=metadata(TOKEN),
+                            timeout=30).job_id
+        url = f"http://{srv.ops.address}/"
+        page = _get(url, "alice-tok-4e")[1]
+        assert f"<td>{mine}</td>" in page and f"<td>{other}</td>" not in page
+        page = _get(url, TOKEN)[1]  # the 'user' token is a user too: its own job only
+        assert f"<td>{other}</td>" in page and f"<td>{mine}</td>" not in page
+    finally:
+        srv.stop()
+
+
+def test_the_controller_process_serves_metrics_and_says_where(tmp_path: Path) -> None:
+    """``hpcsched controller`` as a user starts it: the bound address in its log and in metrics_address_file."""
+    proc, _ = start_controller(tmp_path, controller_config(tmp_path, metrics_listen="127.0.0.1:0",
+                                                           metrics_address_file="run/metrics.addr"))
+    try:
+        addr_file = tmp_path / "run" / "metrics.addr"
+        deadline = time.monotonic() + 60  # written right after the API's address
+        while not addr_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        address = addr_file.read_text().strip()
+        status, text, _ = _get(f"http://{address}/metrics", TOKEN)
+        assert status == 200 and "hpcsched_workers" in text
+        assert f"metrics and status page on http://{address}/" in (tmp_path / "controller.log").read_text()
+    finally:
+        stop(proc)

@@ -125,10 +125,12 @@ def test_a_prometheus_server_scrapes_the_controller(tmp_path: Path) -> None:
         srv.stop()
 
 
-def _chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    # root in CI: Chromium refuses to run as root with its sandbox; --disable-gpu: no GPU on a CI runner
+def _chromium(profile: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    # root in CI: Chromium refuses to run as root with its sandbox; --disable-gpu: no GPU on a CI runner; a profile
+    # of its own: another Chromium on the machine holding the default one would make this one hand over and exit
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--hide-scrollbars", *args], capture_output=True, text=True, timeout=timeout)
+                           "--hide-scrollbars", f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
@@ -143,7 +145,7 @@ def test_the_status_page_in_headless_chromium(tmp_path: Path) -> None:
     try:
         job_ids = _populate(addr, "")
         url = f"http://{srv.ops.address}/"
-        dom = _chromium("--dump-dom", url)
+        dom = _chromium(tmp_path / "chromium", "--dump-dom", url)
         assert dom.returncode == 0, dom.stderr[-2000:]
         for jid in job_ids:
             assert f"<td>{jid}</td>" in dom.stdout, jid
@@ -151,7 +153,7 @@ def test_the_status_page_in_headless_chromium(tmp_path: Path) -> None:
         assert "<td>node-02</td>" in dom.stdout and "<td>alive</td>" in dom.stdout
         assert '<svg id="utilisation-plot"' in dom.stdout and "<polyline" in dom.stdout
         shot = tmp_path / "page.png"
-        run = _chromium(f"--screenshot={shot}", "--window-size=1000,900", url)
+        run = _chromium(tmp_path / "chromium", f"--screenshot={shot}", "--window-size=1000,900", url)
         assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
         from PIL import Image
 
