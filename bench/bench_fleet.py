@@ -139,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrape-s", type=float, default=d.scrape_s,
                     help="serve /metrics (metrics_listen) and scrape it every this many seconds, as Prometheus "
                          "would; the listener's CPU is reported (0: no listener, the default)")
+    ap.add_argument("--sample-controller", default="", metavar="FILE",
+                    help="run the controller under bench/stack_sampler.py, its report (JSON) into FILE")
     ap.add_argument("--json", type=Path, help="write every figure here as JSON")
     ap.add_argument("--keep", type=Path, help="copy the controller's directory (config, log, state) here")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -81,6 +81,7 @@ class FleetOptions:
     ramp_s: float = 0.0
     connect_ms: int = 0  # > 0: the workers' grpc.min_reconnect_backoff_ms instead of the real worker's
     register_timeout: float = 180.0
+    sample_controller: str = ""  # a path: sample the controller's stacks into it (bench/stack_sampler.py)
     until_done: bool = False  # end once the harness has seen every submitted job reach its last step
     scrape_s: float = 0.0  # > 0: the controller serves /metrics (metrics_listen) and it is scraped this often
     quiet: bool = False
@@ -298,7 +299,9 @@ async def _run(o: FleetOptions, d: Path) -> dict:
     nofile = raise_nofile(o.workers + 4096)  # the controller inherits it: one descriptor per worker connection
     procs = o.procs or min(4, max(1, -(-o.workers // 1000)))
     load_start = loadavg()
-    ctl, address = start_controller(d, controller_config(d, o), timeout_s=120)
+    sampler = (str(Path(__file__).with_name("stack_sampler.py")), str(Path(o.sample_controller).resolve())) \
+        if o.sample_controller else ()
+    ctl, address = start_controller(d, controller_config(d, o), timeout_s=120, python_args=sampler)
     _say(o, f"controller pid {ctl.pid} at {address}, state in {d}; load {load_start}")
     sub = Submitter(address, o.submit_concurrency, o.submit_batch)
     out: dict = {"options": asdict(o), "harness_processes": procs, "nofile_limit": nofile,

@@ -116,7 +116,9 @@ class ProcStats:
     def error(self, method: str, e: grpc.RpcError) -> None:
         key = f"{method} {e.code().name}"
         self.errors[key] = self.errors.get(key, 0) + 1
-        self.error_examples.setdefault(key, (e.details() or "")[:300])
+        if key not in self.error_examples:  # the core's own account too: 'CANCELLED' alone says not who cancelled
+            debug = getattr(e, "debug_error_string", None)
+            self.error_examples[key] = ((e.details() or "") + (f" [{debug()}]" if debug else ""))[:600]
 
 
 class SimWorker:

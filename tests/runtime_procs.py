@@ -35,14 +35,16 @@ def controller_config(d: Path, listen: str = "127.0.0.1:0", **extra: object) -> 
     return p
 
 
-def start_controller(d: Path, config: Path, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
+def start_controller(d: Path, config: Path, timeout_s: float = 60.0,
+                     python_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """A controller process in ``d`` and its address, once it has written it; one that does not within
-    ``timeout_s`` is killed (no controller is left behind a failed start) and its log raised."""
+    ``timeout_s`` is killed (no controller is left behind a failed start) and its log raised. ``python_args``:
+    put before ``-m`` (a wrapper script that runs the module, such as bench/stack_sampler.py and its output)."""
     addr_file = d / "run" / "controller.addr"
     addr_file.unlink(missing_ok=True)
     log = open(d / "controller.log", "a")
-    proc = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "controller", "--config", str(config)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
+    cmd = [sys.executable, *python_args, "-m", "hpcsched.runtime", "controller", "--config", str(config)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
     deadline = time.time() + timeout_s
     while not addr_file.exists():
         if proc.poll() is not None or time.time() > deadline:
