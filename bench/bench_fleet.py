@@ -53,6 +53,8 @@ def table(r: dict) -> str:
         ("heartbeats/s, interval(s)",
          f"{hb['per_s']}, {', '.join(f'{k} s x{v}' for k, v in hb['intervals_s'].items())}"),
         ("lease lapses", str(hb["lease_lapses"])),
+        ("orders watch", f"{r['watch']['streams_opened']} streams opened, {r['watch']['events']} events"
+                         if r["options"]["watch"] else "off (--no-watch): orders with heartbeats only"),
         ("rpc errors", ", ".join(f"{k}: {v}" for k, v in r["rpc_errors"].items()) or "none"),
         ("submit", f"{sub['jobs']} jobs in {sub['seconds']} s = {sub['jobs_per_s']} jobs/s via {r['submit_rpc']}"
                    + (f"; failed {sub['failed']}" if sub["failed"] else "")),
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrape-s", type=float, default=d.scrape_s,
                     help="serve /metrics (metrics_listen) and scrape it every this many seconds, as Prometheus "
                          "would; the listener's CPU is reported (0: no listener, the default)")
+    ap.add_argument("--no-watch", dest="watch", action="store_false",
+                    help="workers do not open Orders.Watch: launch orders come with heartbeats only (older workers)")
     ap.add_argument("--sample-controller", default="", metavar="FILE",
                     help="run the controller under bench/stack_sampler.py, its report (JSON) into FILE")
     ap.add_argument("--json", type=Path, help="write every figure here as JSON")

@@ -81,6 +81,7 @@ class FleetOptions:
     ramp_s: float = 0.0
     connect_ms: int = 0  # > 0: the workers' grpc.min_reconnect_backoff_ms instead of the real worker's
     register_timeout: float = 180.0
+    watch: bool = True  # workers open Orders.Watch (pushed orders) where the controller offers it
     sample_controller: str = ""  # a path: sample the controller's stacks into it (bench/stack_sampler.py)
     until_done: bool = False  # end once the harness has seen every submitted job reach its last step
     scrape_s: float = 0.0  # > 0: the controller serves /metrics (metrics_listen) and it is scraped this often
@@ -296,7 +297,8 @@ def run_fleet(o: FleetOptions, keep_dir: Path | None = None) -> dict:
 
 
 async def _run(o: FleetOptions, d: Path) -> dict:
-    nofile = raise_nofile(o.workers + 4096)  # the controller inherits it: one descriptor per worker connection
+    # the controller inherits it: a descriptor per worker connection, two per worker with the Orders stream
+    nofile = raise_nofile(o.workers * (2 if o.watch else 1) + 4096)
     procs = o.procs or min(4, max(1, -(-o.workers // 1000)))
     load_start = loadavg()
     sampler = (str(Path(__file__).with_name("stack_sampler.py")), str(Path(o.sample_controller).resolve())) \
@@ -322,7 +324,7 @@ async def _run(o: FleetOptions, d: Path) -> dict:
         sub.sent_at.clear()
         q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
         opts = SimOptions(address, TOKEN, str(d), o.slots, o.iteration_s, o.startup_s, ramp_s=o.ramp_s,
-                          connect_ms=o.connect_ms)
+                          connect_ms=o.connect_ms, watch=o.watch)
         workers = [ctx.Process(target=worker_process, args=(opts, list(range(k, o.workers, procs)), o.workers,
                                                             o.channels, q, go, stop), daemon=True)
                    for k in range(procs)]
@@ -491,4 +493,6 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
                        "last_done_s": round(max(done_lat), 1) if done_lat else None},
         "tasks": {k: sum(s[k] for s in stats.values())
                   for k in ("launches", "tasks_done", "tasks_checkpointed", "tasks_killed")},
+        "watch": {"streams_opened": sum(s["watch_opened"] for s in stats.values()),
+                  "events": sum(s["watch_events"] for s in stats.values())},
     }

@@ -48,6 +48,10 @@ _HB_INTERVAL = pb.HeartbeatReply.DESCRIPTOR.fields_by_number.get(5)
 # the real worker sends them where the protocol has them; a controller from before gets full reports every beat.
 _PARTIAL = "partial" in pb.HeartbeatRequest.DESCRIPTOR.fields_by_name
 _FULL_REPORT = "full_report" in pb.HeartbeatReply.DESCRIPTOR.fields_by_name
+# Orders pushed (RegisterReply.watch_port, the Orders service): a worker watches and heartbeats at once on an event,
+# as the real worker does (worker_watch.py); without it (an older controller, or --no-watch) it waits for its beat.
+_WATCH = "watch_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
+WATCH_BACKOFF_S = (1.0, 10.0)  # as the real worker's stream: a broken one is opened again after this
 try:
     from hpcsched.runtime.liveness import FULL_EVERY
 except ImportError:  # a controller from before partial reports: every beat is full
@@ -67,6 +71,7 @@ class SimOptions:
     gpu_type: str = "cpu"
     ramp_s: float = 0.0  # workers start spread over this long (0: all at once, a registration storm)
     connect_ms: int = 0  # > 0: grpc.min_reconnect_backoff_ms instead of the real worker's (``channel_options``)
+    watch: bool = True  # open Orders.Watch where the controller offers it (False: an older worker, heartbeats only)
 
 
 @dataclass(slots=True)
@@ -110,6 +115,8 @@ class ProcStats:
     leave_s: float = 0.0
     leaves_said: int = 0
     loop_lag: array = field(default_factory=lambda: array("d"))
+    watch_opened: int = 0  # Watch streams opened (one per worker, again after a re-registration or a break)
+    watch_events: int = 0  # events received on them (each: heartbeat now)
 
     error_examples: dict = field(default_factory=dict)  # "Method CODE" -> the first such error's details
 
@@ -134,6 +141,12 @@ class SimWorker:
         self.jitter = random.Random(self.instance)  # as the real worker: a storm's first beats spread over an interval
         self.told: set[str] = set()  # tasks the controller has heard running: a partial heartbeat leaves them out
         self.beats = 0  # heartbeats since the last full one
+        self.watch_port = 0  # the controller's Orders service (RegisterReply.watch_port); 0: none
+        self.registrations = 0  # bumped at each registration: a watch stream opened before it is opened again
+        self.nudge = asyncio.Event()  # set by a watch event: heartbeat now
+        self.reg_changed = asyncio.Event()
+        self.watch_call = None
+        self.watch_channel: grpc.aio.Channel | None = None
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
     async def run(self, delay: float) -> None:
@@ -147,9 +160,11 @@ class SimWorker:
             while True:
                 now = time.monotonic()
                 news = self._news(now)
-                if not news and now < due:
-                    await asyncio.sleep(max(0.0, min(due, self._next_news()) - now))
+                if not news and now < due and not self.nudge.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):  # woken early by a watch event
+                        await asyncio.wait_for(self.nudge.wait(), max(0.0, min(due, self._next_news()) - now))
                     continue
+                self.nudge.clear()  # this heartbeat's reply carries the orders it was woken for
                 method = "Register"
                 try:
                     if not self.registered:
@@ -205,6 +220,46 @@ class SimWorker:
         self.interval = reply.heartbeat_interval_s or 1.0
         self.lease = reply.worker_timeout_s
         self.registered = True
+        self.watch_port = reply.watch_port if _WATCH and self.opts.watch else 0
+        self.registrations += 1
+        self.reg_changed.set()
+        if self.watch_call is not None:
+            self.watch_call.cancel()  # opened again with the new credential
+
+    async def watch(self, k: int) -> None:
+        """Until cancelled: keep one Orders.Watch stream open once registered, and wake the heartbeat loop on each
+        event (the real worker's ``worker_watch``); a broken stream is opened again after a back-off."""
+        backoff = WATCH_BACKOFF_S[0]
+        while True:
+            if not (self.registered and self.watch_port):
+                self.reg_changed.clear()
+                await self.reg_changed.wait()
+                continue
+            if self.watch_channel is None:
+                address = f"{self.opts.address.rpartition(':')[0]}:{self.watch_port}"
+                self.watch_channel = grpc.aio.insecure_channel(
+                    address, options=channel_options(k, self.opts.connect_ms))
+            seen = self.registrations
+            try:
+                self.watch_call = pb_grpc.OrdersStub(self.watch_channel).Watch(
+                    pb.WatchRequest(worker_id=self.name, instance=self.instance), metadata=self.md)
+                self.stats.watch_opened += 1
+                async for _ in self.watch_call:
+                    self.stats.watch_events += 1
+                    self.nudge.set()
+                    backoff = WATCH_BACKOFF_S[0]
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED or seen == self.registrations:
+                    self.stats.error("Watch", e)
+            except asyncio.CancelledError:
+                if self.watch_call is not None:
+                    self.watch_call.cancel()
+                raise
+            finally:
+                self.watch_call = None
+            if seen == self.registrations:  # broken, not replaced by a new registration
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
 
     def _heartbeat(self, now: float, partial: bool = False) -> pb.HeartbeatRequest:
         """Every task, or (``partial``) only those with news: not yet heard running, exited, or with progress."""
@@ -386,6 +441,7 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     workers = [SimWorker(f"w{i:05d}", i, stubs[k % n_ch], opts, stats, md) for k, i in enumerate(ids)]
     spread = opts.ramp_s / max(1, n_total)
     runs = [asyncio.create_task(w.run(w.index * spread)) for w in workers]
+    runs += [asyncio.create_task(w.watch(len(chans) + k)) for k, w in enumerate(workers)]
     runs.append(asyncio.create_task(_loop_lag(stats.loop_lag)))
     if progress is not None:
         runs.append(asyncio.create_task(progress()))
@@ -403,14 +459,14 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     with contextlib.suppress(asyncio.TimeoutError):  # the count of goodbyes said shows the ones cut off
         await asyncio.wait_for(asyncio.gather(*(one(w) for w in workers), return_exceptions=True), LEAVE_BUDGET_S)
     stats.leave_s = time.perf_counter() - t
-    for c in chans:
+    for c in chans + [w.watch_channel for w in workers if w.watch_channel is not None]:
         await c.close()
 
 
 def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int, out, go, stop) -> None:
     """One harness process (``multiprocessing`` spawn target): wait for ``go``, run until ``stop``, send a progress
     line every second and the ``ProcStats`` (as a dict) at the end."""
-    raise_nofile(len(ids) + 1024)
+    raise_nofile(len(ids) * (2 if opts.watch else 1) + 1024)
     out.put(("ready", os.getpid(), None))
     go.wait()
     stats = ProcStats()
@@ -423,6 +479,7 @@ def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int
                 "launched_jobs": len(stats.launch_seen_at), "tasks_done": stats.tasks_done,
                 "jobs_done": len(stats.job_done_at),
                 "errors": sum(stats.errors.values()), "reregister": stats.reregister_replies,
+                "watch_events": stats.watch_events,
                 "cpu_s": time.process_time() - cpu0}))
             await asyncio.sleep(1.0)
 

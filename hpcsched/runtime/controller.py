@@ -31,7 +31,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 
 from hpcsched.allocator import hints_of
 from hpcsched.errors import InputError
@@ -113,6 +113,9 @@ class Controller:
         self.refused_heartbeats = 0  # heartbeats refused unprocessed: more entries than the worker's slots allow
         self._rate_warned = False
         self.on_step: Callable[[str, float], None] | None = None  # (kind, seconds) of each step: the server's timings
+        # (workers, reason): tell these workers they have new orders now (the server's OrdersHub, watch.py); their
+        # heartbeat replies carry the orders either way
+        self.nudge: Callable[[Iterable[str], str], None] | None = None
         self.quiet_steps = 0  # steps that did not (nothing changed)
         self.last_seen: dict[str, float] = {}  # worker -> its last heartbeat, on the monotonic clock
         self.spare_port: dict[str, int] = {}
@@ -280,6 +283,7 @@ class Controller:
                     self.store.update_job(job.id, state="stopping", stop_reason="preempt", stop_time=now,
                                           message=f"worker {wid} left")
                     self.store.event(job.id, "stop", reason="preempt", worker_left=wid)
+                    self._nudge_job(job.id, "stop")
                     stopping += 1
             if req.final:
                 self.last_seen.pop(wid, None)
@@ -394,6 +398,7 @@ class Controller:
             self.store.update_job(job.id, state="stopping", stop_reason="failed", stop_time=time.time(),
                                   message=f"task {a.task_id} {why}")
             self.store.event(job.id, "task_failed", task=a.task_id, exit_code=code, reason=_clip(reason))
+            self._nudge_job(job.id, "stop")
         self._check_stopped(self.store.job(job.id))
 
     def _check_stopped(self, job: JobRow) -> None:
@@ -502,6 +507,7 @@ class Controller:
                 self.store.update_job(job_id, state="cancelled", end_time=time.time())
             elif action is Action.STOP:  # a running job is cancelled through stopping: its tasks exit first
                 self.store.update_job(job_id, state="stopping", stop_reason="cancel", stop_time=time.time())
+                self._nudge_job(job_id, "stop")
             elif action is Action.RETARGET:
                 self.store.update_job(job_id, stop_reason="cancel")
             else:
@@ -531,6 +537,8 @@ class Controller:
                 state, jobs, workers = self._cluster_state(*seen)
                 plan = self._plan(state)
                 self.resizer.apply(plan.resizes, workers, self.agent_port, state.now)
+                for jid in plan.resizes:
+                    self._nudge_job(jid, "resize")
                 self._apply(plan, state, workers, plan.stops, list(plan.starts))
                 self._own = {*plan.starts, *plan.stops, *plan.resizes}
                 self._set_expiry()
@@ -558,6 +566,8 @@ class Controller:
                         return scheduler.Plan()
                     return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
                 self.resizer.apply(resizes, workers, self.agent_port, state.now)
+                for jid in resizes:
+                    self._nudge_job(jid, "resize")
                 self._apply(plan, state, workers, stops, batch)
                 self._own.update(batch, stops, resizes)
         with self.lock:
@@ -722,11 +732,17 @@ class Controller:
         for jid, reason in stops.items():
             self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
+            self._nudge_job(jid, "stop")
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
         hosts = {w.id: w.host for w in workers}
         agents = agent_endpoints(workers, self.agent_port)
         for jid in starts:
             self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
+
+    def _nudge_job(self, job_id: str, reason: str) -> None:
+        """Tell the workers of a job's tasks that they have orders (a stop, a resize) without their next heartbeat."""
+        if self.nudge is not None:
+            self.nudge({a.worker_id for a in self.store.allocations(job_id=job_id)}, reason)
 
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's
@@ -764,8 +780,10 @@ class Controller:
                agents: dict[str, str] | None = None) -> None:
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
-        if not port:  # no fresh free port from that node yet: start at the next heartbeat
+        if not port:  # no fresh free port from that node yet: start at the next heartbeat, which it sends now
             self._wanted.add(master)
+            if self.nudge is not None:
+                self.nudge([master], "port")
             return
         if (job.spec.launcher in AGENT_LAUNCHERS and len(placement) > 1 and agents is not None
                 and any(w not in agents for w, _ in placement)):
@@ -776,6 +794,8 @@ class Controller:
                      ", ".join(w for w, _ in placement if w not in agents))
             self.spare_port[master] = port
             self._wanted.update(w for w, _ in placement if w not in agents)
+            if self.nudge is not None:
+                self.nudge([w for w, _ in placement if w not in agents], "port")
             return
         gen = job.generation + 1
         size = sum(k for _, k in placement)
@@ -791,6 +811,8 @@ class Controller:
                               start_time=job.start_time or time.time(), done=0)
         self.store.event(job.id, "start", generation=gen, procs=size, workers=[w for w, _ in placement],
                          group=group)
+        if self.nudge is not None:
+            self.nudge([w for w, _ in placement], "launch")
         log.info("job %s generation %d on %s", job.id, gen, placement)
 
     def run_forever(self, stop: threading.Event) -> None:

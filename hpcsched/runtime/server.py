@@ -48,6 +48,7 @@ from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceVie
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.submission import QUOTA_KEY, LimitExceeded
+from hpcsched.runtime.watch import OrdersHub
 
 log = logging.getLogger("hpcsched.runtime.server")
 
@@ -149,10 +150,13 @@ class _Service(pb_grpc.ControllerServicer):
         self.auth = auth
         self.own_jobs_only = own_jobs_only
         self.source: NodeSource = StaticNodeSource()  # where workers come from (ControllerServer sets it)
+        self.watch_port = 0  # the Orders service's port (ControllerServer sets it once it listens)
 
     @_timed
     def Register(self, request, context):
-        return self.ctl.register(request)
+        reply = self.ctl.register(request)
+        reply.watch_port = self.watch_port  # where it hears of new orders at once (watch.py); 0: heartbeats only
+        return reply
 
     @_timed
     def Heartbeat(self, request, context):
@@ -259,6 +263,9 @@ class ControllerServer:
             bound = self.server.add_insecure_port(target)
         if not bound:
             raise InputError("listen", f"cannot bind {cfg.listen}")
+        # Orders pushed to workers (watch.py): its own asyncio server beside this thread-pool one, same host
+        self.orders = OrdersHub(self.credentials, host, server_credentials(cfg.tls_cert, cfg.tls_key)
+                                if cfg.tls_cert and cfg.tls_key else None)
         self.address = f"{host}:{bound}"
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self.ctl.run_forever, args=(self._stop,), daemon=True, name="scheduler")
@@ -278,6 +285,8 @@ class ControllerServer:
         self.ctl.store.start_checkpointer()
         gc.collect()
         gc.freeze()  # unfrozen at stop
+        self.service.watch_port = self.orders.start()  # before the first Register, whose reply names it
+        self.ctl.nudge = self.orders.nudge
         self.server.start()
         self.ctl.started()
         self._loop.start()
@@ -331,6 +340,7 @@ class ControllerServer:
         self._stop.set()
         self.ctl.wakeup.set()
         self.server.stop(grace=1).wait()
+        self.orders.stop()
         self._loop.join(timeout=5)
         if self._backups is not None:
             self._backups.join(timeout=30)
@@ -342,7 +352,7 @@ class ControllerServer:
         for method, st in sorted(stats.items()):
             log.info("rpc %s: %d calls, handler p50 %.2f ms, p99 %.2f ms, max %.1f ms", method, st["calls"],
                      st["p50_ms"], st["p99_ms"], st["max_ms"])
-        counters = self.ctl.counters()
+        counters = self.ctl.counters() | self.orders.counters()
         log.info("controller: %s", ", ".join(f"{k} {v:g}" for k, v in counters.items() if not k.startswith("refused")))
         if counters["refused_task_reports"] or counters["refused_heartbeats"]:  # a forged or broken worker: say so
             log.warning("controller refused %d task reports (not placed on their worker) and %d oversized heartbeats",

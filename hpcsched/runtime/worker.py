@@ -67,6 +67,7 @@ from hpcsched.runtime.task_report import CANNOT_START, MAX_PENDING, clip, launch
 from hpcsched.runtime.warm_ranks import WarmRanks
 from hpcsched.runtime.worker_link import ControllerLink
 from hpcsched.runtime.worker_tasks import DEFAULT_GRACE_S, Task, TaskControl, spawn
+from hpcsched.runtime.worker_watch import OrdersWatch
 
 __all__ = ["CREDENTIAL_ENV", "MAX_PENDING", "Task", "WarmRanks", "Worker", "spare_port", "spawn"]
 
@@ -118,6 +119,7 @@ class Worker(TaskControl, ControllerLink):
             else None
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(cfg.token)
+        self.watch = OrdersWatch(cfg.name, self.instance, cfg.tls_ca)  # orders pushed: beat at once (worker_watch)
         # The WorkerAgent service: other nodes' launchers (mpirun) start their daemons here through it (no ssh).
         self.agent_server, self.agent_port = worker_agent.serve(
             self.cfg.host, worker_agent.AgentService(cfg.name, cfg.token, self._holder, self.sandbox))
@@ -141,9 +143,10 @@ class Worker(TaskControl, ControllerLink):
             news = self._poll()
             if self.warm is not None:
                 self.warm.ensure()
-            if not news and time.monotonic() < due:
-                stop.wait(min(_POLL_S, self.interval))
+            if not news and time.monotonic() < due and not self.watch.nudged.is_set():
+                self.watch.nudged.wait(min(_POLL_S, self.interval))  # woken early by pushed orders
                 continue
+            self.watch.nudged.clear()  # this heartbeat's reply carries what the controller pushed
             try:
                 if not registered:
                     sent = time.monotonic()
@@ -272,6 +275,7 @@ class Worker(TaskControl, ControllerLink):
         self.md = metadata(self.cfg.token) + credential_metadata(reply.credential)
         self.interval = reply.heartbeat_interval_s or 1.0
         self.lease_s = reply.worker_timeout_s or None  # 0: a controller from before leases
+        self.watch.update(self.cfg.controller, reply.watch_port, self.md)
         self._refused_logged = ""
         log.info("registered with %s as %s (%d slots, %d GPUs of type %s, launchers %s)", self.cfg.controller,
                  self.cfg.name, self.cfg.slots, self.cfg.gpus, self.cfg.gpu_type or "(not advertised)",
@@ -467,6 +471,7 @@ class Worker(TaskControl, ControllerLink):
         if self.warm is not None:
             self.warm.close()
         self.sandbox.close()
+        self.watch.stop()
         self.channel.close()
 
 
