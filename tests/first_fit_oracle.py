@@ -1,5 +1,5 @@
 """The node-by-node first fit the replayer used before issue 17: one object per node, O(nodes) per job. Kept as
-the reference that ``hpcsched.harvest.pool.RangeFirstFit`` (ranges of node indices) is checked against."""
+the reference that ``hpcsched.harvest.first_fit.RangeFirstFit`` (ranges of node indices) is checked against."""
 
 from __future__ import annotations
 

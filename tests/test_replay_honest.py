@@ -17,14 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.harvest.pool import (
-    PoolEvent,
-    PoolTimeline,
-    busy_steps,
-    describe_rows,
-    timeline_from_log,
-    warmup_check,
-)
+from hpcsched.harvest.log_checks import busy_steps, describe_rows, warmup_check
+from hpcsched.harvest.pool import PoolEvent, PoolTimeline, timeline_from_log
 from hpcsched.harvest.replay import ReplayConfig, replay
 from hpcsched.model import ElasticJob, ScalingCurve
 from hpcsched.results import JobResult, read_results, write_results

@@ -23,6 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcsched.harvest import replay as replay_mod
+from hpcsched.harvest.first_fit import log_runs, place_ranges
+from hpcsched.harvest.log_checks import busy_steps, warmup_check
 from hpcsched.harvest.pool import (
     NumberedNodes,
     PoolEvent,
@@ -30,12 +32,8 @@ from hpcsched.harvest.pool import (
     RangeEvents,
     _events_from_marks,
     _timeline,
-    busy_steps,
-    log_runs,
-    place_ranges,
     timeline_from_intervals,
     timeline_from_log,
-    warmup_check,
 )
 from hpcsched.harvest.replay import ReplayConfig, ReplayResult, replay
 from hpcsched.harvest.run import shift_into_log
@@ -291,7 +289,7 @@ def test_the_run_pool_hands_out_nodes_as_a_node_by_node_pool(data: str, forty, t
     jobs, tl = forty if data == "forty" else theta
     config = ReplayConfig(tfwd=10.0, solver="dp", predict_tfwd=True)
     runs = replay(tl, jobs, config)
-    monkeypatch.setattr(replay_mod, "_Pool", NodePool)
+    monkeypatch.setattr(replay_mod, "IdleRuns", NodePool)
     nodes = replay(tl, jobs, config)
     assert _digest(runs) == _digest(nodes) and runs.summary["preemptions"] > 0
 

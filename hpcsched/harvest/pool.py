@@ -10,7 +10,7 @@ start to its recorded end; every node not running a log job is idle. Ends are ap
 at the same second, so a node handed from one job to the next never shows as idle.
 
 Node sets are runs of node indices (``hpcsched.milp.mapping.NodeRuns``), never one object per node:
-first fit keeps the free nodes as runs (``RangeFirstFit``), an event holds the runs that joined and
+first fit keeps the free nodes as runs (``harvest.first_fit.RangeFirstFit``), an event holds the runs that joined and
 left, and the timeline stores every event's runs in flat arrays (``RangeEvents``). A 49,152-node
 machine costs what its jobs and events cost, not what its nodes do. The node-by-node original the tests
 compare the runs against is ``tests/first_fit_oracle.py``.
@@ -18,7 +18,6 @@ compare the runs against is ``tests/first_fit_oracle.py``.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,11 @@ from typing import overload
 import numpy as np
 
 from hpcsched.errors import InputError
+from hpcsched.harvest.first_fit import peak_use, place_ranges, sized_runs
+from hpcsched.harvest.log_checks import busy_steps, describe_rows, split_rows, warmup_check
 from hpcsched.harvest.sparse import empty_stretches
 from hpcsched.milp.mapping import NodeRuns, Run, Spans
-from hpcsched.model import IdleInterval, Job
+from hpcsched.model import IdleInterval
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,162 +266,6 @@ def timeline_from_intervals(
                      names, start)
 
 
-def log_runs(jobs: Iterable[Job], cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
-    """(start, end, cores) per log job that ran; jobs without times or size are counted, not kept.
-
-    Sizes are in cores (``procs``) when the machine has several cores per node, so small jobs can
-    share a node as they did on the real machine; otherwise in nodes.
-    """
-    return _sized_runs(((j.start, j.end, j.nodes, j.procs) for j in jobs), cores_per_node)
-
-
-def _sized_runs(records: Iterable[tuple[float | None, float | None, int, int]],
-                cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
-    runs = []
-    skipped = {"no_times": 0, "zero_run": 0, "no_size": 0, "no_room": 0, "truncated": 0}
-    for start, end, nodes, procs in records:
-        if start is None or end is None or end < start:
-            skipped["no_times"] += 1
-            continue
-        if end == start:  # ran 0 s: it held no node-time, so there is nothing to replay (not a missing time)
-            skipped["zero_run"] += 1
-            continue
-        size = (procs or nodes * cores_per_node) if cores_per_node > 1 else (nodes or procs)
-        if size <= 0:
-            skipped["no_size"] += 1
-            continue
-        runs.append((start, end, size))
-    return runs, skipped
-
-
-def peak_use(runs: Sequence[tuple[float, float, int]]) -> int:
-    """Most units in use at once (ends before starts at the same second)."""
-    marks = sorted([(s, k) for s, _, k in runs] + [(e, -k) for _, e, k in runs], key=lambda m: (m[0], m[1]))
-    level = peak = 0
-    for _, k in marks:
-        level += k
-        peak = max(peak, level)
-    return peak
-
-
-class RangeFirstFit:
-    """Node-by-node first fit's placements (``tests/first_fit_oracle.py``) with the free nodes kept as runs:
-    the same nodes for every job, at a cost per run instead of per node.
-
-    Wholly free nodes are a ``Spans`` of indices (a job's whole nodes are the lowest of them: a prefix of
-    the runs); nodes with some cores in use are few (at most one per running job with a remainder) and
-    keep ``FirstFit``'s per-free-count heaps. ``marks`` records each change of idle nodes as
-    (time, +1 idle / -1 busy, lo, hi) for the node run [lo, hi).
-    """
-
-    def __init__(self, nodes: int, cpn: int) -> None:
-        self.cpn = cpn
-        self.free = Spans([(0, nodes)] if nodes > 0 else [])  # nodes with every core free
-        self.whole = nodes
-        self.partial: dict[int, int] = {}  # node -> free cores, for 0 < free < cpn
-        self.heaps: list[list[int]] = [[] for _ in range(cpn)]  # heaps[f]: partial nodes with f free (lazy)
-        self.marks: list[tuple[float, int, int, int]] = []
-
-    def _top(self, f: int) -> int | None:
-        h = self.heaps[f]
-        while h and self.partial.get(h[0]) != f:
-            heapq.heappop(h)
-        return h[0] if h else None
-
-    def _nth_free(self, k: int) -> int | None:
-        """The k-th (0-based) wholly free node, lowest first."""
-        for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
-            if k < hi - lo:
-                return lo + k
-            k -= hi - lo
-        return None
-
-    def place(self, cores: int, now: float) -> tuple[list[Run], tuple[int, int] | None] | None:
-        """(whole-node runs, (node, cores) of the remainder or None), or None when the job does not fit."""
-        whole, rest = divmod(cores, self.cpn)
-        if whole > self.whole:
-            return None
-        best = None
-        if rest:  # the lowest node with room for the remainder once the whole nodes are taken
-            for f in range(rest, self.cpn):
-                n = self._top(f)
-                if n is not None and (best is None or n < best):
-                    best = n
-            nxt = self._nth_free(whole)
-            if nxt is not None and (best is None or nxt < best):
-                best = nxt
-            if best is None:
-                return None
-        got: list[Run] = []
-        k = whole
-        while k > 0:
-            lo, hi = self.free.lo[0], self.free.hi[0]
-            b = min(hi, lo + k)
-            got.append((lo, b))
-            self.free.remove(lo, b)
-            k -= b - lo
-        self.whole -= whole
-        for lo, hi in got:
-            self.marks.append((now, -1, lo, hi))
-        if best is None:
-            return got, None
-        left = self.partial.pop(best, None)
-        if left is None:  # a wholly free node
-            self.free.remove(best, best + 1)
-            self.whole -= 1
-            self.marks.append((now, -1, best, best + 1))
-            left = self.cpn
-        left -= rest
-        if left > 0:
-            self.partial[best] = left
-            heapq.heappush(self.heaps[left], best)
-        return got, (best, rest)
-
-    def release(self, whole: Sequence[Run], rest: tuple[int, int] | None, now: float) -> None:
-        for lo, hi in whole:
-            self.free.add(lo, hi)
-            self.whole += hi - lo
-            self.marks.append((now, 1, lo, hi))
-        if rest is not None:
-            node, cores = rest
-            left = self.partial.pop(node, 0) + cores
-            if left == self.cpn:
-                self.free.add(node, node + 1)
-                self.whole += 1
-                self.marks.append((now, 1, node, node + 1))
-            else:
-                self.partial[node] = left
-                heapq.heappush(self.heaps[left], node)
-
-
-def place_ranges(runs: list[tuple[float, float, int]], machine: int, cpn: int,
-                 skipped: dict[str, int]) -> RangeFirstFit:
-    """``place_first_fit`` with ``RangeFirstFit``: the same jobs placed on the same nodes, marks as runs."""
-    runs.sort(key=lambda r: r[0])
-    ff = RangeFirstFit(machine, cpn)
-    ending: list[tuple[float, int]] = []
-    held: list[tuple[list[Run], tuple[int, int] | None] | None] = []
-    for s, e, k in runs:
-        while ending and ending[0][0] <= s:
-            t_end, i = heapq.heappop(ending)
-            got = held[i]
-            assert got is not None
-            ff.release(*got, t_end)
-            held[i] = None
-        placed = ff.place(k, s)
-        if placed is None:
-            skipped["no_room"] += 1
-            continue
-        held.append(placed)
-        heapq.heappush(ending, (e, len(held) - 1))
-    while ending:
-        t_end, i = heapq.heappop(ending)
-        got = held[i]
-        assert got is not None
-        ff.release(*got, t_end)
-    return ff
-
-
 def _events_from_marks(marks: Sequence[tuple[float, int, int, int]], machine: int, first: float, start: float,
                        names: Sequence[str]) -> tuple[NodeRuns, RangeEvents]:
     """The idle pool at ``start`` and the netted events after it, from run marks (every node idle at ``first``).
@@ -465,93 +310,6 @@ def _events_from_marks(marks: Sequence[tuple[float, int, int, int]], machine: in
     return NodeRuns(idle.runs(), names), RangeEvents.build(times, joined_all, left_all, names)
 
 
-# Reader anomaly kinds that drop the row; every other kind flags a row that is kept (hpcsched.traces.base).
-DROPPING_KINDS = frozenset({"malformed_row", "duplicate_job"})
-_FLAG_MEANING = {
-    "unsorted_submit": "submitted before a row above it; order does not matter here",
-    "runtime_over_request": "ran longer than it requested",
-    "unknown_field": "a field is unknown (-1/empty); a job without start, end or size is not replayed",
-    "zero_runtime": "ran 0 s",
-    "negative_runtime": "end before start: its run time became unknown, so it is not replayed",
-    "duplicate_id": "repeated id, renamed id#n",
-    "larger_than_machine": "larger than the machine the reader assumed",
-    "censored": "no end at the log's end",
-}
-WARMUP_RATIO = 0.75  # a start window whose mean use is below this share of the typical use is a warm-up
-WARMUP_MIN_S = 3600.0  # shorter low-use stretches at the start are not worth a warning
-
-
-def split_rows(anomalies: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """(dropped, flagged-but-kept) row counts by anomaly kind, from a reader's anomaly counts."""
-    dropped = {k: int(n) for k, n in anomalies.items() if k in DROPPING_KINDS and n}
-    flagged = {k: int(n) for k, n in anomalies.items() if k not in DROPPING_KINDS and n}
-    return dropped, flagged
-
-
-def describe_rows(records: int, anomalies: Mapping[str, int]) -> str:
-    """One sentence that keeps dropped rows and flagged-but-kept rows apart (a flag drops nothing).
-
-    'skipped/flagged rows {'unsorted_submit': 9812}' read as if 9,812 rows were lost; this says
-    '14,374 jobs read, 0 rows dropped; kept but flagged: 9,812 unsorted_submit (submitted before ...)'.
-    """
-    dropped, flagged = split_rows(anomalies)
-    text = f"{records:,} jobs read; rows dropped: "
-    text += ", ".join(f"{n:,} {k} ({'a second record of one job' if k == 'duplicate_job' else 'unparsable'})"
-                      for k, n in dropped.items()) if dropped else "none"
-    if flagged:
-        text += "; kept but flagged (nothing dropped): " + ", ".join(
-            f"{n:,} {k} ({_FLAG_MEANING.get(k, 'see hpcsched trace inspect')})" for k, n in flagged.items())
-    return text
-
-
-def busy_steps(times: Sequence[float], deltas: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Busy nodes as a step function from (time, -1 busy / +1 idle) marks: ``level[k]`` holds from
-    ``times[k]`` to ``times[k + 1]``; nothing is busy before the first mark."""
-    t = np.asarray(times, dtype=float)
-    if len(t) == 0:
-        return t, np.zeros(0, dtype=np.int64)
-    o = np.argsort(t, kind="stable")
-    t, level = t[o], np.cumsum(-np.asarray(deltas, dtype=np.int64)[o])
-    last = np.r_[t[1:] != t[:-1], True]  # one value per instant: the level after all of its changes
-    return t[last], level[last]
-
-
-def _integral(times: np.ndarray, level: np.ndarray, a: float, b: float) -> float:
-    """Integral of the step function over [a, b] (0 before the first step)."""
-    if b <= a or len(times) == 0:
-        return 0.0
-    edges = np.clip(np.r_[times, max(b, times[-1])], a, b)
-    return float((level * np.diff(edges)).sum())
-
-
-def warmup_check(times: np.ndarray, level: np.ndarray, start: float) -> dict[str, object]:
-    """Does the replay start on a machine far emptier than the log's typical use?
-
-    A log cut out of a longer history lacks the jobs already running when it begins, so its first
-    hours show the machine nearly empty and a replay counts them as a huge idle window. The typical
-    use is the time-weighted median of busy nodes over the whole log; the warm-up lasts from
-    ``start`` until use first reaches it. It is reported (``detected``) when it lasts at least
-    ``WARMUP_MIN_S`` and its mean use is below ``WARMUP_RATIO`` of the typical use.
-    """
-    if len(times) < 2:
-        return {"detected": False, "typical_busy_nodes": 0.0, "warmup_end": start, "warmup_hours": 0.0,
-                "warmup_mean_busy_nodes": 0.0}
-    dur, lv = np.diff(times), level[:-1]
-    order = np.argsort(lv, kind="stable")
-    cum = np.cumsum(dur[order])
-    typical = float(lv[order][min(int(np.searchsorted(cum, cum[-1] / 2)), len(order) - 1)])
-    k = int(np.searchsorted(times, start, side="right")) - 1
-    if k >= 0 and level[k] >= typical:
-        end = start
-    else:
-        later = np.flatnonzero((times > start) & (level >= typical))
-        end = float(times[later[0]]) if len(later) else float(times[-1])
-    mean = _integral(times, level, start, end) / (end - start) if end > start else float(level[max(k, 0)])
-    detected = end - start >= WARMUP_MIN_S and mean < WARMUP_RATIO * typical
-    return {"detected": bool(detected), "typical_busy_nodes": typical, "warmup_end": end,
-            "warmup_hours": (end - start) / 3600.0, "warmup_mean_busy_nodes": mean}
-
-
 def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | None = None, *,
                       start: float | None = None, skip_warmup: bool = False,
                       options: Mapping[str, object] | None = None) -> PoolTimeline:
@@ -579,7 +337,7 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     meta = trace.report.meta
     cpn_raw = meta.get("cores_per_node")
     cpn = int(cpn_raw) if isinstance(cpn_raw, int | float) and cpn_raw >= 1 and cpn_raw == int(cpn_raw) else 1
-    runs, skipped = _sized_runs(records, cpn)
+    runs, skipped = sized_runs(records, cpn)
     del records
     if not runs:
         raise InputError(path, "no job in the log has a start, an end and a size: nothing to replay")

@@ -31,7 +31,7 @@ unseeded; ours is the allocator's, like every later one), and two optional exten
   keeps a finished job's nodes busy and counts them as used).
 
 Node identity matters only where nodes leave (whose job loses them) and where a decision maps counts to
-nodes, so the pool and every job's nodes are runs of node indices (``_Pool``, ``hpcsched.milp.mapping``),
+nodes, so the pool and every job's nodes are runs of node indices (``harvest.idle_runs``, ``hpcsched.milp.mapping``),
 counts go to ``solve_counts_sized`` and ``map_runs`` hands out the same nodes the node-by-node replayer did:
 no step's cost grows with the machine's node count, and results are bit for bit those of that replayer
 (tests/test_replay_scale.py).
@@ -42,58 +42,29 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from hpcsched.harvest.idle_runs import IdleRuns
+from hpcsched.harvest.median_window import MedianWindow
 from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
-from hpcsched.milp import JobState, Objective
+from hpcsched.harvest.replay_config import (
+    ACCOUNTING,
+    EVENT_COLUMNS,
+    NONOPTIMAL,
+    ReplayConfig,
+    ReplayResult,
+    Valuation,
+)
+from hpcsched.milp import JobState
 from hpcsched.milp.allocate import solve_counts_sized
 from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of
 from hpcsched.milp.problem import check_job, job_rate
 from hpcsched.model import ElasticJob
 from hpcsched.results import JobResult
 
-
-class Valuation(Protocol):
-    """Revalues some jobs as they progress (``hpcsched.harvest.goodput.GoodputValuation``): ``at`` gives a job in
-    ``profiles`` after ``samples`` as (the job to progress at, the job as the MILP values it, its phase)."""
-
-    profiles: Mapping[str, object]
-
-    def at(self, job: ElasticJob, samples: float) -> tuple[ElasticJob, ElasticJob, int]: ...
-
-
-ACCOUNTING = ("reference", "restart")
-NONOPTIMAL = ("time_limit", "fallback", "heuristic")  # Decision.status values that are not proven optimal
-EVENT_COLUMNS = (
-    "time", "dt", "pool", "joined", "left", "used", "active", "done", "preempted_jobs", "preempt_loss",
-    "rescales", "rescale_loss", "rate", "tfwd", "solve_s", "status",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayConfig:
-    tfwd: float = 10.0
-    solver: str = "highs"
-    objective: Objective = Objective.REFERENCE
-    accounting: str = "reference"
-    max_jobs: int = 10  # the reference's maxJ: jobs admitted at once
-    time_limit: float = 10.0  # per decision, seconds
-    predict_tfwd: bool = False
-    history: int = 1000  # idle stretches the predictor remembers
-    exact_events: bool = False  # also decide when a job completes or is submitted, not only on pool changes
-    # Never pause an admitted job, as the runtime controller decides (core.decide): jobs are admitted at their
-    # minimum first come first served while the pool fits them, a job the allocator would pause (0 nodes) is held at
-    # its minimum and the others are sized again over the rest. BFTrainer's model may pause any job.
-    no_pause: bool = False
-
-    def __post_init__(self) -> None:
-        if self.accounting not in ACCOUNTING:
-            raise ValueError(f"accounting must be one of {ACCOUNTING}, got {self.accounting!r}")
-        if self.max_jobs < 1:
-            raise ValueError("max_jobs must be >= 1")
+__all__ = ["ACCOUNTING", "EVENT_COLUMNS", "NONOPTIMAL", "ReplayConfig", "ReplayResult", "Valuation", "replay"]
 
 
 @dataclass(slots=True)
@@ -114,156 +85,6 @@ class _Run:
     step_past_ns: float = 0.0  # the last step's share of that, kept only if the job completes at the event
     valued: ElasticJob | None = None  # the job as the MILP values it, when a valuation revalues it (else ``job``)
 
-
-@dataclass(slots=True)
-class ReplayResult:
-    summary: dict[str, object]
-    events: list[tuple[object, ...]]
-    jobs: list[JobResult]
-    per_job: list[dict[str, object]] = field(default_factory=list)
-    nonoptimal_by_status: dict[str, int] = field(default_factory=dict)  # time_limit / fallback / heuristic counts
-
-
-class _MedianWindow:
-    """Median of the last ``size`` idle-stretch lengths: the causal Tfwd predictor.
-
-    A preemption can end thousands of stretches of one length at once (a big log job takes the nodes
-    that joined together), so lengths are kept as (length, count) runs: ``add(x, count)`` is exactly
-    ``count`` single adds, at a cost per run.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.order: deque[list[float | int]] = deque()  # [length, count], oldest first
-        self.counts: dict[float, int] = {}
-        self.keys: list[float] = []  # distinct lengths held, sorted
-        self.total = 0
-        self._median: float | None = None
-        self._stale = False
-
-    def add(self, x: float, count: int = 1) -> None:
-        if count <= 0:
-            return
-        self.order.append([x, count])
-        self._count(x, count)
-        self.total += count
-        while self.total > self.size:
-            head = self.order[0]
-            drop = min(int(head[1]), self.total - self.size)
-            self._count(float(head[0]), -drop)
-            self.total -= drop
-            head[1] = int(head[1]) - drop
-            if head[1] == 0:
-                self.order.popleft()
-        self._stale = True
-
-    def _count(self, x: float, d: int) -> None:
-        n = self.counts.get(x, 0) + d
-        if n == 0:
-            del self.counts[x]
-            del self.keys[bisect.bisect_left(self.keys, x)]
-            return
-        if x not in self.counts:
-            bisect.insort(self.keys, x)
-        self.counts[x] = n
-
-    def median(self) -> float | None:
-        if self.total < 10:
-            return None
-        if self._stale:
-            k, seen = self.total // 2, 0
-            for x in self.keys:
-                seen += self.counts[x]
-                if seen > k:
-                    self._median = x
-                    break
-            self._stale = False
-        return self._median
-
-
-class _Pool:
-    """The idle pool as runs of node indices, in the order decisions hand nodes out: longest idle first.
-
-    Each event's joined runs form a batch appended at the end (dict order is join order); nodes that
-    leave are cut out of their runs wherever they are. Runs are found by bisecting their sorted starts,
-    so an event costs per run it touches and a decision walks only the front of the pool: nothing is
-    per node, whatever the machine's size.
-    """
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []  # every run's first index, sorted
-        self.run: dict[int, tuple[int, int]] = {}  # first index -> (end, batch)
-        self.batches: dict[int, list[int]] = {}  # batch -> first indices of its runs, in hand-out order
-        self.ordered: dict[int, bool] = {}  # batch -> its runs are in index order (bisect) or as given
-        self.joined_at: dict[int, float | None] = {}  # batch -> time it joined (None: idle at the start)
-        self.size = 0
-        self._next = 0
-
-    def add(self, runs: Sequence[Run], now: float | None, names: Sequence[str]) -> None:
-        """A batch of nodes joining at ``now``, handed out after every node already idle."""
-        if not runs:
-            return
-        batch, los = self._next, []
-        self._next += 1
-        for lo, hi in runs:
-            k = bisect.bisect_right(self.starts, lo)
-            if (k > 0 and self.run[self.starts[k - 1]][0] > lo) or (k < len(self.starts) and self.starts[k] < hi):
-                clash = next(x for x in range(lo, hi) if self.covers(x, x + 1))
-                raise ValueError(f"node {names[clash]} joins the idle pool at {now} but is already in it")
-            self.starts.insert(k, lo)
-            self.run[lo] = (hi, batch)
-            los.append(lo)
-            self.size += hi - lo
-        self.batches[batch] = los
-        self.ordered[batch] = all(a < b for a, b in zip(los, los[1:], strict=False))
-        self.joined_at[batch] = now
-
-    def remove(self, a: int, b: int) -> list[tuple[int, int, float | None]]:
-        """Cut [a, b) out of the pool; the pieces cut, ascending, with the time each joined."""
-        cut: list[tuple[int, int, float | None]] = []
-        k = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        while k < len(self.starts) and self.starts[k] < b:
-            lo = self.starts[k]
-            hi, batch = self.run[lo]
-            if hi <= a:
-                k += 1
-                continue
-            c, d = max(lo, a), min(hi, b)
-            cut.append((c, d, self.joined_at[batch]))
-            pieces = [(x, y) for x, y in ((lo, c), (d, hi)) if y > x]
-            del self.run[lo]
-            self.starts[k:k + 1] = [x for x, _ in pieces]
-            for x, y in pieces:
-                self.run[x] = (y, batch)
-            los = self.batches[batch]
-            i = bisect.bisect_left(los, lo) if self.ordered[batch] else los.index(lo)
-            los[i:i + 1] = [x for x, _ in pieces]
-            if not los:
-                del self.batches[batch], self.ordered[batch], self.joined_at[batch]
-            self.size -= d - c
-            k += len(pieces)
-        return cut
-
-    def covers(self, a: int, b: int) -> bool:
-        """Is every node of [a, b) in the pool?"""
-        k = bisect.bisect_right(self.starts, a) - 1
-        while a < b:
-            if k < 0 or k >= len(self.starts) or self.starts[k] > a:
-                return False
-            hi = self.run[self.starts[k]][0]
-            if hi <= a:
-                return False
-            a, k = hi, k + 1
-        return True
-
-    def walk(self) -> Iterator[Run]:
-        """Every idle node in hand-out order, as runs."""
-        for los in self.batches.values():
-            for lo in los:
-                yield lo, self.run[lo][0]
-
-    def nodes(self, names: Sequence[str]) -> NodeRuns:
-        return NodeRuns(self.walk(), names)
 
 
 class _Progress:
@@ -304,9 +125,9 @@ class _Replay:
         self._index: dict[str, int] | None = None
         self.queue = sorted(jobs, key=lambda j: j.submit)  # stable: file order among equal submits
         self.runs = {j.id: _Run(j) for j in self.queue}
-        self.pool = _Pool()
+        self.pool = IdleRuns()
         self.pool.add(self._runs_of(timeline.initial), None, self.names)
-        self.history = _MedianWindow(config.history)
+        self.history = MedianWindow(config.history)
         self.active: list[_Run] = []
         self.admitted = self.done = self.rescales = self.preemptions = self.hits = 0
         self.held_at_minimum = 0  # no_pause: jobs the allocator would have paused, held at their minimum (per decision)

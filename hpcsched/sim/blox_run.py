@@ -35,7 +35,7 @@ def run_blox_command(trace: Path, cluster: Path, policy: str, out: Path, as_json
     write_csv(out / RESPONSIVENESS_FILE, ("job_id", "responsiveness"), sorted(
         res.responsiveness.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]), all_float=False)
     if anomalies:
-        from hpcsched.harvest.pool import describe_rows
+        from hpcsched.harvest.log_checks import describe_rows
 
         print(f"note: {trace}: {describe_rows(len(jobs), anomalies)}", file=sys.stderr)
     if policy == "optimus" and optimus_load is None:

@@ -186,7 +186,7 @@ def simulate_cmd(
                | {"events": result.events, "wall_s": result.wall_s}
                | ({"window": window, "jobs_simulated": len(result.results)} if win is not None else {}))
     if anomalies:
-        from hpcsched.harvest.pool import describe_rows
+        from hpcsched.harvest.log_checks import describe_rows
 
         print(f"note: {trace}: {describe_rows(len(jobs), anomalies)}", file=sys.stderr)
     if result.rejected:
