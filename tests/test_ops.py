@@ -156,6 +156,8 @@ def test_a_taken_metrics_port_fails_the_start_naming_the_key(tmp_path: Path) -> 
         other.mkdir()
         with pytest.raises(InputError, match="metrics_listen: cannot bind"):
             ControllerServer(read_controller_config(controller_config(other, metrics_listen=first.ops.address)))
+        again = ControllerServer(read_controller_config(controller_config(other)))  # the failed one let its state go
+        again.ctl.store.close()
     finally:
         first.ops.stop()
         first.ctl.store.close()

@@ -50,9 +50,6 @@ class OpsServer:
         self.server = server
         self.address_file = address_file
         self.sample_s = sample_s
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = ControllerCollector(server)
-        self.registry.register(self.collector)
         self.history = UtilisationHistory()
         self._pool = PoolReader(server)  # the sampler's and the page's (the collector has its own)
         self._pool_lock = threading.Lock()
@@ -64,6 +61,9 @@ class OpsServer:
             self.http = _Http((host, port), _handler(self), ipv6=":" in host)
         except OSError as e:
             raise InputError("metrics_listen", f"cannot bind {listen}: {e.strerror or e}") from None
+        self.registry = CollectorRegistry(auto_describe=False)  # after the bind: a failed one leaves nothing open
+        self.collector = ControllerCollector(server)
+        self.registry.register(self.collector)
         bound = self.http.server_address[1]
         self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
         self._threads = [threading.Thread(target=self.http.serve_forever, daemon=True, name="metrics-http"),

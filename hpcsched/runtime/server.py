@@ -277,7 +277,11 @@ class ControllerServer:
         if cfg.metrics_listen:
             from hpcsched.runtime.metrics_http import OpsServer  # prometheus_client only where it is used
 
-            self.ops = OpsServer(self, cfg.metrics_listen, cfg.metrics_address_file)
+            try:
+                self.ops = OpsServer(self, cfg.metrics_listen, cfg.metrics_address_file)
+            except InputError:  # nothing has started: give the state back (its owner lock included)
+                self.ctl.store.close()
+                raise
 
     def start(self) -> str:
         self._switch_interval = sys.getswitchinterval()  # restored at stop (tests run controllers in-process)
