@@ -15,12 +15,15 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from fake_slurm import View
+from prometheus_client.parser import text_string_to_metric_families
 from runtime_procs import (
     ROOT,
+    TOKEN,
     client,
     controller_config,
     jobs_by_id,
@@ -75,12 +78,25 @@ def test_pilots_that_never_start_or_hang_are_cancelled(tmp_path: Path) -> None:
 
 
 def pilot_controller(d: Path) -> Path:
-    cfg = controller_config(d, min_runtime_s=2, stop_grace_s=4)
+    cfg = controller_config(d, min_runtime_s=2, stop_grace_s=4, metrics_listen="127.0.0.1:0",
+                            metrics_address_file="run/metrics.addr")
     with cfg.open("a") as f:
         f.write("node_source: slurm\nslurm:\n  partition: scavenger\n  max_pilots: 2\n  slots: 1\n"
                 "  stop_grace_s: 3\n  poll_s: 1\n  time_limit_s: 600\n  leave_before_s: 30\n"
                 "  idle_release_s: 5\n  start_timeout_s: 120\n  register_timeout_s: 60\n  work_dir: pilots\n")
     return cfg
+
+
+def http_get(url: str) -> str:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read().decode()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the controller's /metrics: (name, sorted labels) -> value."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(http_get(url + "/metrics")) for s in fam.samples}
 
 
 def pilots_listed() -> list[str]:
@@ -111,6 +127,14 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         nodes = c.nodes()
         assert nodes.node_source == "slurm" and len(nodes.nodes) == 4
         assert sorted(n.slurm_job_id for n in nodes.nodes if n.slurm_job_id) == sorted(pilots_listed())
+        # ... and so do /metrics and the status page (issue 31)
+        url = "http://" + (tmp_path / "run" / "metrics.addr").read_text().strip()
+        m = wait_for("two running pilots in /metrics", lambda: (m := scrape(url)).get(
+            ("hpcsched_pilots", (("state", "running"),))) == 2 and m, 30, poll=1)
+        assert sum(v for (name, _), v in m.items() if name == "hpcsched_source_nodes") == 4, m
+        assert m["hpcsched_slots", (("kind", "used"),)] == 2 and m["hpcsched_harvested_node_hours_total", ()] > 0
+        page = http_get(url + "/")
+        assert all(f"<td>{p}</td>" in page for p in pilots_listed()) and "node source: slurm" in page
         # A batch job wants all four nodes: Slurm preempts the two scavenger pilots (SIGTERM, GraceTime 5 s).
         batch = sh("sbatch", "--parsable", "-p", "batch", "-N4", "-J", "batch-hog", "--wrap", "sleep 10").strip()
         t1 = time.monotonic()
@@ -129,6 +153,7 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         result = json.loads((tmp_path / "run" / "ckpt" / jid / "result.json").read_text())
         assert result["steps"] == steps and j.steps_done == steps  # exact, across the preemption
         assert j.restarts == 0  # a preemption is not a failure
+        m = scrape(url)
         log = (tmp_path / "controller.log").read_text()
         # two pilots, then two more after the batch job: elements of job arrays
         assert len(re.findall(r"pilot \d+_\d+: submit element", log)) >= 4, log[-3000:]
@@ -150,6 +175,9 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
     assert figures["pilots"] >= 4 and figures["pilots_preempted"] >= 2, figures
     assert figures["harvested_node_hours"] > 0 and 0 < figures["pilot_utilization"] <= 1, figures
     assert figures["preemptions"] >= 1 and figures["max_lost_steps"] <= 20, figures
+    # /metrics, read once the job was done, counted what calc counts over the state afterwards
+    assert m["hpcsched_preemptions_total", ()] == figures["preemptions"], (m, figures)
+    assert m["hpcsched_lost_steps_total", ()] == figures["lost_steps"], (m, figures)
     print(f"calc: {figures}")
 
 
