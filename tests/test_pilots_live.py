@@ -219,7 +219,7 @@ def test_controller_killed_and_restarted_adopts_its_pilots(tmp_path: Path) -> No
 def pilot_controller_at(d: Path, address: str) -> Path:
     """The same controller file, listening on the address the first one had (its workers dial it)."""
     cfg = pilot_controller(d)
-    text = cfg.read_text().replace("listen: 127.0.0.1:0", f"listen: {address}")
+    text = re.sub(r"(?m)^listen: 127\.0\.0\.1:0$", f"listen: {address}", cfg.read_text())  # not metrics_listen
     cfg.write_text(text)
     return cfg
 
