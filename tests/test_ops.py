@@ -20,6 +20,7 @@ from hpcsched.errors import InputError
 from hpcsched.metrics.pilots import pilot_metrics
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.node_source import SourceView
 from hpcsched.runtime.ops_metrics import BUCKETS_S, histogram_buckets
 from hpcsched.runtime.ops_tally import StateTally
@@ -177,8 +178,11 @@ def test_the_totals_tailed_from_the_state_agree_with_calc(tmp_path: Path) -> Non
     _event(st, 150.0, "j1", "stop", reason="preempt", worker_left="pilot-41")
     for i, (gen, step, resumed) in enumerate(((1, 10, None), (1, 40, None), (2, 30, 30), (2, 55, None))):
         st.add_progress("j1", gen, {"time": 110.0 + i, "step": step, "resumed_from": resumed})
+    _event(st, 160.0, None, "worker_lost", worker="w1", silent_s=12.0)
+    _event(st, 170.0, None, "worker_left", worker="w2")
+    _event(st, 171.0, None, "worker_draining", worker="w3")  # not gone yet
     first = tally.read(now=200.0)
-    assert (first.preemptions, first.lost_steps) == (1, 10)
+    assert (first.preemptions, first.lost_steps, first.workers_lost, first.workers_left) == (1, 10, 1, 1)
     assert first.harvested_node_hours == pytest.approx(2 * 100.0 / 3600)
     _event(st, 300.0, None, "pilot", event="gone", slurm_job="41", worker="pilot-41")
     _event(st, 310.0, None, "pilot", event="cancel", slurm_job="42", worker="pilot-42")
@@ -299,3 +303,27 @@ def test_the_controller_process_serves_metrics_and_says_where(tmp_path: Path) ->
         assert f"metrics and status page on http://{address}/" in (tmp_path / "controller.log").read_text()
     finally:
         stop(proc)
+
+
+def test_lost_and_departed_workers_are_counted_apart(tmp_path: Path) -> None:
+    """What an alert on a lost worker counts: one worker falls silent past worker_timeout_s, another leaves."""
+    timeout_s = 1.0
+    srv = ControllerServer(read_controller_config(controller_config(
+        tmp_path, worker_timeout_s=timeout_s, metrics_listen="127.0.0.1:0")))
+    addr = srv.start()
+    try:
+        stub, md = pb_grpc.ControllerStub(open_channel(addr, None)), metadata(TOKEN)
+        for w in ("silent", "leaver"):
+            reply = stub.Register(pb.RegisterRequest(worker_id=w, host="h", slots=1, instance="i"), metadata=md,
+                                  timeout=30)
+        stub.Leave(pb.LeaveRequest(worker_id="leaver", final=True, instance="i"),
+                   metadata=md + credential_metadata(reply.credential), timeout=30)
+        url = f"http://{srv.ops.address}/metrics"
+        deadline = time.monotonic() + 30 * timeout_s + 30  # reaped at a scheduling step past the timeout
+        while (got := samples(_get(url, TOKEN)[1]))["hpcsched_worker_losses_total", ()] < 1:
+            assert time.monotonic() < deadline, got
+            time.sleep(timeout_s / 4)
+        assert got["hpcsched_worker_losses_total", ()] == 1 and got["hpcsched_worker_leaves_total", ()] == 1
+        assert got["hpcsched_workers", (("state", "lost"),)] == 2  # neither is heard any more
+    finally:
+        srv.stop()

@@ -65,8 +65,13 @@ def test_a_prometheus_server_scrapes_the_controller(tmp_path: Path) -> None:
     addr = srv.start()
     prom_dir = tmp_path / "prometheus"
     prom_dir.mkdir()
+    # the alert rules docs/runtime.md shows, evaluated by this server
+    rules = re.search(r"\*\*Alerts\*\*.*?```yaml\n(.*?)```", (ROOT / "docs" / "runtime.md").read_text(), re.S)
+    assert rules, "docs/runtime.md: no Alerts block"
+    (prom_dir / "rules.yml").write_text(rules.group(1))
     (prom_dir / "prometheus.yml").write_text(
         f"global: {{scrape_interval: {SCRAPE_S:g}s, evaluation_interval: {SCRAPE_S:g}s}}\n"
+        f"rule_files: [{prom_dir / 'rules.yml'}]\n"
         "scrape_configs:\n"
         "  - job_name: hpcsched\n"
         f"    authorization: {{credentials_file: {tmp_path / 'ro.token'}}}\n"
@@ -118,6 +123,10 @@ def test_a_prometheus_server_scrapes_the_controller(tmp_path: Path) -> None:
         empty = [e for e in exprs if not _query(port, e.replace("$job", "hpcsched").replace("$__range", "1m"))]
         # no series without pilots, nodes of a node source or a refusal: those alone may answer nothing
         assert all(re.search("hpcsched_(pilots|source_nodes|refused_requests)", e) for e in empty), empty
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/rules", timeout=10) as r:
+            groups = json.load(r)["data"]["groups"]
+        health = {rule["name"]: rule["health"] for g in groups for rule in g["rules"]}
+        assert len(health) == 3 and set(health.values()) == {"ok"}, health  # loaded and evaluated without error
     finally:
         os.killpg(prom.pid, 15)
         prom.wait(timeout=30)

@@ -112,8 +112,9 @@ class ControllerCollector(Collector):
         totals = self.tally.read(pool.time)
         out: list[Metric] = []
 
-        workers = GaugeMetricFamily("hpcsched_workers", "Workers the controller knows, by state (lost: silent past "
-                                    "worker_timeout_s, or gone)", labels=["state"])
+        workers = GaugeMetricFamily("hpcsched_workers", "Workers the state knows, by state (lost: not heard, "
+                                    "lost or left, as `hpcsched workers` says; hpcsched_worker_losses_total "
+                                    "counts the losses)", labels=["state"])
         for state, n in pool.workers_by_state.items():
             workers.add_metric([state], n)
         out.append(workers)
@@ -157,6 +158,10 @@ class ControllerCollector(Collector):
                  "restart of a job"),
                 ("hpcsched_harvested_node_hours", totals.harvested_node_hours, "Node-hours held by pilot jobs "
                  "(harvested idle nodes), running ones counted to now"),
+                ("hpcsched_worker_losses", totals.workers_lost, "Workers lost: silent past worker_timeout_s, their "
+                 "tasks fenced (over the state's life)"),
+                ("hpcsched_worker_leaves", totals.workers_left, "Workers that left (a final Leave; over the state's "
+                 "life)"),
                 ("hpcsched_nonoptimal_decisions", ctl.nonoptimal_decisions, "Scheduling steps whose MILP sizing was "
                  "not optimal (since this controller started)"),
                 ("hpcsched_refused_heartbeats", ctl.refused_heartbeats, "Heartbeats refused unprocessed (more "

@@ -16,7 +16,9 @@ The same rules as ``metrics.pilots.pilot_metrics``, applied row by row:
 - lost steps: at each new attempt of a job that reported, the last step its previous attempt reported minus the
   checkpoint step the new one resumed from (its first reported step if it says none);
 - harvested node-hours: each pilot from the event that first saw it running to the one that found it gone;
-  a pilot still running counts up to the read.
+  a pilot still running counts up to the read;
+- workers lost (silent past ``worker_timeout_s``: their tasks fenced) and workers that left (a final Leave): the
+  ``worker_lost`` and ``worker_left`` events, what an alert on a lost worker counts.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Totals:
     lost_steps: int
     harvested_node_hours: float
     pilots_ran: int
+    workers_lost: int
+    workers_left: int
 
 
 class StateTally:
@@ -51,6 +55,8 @@ class StateTally:
         self._progress_row = 0
         self.preemptions = 0
         self.lost_steps = 0
+        self.workers_lost = 0
+        self.workers_left = 0
         self._cancelled: set[str] = set()  # workers of pilots this controller cancelled
         self._open: dict[str, float] = {}  # pilot (Slurm job) -> since when it runs
         self._seen_pilots: set[str] = set()
@@ -66,14 +72,15 @@ class StateTally:
             held = self._held_s + sum(max(0.0, now - t0) for t0 in self._open.values())
             return Totals(submitted=sum(by_state.values()), jobs_by_state=by_state, preemptions=self.preemptions,
                           lost_steps=self.lost_steps, harvested_node_hours=held / 3600.0,
-                          pilots_ran=len(self._seen_pilots))
+                          pilots_ran=len(self._seen_pilots), workers_lost=self.workers_lost,
+                          workers_left=self.workers_left)
 
     def close(self) -> None:
         self._reader.close()
 
     def _tail_events(self) -> None:
-        rows = self.db.execute("SELECT rowid, time, kind, detail FROM events WHERE rowid > ? AND kind IN "
-                               "('stop', 'pilot') ORDER BY rowid", (self._event_row,)).fetchall()
+        rows = self.db.execute("SELECT rowid, time, kind, detail FROM events WHERE rowid > ? AND kind IN ('stop', "
+                               "'pilot', 'worker_lost', 'worker_left') ORDER BY rowid", (self._event_row,)).fetchall()
         last = self.db.execute("SELECT MAX(rowid) FROM events").fetchone()[0]
         for _, t, kind, detail in rows:
             try:
@@ -83,6 +90,10 @@ class StateTally:
             if kind == "stop":
                 if d.get("reason") == "preempt" and d.get("worker_left") not in self._cancelled:
                     self.preemptions += 1
+                continue
+            if kind in ("worker_lost", "worker_left"):
+                self.workers_lost += kind == "worker_lost"
+                self.workers_left += kind == "worker_left"
                 continue
             self._pilot(t, d)
         self._event_row = max(self._event_row, last or 0)
