@@ -1,9 +1,9 @@
 """Gavel's round mechanism with space sharing: pairs of jobs co-located on one GPU type (``--compat gavel``).
 
-Why a loop of its own: with space sharing the unit Gavel schedules is a *combination* (a job alone, or a pair
-of jobs of the same scale factor sharing the same GPUs), and its bookkeeping differs from single jobs in ways
-that move the figures. Keeping it apart leaves ``rounds.simulate_rounds``' single-job loop (and the figures
-it reproduces to the millisecond) untouched. The rules, read from Gavel's ``scheduler.py`` (c4fa400:
+With space sharing the unit Gavel schedules is a *combination* (a job alone, or a pair of jobs of the same
+scale factor sharing the same GPUs), and its bookkeeping differs from single jobs' in ways that move the
+figures: ``PackedCombos`` is what ``rounds.simulate_rounds``' one loop schedules for such a policy, in place
+of ``rounds.SingleJobs``. The rules, read from Gavel's ``scheduler.py`` (c4fa400:
 ``add_job``, ``_populate_job_combination_metadata``, ``_add_to_priorities``, ``_remove_job``,
 ``_update_priorities``, ``_reset_time_run_so_far``, ``_schedule_jobs_on_workers_helper``,
 ``_get_job_steps_and_finish_times``, ``_done_callback``) and written here anew, on top of the single-job
@@ -38,25 +38,25 @@ is counted for both jobs, as Gavel's utilisation counts it; its utilisation can 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hpcsched.hetero.cluster import HeteroCluster
-from hpcsched.hetero.rounds import (
+from hpcsched.hetero.round_rules import (
     MAX_FAILED_ATTEMPTS,
     RoundJob,
     RoundRun,
-    RoundsResult,
     alloc_rows,
     micro_task_fails,
     reset_period,
     slo_deadline,
-    stuck_error,
 )
 
 if TYPE_CHECKING:
     from hpcsched.hetero.policies import AllocationInput, GavelPolicy
     from hpcsched.hetero.throughputs import ThroughputTable
+
+Task = tuple[float, tuple[int, ...], int, list[int]]  # a micro-task: (finish, members, type, steps per member)
 
 
 class _State:
@@ -84,46 +84,40 @@ class _Combo:
         self.alloc: list[float] | None = None  # None: not in the current allocation
 
 
-def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: GavelPolicy,
-                           table: ThroughputTable, *, round_s: float, reset_s: float, seed: int = 0,
-                           on_round: Callable[[float, dict[int, str]], None] | None = None) -> RoundsResult:
-    """``rounds.simulate_rounds`` for a space-sharing policy (``policy.space_sharing``); same inputs and result.
+class PackedCombos:
+    """The combinations a space-sharing policy schedules (``rounds.RoundUnits``): each job alone and every pair."""
 
-    Raises ValueError for a trace Gavel's loop would spin on (a job no type can run), and KeyError (naming
-    the job types) when the throughput table lacks a pair's rates, as Gavel's own lookup fails.
-    """
-    del seed  # the packed policy is heterogeneity-aware: Gavel never shuffles its type order
-    run = RoundRun(jobs, cluster, table, round_s)
-    order, n_types, gpus, half, clock = run.order, run.n_types, run.gpus, run.half, run.clock
-    worker_time, first_start, gpu_seconds = run.worker_time, run.first_start, run.gpu_seconds
-    skip_zero = policy.skip_zero_priority
-    prices = [cluster.price(t) or 1.0 for t in run.lp_types]
-    active: dict[int, _State] = {}  # arrival order
-    combos: dict[tuple[int, ...], _Combo] = {}  # Gavel's priority-dict order
-    need_update = False
-    # (finish, members, mechanism type, steps per member)
-    running: list[tuple[float, tuple[int, ...], int, list[int]]] = []
+    def __init__(self, run: RoundRun, cluster: HeteroCluster, policy: GavelPolicy, table: ThroughputTable,
+                 round_s: float) -> None:
+        self.run, self.policy, self.table, self.round_s = run, policy, table, round_s
+        self.prices = [cluster.price(t) or 1.0 for t in run.lp_types]
+        self.active: dict[int, _State] = {}  # arrival order
+        self.combos: dict[tuple[int, ...], _Combo] = {}  # Gavel's priority-dict order
 
-    def remove(jid: int) -> None:
-        del active[jid]
+    def _remove(self, jid: int) -> None:
+        del self.active[jid]
+        combos = self.combos
         for key in [k for k in combos if jid in k]:
             del combos[key]
 
-    while run.remaining:
-        clock.advance(max(r[0] for r in running) if running else None, run.next_arrival())
-        t, round_start = clock.t, clock.round_start
+    def latest(self, running: list[Task]) -> float | None:
+        return max(r[0] for r in running) if running else None
 
+    def end(self, running: list[Task], round_start: float) -> bool:
+        run, active, combos = self.run, self.active, self.combos
+        worker_time, gpu_seconds = run.worker_time, run.gpu_seconds
+        changed = False
         running.sort(key=lambda r: (-r[0], len(r[1]), r[1]))
         for finish, members, k, steps in running:
             sf = active[members[0]].job.scale_factor
             exec_s = finish - round_start
             if exec_s <= 0 or any(micro_task_fails(s, sf) for s in steps):
-                need_update = True
+                changed = True
                 if len(members) == 1:
                     st = active[members[0]]
                     st.failures += 1
                     if st.failures >= MAX_FAILED_ATTEMPTS:
-                        remove(members[0])
+                        self._remove(members[0])
                         run.gone(members[0], None)
                 continue
             if len(members) == 1:
@@ -139,43 +133,48 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
                 if st.steps_left <= 0:
                     done.append(jid)
             for jid in done:
-                remove(jid)
+                self._remove(jid)
                 run.gone(jid, finish)
-                need_update = True
-        running = []
-        if not run.remaining:
-            break
+                changed = True
+        return changed
 
-        for j in run.arrivals():
-            thr = [table.isolated(j.job_type, ty, j.scale_factor) for ty in order]
-            combos[(j.id,)] = _Combo((j.id,), [(r,) for r in thr], half, n_types)
-            for oid, other in active.items():
-                if other.job.scale_factor != j.scale_factor:
-                    continue
-                lo, hi = (oid, j.id) if oid < j.id else (j.id, oid)
-                lo_t = other.job.job_type if lo == oid else j.job_type
-                hi_t = j.job_type if lo == oid else other.job.job_type
-                rates = [table.colocated(lo_t, hi_t, ty, j.scale_factor) for ty in order]
-                combos[(lo, hi)] = _Combo((lo, hi), rates, 0.0, n_types)
-            active[j.id] = _State(j, thr)
-            need_update = True
+    def arrive(self, j: RoundJob) -> None:
+        run, table, active, combos = self.run, self.table, self.active, self.combos
+        order, n_types = run.order, run.n_types
+        thr = [table.isolated(j.job_type, ty, j.scale_factor) for ty in order]
+        combos[(j.id,)] = _Combo((j.id,), [(r,) for r in thr], run.half, n_types)
+        for oid, other in active.items():
+            if other.job.scale_factor != j.scale_factor:
+                continue
+            lo, hi = (oid, j.id) if oid < j.id else (j.id, oid)
+            lo_t = other.job.job_type if lo == oid else j.job_type
+            hi_t = j.job_type if lo == oid else other.job.job_type
+            rates = [table.colocated(lo_t, hi_t, ty, j.scale_factor) for ty in order]
+            combos[(lo, hi)] = _Combo((lo, hi), rates, 0.0, n_types)
+        active[j.id] = _State(j, thr)
 
-        if clock.reset_due(need_update, reset_s):
-            reset_period(combos.values(), worker_time, t - clock.last_reset, half)
-            clock.last_reset = t
-            if active:
-                inp = _packed_input(active, combos, run.lp_types, run.lp_to_mech, gpus, order, t, prices)
-                x = policy.allocate(inp)
-                run.allocations += 1
-                keys = [(i,) for i in inp.job_ids] + list(inp.pairs)
-                if x.shape[0] != len(keys):
-                    raise ValueError(f"{policy.name}: {x.shape[0]} allocation rows for {len(keys)} combinations")
-                for a, key in zip(alloc_rows(x, run.lp_to_mech), keys, strict=True):
-                    combos[key].alloc = a
-            need_update = False
+    def reset(self, elapsed: float) -> None:
+        reset_period(self.combos.values(), self.run.worker_time, elapsed, self.run.half)
 
+    def allocate(self, t: float) -> None:
+        run, policy, combos = self.run, self.policy, self.combos
+        if self.active:
+            inp = _packed_input(self.active, combos, run.lp_types, run.lp_to_mech, run.gpus, run.order, t,
+                                self.prices)
+            x = policy.allocate(inp)
+            run.allocations += 1
+            keys = [(i,) for i in inp.job_ids] + list(inp.pairs)
+            if x.shape[0] != len(keys):
+                raise ValueError(f"{policy.name}: {x.shape[0]} allocation rows for {len(keys)} combinations")
+            for a, key in zip(alloc_rows(x, run.lp_to_mech), keys, strict=True):
+                combos[key].alloc = a
+
+    def schedule(self, t: float, types: Sequence[int]) -> tuple[list[Task], dict[int, str]]:
+        run, active, combos, round_s = self.run, self.active, self.combos, self.round_s
+        worker_time, gpus, first_start, order = run.worker_time, run.gpus, run.first_start, run.order
+        skip_zero = self.policy.skip_zero_priority
         queue: list[tuple[float, float, float, tuple[int, ...], int]] = []
-        for k in range(n_types):
+        for k in types:
             wt = worker_time[k]
             entries = []
             for key, c in combos.items():
@@ -195,6 +194,7 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
         left = list(gpus)
         free = sum(left)
         taken: set[int] = set()
+        running: list[Task] = []
         scheduled: dict[int, str] = {}
         for p, _, _, key, k in queue:
             if not free:
@@ -224,13 +224,7 @@ def simulate_packed_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, pol
                     first_start[jid] = t
                 scheduled[jid] = order[k]
             running.append((finish, key, k, steps))
-        if on_round is not None:
-            on_round(t, scheduled)
-        if running:
-            run.rounds += 1
-        elif run.next_arrival() is None and not need_update:
-            raise stuck_error(active)
-    return run.result(policy)
+        return running, scheduled
 
 
 def _packed_input(active: dict[int, _State], combos: dict[tuple[int, ...], _Combo], lp_types: list[str],

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from hpcsched.hetero.rounds import (
+from hpcsched.hetero.round_rules import (
     RESET_S,
     ROUND_S,
     RoundJob,
