@@ -54,7 +54,7 @@ class SiaPolicy:
     max_physical_nodes: dict[str, int]
     p: float = -0.5
     lambda_n: float = 1.1
-    mip_gap: float = 1e-4
+    tie_break: str = "high"
     prev_config: dict[str, int | None] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -166,6 +166,21 @@ class SiaPolicy:
                     out[name] = (t, nodes)
         return out
 
+    def _integer_costs(self, a: np.ndarray) -> np.ndarray:
+        """Costs in hundredths (the values are rounded to 2 decimals, so exact integers) times a weight that
+        leaves room below for a tie-break among equally good solutions: the rank of each column in the
+        artifact's variable order (cvxpy's column-major X: configuration first, then job), lowest first
+        (``tie_break="low"``) or highest (``"high"``)."""
+        m, k = a.shape
+        cents = np.rint(a * 100.0) - round(self.lambda_n * 100)
+        rank = (np.arange(k)[None, :] * m + np.arange(m)[:, None]).astype(float)
+        if self.tie_break == "high":
+            rank = m * k - 1 - rank
+        elif self.tie_break == "none":
+            rank = np.zeros_like(rank)
+        big = float(m * m * k + 1)
+        return (cents * big + rank).ravel()
+
     def _solve(self, a: np.ndarray, fixed: dict[int, int]) -> list[int | None]:
         import time
 
@@ -174,11 +189,12 @@ class SiaPolicy:
         m, k = a.shape
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
-        h.setOptionValue("mip_rel_gap", self.mip_gap)
+        h.setOptionValue("mip_rel_gap", 0.0)
+        h.setOptionValue("mip_abs_gap", 0.5)
         h.setOptionValue("threads", 1)
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = m * k, m + len(self.types)
-        lp.col_cost_ = (a - self.lambda_n).ravel()
+        lp.col_cost_ = self._integer_costs(a)
         lower = np.zeros(m * k)
         for i, c in fixed.items():
             lower[i * k + c] = 1.0

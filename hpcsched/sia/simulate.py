@@ -107,6 +107,9 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     from hpcsched.sia.gavel import GavelBaseline
     from hpcsched.sia.policy import SiaPolicy
 
+    from hpcsched.sia.blas import limit_blas_threads
+
+    blas_libs = limit_blas_threads(1)
     types = tuple(nodes)
     profiles = load_profiles(str(profiles_dir), types, tuple(sorted({w.application for w in workload})))
     sia = policy == "sia"
@@ -156,7 +159,7 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
             "rounds": rounds, "round_s": interval, "gpu_hours_per_job": gpu_s / 3600 / len(jobs),
             "model_fits": sum(j.fits for j in jobs), "solver": {k: round(v, 4) if isinstance(v, float) else v
                                                                  for k, v in sched.stats.items()},
-            "wall_s": round(wall, 3), "per_job": rows}
+            "blas_single_threaded": blas_libs, "wall_s": round(wall, 3), "per_job": rows}
 
 
 def write_out(summary: dict[str, Any], out: Path) -> None:
