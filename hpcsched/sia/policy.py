@@ -186,12 +186,12 @@ class SiaPolicy:
 
         import highspy
 
+        from hpcsched.solvers.highs import new_highs, run
+
         m, k = a.shape
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = new_highs()
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 0.5)
-        h.setOptionValue("threads", 1)
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = m * k, m + len(self.types)
         lp.col_cost_ = self._integer_costs(a)
@@ -214,7 +214,7 @@ class SiaPolicy:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * (m * k)
         h.passModel(lp)
         t0 = time.perf_counter()
-        h.run()
+        run(h)
         self.stats["solve_s"] = self.stats.get("solve_s", 0.0) + time.perf_counter() - t0
         self.stats["solves"] = self.stats.get("solves", 0) + 1
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:

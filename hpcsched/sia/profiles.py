@@ -221,18 +221,18 @@ def _read_csv(path: Path, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:
-        raise InputError(f"{path}: no such profile file") from None
+        raise InputError(path, "no such profile file") from None
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
-        raise InputError(f"{path}: not a CSV profile ({e})") from None
+        raise InputError(path, f"not a CSV profile ({e})") from None
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise InputError(f"{path}:1: missing column(s) {', '.join(missing)}")
+        raise InputError(path, line=1, message=f"missing column(s) {', '.join(missing)}")
     out = {}
     for c in columns:
         col = pd.to_numeric(df[c], errors="coerce")
         bad = col.isna().to_numpy().nonzero()[0]
         if len(bad):
-            raise InputError(f"{path}:{int(bad[0]) + 2}: {c} is not a number")
+            raise InputError(path, line=int(bad[0]) + 2, message=f"{c} is not a number")
         out[c] = col.to_numpy(dtype=np.int64 if c in ("placement", "num_nodes", "num_replicas") else float)
     return out
 
@@ -247,10 +247,10 @@ def load_app(app_dir: Path, gpu_type: str) -> AppProfile:
         try:
             bsz = int(path.stem.split("-")[-1])
         except ValueError:
-            raise InputError(f"{path}: the name must be validation-<global batch size>.csv") from None
+            raise InputError(path, "the name must be validation-<global batch size>.csv") from None
         validation[bsz] = _read_csv(path, ("progress", "iteration", "grad_sqr", "grad_var"))
     if not validation:
-        raise InputError(f"{app_dir}: no validation-<batch>.csv files")
+        raise InputError(app_dir, "no validation-<batch>.csv files")
     validation = dict(sorted(validation.items()))
     placements = _read_csv(app_dir / f"placements-{gpu_type}.csv", ("local_bsz", "step_time", "sync_time",
                                                                     "placement"))
@@ -270,10 +270,10 @@ def load_profiles(root: str, gpu_types: tuple[str, ...], apps: tuple[str, ...]) 
     """{application: {GPU type: profile}} for the named applications, read from ``root/<app>/``."""
     base = Path(root)
     if not base.is_dir():
-        raise InputError(f"{root}: no such profiles directory (the Sia artifact's sia-simulator/traces layout)")
+        raise InputError(root, "no such profiles directory (the Sia artifact's sia-simulator/traces layout)")
     out: dict[str, dict[str, AppProfile]] = {}
     for app in apps:
         if not (base / app).is_dir():
-            raise InputError(f"{base / app}: no profiles for application {app!r}")
+            raise InputError(base / app, f"no profiles for application {app!r}")
         out[app] = {t: load_app(base / app, t) for t in gpu_types}
     return out

@@ -44,11 +44,11 @@ def read_workload(path: Path) -> list[WorkloadJob]:
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+        raise InputError(path, f"cannot read ({e.strerror})") from None
     rows = list(csv.reader(text.splitlines()))
     need = ("name", "time", "application", "num_replicas", "batch_size")
     if not rows or any(c not in rows[0] for c in need):
-        raise InputError(f"{path}:1: expected the header columns {','.join(need)}")
+        raise InputError(path, line=1, message=f"expected the header columns {','.join(need)}")
     col = {c: rows[0].index(c) for c in need}
     jobs = []
     for n, row in enumerate(rows[1:], start=2):
@@ -58,11 +58,11 @@ def read_workload(path: Path) -> list[WorkloadJob]:
             jobs.append(WorkloadJob(row[col["name"]], float(row[col["time"]]), row[col["application"]],
                                     int(row[col["num_replicas"]]), int(row[col["batch_size"]])))
         except (ValueError, IndexError):
-            raise InputError(f"{path}:{n}: expected name,time,application,num_replicas,batch_size") from None
+            raise InputError(path, line=n, message="expected name,time,application,num_replicas,batch_size") from None
         if jobs[-1].time < 0 or jobs[-1].num_replicas < 1 or jobs[-1].batch_size < 1:
-            raise InputError(f"{path}:{n}: time must be >= 0, num_replicas and batch_size >= 1")
+            raise InputError(path, line=n, message="time must be >= 0, num_replicas and batch_size >= 1")
     if not jobs:
-        raise InputError(f"{path}: no jobs")
+        raise InputError(path, "no jobs")
     return jobs
 
 
@@ -72,18 +72,18 @@ def read_cluster(path: Path) -> tuple[dict[str, int], dict[str, int]]:
     try:
         rows = list(csv.DictReader(Path(path).read_text().splitlines()))
     except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+        raise InputError(path, f"cannot read ({e.strerror})") from None
     nodes, gpus = {}, {}
     for n, r in enumerate(rows, start=2):
         try:
             t, nn, g = r["gpu_type"].strip(), int(r["num_nodes"]), int(r["gpus_per_node"])
         except (KeyError, ValueError, TypeError, AttributeError):
-            raise InputError(f"{path}:{n}: expected gpu_type,num_nodes,gpus_per_node") from None
+            raise InputError(path, line=n, message="expected gpu_type,num_nodes,gpus_per_node") from None
         if nn < 1 or g not in (4, 8) or t in nodes:
-            raise InputError(f"{path}:{n}: num_nodes >= 1, gpus_per_node 4 or 8 (Sia's menus), each type once")
+            raise InputError(path, line=n, message="num_nodes >= 1, gpus_per_node 4 or 8 (Sia's menus), each type once")
         nodes[t], gpus[t] = nn, g
     if not nodes:
-        raise InputError(f"{path}: no GPU types")
+        raise InputError(path, "no GPU types")
     return nodes, gpus
 
 
@@ -103,11 +103,10 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
         ) -> dict[str, Any]:
     """Simulate to the end; the summary (``avg_jct`` ...) and per-job rows."""
     if policy not in POLICIES:
-        raise InputError(f"--compat sia runs --policy {' or '.join(POLICIES)}, not {policy!r}")
+        raise InputError(None, f"--compat sia runs --policy {' or '.join(POLICIES)}, not {policy!r}")
+    from hpcsched.sia.blas import limit_blas_threads
     from hpcsched.sia.gavel import GavelBaseline
     from hpcsched.sia.policy import SiaPolicy
-
-    from hpcsched.sia.blas import limit_blas_threads
 
     blas_libs = limit_blas_threads(1)
     types = tuple(nodes)
@@ -152,7 +151,7 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     rows = [{"name": j.name, "application": j.app, "submission_time": j.submission_time,
              "completion_time": j.completion_time, "jct": jct[j.name], "restarts": j.num_restarts or 0,
              "gpu_seconds": {t: round(v, 3) for t, v in sorted(j.gpu_seconds.items())}} for j in jobs]
-    gpu_s = sum(sum(j.gpu_seconds.values()) for j in jobs)
+    gpu_s = sum(j.attained_service for j in jobs)  # allocated GPU-seconds, restore pauses included
     return {"policy": policy, "compat": "sia", "jobs": len(jobs), "avg_jct": sum(vals) / len(vals),
             "p99_jct": vals[int(0.99 * len(vals))], "makespan": max(j.completion_time for j in jobs) -
             min(j.submission_time for j in jobs), "avg_restarts": sum(r["restarts"] for r in rows) / len(rows),
@@ -173,3 +172,46 @@ def write_out(summary: dict[str, Any], out: Path) -> None:
         for r in summary["per_job"]:
             w.writerow([r["name"], r["application"], r["submission_time"], r["completion_time"], r["jct"],
                         r["restarts"]])
+
+
+def simulate_command(trace: Path, cluster: Path, policy: str, out: Path | None, as_json: bool,
+                     profiles: Path | None, solver: str = "auto") -> int:
+    """``hpcsched simulate --compat sia``: run, write ``out`` (if given), print the summary; the exit code
+    (2 on bad input, with one line naming the file and line)."""
+    import sys
+    from importlib.util import find_spec
+
+    try:
+        if profiles is None:
+            raise InputError(None, "--compat sia needs --profiles DIR: the Sia artifact's sia-simulator/traces "
+                                   "directory (its profiles have no licence, so they are not shipped)")
+        if find_spec("scipy") is None:
+            raise InputError(None, "--compat sia needs scipy (its profile interpolation and model fit): "
+                             "pip install 'hpcsched[cvxpy]'")
+        lp_solver, note = "highs", None
+        if policy == "gavel":
+            from hpcsched.hetero.simulate import SOLVERS, resolve_solver
+
+            if solver not in SOLVERS:
+                raise InputError(None, f"--solver {solver!r}: known {', '.join(SOLVERS)}")
+            lp_solver, note = resolve_solver(solver, "max-sum-throughput-perf")
+        elif solver != "auto":
+            raise InputError(None, "--solver is for --policy gavel's LP (Sia's integer program is always HiGHS)")
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        nodes, gpus = read_cluster(cluster)
+        summary = run(read_workload(trace), nodes, gpus, policy, str(profiles), solver=lp_solver)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary["lp_solver"] = lp_solver if policy == "gavel" else "highs-mip"
+    if out is not None:
+        write_out(summary, out)
+    shown = {k: v for k, v in summary.items() if k != "per_job"}
+    if as_json:
+        print(json.dumps(shown))
+    else:
+        print(f"{policy} (--compat sia) on {Path(trace).name}: {summary['jobs']} jobs, avg JCT "
+              f"{summary['avg_jct']:.1f} s, p99 {summary['p99_jct']:.0f} s, makespan {summary['makespan']:.0f} s, "
+              f"{summary['avg_restarts']:.2f} restarts/job, {summary['rounds']} rounds, {summary['wall_s']:.1f} s wall")
+    return 0

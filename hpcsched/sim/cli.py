@@ -22,7 +22,8 @@ COMPAT_OPT = typer.Option(
     None, "--compat", help="'muri': reproduce the reference simulator's accounting (published numbers); 'gavel': "
                            "Gavel's policies and round mechanism on a type=count cluster (docs/hetero.md); 'blox': "
                            "Blox's round loop and its fifo/srtf/optimus/las/tiresias (docs/simulator.md); 'pollux': "
-                           "the Pollux artifact's loop: tiresias/optimus/pollux on its workload CSV."
+                           "the Pollux artifact's loop: tiresias/optimus/pollux on its workload CSV; 'sia': the Sia "
+                           "artifact's simulator, --policy sia|gavel on a GPU-type cluster spec (docs/sia.md)."
 )
 
 
@@ -90,6 +91,9 @@ def simulate_cmd(
         help="Figures over the jobs with ids A..B only (Blox's --start/--stop-id-track). --compat blox stops when "
              "they are all done; other modes run the whole trace (the window's figures are the same)."),
     round_s: float = typer.Option(300.0, "--round-s", min=1e-9, help="With --compat blox: the round, seconds."),
+    profiles: Path | None = typer.Option(
+        None, "--profiles", metavar="DIR",
+        help="With --compat sia: the Sia artifact's profiles (its sia-simulator/traces directory, not shipped)."),
     blox_optimus_load: float | None = typer.Option(
         None, "--blox-optimus-load", metavar="JOBS_PER_HOUR",
         help="With --compat blox --policy optimus: reproduce Blox's bug of looking its speed-up table up by the "
@@ -111,6 +115,17 @@ def simulate_cmd(
         _simulate_pollux(trace, cluster, policy, out, as_json, seed, pollux_optimiser)
         return
     win = _window(window)
+    if compat == "sia":
+        from hpcsched.sia.simulate import simulate_command as sia_command
+
+        if win is not None or as_controller or restart_s is not None:
+            raise typer.BadParameter("not with --compat sia (the Sia artifact's own loop)", param_hint="--compat")
+        code = sia_command(trace, cluster, policy, out, as_json, profiles, solver)
+        if code:
+            raise typer.Exit(code)
+        return
+    if profiles is not None:
+        raise typer.BadParameter("only with --compat sia", param_hint="--profiles")
     if compat != "blox" and (round_s != 300.0 or blox_optimus_load is not None):
         raise typer.BadParameter("only with --compat blox", param_hint="--round-s/--blox-optimus-load")
     if compat == "blox":
