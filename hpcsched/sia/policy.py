@@ -55,6 +55,7 @@ class SiaPolicy:
     p: float = -0.5
     lambda_n: float = 1.1
     tie_break: str = "high"
+    tie_seed: int = 0
     prev_config: dict[str, int | None] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -70,6 +71,7 @@ class SiaPolicy:
             keep = base[0] <= n
             self.configs[t] = (base[0][keep], base[1][keep])
             self.config_list += [(t, int(a), int(b)) for a, b in zip(*self.configs[t], strict=True)]
+        self._rng = np.random.default_rng(self.tie_seed)
         self.capacity = np.asarray([self.nodes[t] * self.gpus_per_node[t] for t in self.types], dtype=float)
 
     # ---- the value matrix --------------------------------------------------------------------------------
@@ -170,12 +172,15 @@ class SiaPolicy:
         """Costs in hundredths (the values are rounded to 2 decimals, so exact integers) times a weight that
         leaves room below for a tie-break among equally good solutions: the rank of each column in the
         artifact's variable order (cvxpy's column-major X: configuration first, then job), lowest first
-        (``tie_break="low"``) or highest (``"high"``)."""
+        (``tie_break="low"``) or highest (``"high"``, the default: closer to CBC's picks on the saturn cuts), or a
+        fresh seeded random order per solve (``"random"``, ``tie_seed``: how much the figures depend on ties)."""
         m, k = a.shape
         cents = np.rint(a * 100.0) - round(self.lambda_n * 100)
         rank = (np.arange(k)[None, :] * m + np.arange(m)[:, None]).astype(float)
         if self.tie_break == "high":
             rank = m * k - 1 - rank
+        elif self.tie_break == "random":
+            rank = self._rng.permutation(m * k).reshape(m, k).astype(float)
         elif self.tie_break == "none":
             rank = np.zeros_like(rank)
         big = float(m * m * k + 1)
