@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("scipy", reason="--compat sia needs scipy (the cvxpy extra installs it)")
+pytest.importorskip("scipy", reason="--compat sia needs scipy (the goodput extra installs it)")
 
 from hpcsched.sia.goodput import GoodputFunction, PerfParams, fit_perf_params  # noqa: E402
 from hpcsched.sia.job import SiaJob  # noqa: E402

@@ -187,7 +187,7 @@ def simulate_command(trace: Path, cluster: Path, policy: str, out: Path | None, 
                                    "directory (its profiles have no licence, so they are not shipped)")
         if find_spec("scipy") is None:
             raise InputError(None, "--compat sia needs scipy (its profile interpolation and model fit): "
-                             "pip install 'hpcsched[cvxpy]'")
+                             "pip install 'hpcsched[goodput]'")
         lp_solver, note = "highs", None
         if policy == "gavel":
             from hpcsched.hetero.simulate import SOLVERS, resolve_solver
