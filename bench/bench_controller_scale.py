@@ -26,8 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.controller import Controller
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_runtime_horovod_elastic import elastic_task, reports, wait_until  # noqa: E402  (the test's task builder)
 
 from hpcsched.runtime import horovod_elastic  # noqa: E402
-from hpcsched.runtime.config import WorkerConfig  # noqa: E402
 from hpcsched.runtime.worker import Worker, spare_port  # noqa: E402
+from hpcsched.runtime.worker_config import WorkerConfig  # noqa: E402
 
 STEPS = 200
 

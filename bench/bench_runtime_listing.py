@@ -54,7 +54,7 @@ def _quantile(xs: list[float], q: float) -> float:
 def _fill_state(path: Path, n: int) -> None:
     """N jobs, 90% completed and 10% pending, of ten users (user0..user9), written through the store as the
     controller would have (in batches of 5,000: 100,000 single inserts took minutes on a loaded node)."""
-    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.jobfile import parse_job_spec
     from hpcsched.runtime.store import Store
 
     st = Store(path)

@@ -81,8 +81,8 @@ def test_different_stages_groups_and_collectives_run_free(tmp_path: Path) -> Non
 
 def test_worker_gives_a_group_one_lock_dir(tmp_path: Path) -> None:
     """Real launches by the worker: members of one co-location group get the same lock dir, a job alone its own."""
-    from hpcsched.runtime.config import WorkerConfig
     from hpcsched.runtime.worker import Worker
+    from hpcsched.runtime.worker_config import WorkerConfig
 
     script = tmp_path / "env.py"
     script.write_text("import os, pathlib\npathlib.Path(os.environ['OUT'], os.environ['HPCSCHED_TASK_ID'])"
@@ -236,8 +236,8 @@ def test_a_group_member_does_not_wait_for_the_warm_supervisor_s_imports(tmp_path
     launches by the worker, the supervisor's imports taking 3 s here: a member beside its running mate starts cold
     at once; a lone launch still takes the importing supervisor (for a torch program the rest of its imports is
     less than a cold start) and starts when they are done, forked from it."""
-    from hpcsched.runtime.config import WorkerConfig
     from hpcsched.runtime.worker import WarmRanks, Worker
+    from hpcsched.runtime.worker_config import WorkerConfig
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "slowimport.py").write_text("import time\ntime.sleep(3)\n")

@@ -28,7 +28,7 @@ from runtime_procs import TOKEN, client, controller_config, start_controller, st
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.client import Client, ClientError
-from hpcsched.runtime.config import (
+from hpcsched.runtime.jobfile import (
     ENV_NAME,
     GPU_TYPE,
     INT32_MAX,

@@ -19,8 +19,9 @@ from hpcsched.calc_cli import register as register_calc
 from hpcsched.metrics.pilots import pilot_metrics
 from hpcsched.runtime.auth import metadata
 from hpcsched.runtime.cli import register as register_runtime
-from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.credentials import credential_metadata
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.node_source import ControllerDemand
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
@@ -165,7 +166,7 @@ def test_workers_and_jobs_show_pilots_and_why_nodes_are_unused(tmp_path: Path) -
         assert out == {"node_source": "slurm", "time": 0.0, "nodes": []}  # not polled yet
         spec = parse_job_spec(f"name: j\nlauncher: direct\nprocs: 2\nsteps: 10\nworkdir: {tmp_path}\n"
                               "command: [x.py]\n", "j.yaml")
-        from hpcsched.runtime.config import job_spec_yaml
+        from hpcsched.runtime.jobfile import job_spec_yaml
 
         jid = c.submit(job_spec_yaml(spec), "j.yaml")
         m.step()
@@ -252,7 +253,7 @@ def test_decisions_wait_for_pilots_about_to_register_so_an_elastic_job_starts_on
     try:
         spec = parse_job_spec(f"name: e\nlauncher: direct\nprocs: 2\nmin_procs: 1\nmax_procs: 2\nsteps: 10\n"
                               f"workdir: {tmp_path}\ncommand: [x.py]\n", "e.yaml")
-        from hpcsched.runtime.config import job_spec_yaml
+        from hpcsched.runtime.jobfile import job_spec_yaml
 
         c.submit(job_spec_yaml(spec), "e.yaml")
         m.step()

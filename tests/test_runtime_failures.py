@@ -29,10 +29,11 @@ import pytest
 from runtime_procs import TOKEN, client, controller_config, start_controller, start_worker, stop, wait_for
 
 from hpcsched.runtime import launchers
-from hpcsched.runtime.config import JobSpec, WorkerConfig
+from hpcsched.runtime.jobfile import JobSpec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store
 from hpcsched.runtime.worker import WarmRanks, Worker
+from hpcsched.runtime.worker_config import WorkerConfig
 
 RANKS = Path(launchers.RANKS_SCRIPT)
 MAX_RESTARTS = 1  # so a failing job is failed after 2 attempts

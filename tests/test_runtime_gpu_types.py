@@ -23,10 +23,11 @@ from runtime_procs import TOKEN, client, controller_config, start_controller, st
 
 from hpcsched.errors import InputError
 from hpcsched.runtime import gputype
-from hpcsched.runtime.config import parse_job_spec, read_worker_config
-from hpcsched.runtime.controller import registration_problem
+from hpcsched.runtime.controller_members import registration_problem
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store, WorkerRow
+from hpcsched.runtime.worker_config import read_worker_config
 
 
 def _cli(address: str, *args: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from runtime_procs import (
 )
 
 from hpcsched.runtime import launch, launchers, reconcile, scheduler
-from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState
 from hpcsched.runtime.store import AllocRow, JobRow
@@ -194,7 +194,7 @@ def test_controller_resize_rows_across_workers(tmp_path: Path, monkeypatch: pyte
     list and agent map), the first report at 3 ends the resize; w2 leaving shrinks it in place (its task released:
     stopped with a checkpoint signal, its exit counts as 0, nothing lost when the worker is gone); an in-place
     resize never seen at its size falls back to stop and relaunch, said by an event."""
-    from hpcsched.runtime import controller as controller_mod
+    from hpcsched.runtime import controller_members as controller_mod
     from hpcsched.runtime.config import ControllerConfig
     from hpcsched.runtime.controller import Controller
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from hpcsched.runtime import horovod_elastic, launchers
-from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.worker import Worker, spare_port
+from hpcsched.runtime.worker_config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 160  # enough that the grow lands before the end; few enough to finish soon after it

@@ -121,7 +121,7 @@ def test_attempt_end(state: State, reason: str | None, codes: list[int], done: b
 
 
 def _job(state: str, generation: int = 1, stop_reason: str | None = None, stop_time: float | None = None):
-    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.jobfile import parse_job_spec
     from hpcsched.runtime.store import JobRow
 
     spec = parse_job_spec("command: [t.py]\nsteps: 10\n", "j.yaml")
@@ -187,7 +187,7 @@ def test_launch_tasks_and_in_place_rewrite(tmp_path) -> None:
     """Two nodes: node 0 is the rendezvous, ranks are offset by the earlier nodes' procs, the env says who the
     task is; an in-place resize rewrites only the size and host list."""
     from hpcsched.runtime import launch
-    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.jobfile import parse_job_spec
     from hpcsched.runtime.rpc import pb
 
     spec = parse_job_spec("command: [t.py]\nsteps: 10\nlauncher: horovodrun\nmin_procs: 1\nmax_procs: 4\n", "j.yaml")

@@ -21,12 +21,13 @@ import grpc
 import pytest
 from runtime_procs import TOKEN, client, controller_config, start_controller, stop
 
-from hpcsched.runtime import controller as controller_mod
+from hpcsched.runtime import controller_members
 from hpcsched.runtime import listing as listing_mod
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import ClientError
-from hpcsched.runtime.config import MAX_NAME_CHARS, parse_job_spec, read_controller_config
+from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.credentials import credential_metadata
+from hpcsched.runtime.jobfile import MAX_NAME_CHARS, parse_job_spec
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 from hpcsched.runtime.store import Store
@@ -76,7 +77,7 @@ def test_listing_is_paged_complete_and_bounded_in_bytes(tmp_path: Path, monkeypa
 
 def test_a_state_with_oversized_names_lists_in_bounded_pages(tmp_path: Path) -> None:
     """Two 3 MB names (stored before submits were validated) pushed the one listing reply past 4 MB."""
-    from hpcsched.runtime.config import JobSpec
+    from hpcsched.runtime.jobfile import JobSpec
 
     st = Store(tmp_path / "run" / "state.db")
     for _ in range(2):
@@ -160,7 +161,7 @@ def test_a_heartbeat_reply_is_bounded_in_bytes(tmp_path: Path, monkeypatch: pyte
     from hpcsched.runtime.config import ControllerConfig
     from hpcsched.runtime.controller import Controller
 
-    monkeypatch.setattr(controller_mod, "MAX_REPLY_BYTES", 40_000)
+    monkeypatch.setattr(controller_members, "MAX_REPLY_BYTES", 40_000)
     c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", min_runtime_s=0))
     c.started()
     c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=8, launchers=["direct"], instance="i"))
@@ -191,8 +192,8 @@ def test_a_worker_cut_off_long_still_sends_heartbeats_under_the_message_limit(tm
     first report, checkpoints and the end), and a progress file is read a bounded chunk at a time (a 2 MB line
     is skipped), so the heartbeat that carries them stays far below gRPC's 4 MB limit."""
     from hpcsched.runtime import worker as worker_mod
-    from hpcsched.runtime.config import WorkerConfig
     from hpcsched.runtime.worker import Worker
+    from hpcsched.runtime.worker_config import WorkerConfig
 
     progress = tmp_path / "reports.jsonl"
     lines = ['{"step": 1, "first": true}']

@@ -16,8 +16,9 @@ import pytest
 from runtime_procs import controller_config
 
 from hpcsched.runtime import controller as controller_mod
-from hpcsched.runtime import plan_set
-from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime import controller_step, plan_set
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store
 
@@ -53,7 +54,7 @@ def test_a_step_plans_over_a_bounded_head_and_only_when_something_changed(
         return real_plan(state, *a, **k)
 
     monkeypatch.setattr(controller_mod.scheduler, "plan", counting_plan)
-    monkeypatch.setattr(controller_mod, "_REPLAN_S", 3600.0)  # the safety-net re-plan is not what this checks
+    monkeypatch.setattr(controller_step, "_REPLAN_S", 3600.0)  # the safety-net re-plan is not what this checks
     cfg = read_controller_config(controller_config(tmp_path, worker_timeout_s=600))  # its workers beat once
     ctl = controller_mod.Controller(cfg)
     try:

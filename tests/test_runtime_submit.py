@@ -16,7 +16,8 @@ from runtime_procs import TOKEN, controller_config, write_secret
 
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import Client
-from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 from hpcsched.runtime.store import Store

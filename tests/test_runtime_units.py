@@ -12,7 +12,8 @@ import pytest
 
 from hpcsched.errors import InputError
 from hpcsched.runtime import launchers
-from hpcsched.runtime.config import parse_job_spec, read_controller_config
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState, plan
 from hpcsched.runtime.store import Store
@@ -287,8 +288,8 @@ def test_pending_member_joins_its_running_anchor_and_colocated_jobs_stay_togethe
 
 
 def test_worker_gives_group_mates_the_same_devices(tmp_path: Path) -> None:
-    from hpcsched.runtime.config import WorkerConfig
     from hpcsched.runtime.worker import Task, Worker
+    from hpcsched.runtime.worker_config import WorkerConfig
 
     w = Worker(WorkerConfig(controller="127.0.0.1:9", name="w", gpus=4, work_dir=tmp_path))
     try:
@@ -380,7 +381,7 @@ def test_job_spec_scaling_curve(tmp_path: Path) -> None:
 
 def test_declared_profile_feeds_the_policy_until_the_job_measures_its_own(tmp_path: Path) -> None:
     """An interleaving policy needs stage times before a job's first report: the spec may declare them."""
-    from hpcsched.runtime.controller import _job_state
+    from hpcsched.runtime.controller_step import job_state
 
     spec = parse_job_spec("command: [t.py]\nsteps: 10\nprofile: {data_s: 0.03, compute_s: 0.01}\n", "j.yaml")
     assert spec.profile == (0.03, 0.01, 0.0)
@@ -391,11 +392,11 @@ def test_declared_profile_feeds_the_policy_until_the_job_measures_its_own(tmp_pa
     jid = s.add_job(spec, 0.0)
     row = s.job(jid)
     assert row.spec == spec  # survives the store (and so a controller restart)
-    st = _job_state(row)
+    st = job_state(row)
     assert (st.profile.data_s, st.profile.compute_s, st.profile.network_s) == (0.03, 0.01, 0.0)
     assert st.iteration_s == pytest.approx(0.04)  # remaining service is known before the first report
     s.update_job(jid, iteration_s=0.05, data_s=0.01, compute_s=0.03, comm_s=0.01)
-    st = _job_state(s.job(jid))
+    st = job_state(s.job(jid))
     assert (st.profile.data_s, st.profile.compute_s, st.iteration_s) == (0.01, 0.03, 0.05)  # measured wins
     s.close()
 
@@ -477,7 +478,7 @@ def test_step_planned_outside_the_lock_drops_a_plan_the_world_changed_under(tmp_
     """tick() plans without the lock. A job cancelled while its start was being planned is not started (the
     plan is dropped and the step re-runs); when changes keep landing mid-plan, the step falls back to
     planning under the lock, so scheduling is never starved."""
-    from hpcsched.runtime import controller as ctl_mod
+    from hpcsched.runtime import controller_step as ctl_mod
 
     c = _ctl(tmp_path)
     c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=2, launchers=["torchrun"]))
@@ -555,7 +556,7 @@ def test_wal_is_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
 def test_many_starts_are_applied_in_batches_each_checked(tmp_path: Path) -> None:
     """40 starts in one step go in lock holds of ``_START_BATCH``; a job cancelled between two batches is
     not started, the batches before it stand, and the step re-runs for the rest."""
-    from hpcsched.runtime import controller as ctl_mod
+    from hpcsched.runtime import controller_step as ctl_mod
 
     c = _ctl(tmp_path)
     for i in range(40):
@@ -615,7 +616,7 @@ def test_a_sizing_that_is_not_optimal_is_counted_logged_and_listed(tmp_path: Pat
     real = hpcsched.milp.allocate
     monkeypatch.setattr(hpcsched.milp, "allocate",
                         lambda *a, **k: dataclasses.replace(real(*a, **k), status="time_limit"))
-    from hpcsched.runtime import controller as controller_mod
+    from hpcsched.runtime import controller_step as controller_mod
 
     monkeypatch.setattr(controller_mod, "_REPLAN_S", 0.0)  # every step plans (else a step with no news does not)
     c = _ctl(tmp_path)

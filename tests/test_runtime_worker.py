@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.worker import Worker, spawn
+from hpcsched.runtime.worker_config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -91,7 +91,7 @@ def test_mode_controller_is_the_default_and_becomes_a_runtime_job(tmp_path: Path
     """A config without ``mode:`` runs through the controller: its pilot keys map onto the controller's ``slurm:``
     section, and each job becomes an elastic ``direct`` runtime job that the runtime's own parser accepts, its
     ``{ckpt_dir}`` / ``{steps}`` the variables the runtime sets for the task."""
-    from hpcsched.runtime.config import parse_job_spec
+    from hpcsched.runtime.jobfile import parse_job_spec
     from hpcsched.slurm.controller_mode import controller_config, job_yaml, runtime_command
 
     hf = read_harvest_config(_cfg(tmp_path, (

@@ -14,7 +14,7 @@ from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
 from hpcsched.results import JobResult, write_results
-from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.store import Store
 from hpcsched.sim.runs import load_jobs
 from hpcsched.testbed import feedback

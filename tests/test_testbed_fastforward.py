@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store
 from hpcsched.testbed.driver import Replay, real_results

@@ -14,7 +14,7 @@ from hpcsched.core.speed import SOLO_FACTOR, group_factor
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
 from hpcsched.results import JobResult, write_results
-from hpcsched.runtime.config import parse_job_spec
+from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.store import Store
 from hpcsched.sim.engine import simulate
 from hpcsched.testbed import feedback

@@ -105,8 +105,8 @@ def worker(
 
     from hpcsched.runtime import worker_start
     from hpcsched.runtime.client import resolve_token
-    from hpcsched.runtime.config import WorkerConfig, read_worker_config
     from hpcsched.runtime.worker import Worker
+    from hpcsched.runtime.worker_config import WorkerConfig, read_worker_config
 
     worker_start.reexec_without_token(os.environ)  # returns only when the token is not in the environment
     _logging(verbose)
@@ -162,7 +162,7 @@ def _gpu_type(kw: dict, given_by: str) -> None:
     import logging
 
     from hpcsched.runtime import gputype
-    from hpcsched.runtime.config import gpu_type_name
+    from hpcsched.runtime.jobfile import gpu_type_name
 
     wlog = logging.getLogger("hpcsched.runtime.worker")
     if "gpu_type" in kw:
@@ -259,7 +259,7 @@ def _prepared(job_file: Path, array: int | None, dirs: dict[tuple[str, str], str
     workdirs by (folder, workdir), shared by the files of one command (10,000 files in one folder resolve it once)."""
     import dataclasses
 
-    from hpcsched.runtime.config import MAX_PATH_CHARS, job_spec_yaml, parse_job_spec, read_job_file
+    from hpcsched.runtime.jobfile import MAX_PATH_CHARS, job_spec_yaml, parse_job_spec, read_job_file
 
     spec = parse_job_spec(read_job_file(job_file), str(job_file))
     # A symlinked job file's relative paths are from the folder of the file it points to.

@@ -19,7 +19,7 @@ import re
 import subprocess
 from collections.abc import Callable
 
-from hpcsched.runtime.config import GPU_TYPE
+from hpcsched.runtime.jobfile import GPU_TYPE
 
 _MODEL_WORD = re.compile(r"(?<![a-z0-9])([a-z]{1,3}\d{1,4}[a-z]?)(?![a-z0-9])")
 _VENDOR_WORDS = {"nvidia", "tesla"}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcsched.runtime import horovod_elastic
-from hpcsched.runtime.config import JobSpec
+from hpcsched.runtime.jobfile import JobSpec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import AllocRow
 

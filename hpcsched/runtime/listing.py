@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from hpcsched.errors import InputError
-from hpcsched.runtime.config import MAX_NAME_CHARS
+from hpcsched.runtime.jobfile import MAX_NAME_CHARS
 from hpcsched.runtime.launch import slot_use
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store

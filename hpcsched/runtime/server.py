@@ -39,7 +39,8 @@ import grpc
 from hpcsched.errors import InputError
 from hpcsched.runtime.auth import ADMIN, READONLY, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
-from hpcsched.runtime.controller import Controller, Refused
+from hpcsched.runtime.controller import Controller
+from hpcsched.runtime.controller_members import Refused
 from hpcsched.runtime.credentials import WorkerCredentials
 from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor

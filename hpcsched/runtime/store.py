@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from hpcsched.runtime.config import JobSpec
+from hpcsched.runtime.jobfile import JobSpec
 from hpcsched.runtime.statefile import damaged, make_private, take_owner_lock
 
 log = logging.getLogger("hpcsched.runtime.store")

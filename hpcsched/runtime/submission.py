@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpcsched.errors import InputError
-from hpcsched.runtime.config import JobSpec, job_spec_yaml, parse_job_spec
+from hpcsched.runtime.jobfile import JobSpec, job_spec_yaml, parse_job_spec
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, Store
 
 ARRAY_INDEX_ENV = "HPCSCHED_ARRAY_INDEX"

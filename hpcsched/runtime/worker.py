@@ -47,7 +47,6 @@ import grpc
 from hpcsched.runtime import horovod_elastic, launchers, rsh_agent, worker_agent
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.checkpoint_quota import CheckpointQuota
-from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.liveness import FULL_EVERY
@@ -65,6 +64,7 @@ from hpcsched.runtime.task_dirs import (
 )
 from hpcsched.runtime.task_report import CANNOT_START, MAX_PENDING, clip, launch_problem
 from hpcsched.runtime.warm_ranks import WarmRanks
+from hpcsched.runtime.worker_config import WorkerConfig
 from hpcsched.runtime.worker_link import ControllerLink
 from hpcsched.runtime.worker_tasks import DEFAULT_GRACE_S, Task, TaskControl, spawn
 from hpcsched.runtime.worker_watch import OrdersWatch

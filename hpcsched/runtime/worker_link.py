@@ -11,8 +11,8 @@ import socket
 import grpc
 
 from hpcsched.runtime.auth import open_channel
-from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.rpc import pb_grpc
+from hpcsched.runtime.worker_config import WorkerConfig
 
 log = logging.getLogger("hpcsched.runtime.worker")
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import IO
 
 from hpcsched.runtime import task_guard, worker_agent
-from hpcsched.runtime.config import WorkerConfig
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.sandbox import Identity, Sandbox, lookup_user, runnable_problem
 from hpcsched.runtime.task_report import MAX_PENDING, exit_reason, thin_reports
+from hpcsched.runtime.worker_config import WorkerConfig
 
 log = logging.getLogger("hpcsched.runtime.worker")
 

@@ -79,7 +79,7 @@ def runtime_command(spec: ElasticSpec, python: str = sys.executable) -> list[str
 
 
 def job_yaml(spec: ElasticSpec, workdir: Path, python: str = sys.executable) -> str:
-    """One harvest job as a runtime job file (``runtime.config.parse_job_spec`` checks it again on submit)."""
+    """One harvest job as a runtime job file (``runtime.jobfile.parse_job_spec`` checks it again on submit)."""
     job = spec.job
     doc: dict[str, Any] = {
         "name": spec.id, "launcher": "direct", "procs": job.jmax, "min_procs": job.jmin, "max_procs": job.jmax,

@@ -1,0 +1,307 @@
+"""The controller's scheduling step: read what changed, plan outside the lock (``scheduler.plan``, or Gavel's
+rounds), apply the plan only if what it decided on is unchanged. A part of ``Controller`` (its state is set in
+``Controller.__init__``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from hpcsched.model import ResourceProfile, ScalingCurve
+from hpcsched.runtime import scheduler
+from hpcsched.runtime.diskspace import is_disk_full
+from hpcsched.runtime.inplace_resize import agent_endpoints
+from hpcsched.runtime.launch import in_place_capable, slot_use
+from hpcsched.runtime.listing import MAX_MESSAGE_CHARS
+from hpcsched.runtime.ratelimit import cause
+from hpcsched.runtime.store import JobRow, WorkerRow
+from hpcsched.runtime.waiting import with_note
+
+log = logging.getLogger("hpcsched.runtime.controller")
+
+_MAX_STALE = 3  # plans dropped in a row (state changed while planning) before one is made under the lock
+_MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
+_START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
+_REPLAN_S = 5.0  # a step plans at least this often even when nothing it knows of changed (a safety net)
+_ACCRUE_S = 1.0  # service is accrued (one UPDATE of the running jobs) at most this often
+
+
+class Stepping:
+    """The scheduling loop and one step of it: the part of ``Controller`` that decides."""
+
+    # ----------------------------------------------------------------------------------- scheduling
+    def tick(self) -> scheduler.Plan:
+        """Detect dead workers, account service, run one scheduling step and apply it.
+
+        The step is planned OUTSIDE the lock: heartbeats (which take the lock) must not queue behind a
+        policy run of tens of ms, and behind the OS descheduling the planner on a loaded node. The plan is
+        applied only if what it decided on is unchanged when the lock is taken again: every job it starts
+        still pending, every job it stops still running the same attempt, every worker it places on still
+        alive and not leaving. Only this thread starts jobs, so slots free in the snapshot are still free.
+        A plan that fails the check is dropped and the step re-runs; after ``_MAX_STALE`` drops in a row the
+        step runs entirely under the lock, so a storm of changes cannot starve scheduling."""
+        if self._hold_for_arrivals():
+            return scheduler.Plan()
+        if self._stale >= _MAX_STALE:
+            with self.lock, self.store.tx():
+                seen = self._read()
+                if seen is None:
+                    return scheduler.Plan()
+                state, jobs, workers = self._cluster_state(*seen)
+                plan = self._plan(state)
+                self.resizer.apply(plan.resizes, workers, self.agent_port, state.now)
+                for jid in plan.resizes:
+                    self._nudge_job(jid, "resize")
+                self._apply(plan, state, workers, plan.stops, list(plan.starts))
+                self._own = {*plan.starts, *plan.stops, *plan.resizes}
+                self._set_expiry()
+            self._stale = 0
+            self._replan = False
+            return plan
+        with self.lock, self.store.tx():
+            seen = self._read()
+        if seen is None:
+            return scheduler.Plan()
+        state, jobs, workers = self._cluster_state(*seen)
+        plan = self._plan(state)
+        starts = list(plan.starts)
+        for k in range(0, max(1, len(starts)), _START_BATCH):  # bounded lock holds, even for 128 starts at once
+            batch = starts[k:k + _START_BATCH]
+            stops = plan.stops if k == 0 else {}
+            resizes = plan.resizes if k == 0 else {}
+            with self.lock, self.store.tx():
+                if not self._still_valid(stops | dict.fromkeys(resizes, "resize"),
+                                         {j: plan.starts[j] for j in batch}, jobs):
+                    self._stale += 1
+                    self._replan = True
+                    self.wakeup.set()  # re-plan at once from the new state
+                    if k == 0:
+                        return scheduler.Plan()
+                    return dataclasses.replace(plan, starts={j: plan.starts[j] for j in starts[:k]})
+                self.resizer.apply(resizes, workers, self.agent_port, state.now)
+                for jid in resizes:
+                    self._nudge_job(jid, "resize")
+                self._apply(plan, state, workers, stops, batch)
+                self._own.update(batch, stops, resizes)
+        with self.lock:
+            self._set_expiry()
+        self._stale = 0
+        self._replan = False
+        return plan
+
+    def _set_expiry(self) -> None:
+        """When the earliest running attempt's ``min_runtime_s`` protection ends (after this step's starts and in-place
+        resizes, which restart it): a reason to plan again then (``_needs_plan``). Under the lock."""
+        self._wanted |= self.resizer.wanted_agents  # a heartbeat bringing one of their agent ports re-plans
+        self.resizer.wanted_agents.clear()
+        if self.cfg.min_runtime_s <= 0:
+            return
+        now = time.time()
+        ends = (self.attempt_start[j] + self.cfg.min_runtime_s for j in self.store.active_ids("running")
+                if j in self.attempt_start)
+        self._next_expiry = min((e for e in ends if e > now), default=float("inf"))
+
+    def _hold_for_arrivals(self) -> bool:
+        """Whether this step waits for pilots' workers about to register (node_source slurm; each waited for at
+        most the pilots' ``settle_s``): a plan made between their registrations is undone by the next one, at a
+        relaunch of every elastic job it sized. Said in the log when a hold starts and ends, and counted."""
+        waiting = self.arriving(set(self.last_seen)) if self.arriving is not None else []
+        if waiting != self._holding:
+            if waiting:
+                log.info("scheduling waits for %d pilot worker(s) about to register: %s", len(waiting),
+                         ", ".join(waiting))
+            elif self._holding:
+                log.info("scheduling resumes: the pilot workers registered (or their settle_s passed)")
+            self._holding = waiting
+        if waiting:
+            self.held_steps += 1
+        return bool(waiting)
+
+    def _read(self) -> tuple | None:
+        """Read what a step needs (under the lock), or None when it need not plan (``_needs_plan``); building the
+        scheduler's view of it is left to ``_cluster_state``, which needs no lock.
+
+        The step sees the running jobs and a bounded head of the pending queue in the policy's order
+        (``plan_set``): what it costs grows with the free slots and the running jobs, not with the queue."""
+        now, mono = time.time(), self.mono()
+        self._reap_dead_workers(mono)
+        if self.retry_at:  # a failed job waiting for its retry's time is not planned until then (see the head below)
+            waiting = {j: t for j, t in self.retry_at.items() if t > now}
+            self._replan |= len(waiting) < len(self.retry_at)  # a retry's time came: plan it
+            self.retry_at = waiting
+        if mono - self._accrued >= _ACCRUE_S:
+            self.store.accrue_service(mono - self._accrued)
+            self._accrued = mono
+        self._last_tick = mono
+        workers = [w for w in self.store.workers() if w.id in self.last_seen and w.id not in self.leaving]
+        moved, freed = self.store.drain()
+        self._requeue(moved, workers)
+        if self.rounds is not None:
+            self.rounds.flush(self.store)  # the round the last step decided: its event and the jobs' notes
+        own, self._own = self._own, set()
+        if not self._needs_plan(moved - own, freed, now):
+            self.quiet_steps += 1
+            return None
+        self.plans += 1
+        self._last_plan = now
+        used, groups, where = self._slot_use()
+        free = sum(max(0, w.slots - used.get(w.id, 0)) for w in workers)
+        head = [self.store.job(j.id) for j in self.queue.head(free, self.notes.blocked()) if j.id not in self.retry_at]
+        running = [self.store.job(j) for j in self.store.active_ids("running")]
+        jobs = sorted((j for j in running + head if j is not None), key=lambda j: j.seq)
+        starts = {j.id: self.attempt_start[j.id] for j in running if j is not None and j.id in self.attempt_start}
+        return (now, jobs, workers, used, groups, where, starts)
+
+    def _needs_plan(self, moved: set[str], freed: bool, now: float) -> bool:
+        """Whether a step must call the planner: a job moved (submitted, started, stopped, ended), slots came free,
+        the live workers changed, the last plan did something (a start may wait for a worker's port), a running
+        attempt's ``min_runtime_s`` protection ended, the policy's order moves with time, or ``_REPLAN_S`` passed."""
+        need = (bool(moved) or freed or self._workers_changed or self._replan or self._every_step
+                or now >= self._next_expiry or now - self._last_plan >= _REPLAN_S)
+        self._workers_changed = False
+        return need
+
+    def _requeue(self, moved: set[str], workers: list[WorkerRow]) -> None:
+        """Keep the pending queue and the waiting notes up to date with the jobs that moved and the live workers."""
+        if self._workers_changed:  # first: a job entering now gets its note from the workers as they are
+            for jid, note in self.notes.workers_changed(workers):
+                j = self.store.job(jid)
+                if j is not None and j.state == "pending":
+                    self._set_note(j, note)
+        entering = []
+        for jid in moved:
+            self.notes.leave(jid)
+            j = self.store.job(jid)
+            if j is None or j.state not in ("running", "stopping"):
+                self.attempt_start.pop(jid, None)  # only a running attempt's start is read: not one per job ever
+            if j is not None and j.state == "pending":
+                cls = (j.spec.launcher, j.spec.min_procs, j.spec.gpu_types)
+                entering.append((j.seq, job_state(j), cls))
+                self._set_note(j, self.notes.enter(jid, cls))
+        self.queue.update(moved, entering)
+
+    def _set_note(self, j: JobRow, note: str) -> None:
+        """Say why a pending job cannot start whatever the policy does (``waiting``); written only when it changes."""
+        message = with_note(j.message, note, MAX_MESSAGE_CHARS)
+        if message != j.message:
+            self.store.update_job(j.id, message=message)
+
+    @staticmethod
+    def _cluster_state(now: float, jobs: list[JobRow], workers: list[WorkerRow], used: dict[str, int],
+                       groups: dict[str, str], where: dict[str, list[tuple[str, int]]],
+                       attempt_start: dict[str, float]
+                       ) -> tuple[scheduler.ClusterState, dict[str, JobRow], list[WorkerRow]]:
+        state = scheduler.ClusterState(
+            now=now,
+            jobs=tuple(job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), attempt_start.get(j.id))
+                       for j in jobs if j.state in ("pending", "running")),
+            workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers, gpu_type=w.gpu_type) for w in workers),
+            used=used,
+        )
+        return state, {j.id: j for j in jobs}, workers
+
+    def _plan(self, state: scheduler.ClusterState) -> scheduler.Plan:
+        if self.rounds is not None:
+            return self.rounds.plan(state)
+        plan = scheduler.plan(state, self.cfg.policy, self.cfg.min_runtime_s, self.cfg.milp_tfwd_s,
+                              admission=self.cfg.admission, load_threshold=self.cfg.load_threshold,
+                              placement=self.cfg.placement, regroup=self.cfg.regroup)
+        if plan.sizing:
+            self._note_sizing(plan.sizing)
+        return plan
+
+    def _note_sizing(self, sizing: dict[str, str]) -> None:
+        """Count a step whose MILP sizing was not optimal, and log it when a job's sizing turns so (once, not
+        at every tick while it stays so)."""
+        bad = {j: how for j, how in sizing.items() if how != "optimal"}
+        if bad:
+            self.nonoptimal_decisions += 1
+            changed = {j: how for j, how in bad.items() if self.sizing.get(j) != how}
+            if changed:
+                log.warning("MILP sizing not optimal for %s (%d such steps so far)",
+                            ", ".join(f"{j}: {how}" for j, how in sorted(changed.items())), self.nonoptimal_decisions)
+        self.sizing = self.sizing | sizing  # a new dict: list_jobs reads it from another thread
+
+    def _still_valid(self, stops: dict[str, str], starts: dict[str, list[tuple[str, int]]],
+                     jobs: dict[str, JobRow]) -> bool:
+        """True when nothing these stops and starts act on changed since ``jobs`` was read (rules in ``tick``)."""
+        if not starts and not stops:
+            return True
+        ids = list(stops) + list(starts)
+        now = {j.id: j for j in self.store.jobs(("pending", "running"), ids=ids)}
+        for jid in stops:
+            j = now.get(jid)
+            if j is None or j.state != "running" or j.generation != jobs[jid].generation:
+                return False
+        for jid in starts:
+            j = now.get(jid)
+            if j is None or j.state != "pending":
+                return False
+        placed = {wid for where in starts.values() for wid, _ in where}
+        return all(wid in self.last_seen and wid not in self.leaving for wid in placed)
+
+    def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow],
+               stops: dict[str, str], starts: list[str]) -> None:
+        for jid, reason in stops.items():
+            self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
+            self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
+            self._nudge_job(jid, "stop")
+            log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
+        hosts = {w.id: w.host for w in workers}
+        agents = agent_endpoints(workers, self.agent_port)
+        for jid in starts:
+            self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
+
+    def _nudge_job(self, job_id: str, reason: str) -> None:
+        """Tell the workers of a job's tasks that they have orders (a stop, a resize) without their next heartbeat."""
+        if self.nudge is not None:
+            self.nudge({a.worker_id for a in self.store.allocations(job_id=job_id)}, reason)
+
+    def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
+        """Slots held per worker (a co-located group counts once: its largest member), each job's
+        co-location key and its placement (node-rank order), from the live allocations (``launch.slot_use``)."""
+        used, groups, where, self._groups = slot_use(self.store.live_allocations(), self._groups)
+        return used, groups, where
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """The scheduling loop: every ``schedule_interval_s``, or soon when something changed. Steps are at
+        least ``_MIN_STEP_GAP_S`` apart: in a burst of changes (256 workers registering at once) back-to-back
+        steps held the lock most of the time and every heartbeat queued behind one."""
+        while not stop.is_set():
+            self.wakeup.wait(self.cfg.schedule_interval_s)
+            self.wakeup.clear()
+            t0, plans = time.perf_counter(), self.plans
+            try:
+                self.tick()
+            except Exception as e:  # a bug in one step must not kill the controller: logged, once per cause and
+                # interval (a step failing at every tick, on a full disk, wrote a traceback each time)
+                self.step_errors.log(logging.ERROR, cause(e), "scheduling step failed: %s", cause(e),
+                                     exc_info=not is_disk_full(e))
+            if self.on_step is not None:  # a decision's time is a figure the scale targets are set on
+                self.on_step("scheduling_step" if self.plans > plans else "quiet_step", time.perf_counter() - t0)
+            stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
+
+
+def job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),
+               attempt_start: float | None = None) -> scheduler.JobState:
+    profile, iteration_s = None, j.iteration_s
+    if j.data_s is not None:
+        profile = ResourceProfile(j.data_s or 0.0, j.compute_s or 0.0, j.comm_s or 0.0)
+    elif j.spec.profile is not None:  # declared, until the job measures its own
+        profile = ResourceProfile(*j.spec.profile)
+        iteration_s = iteration_s if iteration_s is not None else profile.total_s
+    return scheduler.JobState(
+        id=j.id, submit=j.submit_time, running=j.state == "running", procs=j.procs, min_procs=j.spec.min_procs,
+        max_procs=j.spec.max_procs, launcher=j.spec.launcher, steps_total=j.spec.steps, steps_done=j.steps_done,
+        iteration_s=iteration_s, profile=profile, attained_s=j.attained_s, executed_s=j.executed_s,
+        first_start=j.start_time, group=group if j.state == "running" else None,
+        placement=placement if j.state == "running" else (),
+        attempt_start=attempt_start if j.state == "running" else None,
+        curve=ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None,
+        resize_s=j.spec.resize_s, in_place=j.state == "running" and in_place_capable(j.spec),
+        gpu_types=j.spec.gpu_types, model=j.spec.model,
+    )
+
+
