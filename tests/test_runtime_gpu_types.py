@@ -26,7 +26,8 @@ from hpcsched.runtime import gputype
 from hpcsched.runtime.controller_members import registration_problem
 from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import Store, WorkerRow
+from hpcsched.runtime.store import Store
+from hpcsched.runtime.store_rows import WorkerRow
 from hpcsched.runtime.worker_config import read_worker_config
 
 

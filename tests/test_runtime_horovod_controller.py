@@ -25,7 +25,7 @@ from hpcsched.runtime import launch, launchers, reconcile, scheduler
 from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState
-from hpcsched.runtime.store import AllocRow, JobRow
+from hpcsched.runtime.store_rows import AllocRow, JobRow
 
 horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
     or "horovodrun" not in launchers.available()

@@ -122,7 +122,7 @@ def test_attempt_end(state: State, reason: str | None, codes: list[int], done: b
 
 def _job(state: str, generation: int = 1, stop_reason: str | None = None, stop_time: float | None = None):
     from hpcsched.runtime.jobfile import parse_job_spec
-    from hpcsched.runtime.store import JobRow
+    from hpcsched.runtime.store_rows import JobRow
 
     spec = parse_job_spec("command: [t.py]\nsteps: 10\n", "j.yaml")
     return JobRow("j0001", 1, "j", spec, state, 1, 1, generation, 0, None, None, -1, None, 0.0, None, None, 0, "",
@@ -130,7 +130,7 @@ def _job(state: str, generation: int = 1, stop_reason: str | None = None, stop_t
 
 
 def _alloc(state: str, generation: int = 1):
-    from hpcsched.runtime.store import AllocRow
+    from hpcsched.runtime.store_rows import AllocRow
 
     return AllocRow("j0001.g1.n0", "j0001", generation, "w0", 0, 1, state, None, b"")
 

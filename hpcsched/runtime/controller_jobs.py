@@ -20,7 +20,8 @@ from hpcsched.runtime.lifecycle import (
     retry_delay,
 )
 from hpcsched.runtime.listing import MAX_MESSAGE_CHARS
-from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, AllocRow, JobRow
+from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS
+from hpcsched.runtime.store_rows import AllocRow, JobRow
 from hpcsched.runtime.submission import (
     Item,
     LimitExceeded,

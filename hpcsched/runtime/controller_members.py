@@ -20,7 +20,7 @@ from hpcsched.runtime.lifecycle import (
 from hpcsched.runtime.listing import MAX_REPLY_BYTES
 from hpcsched.runtime.liveness import heartbeat_problem, interval_s
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import AllocRow, JobRow, WorkerRow
+from hpcsched.runtime.store_rows import AllocRow, JobRow, WorkerRow
 from hpcsched.runtime.submission import (
     clip,
 )

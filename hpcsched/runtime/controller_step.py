@@ -16,7 +16,7 @@ from hpcsched.runtime.inplace_resize import agent_endpoints
 from hpcsched.runtime.launch import in_place_capable, slot_use
 from hpcsched.runtime.listing import MAX_MESSAGE_CHARS
 from hpcsched.runtime.ratelimit import cause
-from hpcsched.runtime.store import JobRow, WorkerRow
+from hpcsched.runtime.store_rows import JobRow, WorkerRow
 from hpcsched.runtime.waiting import with_note
 
 log = logging.getLogger("hpcsched.runtime.controller")

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable
 
 from hpcsched.runtime.launch import in_place_capable, in_place_change
 from hpcsched.runtime.lifecycle import IN_PLACE
-from hpcsched.runtime.store import AllocRow, JobRow, Store, WorkerRow
+from hpcsched.runtime.store import Store
+from hpcsched.runtime.store_rows import AllocRow, JobRow, WorkerRow
 
 log = logging.getLogger("hpcsched.runtime.controller")  # the controller's decisions: one log to read them in
 

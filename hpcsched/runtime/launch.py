@@ -15,7 +15,7 @@ from pathlib import Path
 from hpcsched.runtime import horovod_elastic
 from hpcsched.runtime.jobfile import JobSpec
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import AllocRow
+from hpcsched.runtime.store_rows import AllocRow
 
 # The job's uid (unique across states) in its launch env: the node-rank-0 worker binds the checkpoint folder to it,
 # so a job of a new state that reuses an id (j0001 after state.db was lost) never resumes another job's checkpoint.

@@ -27,7 +27,8 @@ import dataclasses
 from pathlib import Path
 from typing import TypeVar
 
-from hpcsched.runtime.store import ACTIVE, FINAL, AllocRow, JobRow, Store, WorkerRow
+from hpcsched.runtime.store import Store
+from hpcsched.runtime.store_rows import ACTIVE, FINAL, AllocRow, JobRow, WorkerRow
 
 _ACTIVE = frozenset(ACTIVE)
 _Row = TypeVar("_Row", JobRow, AllocRow, WorkerRow)

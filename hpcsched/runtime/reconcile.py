@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from hpcsched.runtime.lifecycle import IN_PLACE, IN_PLACE_TIMEOUT_S
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import AllocRow, JobRow
+from hpcsched.runtime.store_rows import AllocRow, JobRow
 
 
 class Reported(StrEnum):

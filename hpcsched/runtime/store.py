@@ -31,11 +31,21 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 from hpcsched.runtime.jobfile import JobSpec
 from hpcsched.runtime.statefile import damaged, make_private, take_owner_lock
+from hpcsched.runtime.store_rows import (
+    JOB_COLS,
+    SPEC_AT,
+    WORKER_COLS,
+    AllocRow,
+    JobRow,
+    WorkerRow,
+    spec_from_json,
+    spec_to_json,
+    worker_row,
+)
 
 log = logging.getLogger("hpcsched.runtime.store")
 
@@ -93,101 +103,6 @@ _PROGRESS_COLS = ("job_id", "generation", "time", "step", "loss", "samples_per_s
 _PROGRESS_INSERT = f"INSERT INTO progress ({', '.join(_PROGRESS_COLS)}) VALUES ({','.join('?' * len(_PROGRESS_COLS))})"
 MAX_REQUEST_ID_CHARS = 128
 _IN_CHUNK = 500  # values in one SQL ``IN (...)``
-
-ACTIVE = ("pending", "running", "stopping")
-FINAL = ("completed", "failed", "cancelled")
-
-
-@dataclass(slots=True)
-class JobRow:
-    """One ``jobs`` row; ``spec`` is parsed back into the JobSpec the user submitted."""
-
-    id: str
-    seq: int
-    name: str
-    spec: JobSpec
-    state: str
-    procs: int
-    target_procs: int
-    generation: int
-    steps_done: int
-    first_loss: float | None
-    last_loss: float | None
-    ckpt_step: int
-    ckpt_path: str | None
-    submit_time: float
-    start_time: float | None
-    end_time: float | None
-    restarts: int
-    message: str
-    stop_reason: str | None
-    stop_time: float | None
-    last_resize_s: float | None
-    executed_s: float
-    attained_s: float
-    iteration_s: float | None
-    data_s: float | None
-    compute_s: float | None
-    comm_s: float | None
-    done: int
-    uid: str | None = None  # None: a job stored before uids existed (its checkpoints live under its id alone)
-    owner: str | None = None  # who submitted it (the name of their token); None: stored before owners existed
-
-
-_JOB_COLS = ", ".join(f.name for f in fields(JobRow))
-_SPEC_AT = [f.name for f in fields(JobRow)].index("spec")
-
-
-@dataclass(slots=True)
-class AllocRow:
-    task_id: str
-    job_id: str
-    generation: int
-    worker_id: str
-    node_rank: int
-    nprocs: int
-    state: str  # launching | running | exited
-    exit_code: int | None
-    launch: bytes  # serialized LaunchTask, resent verbatim if a worker never confirmed it
-
-
-@dataclass(slots=True)
-class WorkerRow:
-    id: str
-    host: str
-    slots: int
-    gpus: int
-    cpus: int
-    launchers: tuple[str, ...]
-    registered: float
-    alive: bool
-    gpu_type: str = ""  # as advertised; "": a worker (or a state file) from before GPU types
-
-
-# Named, not ``*``: columns added by ``_migrate`` follow the first release's, and a row is read positionally.
-_WORKER_COLS = "id, host, slots, gpus, cpus, launchers, registered, alive, gpu_type"
-
-
-def _worker_row(r: tuple) -> WorkerRow:
-    return WorkerRow(r[0], r[1], r[2], r[3], r[4], tuple(x for x in r[5].split(",") if x), r[6], bool(r[7]), r[8] or "")
-
-
-def _spec_to_json(s: JobSpec) -> str:
-    return json.dumps({
-        "name": s.name, "command": list(s.command), "launcher": s.launcher, "procs": s.procs,
-        "min_procs": s.min_procs, "max_procs": s.max_procs, "steps": s.steps, "workdir": s.workdir, "env": s.env,
-        "curve_procs": list(s.curve_procs), "curve_rates": list(s.curve_rates), "resize_s": s.resize_s,
-        "profile": list(s.profile) if s.profile else None, "gpu_types": list(s.gpu_types), "model": s.model,
-    })
-
-
-def _spec_from_json(text: str) -> JobSpec:
-    d = json.loads(text)  # rows written before the scaling fields existed simply lack them: defaults
-    for k in ("command", "curve_procs", "curve_rates", "profile", "gpu_types"):
-        if d.get(k) is not None:
-            d[k] = tuple(d[k])
-    return JobSpec(**d)
-
 
 class Store:
     """Typed access to the tables. Each public method is one transaction."""
@@ -315,7 +230,7 @@ class Store:
             self.db.execute(
                 "INSERT INTO jobs (id, seq, name, spec, state, target_procs, submit_time, uid, request_id, owner) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (job_id, seq, spec.name, _spec_to_json(spec), "pending", spec.procs, now, uuid.uuid4().hex,
+                (job_id, seq, spec.name, spec_to_json(spec), "pending", spec.procs, now, uuid.uuid4().hex,
                  request_id or None, owner),
             )
             self._event(now, job_id, "submit", {"procs": spec.procs})
@@ -333,7 +248,7 @@ class Store:
                 seq = first + k
                 job_id = f"j{seq:04d}"
                 ids.append(job_id)
-                rows.append((job_id, seq, spec.name, _spec_to_json(spec), "pending", spec.procs, now, uuid.uuid4().hex,
+                rows.append((job_id, seq, spec.name, spec_to_json(spec), "pending", spec.procs, now, uuid.uuid4().hex,
                              request_id or None, owner))
                 events.append((now, job_id, "submit", json.dumps({"procs": spec.procs})))
             self.db.executemany(
@@ -389,9 +304,9 @@ class Store:
         return self._jobs(" WHERE seq > ?", (after_seq,), limit)
 
     def workers_page(self, after_id: str, limit: int) -> list[WorkerRow]:
-        rows = self.db.execute(f"SELECT {_WORKER_COLS} FROM workers WHERE id > ? ORDER BY id LIMIT ?",
+        rows = self.db.execute(f"SELECT {WORKER_COLS} FROM workers WHERE id > ? ORDER BY id LIMIT ?",
                                (after_id, limit)).fetchall()
-        return [_worker_row(r) for r in rows]
+        return [worker_row(r) for r in rows]
 
     def jobs(self, states: tuple[str, ...] | None = None, ids: list[str] | None = None) -> list[JobRow]:
         where, args = [], []
@@ -408,13 +323,13 @@ class Store:
     def _jobs(self, where: str, args: tuple, limit: int | None = None) -> list[JobRow]:
         # Columns named in the dataclass's order, so a row builds positionally (no dict per row).
         tail = " ORDER BY seq" + (f" LIMIT {int(limit)}" if limit is not None else "")
-        cur = self.db.execute(f"SELECT {_JOB_COLS} FROM jobs" + where + tail, args)
+        cur = self.db.execute(f"SELECT {JOB_COLS} FROM jobs" + where + tail, args)
         out = []
-        k = _SPEC_AT
+        k = SPEC_AT
         for r in cur.fetchall():
             spec = self._specs.get(r[0])  # a spec never changes once submitted: parse it once
             if spec is None:
-                spec = self._specs[r[0]] = _spec_from_json(r[k])
+                spec = self._specs[r[0]] = spec_from_json(r[k])
             out.append(JobRow(*r[:k], spec, *r[k + 1:]))
         return out
 
@@ -462,13 +377,13 @@ class Store:
     # workers --------------------------------------------------------------------------------------
     def upsert_worker(self, w: WorkerRow) -> None:
         self.db.execute(
-            f"INSERT OR REPLACE INTO workers ({_WORKER_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO workers ({WORKER_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
             (w.id, w.host, w.slots, w.gpus, w.cpus, ",".join(w.launchers), w.registered, int(w.alive), w.gpu_type),
         )
 
     def workers(self) -> list[WorkerRow]:
-        rows = self.db.execute(f"SELECT {_WORKER_COLS} FROM workers ORDER BY id").fetchall()
-        return [_worker_row(r) for r in rows]
+        rows = self.db.execute(f"SELECT {WORKER_COLS} FROM workers ORDER BY id").fetchall()
+        return [worker_row(r) for r in rows]
 
     def set_worker_alive(self, worker_id: str, alive: bool) -> None:
         self.db.execute("UPDATE workers SET alive = ? WHERE id = ?", (int(alive), worker_id))

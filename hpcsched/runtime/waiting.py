@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from hpcsched.runtime.store import WorkerRow
+from hpcsched.runtime.store_rows import WorkerRow
 
 WAITING = re.compile(r"(?:^|; )waiting: [^;]*$")  # the note a job that no live worker set can hold carries
 
