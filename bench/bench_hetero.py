@@ -82,10 +82,10 @@ def hetero_isolated_jcts(trace: str | Path, cluster: str, throughputs: str | Pat
     """
     import numpy as np
 
-    from hpcsched.hetero.cluster import parse_hetero_cluster
     from hpcsched.hetero.simulate import load_round_jobs
     from hpcsched.hetero.throughputs import load_throughputs
     from hpcsched.metrics.fairness import fluid_share_jcts
+    from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
 
     spec = parse_hetero_cluster(cluster)
     table = load_throughputs(throughputs) if throughputs is not None else load_throughputs()

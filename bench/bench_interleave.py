@@ -22,7 +22,6 @@ sys.path.insert(0, str(ROOT))
 
 from hpcsched.allocator import DeclaredPolicy  # noqa: E402
 from hpcsched.cluster_spec import read_cluster_spec  # noqa: E402
-from hpcsched.core.speed import SOLO_FACTOR  # noqa: E402
 from hpcsched.interleave.grouping import Candidate, GroupingRules, Scorer, _match, form_groups  # noqa: E402
 from hpcsched.interleave.matching import MatchSettings, assign, matching_weight, pair_counts  # noqa: E402
 from hpcsched.interleave.period import PeriodModel  # noqa: E402
@@ -34,6 +33,7 @@ from hpcsched.interleave.policies import (  # noqa: E402
     remaining_gpu_s,
 )
 from hpcsched.policies import get_policy  # noqa: E402
+from hpcsched.primitives.speed import SOLO_FACTOR  # noqa: E402
 from hpcsched.sim import simulate  # noqa: E402
 from hpcsched.traces import read_jobs  # noqa: E402
 

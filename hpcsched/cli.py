@@ -1,9 +1,9 @@
 """``hpcsched`` command line. Each area registers its own sub-commands from its ``cli`` module.
 
-Start-up (issue 14): the areas' ``cli`` modules are imported only when their command runs. ``COMMANDS``
-names, for each top-level command, the module whose ``register(app)`` defines it and the first paragraph
-of its help, which is all ``hpcsched --help`` shows; so the listing imports none of them, and
-``hpcsched simulate ...`` imports the simulator's module alone instead of every area's (pandas,
+Start-up (a target: the command stays a small part of a run): the areas' ``cli`` modules are imported only when
+their command runs. ``COMMANDS`` names, for each top-level command, the module whose ``register(app)`` defines
+it and the first paragraph of its help, which is all ``hpcsched --help`` shows; so the listing imports none of
+them, and ``hpcsched simulate ...`` imports the simulator's module alone instead of every area's (pandas,
 matplotlib, gRPC, the MILP solvers...). ``tests/test_cli_startup.py`` holds the table to what the modules
 register, so a new command or a reworded first paragraph fails there until its line here is updated.
 
@@ -21,7 +21,7 @@ from hpcsched.errors import InputError
 
 # Typer (and the pydantic it imports) is loaded when the app is first needed (``app``, ``main``), not by
 # ``import hpcsched.cli``: ``main`` hands ``simulate --compat gavel`` straight to the hetero package, whose
-# runs are short enough that those imports were a third of them (issue 19). Everything else is unchanged.
+# runs are short enough that those imports were a third of them. Everything else is unchanged.
 
 # name -> (module exposing ``register(app)`` that defines it, the first paragraph of its help), in the order
 # ``hpcsched --help`` lists them: Typer lists plain commands first, then groups (trace, slurm). Each area
@@ -153,7 +153,7 @@ def __getattr__(name: str) -> Any:
 
 def _maybe_gavel(args: list[str]) -> bool:
     """A cheap look at a ``simulate`` line: could it be ``--compat gavel`` or a ``type=count`` cluster? Only
-    then is the hetero package imported (every other simulate must not pay its import: issue 14)."""
+    then is the hetero package imported (every other simulate must not pay its import: start-up time)."""
     return any(a == "gavel" or a.endswith("=gavel") or ("=" in a and not a.startswith("-")) for a in args)
 
 
@@ -167,7 +167,7 @@ def _fast_simulate(args: list[str]) -> int | None:
     ``--json``, each once,
     ``--opt value`` or ``--opt=value``); None for anything else, which Typer then parses with its own help and
     messages. Why: building the app loads Typer's pydantic adapters, about a fifth of the command's start-up
-    (issue 14's 5x target against the reference simulator's whole run). The command is the same function."""
+    (the target is 5x faster than the reference simulator's whole run). The command is the same function."""
     from hpcsched.argline import read_plain_line
 
     line = read_plain_line(args, _FAST_SIMULATE)

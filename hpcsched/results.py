@@ -61,7 +61,7 @@ def write_results(out_dir: str | Path, results: Iterable[JobResult], meta: Mappi
     """Write ``jobs.csv`` and ``meta.json`` into ``out_dir`` (created if needed); returns the dir.
 
     Written with the csv module, not pandas, so that a run's process does not import pandas to save its
-    results (issue 14: pandas is most of ``hpcsched simulate``'s start-up); the bytes are those pandas'
+    results (pandas is most of ``hpcsched simulate``'s start-up); the bytes are those pandas'
     ``to_csv(index=False, float_format="%.6f")`` wrote before (``write_csv``).
     """
     out = Path(out_dir)

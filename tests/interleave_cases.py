@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.interleave.grouping import Candidate
+from hpcsched.primitives.speed import SOLO_FACTOR
 
 
 def exhaustive_best(node_type: list[int], tw: np.ndarray) -> float:

@@ -1,9 +1,11 @@
-"""The package's shape (issue 16): no import cycles between modules at import time, no module importing
-another's private names, and the simulator used only by the tools that run simulations."""
+"""The package's shape: its floors (a layer table over its packages, every import counted, lazy ones too), no
+import cycles between modules at import time, no module importing another's private names, and the simulator
+used only by the tools that run simulations."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "hpcsched"
@@ -11,7 +13,31 @@ PKG = Path(__file__).resolve().parents[1] / "hpcsched"
 # runtime, harvesting, readers) must not depend on the simulator
 SIM_USERS = ("hpcsched.sim", "hpcsched.sweep", "hpcsched.testbed", "hpcsched.cli")
 
+# The floors of the package, lowest first: a unit (a package, or a module directly under hpcsched/) imports only
+# units of lower floors, never one beside it on its own floor, wherever the import is (top level, in a
+# function, under TYPE_CHECKING: a lazy import is still a dependency). docs/architecture.md draws them. A new
+# package takes its place here; a command-line front end (``cli.py``, ``*_cli.py``, ``__main__.py`` in any
+# package) wires floors together and may import any of them, and nothing but another command imports it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "model", "progress", "argline", "plugins", "solvers", "goodput"),  # records, shared services
+    ("results", "allocator", "cluster_spec", "milp"),  # results, the policy contract, the cluster, the MILP
+    ("window", "primitives", "traces"),  # ground floor of the decision core; trace readers
+    ("metrics", "harvest", "compat", "interleave", "admission"),  # figures; replayer; compat rules; pipeline steps
+    ("hetero",),  # Gavel's policies, rounds and throughput table
+    ("placements", "sia"),  # placement steps (throughput-aware reads Gavel's table); Sia on Gavel's rounds
+    ("core", "policies"),  # the decision pipeline; the policies it runs
+    ("sim", "runtime"),  # the simulator; the live runtime
+    ("slurm", "sweep", "testbed"),  # Slurm node source and harvester; sweeps; the testbed
+    ("report",),  # reports over sweeps and runs
+)
+# Imports that break the floors today, each with the reason it is still there (the list only shrinks).
+KNOWN_BREAKS = {
+    ("hpcsched.runtime.config", "slurm"): "the controller's config reads the Slurm node source's section; the "
+                                          "node source is becoming a plug-in of the runtime",
+}
 
+
+@functools.cache  # parsed once for every test here (they only read it)
 def _modules() -> dict[str, ast.Module]:
     out = {}
     for p in sorted(PKG.rglob("*.py")):
@@ -74,3 +100,62 @@ def test_only_the_simulation_tools_import_the_simulator() -> None:
                     if (src == "hpcsched.sim" or src.startswith("hpcsched.sim."))
                     and not mod.startswith(SIM_USERS) and not mod.endswith(".cli")})
     assert users == []
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _is_command(module: str) -> bool:
+    last = module.rsplit(".", 1)[-1]
+    return last in ("cli", "__main__") or last.endswith("_cli")
+
+
+def _floor_breaks(mods: dict[str, ast.Module]) -> list[str]:
+    """Every import in ``mods`` that does not go down the floors (``LAYERS``), as one line each."""
+    floor = {unit: k for k, units in enumerate(LAYERS) for unit in units}
+    bad = []
+    for mod, tree in mods.items():
+        src = _unit(mod)
+        for target, name in _imports(tree, top_level_only=False):
+            full = f"{target}.{name}" if name and f"{target}.{name}" in mods else target
+            dst = _unit(full)
+            if _is_command(full) and not _is_command(mod):
+                bad.append(f"{mod} imports the command {full}")
+            if _is_command(mod) or not dst or dst == src or (mod, dst) in KNOWN_BREAKS:
+                continue
+            if floor[dst] >= floor[src]:
+                bad.append(f"{mod} ({src}, floor {floor[src]}) imports {full} ({dst}, floor {floor[dst]})")
+    return bad
+
+
+def test_every_import_goes_down_the_floors() -> None:
+    units = [unit for floor in LAYERS for unit in floor]
+    assert len(units) == len(set(units)), "a unit on two floors"
+    mods = _modules()
+    unplaced = sorted({_unit(m) for m in mods if _unit(m) and _unit(m) not in units and not _is_command(m)})
+    assert unplaced == [], f"place these packages or modules on a floor of LAYERS: {unplaced}"
+    assert _floor_breaks(mods) == []
+
+
+def test_the_floor_test_finds_lazy_imports_and_imports_beside() -> None:
+    """The rule on modules written for the purpose: the ground floor importing the simulator inside a function
+    and the core under TYPE_CHECKING, a policy importing the core beside it, and a module importing a command
+    are each found; a package importing its own modules and a command importing anything are not."""
+    mods = {
+        "hpcsched.primitives.x": ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                           "    from hpcsched.core.decide import decide\n"
+                                           "def f():\n    from hpcsched.sim.engine import simulate\n"
+                                           "from hpcsched.primitives import speed\nfrom hpcsched.model import Job\n"),
+        "hpcsched.policies.y": ast.parse("from hpcsched.core import decide\n"),
+        "hpcsched.metrics.z": ast.parse("from hpcsched.sim.cli import main\n"),
+        "hpcsched.sim.cli": ast.parse("from hpcsched.report.build import build\n"),
+    }
+    assert _floor_breaks(mods) == [
+        "hpcsched.primitives.x (primitives, floor 2) imports hpcsched.core.decide (core, floor 6)",
+        "hpcsched.primitives.x (primitives, floor 2) imports hpcsched.sim.engine (sim, floor 7)",
+        "hpcsched.policies.y (policies, floor 6) imports hpcsched.core (core, floor 6)",
+        "hpcsched.metrics.z imports the command hpcsched.sim.cli",
+        "hpcsched.metrics.z (metrics, floor 3) imports hpcsched.sim.cli (sim, floor 7)",
+    ]

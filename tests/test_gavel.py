@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from hpcsched.errors import InputError
-from hpcsched.hetero.cluster import HeteroCluster, parse_hetero_cluster
 from hpcsched.hetero.throughputs import BUNDLED, load_throughputs
 from hpcsched.hetero.workload import TEMPLATES, GavelJob, generate, write_trace
+from hpcsched.primitives.hetero_cluster import HeteroCluster, parse_hetero_cluster
 from hpcsched.traces import detect_format, open_trace, read_jobs
 
 DATA = Path(__file__).resolve().parents[1] / "trace-data" / "gavel"

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.policies import AllocationInput, FifoPolicy, MaxMinFairnessPacked, MaxMinFairnessPerf, make_policy
 from hpcsched.hetero.rounds import RoundJob, simulate_rounds
 from hpcsched.hetero.simulate import load_round_jobs, run_gavel
 from hpcsched.hetero.throughputs import load_throughputs
 from hpcsched.hetero.workload import generate, write_trace
+from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
 
 DATA = Path(__file__).resolve().parents[1] / "trace-data" / "gavel"
 TRACES = {"A": (DATA / "A_120jobs_0.5jph_seed0.trace", "v100=8,p100=8,k80=8"),

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from test_gavel_compat import TRACES, assert_packed_fits, packed_fit_case  # reference traces, shared checks
 
-from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.policies import POLICIES, AllocationInput, gavel_horizon, make_policy
 from hpcsched.hetero.rounds import simulate_rounds
 from hpcsched.hetero.simulate import load_round_jobs
 from hpcsched.hetero.throughputs import load_throughputs
+from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
 
 GAVEL = {  # (trace, policy): (average JCT, makespan) printed by Gavel's simulator
     ("A", "fifo-packed"): (61437.784, 1497336.979),

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from interleave_cases import cand, exhaustive_best
 
-from hpcsched.core.speed import GROUP_FACTOR, SOLO_FACTOR
 from hpcsched.interleave.grouping import GroupingRules, Scorer, form_groups
 from hpcsched.interleave.matching import MatchSettings, assign, pair_counts
 from hpcsched.interleave.period import PeriodModel, muri4_cycles, pipeline_period, pipeline_periods
+from hpcsched.primitives.speed import GROUP_FACTOR, SOLO_FACTOR
 
 # -- period ---------------------------------------------------------------------------------------
 

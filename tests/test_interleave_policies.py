@@ -10,9 +10,9 @@ import pytest
 
 from hpcsched.allocator import Group, JobView, Snapshot
 from hpcsched.cluster_spec import read_cluster_spec
-from hpcsched.core.speed import GROUP_FACTOR, SOLO_FACTOR, restart_cost
 from hpcsched.interleave.policies import muri_l, muri_s, muri_s_plus
 from hpcsched.model import ClusterSpec, ResourceProfile
+from hpcsched.primitives.speed import GROUP_FACTOR, SOLO_FACTOR, restart_cost
 from hpcsched.sim import simulate
 from hpcsched.traces import read_jobs
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.policies import AllocationInput, GavelPolicy, make_policy
 from hpcsched.hetero.round_executor import JobView, RoundExecutor, throughputs
 from hpcsched.hetero.rounds import RoundJob, simulate_rounds
 from hpcsched.hetero.throughputs import load_throughputs
+from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
 
 RESNET = "ResNet-50 (batch size 64)"  # v100 4.39, p100 2.62, k80 0.62 steps/s
 REC = "Recommendation (batch size 512)"  # v100 23.32, p100 48.88, k80 32.86

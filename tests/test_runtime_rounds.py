@@ -15,11 +15,11 @@ import pytest
 from runtime_procs import ROOT, client, controller_config, start_controller, start_worker, stop, wait_for
 
 from hpcsched.errors import InputError
-from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.policies import make_policy
 from hpcsched.hetero.round_executor import JobView, RoundExecutor
 from hpcsched.hetero.rounds import RoundJob, simulate_rounds
 from hpcsched.hetero.throughputs import load_throughputs
+from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
 from hpcsched.runtime.client import Client
 from hpcsched.runtime.config import read_controller_config
 

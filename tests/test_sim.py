@@ -11,9 +11,9 @@ import pytest
 from sim_cases import ONE_NODE, R, ends, muri_csv, pair_policy
 
 from hpcsched.allocator import Group
-from hpcsched.core.speed import GROUP_FACTOR, SOLO_FACTOR, restart_cost
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
+from hpcsched.primitives.speed import GROUP_FACTOR, SOLO_FACTOR, restart_cost
 from hpcsched.results import read_results
 from hpcsched.sim import place_consolidated, simulate
 from hpcsched.sim.runs import load_jobs, write_run

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hpcsched.core.decide import DecideOptions
-from hpcsched.core.speed import SOLO_FACTOR, group_factor
 from hpcsched.interleave.period import pipeline_period
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
+from hpcsched.primitives.speed import SOLO_FACTOR, group_factor
 from hpcsched.sim.core_decisions import AsController
 from hpcsched.sim.engine import simulate
 

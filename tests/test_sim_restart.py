@@ -16,8 +16,8 @@ import pytest
 from sim_cases import ONE_NODE, ends, muri_csv, pair_policy
 from sim_cases import R as TABLE_R  # the per-model table's cost for a model it does not know ('toy')
 
-from hpcsched.core.speed import GROUP_FACTOR, SOLO_FACTOR
 from hpcsched.model import ClusterSpec
+from hpcsched.primitives.speed import GROUP_FACTOR, SOLO_FACTOR
 from hpcsched.sim import simulate
 from hpcsched.traces import read_jobs
 

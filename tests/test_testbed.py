@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
+from hpcsched.primitives.speed import SOLO_FACTOR
 from hpcsched.results import JobResult, write_results
 from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.store import Store

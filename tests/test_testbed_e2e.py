@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hpcsched.core.speed import group_factor
+from hpcsched.primitives.speed import group_factor
 from hpcsched.results import read_results
 from hpcsched.testbed.groupfit import MIN_WINDOWS, raw_period, read_group_fits
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from hpcsched.plugins import PluginRegistry
 
 if TYPE_CHECKING:
-    from hpcsched.core.decide import JobState
+    from hpcsched.primitives.state import JobState
 
 
 @dataclass(frozen=True, slots=True)

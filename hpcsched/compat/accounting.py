@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hpcsched.compat.muri import CompatRules
-from hpcsched.core.speed import SOLO_FACTOR
+from hpcsched.primitives.speed import SOLO_FACTOR
 
 _INF = math.inf
 _END, _WAKE = 0, 2  # the engine's event kinds (``hpcsched.sim.events``: END, WAKE)

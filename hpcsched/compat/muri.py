@@ -1,7 +1,7 @@
 """``--compat muri``: the loop rules of the reference simulator (Rivendile/Muri ``simulator/run_sim.py``).
 
 The speed model (solo factor, group slowdowns, restart table) is shared with the default mode and lives in
-``hpcsched.core.speed``; what differs per policy is how the reference's loop for it chose, placed and
+``hpcsched.primitives.speed``; what differs per policy is how the reference's loop for it chose, placed and
 charged jobs, declared by each policy as ``PolicyHints(compat={"muri": <rules>})``.
 """
 

@@ -53,11 +53,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hpcsched.allocator import Group, JobView, Snapshot, policy_name
-from hpcsched.core.placement import first_slots
-from hpcsched.core.state import ClusterState, DecideOptions, DecideRequest, JobState, Plan, WorkerState
 from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.model import ClusterSpec, ElasticJob
 from hpcsched.placements import PlacementView, get_placement
+from hpcsched.primitives.placement import first_slots
+from hpcsched.primitives.state import ClusterState, DecideOptions, DecideRequest, JobState, Plan, WorkerState
 
 __all__ = ["ClusterState", "DecideOptions", "DecideRequest", "JobState", "Plan", "WorkerState", "decide",
            "runnable_units"]

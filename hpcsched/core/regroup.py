@@ -23,9 +23,9 @@ from typing import Any
 
 from hpcsched.allocator import Group
 from hpcsched.compat.muri import CompatRules
-from hpcsched.core.placement import first_slots
 from hpcsched.core.replan import Planned, Planner
-from hpcsched.core.state import ClusterState, Plan, WorkerState
+from hpcsched.primitives.placement import first_slots
+from hpcsched.primitives.state import ClusterState, Plan, WorkerState
 
 
 @dataclass(eq=False, slots=True)

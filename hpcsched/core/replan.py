@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcsched.allocator import Group
-from hpcsched.core import placement as pl
+from hpcsched.primitives import placement as pl
 
 if TYPE_CHECKING:
     from hpcsched.compat.muri import CompatRules

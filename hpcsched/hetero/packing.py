@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hpcsched.hetero.cluster import HeteroCluster
 from hpcsched.hetero.round_rules import (
     MAX_FAILED_ATTEMPTS,
     RoundJob,
@@ -51,6 +50,7 @@ from hpcsched.hetero.round_rules import (
     reset_period,
     slo_deadline,
 )
+from hpcsched.primitives.hetero_cluster import HeteroCluster
 
 if TYPE_CHECKING:
     from hpcsched.hetero.policies import AllocationInput, GavelPolicy

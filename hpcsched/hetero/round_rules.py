@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from hpcsched.hetero.cluster import HeteroCluster
+from hpcsched.primitives.hetero_cluster import HeteroCluster
 
 if TYPE_CHECKING:
     from hpcsched.hetero.policies import AllocationInput, GavelPolicy

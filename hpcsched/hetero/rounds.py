@@ -43,7 +43,6 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hpcsched.hetero.cluster import HeteroCluster
 from hpcsched.hetero.round_rules import (
     MAX_FAILED_ATTEMPTS,
     MECHANISM_ORDER,
@@ -65,6 +64,7 @@ from hpcsched.hetero.round_rules import (
     slo_deadline,
     stuck_error,
 )
+from hpcsched.primitives.hetero_cluster import HeteroCluster
 
 if TYPE_CHECKING:
     from hpcsched.hetero.policies import GavelPolicy

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcsched.errors import InputError
-from hpcsched.hetero.cluster import parse_hetero_cluster
 from hpcsched.hetero.rounds import ROUND_S, RoundJob, RoundsResult, simulate_rounds
+from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
 
 
 def _read_plain_gavel(trace: str | Path) -> list[RoundJob] | None:

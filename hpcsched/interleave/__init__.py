@@ -1,4 +1,4 @@
-"""Multi-resource interleaving (issue 4): group periods, matching into groups of up to four, Muri policies.
+"""Multi-resource interleaving: group periods, matching into groups of up to four, Muri policies.
 
 Modules, each one concept: ``period`` (how fast a group iterates), ``matching`` (maximum-weight matching
 engines), ``grouping`` (repeated matching into groups), ``policies`` (Muri-S, Muri-L, Muri-S+),

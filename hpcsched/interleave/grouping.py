@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpcsched.core.speed import group_factor
 from hpcsched.interleave.matching import MatchSettings, assign, pair_counts
 from hpcsched.interleave.period import MAX_GROUP, STAGES, PeriodModel
 from hpcsched.interleave.screening import sparse_pairs
+from hpcsched.primitives.speed import group_factor
 
 TypeKey = tuple  # (gpus, data_s, compute_s, network_s, solo_s) or (gpus, None, solo_s) without a profile
 

@@ -38,10 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hpcsched.allocator import Group, JobView, Snapshot
-from hpcsched.core import placement as pl
-from hpcsched.core.speed import SOLO_FACTOR, group_factor
 from hpcsched.interleave.grouping import Candidate, Formed, GroupingRules, Scorer, form_groups
 from hpcsched.interleave.period import PeriodModel
+from hpcsched.primitives import placement as pl
+from hpcsched.primitives.speed import SOLO_FACTOR, group_factor
 
 SLOT_JOBS = 4  # jobs considered for each placeable slot (the reference's packing_num)
 

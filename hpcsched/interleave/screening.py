@@ -26,10 +26,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hpcsched.core.speed import group_factor
 from hpcsched.interleave import matching
 from hpcsched.interleave.matching import MatchSettings
 from hpcsched.interleave.period import STAGES
+from hpcsched.primitives.speed import group_factor
 
 _HUB_SHARE = 0.3  # fewer distinct best partners than this share of the nodes: a hub graph (random: ~0.63,
 # re-profiled trace jobs: 0.01-0.1)

@@ -69,7 +69,7 @@ def _cluster_prices(meta: Mapping[str, Any]) -> tuple[dict[str | None, float] | 
     cluster = meta.get("cluster")
     if not isinstance(cluster, str):
         return None, []
-    from hpcsched.hetero.cluster import looks_hetero, parse_hetero_cluster
+    from hpcsched.primitives.hetero_cluster import looks_hetero, parse_hetero_cluster
 
     if not looks_hetero(cluster):
         return None, []
@@ -246,10 +246,10 @@ def entities_from_trace(path: str | Path) -> dict[str, str]:
 
 def solo_seconds(job: Job) -> float:
     """Seconds ``job`` takes alone on its GPUs at the simulator's speed: iterations x iteration time (else its
-    duration) x the 1.015 solo factor of ``hpcsched.core.speed``, restarts left out (Gavel's isolated
+    duration) x the 1.015 solo factor of ``hpcsched.primitives.speed``, restarts left out (Gavel's isolated
     throughput has none). The rule is ``hpcsched.sim.jobrun.iterations_of``'s, which this module may not import
     (tests/test_architecture.py: only the simulation tools depend on the simulator)."""
-    from hpcsched.core.speed import SOLO_FACTOR
+    from hpcsched.primitives.speed import SOLO_FACTOR
 
     if job.iterations and job.iterations > 0 and job.iteration_time and job.iteration_time > 0:
         return job.iterations * job.iteration_time * SOLO_FACTOR

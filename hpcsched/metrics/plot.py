@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
+    from matplotlib.axes import Axes
 
 
 def plot_jct_cdf(runs: Sequence[tuple[str, pd.DataFrame]], out_png: str | Path, subject: str | None = None) -> Path:
@@ -21,8 +23,6 @@ def plot_jct_cdf(runs: Sequence[tuple[str, pd.DataFrame]], out_png: str | Path, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from hpcsched.report.plots import log_x_by_decades
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = [np.array([])]
@@ -45,3 +45,20 @@ def plot_jct_cdf(runs: Sequence[tuple[str, pd.DataFrame]], out_png: str | Path, 
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def log_x_by_decades(ax: Axes, values: np.ndarray) -> None:
+    """A log x axis from a power of ten to a power of ten: labelled at both ends even for data inside one
+    decade, where matplotlib would label crowded minor ticks instead. Here, not in ``hpcsched.report``, because
+    the metrics' own plot uses it and the report is a floor above the metrics."""
+    import math
+
+    import numpy as np
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    pos = values[np.isfinite(values) & (values > 0)]
+    if len(pos):
+        lo, hi = math.floor(math.log10(pos.min())), math.ceil(math.log10(pos.max()))
+        ax.set_xlim(10.0 ** lo, 10.0 ** max(hi, lo + 1))
+    ax.xaxis.set_minor_formatter(NullFormatter())

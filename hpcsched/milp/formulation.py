@@ -13,7 +13,7 @@ Because a piece is affine on its integer points, this is exact (no SOS2, no inte
 portable (binaries and integers only; HiGHS has no SOS constraints), and tiny: ~10 pieces per job
 on BFTrainer curves, independent of the pool size. Single-point pieces carry no ``m`` variable.
 
-Identical jobs are one class (issue 17). Jobs with the same value table, current count and
+Identical jobs are one class. Jobs with the same value table, current count and
 preemption flag are interchangeable: any permutation of their counts is worth the same and moves
 as many nodes. Modelled one by one, k such jobs give k! equivalent branch-and-bound subtrees, and
 HiGHS ran into its 10 s limit on ~270 waiting shufflenet jobs. A class of k jobs is therefore

@@ -1,11 +1,11 @@
 """Consolidated placement (the default; Muri's, Tiresias' and Blox's ``consolidated``): as few workers as
-possible, first fit (``hpcsched.core.placement.place_consolidated``), so gradient traffic stays on one node.
+possible, first fit (``hpcsched.primitives.placement.place_consolidated``), so gradient traffic stays on one node.
 It does not look at CPUs or memory: that is what ``resource-aware`` adds."""
 
 from __future__ import annotations
 
-from hpcsched.core.placement import place_consolidated
 from hpcsched.placements import PlacementView, register
+from hpcsched.primitives.placement import place_consolidated
 
 
 @register("consolidated")

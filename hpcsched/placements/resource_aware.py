@@ -5,8 +5,8 @@ consolidated over those. Where workers or jobs state no CPU or memory figures, i
 
 from __future__ import annotations
 
-from hpcsched.core.placement import place_consolidated
 from hpcsched.placements import PlacementView, register
+from hpcsched.primitives.placement import place_consolidated
 
 
 @register("resource-aware")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 import re
 
-from hpcsched.core.placement import place_consolidated
 from hpcsched.placements import PlacementView, register
+from hpcsched.primitives.placement import place_consolidated
 
 
 @functools.lru_cache(maxsize=1)

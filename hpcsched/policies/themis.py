@@ -50,10 +50,10 @@ import numpy as np
 
 from hpcsched.allocator import DeclaredPolicy, Group, JobView, PolicyHints, Snapshot
 from hpcsched.compat.muri import THEMIS_LOOP
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.model import ClusterSpec
 from hpcsched.policies import register
 from hpcsched.policies.ordering import remaining_s, solo
+from hpcsched.primitives.speed import SOLO_FACTOR
 
 _log = logging.getLogger(__name__)
 

@@ -21,6 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from hpcsched.metrics.plot import log_x_by_decades  # noqa: E402
+
 DPI = 100
 _MIN_WIDTH = 7.0  # inches: a one-panel figure still has room for a title naming trace and cluster
 _LABELS = {"avg_jct": "average JCT", "p99_jct": "p99 JCT", "makespan": "makespan"}
@@ -58,19 +60,6 @@ def _wrap(title: str, fig: plt.Figure) -> str:
 def _panels(n: int) -> tuple[plt.Figure, np.ndarray]:
     rows, cols = _grid(n)
     return plt.subplots(rows, cols, figsize=(max(3.6 * cols, _MIN_WIDTH), 2.9 * rows + 0.4), squeeze=False)
-
-
-def log_x_by_decades(ax: plt.Axes, values: np.ndarray) -> None:
-    """A log x axis from a power of ten to a power of ten: labelled at both ends even for data inside one
-    decade, where matplotlib would label crowded minor ticks instead."""
-    from matplotlib.ticker import NullFormatter
-
-    ax.set_xscale("log")
-    pos = values[np.isfinite(values) & (values > 0)]
-    if len(pos):
-        lo, hi = math.floor(math.log10(pos.min())), math.ceil(math.log10(pos.max()))
-        ax.set_xlim(10.0 ** lo, 10.0 ** max(hi, lo + 1))
-    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def normalized_bars(norm: pd.DataFrame, baseline: str, title: str, out: Path,

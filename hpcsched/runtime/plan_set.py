@@ -28,7 +28,7 @@ from heapq import merge
 from typing import Any
 
 from hpcsched.allocator import JobView, Policy, hints_of
-from hpcsched.core.state import JobState
+from hpcsched.primitives.state import JobState
 
 HEAD_MIN = 256  # pending jobs shown even when no slot is free (a preemptive policy's candidates)
 HEAD_MAX = 1024  # at most this many pending jobs per step, however many slots are free (placing each costs O(workers))

@@ -31,9 +31,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from hpcsched.core.state import ClusterState, Plan
 from hpcsched.hetero.round_executor import JobView, RoundDecision, RoundExecutor
 from hpcsched.placements import PlacementView, get_placement
+from hpcsched.primitives.state import ClusterState, Plan
 from hpcsched.runtime.config import ControllerConfig
 from hpcsched.runtime.store import Store
 

@@ -1,4 +1,4 @@
-"""Event-driven DL-cluster simulator (issue 3): ``simulate()``, consolidated placement, the CLI.
+"""Event-driven DL-cluster simulator: ``simulate()``, consolidated placement, the CLI.
 
 Kept light on purpose: importing ``hpcsched.sim`` loads nothing heavy; ``simulate`` and
 ``place_consolidated`` are imported on first use.
@@ -17,7 +17,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(engine, name)
     if name == "place_consolidated":
-        from hpcsched.core.placement import place_consolidated
+        from hpcsched.primitives.placement import place_consolidated
 
         return place_consolidated
     raise AttributeError(name)

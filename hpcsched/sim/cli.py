@@ -137,7 +137,7 @@ def simulate_cmd(
         _simulate_blox(trace, cluster, policy, out, as_json, win, round_s, blox_optimus_load)
         return
     if compat == "gavel" or ("=" in str(cluster) and "/" not in str(cluster)):  # a type=count cluster string:
-        # Gavel's policies and round mechanism (issue 19; ``hetero.cluster.looks_hetero``, not imported: start-up)
+        # Gavel's policies and round mechanism (``hetero_cluster.looks_hetero``, not imported: start-up)
         from hpcsched.hetero.simulate import simulate_command  # before the simulator's imports: start-up counts
 
         if win is not None:

@@ -10,14 +10,14 @@ How a policy's groups are executed (the contract the interleaving policies rely 
 1. The policy returns ``list[Group]``, highest priority first. A job may appear in at most one
    group; jobs it leaves out do not run. Single-job groups are ordinary jobs.
 2. A group needs ``max(member gpus)`` GPUs, placed once for the whole group with consolidated
-   placement (``hpcsched.core.placement.place_consolidated``); all members share those GPUs.
+   placement (``hpcsched.primitives.placement.place_consolidated``); all members share those GPUs.
 3. Groups are taken in the returned order; one that does not fit the GPUs left is skipped and the
    engine goes on with the next (backfilling), so the order is a priority, not a queue.
    In ``compat="muri"`` for Themis and Muri-S/L, groups are first CHOSEN in order and then placed
    largest first (the reference's two passes); a chosen group that no longer fits does not run.
 4. Speed: a solo job runs one iteration per ``iteration_time x 1.015``. A group of k >= 2 members
    runs ONE iteration of EVERY member per ``period_s x GROUP_FACTOR[k]`` (1.33/1.015, 1.5/1.015,
-   1.37/1.015 for k = 2, 3, 4; ``hpcsched.core.speed``), so ``period_s`` is the raw interleaved
+   1.37/1.015 for k = 2, 3, 4; ``hpcsched.primitives.speed``), so ``period_s`` is the raw interleaved
    period the policy computed from the stage profiles; a multi-job group without ``period_s`` is an
    error. A solo group with ``period_s`` runs at ``period_s x 1.015``.
 5. Restart cost (``hpcsched.core.speed.restart_cost``, per model and GPU count; in default mode
@@ -65,8 +65,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.allocator import Policy, policy_name
 from hpcsched.compat import MODES as COMPAT_MODES
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.model import ClusterSpec, Job
+from hpcsched.primitives.speed import SOLO_FACTOR
 from hpcsched.results import JobResult
 from hpcsched.sim.jobrun import JobRun
 from hpcsched.sim.loop import DLEngine

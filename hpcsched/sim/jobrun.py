@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 from hpcsched.allocator import Group, JobView
-from hpcsched.core.speed import SOLO_FACTOR, restart_cost
 from hpcsched.model import DEFAULT_ITERATION_S, Job
+from hpcsched.primitives.speed import SOLO_FACTOR, restart_cost
 
 _INF = math.inf
 

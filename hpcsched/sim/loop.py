@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.allocator import JobView, Policy, Snapshot, hints_of
 from hpcsched.compat.muri import CompatRules
-from hpcsched.core import placement as pl
 from hpcsched.core.replan import Planned, Planner
-from hpcsched.core.speed import SOLO_FACTOR, group_factor, restart_cost
 from hpcsched.model import ClusterSpec, Job
+from hpcsched.primitives import placement as pl
+from hpcsched.primitives.speed import SOLO_FACTOR, group_factor, restart_cost
 from hpcsched.sim.accounting import LazyAccounting
 from hpcsched.sim.events import ARRIVAL, END, EventQueue
 from hpcsched.sim.jobrun import JobRun

@@ -63,7 +63,7 @@ def run_policy(
 
     The name is looked up on its own (``get_policy``: "unknown policy ...; known: ...", or why a registered one
     cannot run here) before the run, so that a KeyError from inside the simulation is never taken for a bad
-    name; and not by listing every name, which would load every policy module (issue 14: a registry that loads
+    name; and not by listing every name, which would load every policy module (start-up time: a registry that loads
     only the module of the name asked for keeps `hpcsched simulate --policy srsf` off numpy and rustworkx).
     """
     from hpcsched.policies import get_policy

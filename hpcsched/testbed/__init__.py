@@ -1,4 +1,4 @@
-"""Testbed experiments (issue 9): replay a DL trace through the real runtime and hold the simulator to it.
+"""Testbed experiments: replay a DL trace through the real runtime and hold the simulator to it.
 
 ``mapping`` turns trace jobs into small real training jobs (time scaling, model -> workload),
 ``local`` starts a controller and workers on this machine, ``driver`` submits the jobs at their scaled

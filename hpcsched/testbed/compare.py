@@ -14,7 +14,7 @@ trace seconds per step) with what the simulation assumed for that job in that wi
   median over those windows of each window's own error (simulated vs measured pace of that window), which
   is what a group's speed model gets right or wrong. The difference of the two medians (``medians_error``
   in ``--json``) is not: it sets the median window of one group against the median of another, and windows
-  of groups with different periods pooled that way showed a pair fitted at 1.03 as -24% (issue 14). The
+  of groups with different periods pooled that way showed a pair fitted at 1.03 as -24%. The
   measured factors of the real run (``REAL_DIR/profile/group-factors.csv``) are shown beside them, with
   the windows behind a size that had too few to be fitted (the default was used);
 - by **sharing** (``iterations``): how many of the run's jobs held the worker, whatever their slots,
@@ -29,9 +29,9 @@ from typing import Any
 
 import pandas as pd
 
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.errors import InputError
 from hpcsched.metrics import summarize
+from hpcsched.primitives.speed import SOLO_FACTOR
 from hpcsched.results import read_results
 
 ITERATIONS_FILE = "iterations.csv"
@@ -90,8 +90,8 @@ def group_rows(sim_dir: Path, real_dir: Path) -> list[dict[str, Any]]:
     """Measured vs simulated seconds per iteration (trace scale), by interleaved group size (module docstring)."""
     import json
 
-    from hpcsched.core.speed import group_factor
     from hpcsched.interleave.period import MAX_GROUP
+    from hpcsched.primitives.speed import group_factor
     from hpcsched.testbed.groupfit import FILE, raw_period, read_group_fits
 
     it_file, trace = real_dir / ITERATIONS_FILE, sim_dir / "trace.csv"

@@ -21,8 +21,8 @@ import statistics
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.model import ClusterSpec, Job, ResourceProfile
+from hpcsched.primitives.speed import SOLO_FACTOR
 from hpcsched.sim.engine import SimResult
 from hpcsched.testbed.mapping import ScaledJob, sim_job
 from hpcsched.testbed.measure import Measured

@@ -1,7 +1,7 @@
 """Group slowdown factors measured on the testbed: how much slower than its ideal pipeline a group really runs.
 
 The simulator runs an interleaved group of k jobs at ``raw pipeline period x group_factor(k)``
-(``hpcsched.interleave.period``, ``hpcsched.core.speed``): the period of the members' best stage
+(``hpcsched.interleave.period``, ``hpcsched.primitives.speed``): the period of the members' best stage
 ordering, times a slowdown Muri measured on its GPUs (1.33, 1.5, 1.37 over its 1.015 solo factor). Nothing
 says that slowdown holds for other hardware, or for CPU workloads whose stages contend for the same cores.
 So it is fitted from the run itself: for every report window in which a job ran interleaved with k - 1
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcsched.core.speed import SOLO_FACTOR, group_factor
 from hpcsched.errors import InputError
 from hpcsched.interleave.period import pipeline_periods
 from hpcsched.model import ResourceProfile
+from hpcsched.primitives.speed import SOLO_FACTOR, group_factor
 from hpcsched.testbed.measure import Measured
 
 FILE = "group-factors.csv"  # in OUT/profile/

@@ -14,7 +14,7 @@ Per job and attempt (generation): when the controller launched it (``start`` eve
   report (a starting process imports torch and loads the cores); as a group mate only from its first
   report (the one before its first step) to its last: a mate that is still starting takes no stage turn,
   so its partner trains at its solo pace meanwhile. Counting start-up as interleaving made a "pair" of a
-  job that finished while its mate was still starting (an e2e run of issue 14: 64 such windows, pace /
+  job that finished while its mate was still starting (an end-to-end run: 64 such windows, pace /
   pipeline period 0.42) and made the fitted factors swing between runs of the same set-up (pairs
   0.68-1.05, groups of 4 0.34-1.03 over 22 runs; 0.95-1.05 and 1.05-1.09 counting training mates only);
 - **solo**: the windows where a job ran alone on its worker; failing that, alone in its group (others

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from hpcsched.core.speed import SOLO_FACTOR
 from hpcsched.errors import InputError
 from hpcsched.model import Job, ResourceProfile
+from hpcsched.primitives.speed import SOLO_FACTOR
 from hpcsched.testbed.compare import ITERATIONS_FILE
 from hpcsched.testbed.driver import load_run
 from hpcsched.testbed.mapping import ScaledJob, Workload, sim_job

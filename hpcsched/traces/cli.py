@@ -15,7 +15,7 @@ from hpcsched.progress import wanted
 from hpcsched.traces import FORMATS, generate_cli, open_trace
 
 trace_app = typer.Typer(help="Look inside trace files.", no_args_is_help=True)
-generate_cli.register(trace_app)  # `trace generate` (issue 17), in its own module
+generate_cli.register(trace_app)  # `trace generate`, in its own module
 
 _QUANTILES = (0.0, 0.5, 0.9, 0.99, 1.0)
 COLUMNS_HELP = ("sacct without a header line (sacct -P --noheader): its columns, the --format list it was made "

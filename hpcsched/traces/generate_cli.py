@@ -1,4 +1,4 @@
-"""``hpcsched trace generate``: the seeded synthetic traces of issue 17's benchmarks, as a command.
+"""``hpcsched trace generate``: the seeded synthetic traces of the scale benchmarks, as a command.
 
 Only typer is imported here; the generators (``hpcsched.traces.synth``) load when the command runs, so
 ``hpcsched --help`` stays fast.

@@ -5,7 +5,7 @@
 datetime in hpcsched), ``duration`` seconds, ``num_gpus`` GPUs, ``cluster`` the virtual cluster
 (kept as ``queue``). Rows are not sorted by submit (counted as ``unsorted_submit``) and carry no job
 id: a job's id is its data row number (1 = first job), stable for a given file. ``gpu_time`` is
-duration x GPUs and only checked. (This reader is unchanged by issue 17: no fill rule is applied.)
+duration x GPUs and only checked. (No fill rule is applied to this reader.)
 
 ``tiresias`` -- the Tiresias simulator's CSV (SymbioticLab/Tiresias), the layout Muri later extended:
 ``job_id,num_gpu,submit_time,iterations,model_name,duration,interval`` in SECONDS (Muri's traces are in

@@ -1,6 +1,6 @@
 """Seeded synthetic traces, and the one rule that fills in what real DL traces lack.
 
-Why: issue 17's targets are at sizes no public log has (a 49,152-node Cobalt log, a year on a
+Why: the scale benchmarks' targets are at sizes no public log has (a 49,152-node Cobalt log, a year on a
 160,000-node machine, 150,000 Philly-like jobs with multi-week jobs), so the project generates them,
 and anyone can regenerate the exact same bytes from a kind and a seed (``hpcsched trace generate``).
 
