@@ -27,6 +27,7 @@ import os
 import pwd
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -191,8 +192,14 @@ class Sandbox:
     """Starts and kills one worker's tasks (module docstring). ``cgroups``: "auto" (use them where writable) or
     "off" (process groups and subreapers only)."""
 
-    def __init__(self, worker: str, python: str = sys.executable, cgroups: str = "auto") -> None:
+    def __init__(self, worker: str, python: str = sys.executable, cgroups: str = "auto", spare: bool = False) -> None:
         self.python = python
+        # A guard started ahead of the next task (task_guard.py, --spare): a launch hands it the task over a socket
+        # instead of waiting for a Python to start. Only where asked (the worker daemon), for tasks whose stdin is
+        # /dev/null and whose stdout and stderr are one file (a task's launch).
+        self.use_spare = spare
+        self.spare: tuple[subprocess.Popen, socket.socket] | None = None
+        self.spares_used = 0
         self.lock = threading.Lock()
         self.leaf_of: dict[int, str | None] = {}  # pid of each guard started -> its cgroup leaf
         self.strays_killed = 0
@@ -203,6 +210,8 @@ class Sandbox:
             self.cgroups, why = Cgroups.open(worker)
         self.mode = (f"cgroup v2 ({self.cgroups.root})" if self.cgroups else
                      f"process groups + subreaper (no cgroups: {why})")
+        if spare:
+            self.spare = self._start_spare()
         self.subreaper = False
 
     def become_subreaper(self) -> None:
@@ -231,9 +240,60 @@ class Sandbox:
         if cwd:
             opts.append(f"--cwd={cwd}")
         with self.lock:
-            proc = subprocess.Popen([self.python, "-I", "-S", GUARD, *opts, "--", *argv], env=env, stdin=stdin,
-                                    stdout=stdout, stderr=stderr, start_new_session=True)
+            proc = self._hand_to_spare(opts, argv, env, stdin, stdout, stderr)
+            if proc is None:
+                proc = subprocess.Popen([self.python, "-I", "-S", GUARD, *opts, "--", *argv], env=env, stdin=stdin,
+                                        stdout=stdout, stderr=stderr, start_new_session=True)
             self.leaf_of[proc.pid] = path
+        return proc
+
+    def refill(self) -> None:
+        """Start the next spare guard when the last one was used: between launches (the worker's poll loop), so a
+        launch does not also pay for starting the next one."""
+        if self.use_spare and self.spare is None:
+            with self.lock:
+                if self.spare is None:
+                    self.spare = self._start_spare()
+
+    def _start_spare(self) -> tuple[subprocess.Popen, socket.socket] | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = subprocess.Popen([self.python, "-I", "-S", GUARD, f"--parent={os.getpid()}", "--spare", "--"],
+                                    env={"PATH": os.defpath}, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            log.warning("cannot start a spare task guard (%s): tasks start without one", e.strerror or e)
+            ours.close()
+            self.use_spare = False
+            return None
+        finally:
+            theirs.close()
+        return proc, ours
+
+    def _hand_to_spare(self, opts: list[str], argv: list[str], env: dict[str, str], stdin: int | IO,
+                       stdout: int | IO | None, stderr: int | IO | None) -> subprocess.Popen | None:
+        """The spare guard, given this task (its options, command, environment and descriptors), or None when there
+        is none, it is gone, or the task's descriptors are not a launch's (the caller then starts a guard)."""
+        if self.spare is None or stdin != subprocess.DEVNULL or stderr != subprocess.STDOUT or stdout is None \
+                or isinstance(stdout, int):
+            return None
+        proc, sock = self.spare
+        self.spare = None
+        try:
+            with open(os.devnull, "rb") as null:
+                out = stdout.fileno()
+                request = task_guard.encode_request([o for o in opts if not o.startswith("--parent=")], argv, env)
+                socket.send_fds(sock, [request[:8]], [null.fileno(), out, out])
+                sock.sendall(request[8:])
+        except OSError as e:  # it died (killed, or its parent check failed): start a guard the usual way
+            log.warning("the spare task guard (pid %s) is gone (%s): starting one", proc.pid, e.strerror or e)
+            with contextlib.suppress(OSError):
+                proc.kill()
+            proc.wait()
+            return None
+        finally:
+            sock.close()
+        self.spares_used += 1
         return proc
 
     def kill_leaf(self, name: str) -> None:
@@ -301,6 +361,15 @@ class Sandbox:
         return killed
 
     def close(self) -> None:
+        if self.spare is not None:
+            proc, sock = self.spare
+            self.spare = None
+            sock.close()  # the spare reads the end of its socket and exits
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if self.cgroups is not None:
             self.cgroups.close()
 

@@ -104,7 +104,8 @@ class Worker(TaskControl, ControllerLink):
         self._refused_logged = ""
         self._tls_hinted = False
         self.run_as = self._users()
-        self.sandbox = Sandbox(cfg.name, python, cfg.cgroups)  # the guard runs as this worker: its own Python
+        # the guard runs as this worker, with its own Python; a spare one waits for each next launch
+        self.sandbox = Sandbox(cfg.name, python, cfg.cgroups, spare=True)
         self._check_task_python()
         self.quota = CheckpointQuota(cfg.checkpoint_quota_mb)
         log.info("tasks are held by %s; they run as %s", self.sandbox.mode,

@@ -184,6 +184,7 @@ class TaskControl:
                     # launcher itself is still tearing down (torchrun: 3-5 s): nothing left to wait for.
                     self.sandbox.kill(t.proc)
         self.sandbox.sweep()
+        self.sandbox.refill()
         return news
 
     def _read_progress(self, t: Task) -> None:
