@@ -81,6 +81,7 @@ def table(r: dict) -> str:
         m = r["metrics_listener"]
         rows += [("/metrics scrapes", f"{m['scrapes']} every {m['every_s']:g} s ({m['errors']} failed), wall p50 "
                                       f"{m['scrape_wall_s_p50']} s, max {m['scrape_wall_s_max']} s"),
+                 ("/metrics last read", m["final_read"]),
                  ("/metrics CPU", f"{m['cpu_ms_per_scrape']} ms a scrape, {m['cpu_ms_per_sample']} ms a plot sample: "
                                   f"{m['cpu_pct_of_core_at_15s']}% of a core at one of each every 15 s")]
     width = max(len(k) for k, _ in rows)
