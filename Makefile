@@ -106,8 +106,10 @@ test-fast: $(STAMP)
 	@echo "test order: random, seed $(SEED) (rerun this order: make test-fast SEED=$(SEED))"
 	$(BIN)/python -m pytest -q -p randomly --randomly-seed=$(SEED) -m "not slow" $(PYTEST_ARGS)
 
+# ruff over everything; mypy over the packages that pass today ([tool.mypy] in pyproject.toml, growing).
 lint: $(STAMP)
 	$(BIN)/ruff check hpcsched tests bench workloads
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
