@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.node_source import SourceView
 from hpcsched.runtime.ops_metrics import BUCKETS_S, histogram_buckets
+from hpcsched.runtime.ops_snapshot import LOCK_WAIT_S
 from hpcsched.runtime.ops_tally import StateTally
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer, RpcTimings
@@ -327,3 +329,33 @@ def test_lost_and_departed_workers_are_counted_apart(tmp_path: Path) -> None:
         assert got["hpcsched_workers", (("state", "lost"),)] == 2  # neither is heard any more
     finally:
         srv.stop()
+
+
+def test_a_busy_controller_lock_gets_the_previous_reading_not_a_hung_scrape(ops) -> None:
+    """A scrape while the controller's lock is held (a long step) answers after LOCK_WAIT_S with the previous pool
+    reading, and says how old it is, instead of waiting for the lock."""
+    srv, addr, url = ops
+    _get(url + "/metrics", READONLY)  # a first reading to fall back on
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with srv.ctl.lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert held.wait(30)
+        t0 = time.monotonic()
+        status, text, _ = _get(url + "/metrics", READONLY)
+        waited = time.monotonic() - t0
+    finally:
+        release.set()
+        holder.join(30)
+    got = samples(text)
+    assert status == 200 and got["hpcsched_metrics_stale_reads_total", ()] == 1
+    assert got["hpcsched_pool_age_seconds", ()] >= LOCK_WAIT_S and waited >= LOCK_WAIT_S
+    assert got["hpcsched_workers", (("state", "alive"),)] == 0  # the previous reading's figures
+    got = samples(_get(url + "/metrics", READONLY)[1])  # the lock free again: a fresh reading
+    assert got["hpcsched_metrics_stale_reads_total", ()] == 1 and got["hpcsched_pool_age_seconds", ()] < LOCK_WAIT_S

@@ -108,7 +108,7 @@ class OpsServer:
     def page(self, owner: str | None) -> str:
         """The status page; ``owner``: only that user's jobs (own_jobs_only), None for all."""
         pool = self.read_pool(True)
-        totals = self.collector.tally.read(pool.time)
+        totals = self.collector.tally.read(time.time())
         filters = pb.ListJobsRequest(states=["running", "stopping", "pending"])
         jobs, more = self.server.ctl.jobs_page(PAGE_JOBS, "", owner=owner, filters=filters)
         title = f"hpcsched controller {self.server.address}"

@@ -79,7 +79,8 @@ class ControllerCollector(Collector):
         self.tally = StateTally(server.ctl.store.reader())
         self._lock = threading.Lock()
         self.cost = ListenerCost()
-        self.last_collect_s = 0.0  # the previous scrape's own time (exported: the endpoint's cost)
+        self.last_collect_s = 0.0
+        self._pool_time = time.time()  # the previous scrape's own time (exported: the endpoint's cost)
 
     def close(self) -> None:
         self.tally.close()
@@ -101,6 +102,15 @@ class ControllerCollector(Collector):
             n.add_metric([what], requests.get(what, 0))
         yield c
         yield n
+        g = GaugeMetricFamily("hpcsched_pool_age_seconds", "Age of the pool figures (workers, pilots, slots) in "
+                              "this scrape: near 0, unless the controller's lock was busy past 1 s and the "
+                              "previous reading was served")
+        g.add_metric([], max(0.0, time.time() - self._pool_time))
+        yield g
+        c = CounterMetricFamily("hpcsched_metrics_stale_reads", "Scrapes that served the previous pool reading "
+                                "because the controller's lock was busy")
+        c.add_metric([], self.pool.stale_reads)
+        yield c
         g = GaugeMetricFamily("hpcsched_metrics_collect_seconds", "Seconds the previous scrape of this endpoint "
                               "took to collect (its cost to the controller)")
         g.add_metric([], self.last_collect_s)
@@ -109,7 +119,8 @@ class ControllerCollector(Collector):
     def _metrics(self) -> list[Metric]:
         srv, ctl = self.server, self.server.ctl
         pool = self.pool.read()
-        totals = self.tally.read(pool.time)
+        self._pool_time = pool.time
+        totals = self.tally.read(time.time())
         out: list[Metric] = []
 
         workers = GaugeMetricFamily("hpcsched_workers", "Workers the state knows, by state (lost: not heard, "

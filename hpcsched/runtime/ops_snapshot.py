@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from hpcsched.runtime.server import ControllerServer
 
 WORKER_STATES = ("alive", "leaving", "lost")
+LOCK_WAIT_S = 1.0  # a read waits this long for the controller's lock before it answers with the previous snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +61,33 @@ class PoolSnapshot:
 class PoolReader:
     """Reads ``PoolSnapshot`` s of one controller server; keeps the co-location key of each live task between reads
     (``launch.slot_use``'s cache) so a task's LaunchTask is parsed once, not at every scrape. Not thread-safe: its
-    owner serialises reads."""
+    owner serialises reads.
 
-    def __init__(self, server: ControllerServer) -> None:
+    A controller so busy that its lock is not free within ``wait_s`` (a long scheduling step, a registration storm)
+    is when an operator most needs its metrics: the read then answers with the previous snapshot, whose ``time``
+    says how old it is (``hpcsched_pool_age_seconds``), and counts it in ``stale_reads``, instead of waiting."""
+
+    def __init__(self, server: ControllerServer, wait_s: float = LOCK_WAIT_S) -> None:
         self.server = server
+        self.wait_s = wait_s
+        self.stale_reads = 0
         self._groups: dict[str, str] = {}
+        self._last: dict[bool, PoolSnapshot] = {}  # the previous snapshot, with and without worker lines
 
     def read(self, lines: bool = False) -> PoolSnapshot:
         ctl = self.server.ctl
-        with ctl.lock:  # copies only: the rows are immutable snapshots (memstore), so copying the dicts is enough
+        last = self._last.get(lines)
+        if not ctl.lock.acquire(timeout=self.wait_s if last is not None else -1):
+            self.stale_reads += 1
+            assert last is not None
+            return last
+        try:  # copies only: the rows are immutable snapshots (memstore), so copying the dicts is enough
             heard = set(ctl.last_seen)
             leaving = set(ctl.leaving)
             rows = ctl.store.workers()
             allocs = ctl.store.live_allocations()
+        finally:
+            ctl.lock.release()
         used, _, _, self._groups = slot_use(allocs, self._groups)
         view = self.server.source.view()
         states: Counter[str] = Counter()
@@ -88,9 +103,11 @@ class PoolReader:
                 out.append(WorkerLine(w.id, w.host, state, w.slots, used.get(w.id, 0), w.gpus, w.gpu_type,
                                       view.workers.get(w.id)))
         pilots = Counter(p[2].lower() for p in view.workers.values() if p[2] != "GONE")
-        return PoolSnapshot(time=time.time(), workers_by_state={s: states.get(s, 0) for s in WORKER_STATES},
+        snap = PoolSnapshot(time=time.time(), workers_by_state={s: states.get(s, 0) for s in WORKER_STATES},
                             slots_total=total, slots_used=busy, pilots_by_state=dict(pilots), source=view.name,
                             nodes=dict(view.nodes), workers=tuple(out))
+        self._last[lines] = snap
+        return snap
 
 
 def node_use_class(use: str) -> str:
