@@ -24,6 +24,7 @@ The same rules as ``metrics.pilots.pilot_metrics``, applied row by row:
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -48,7 +49,8 @@ class StateTally:
 
     def __init__(self, reader: Store) -> None:
         """``reader``: a read-only connection of its own (``Store.reader()``), usable from any thread."""
-        self.db = reader.db
+        assert reader.db is not None  # an open reader
+        self.db: sqlite3.Connection = reader.db
         self._reader = reader
         self._lock = threading.Lock()
         self._event_row = 0

@@ -18,11 +18,12 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpcsched.runtime.ops_snapshot import PoolSnapshot
 from hpcsched.runtime.ops_tally import Totals
-from hpcsched.runtime.rpc import pb
 
+JobInfo = Any  # the generated ``pb.JobInfo`` (its stubs are generated at run time: no static type to name)
 SAMPLE_S = 15.0
 HISTORY = 2880
 MAX_ROWS = 500
@@ -124,13 +125,13 @@ def _table(cls: str, headers: Sequence[str], rows: Sequence[Sequence[object]], t
     return f'<table class="{cls}"><tr>{head}</tr>{body}</table>{more}'
 
 
-def _progress(j: pb.JobInfo) -> str:
+def _progress(j: JobInfo) -> str:
     if j.steps_total:
         return f"{j.steps_done}/{j.steps_total} ({100 * j.steps_done / j.steps_total:.0f}%)"
     return str(j.steps_done) if j.steps_done else "-"
 
 
-def render(pool: PoolSnapshot, totals: Totals, jobs: Sequence[pb.JobInfo], more_jobs: bool,
+def render(pool: PoolSnapshot, totals: Totals, jobs: Sequence[JobInfo], more_jobs: bool,
            samples: Sequence[Sample], title: str) -> str:
     """The page as HTML: ``jobs`` are the active jobs shown (``more_jobs``: there are others past them). The plot
     ends with ``pool`` itself: the page's own reading, so it is current however long ago the last sample was."""
