@@ -91,3 +91,67 @@ def test_the_workloads_estimator_recovers_the_gradient_noise() -> None:
     assert lr_factor("linear", 256, 64, 1, 1) == 4 and lr_factor("sqrt", 256, 64, 1, 1) == 2
     assert lr_factor("adascale", 64, 64, 1.0, 40.0) == 1.0 and 1 < lr_factor("adascale", 256, 64, 1.0, 40.0) < 4
     assert lr_factor("adascale", 256, 64, 0.0, 0.0) == 1.0  # no statistics: no guess above the tuned rate
+
+
+JOB = """name: a
+launcher: direct
+procs: 1
+min_procs: 1
+max_procs: 4
+command: [workloads/adaptive_train.py]
+scaling: {procs: [1, 4], rates: [100, 300]}
+batch: {base: 64, max: 1024, max_per_proc: 256, lr_scaling: adascale}
+"""
+
+
+def test_job_file_batch_key_round_trips_and_errors_name_the_line() -> None:
+    from hpcsched.errors import InputError
+    from hpcsched.runtime.jobfile import job_spec_yaml, parse_job_spec
+
+    spec = parse_job_spec(JOB, "a.yaml")
+    assert spec.batch == BatchSpec(64, 1024, 1, 256, "adascale")
+    assert parse_job_spec(job_spec_yaml(spec), "again") == spec  # what submit sends is what the controller reads
+    assert parse_job_spec(JOB.replace("batch: {base: 64, max: 1024, max_per_proc: 256, lr_scaling: adascale}\n", ""),
+                          "b.yaml").batch is None
+    with pytest.raises(InputError, match=r"c\.yaml:8: .*lr_scaling must be one of"):
+        parse_job_spec(JOB.replace("adascale", "cubic"), "c.yaml")
+
+
+@pytest.mark.skipif(scipy_missing, reason="the goodput extra (scipy) fits the step-time model")
+def test_tracker_refits_from_the_store_after_a_restart_and_values_the_job_by_goodput(tmp_path: Path) -> None:
+    """The controller's tracker: the first attempt gets B0 (no statistics, said in the event), reports feed the
+    fit, a job with ``batch:`` and ``scaling:`` gets a goodput curve for the MILP instead of its declared one, and
+    a new tracker on the same store (a restarted controller) refits the same curve from the stored rows."""
+    import time
+
+    from hpcsched.runtime.batch_tracker import BatchTracker
+    from hpcsched.runtime.jobfile import parse_job_spec
+    from hpcsched.runtime.reconcile import progress_update
+    from hpcsched.runtime.rpc import pb
+    from hpcsched.runtime.store import Store
+
+    store = Store(tmp_path / "state.db", owner=True)
+    try:
+        jid = store.add_job(parse_job_spec(JOB, "a.yaml"), time.time())
+        job = store.job(jid)
+        t = BatchTracker(store)
+        assert t.curve(job) is None  # nothing fitted: the declared curve stands
+        assert t.choose(job, 2) == 64
+        assert store.events(jid, "batch")[-1]["how"] == "no statistics yet"
+        for k, (n, b) in enumerate([(1, 64), (2, 128), (4, 512)] * 3):
+            p = pb.Progress(step=10 * k + 10, loss=1.0, world_size=n, batch_size=b, grad_sqr=1.0, grad_var=500.0,
+                            data_s=0.002, compute_s=0.004 + 1e-4 * b / n, comm_s=0.003 if n > 1 else 0.0,
+                            time=time.time())
+            store.add_progress(jid, 1, progress_update(job, p, time.time()).row)
+            t.observe(job, p)
+        curve = t.curve(job)
+        assert curve is not None and curve.nodes == (1.0, 2.0, 3.0, 4.0) and all(r > 0 for r in curve.rates)
+        b4 = t.choose(job, 4)
+        assert store.events(jid, "batch")[-1]["how"] == "goodput" and 64 <= b4 <= 1024 and b4 % 4 == 0
+        again = BatchTracker(store)
+        assert again.curve(job) == curve and again.choose(job, 4) == b4
+        assert t.shown()[jid] == (b4, pytest.approx(500.0))
+        t.forget(jid)
+        assert jid not in t.shown()
+    finally:
+        store.close()
