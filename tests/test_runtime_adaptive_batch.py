@@ -8,8 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
-from runtime_procs import ROOT, client, controller_config, jobs_by_id, start_controller, start_worker, stop, submit, \
-    wait_for
+from runtime_procs import (
+    ROOT,
+    client,
+    controller_config,
+    jobs_by_id,
+    start_controller,
+    start_worker,
+    stop,
+    submit,
+    wait_for,
+)
 
 torch_missing = importlib.util.find_spec("torch") is None
 scipy_missing = importlib.util.find_spec("scipy") is None
@@ -22,24 +31,19 @@ def _adaptive_job(d: Path, steps: int) -> Path:
     p.write_text(
         f"name: adaptive\nlauncher: direct\nprocs: 1\nmin_procs: 1\nmax_procs: 3\nsteps: {steps}\nworkdir: {ROOT}\n"
         "batch: {base: 64, max: 1024, min_per_proc: 48, max_per_proc: 64, lr_scaling: sqrt}\n"
-        "command: [workloads/adaptive_train.py, --report-every, '2', --checkpoint-every, '10', --io-latency-ms, '40']\n")
-    return p
-
-
-def _small_job(d: Path) -> Path:
-    p = d / "small.yaml"
-    p.write_text(f"name: small\nlauncher: direct\nprocs: 1\nsteps: 30\nworkdir: {ROOT}\n"
-                 "command: [workloads/ddp_train.py, --model, cnn, --batch, '32', --io-latency-ms, '40']\n")
+        "command: [workloads/adaptive_train.py, --report-every, '2', --checkpoint-every, '10',"
+        " --io-latency-ms, '40']\n")
     return p
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch_missing, reason="torch is not installed (pip install -e '.[torch]')")
 def test_adaptive_job_resized_1_3_2_changes_its_batch_converges_and_reports_gradient_statistics(tmp_path: Path) -> None:
-    """One worker of 1 slot: the job starts at 1 process and batch 64 (B0). A worker of 2 slots joins: it grows to
-    3 and is told a batch in 144..192; a 1-process job arrives: it shrinks to 2 and is told a batch in 96..128.
-    Every attempt trains at the batch it was told (its own record), reports |G|^2 and the per-sample variance
-    with its progress, the controller keeps them per report and fits the noise scale, and the job converges."""
+    """Harvested nodes come and go: one worker of 1 slot, the job starts at 1 process and batch 64 (B0); a worker
+    of 2 slots joins: it grows to 3 and is told a batch in 144..192; the first worker leaves (SIGTERM, as Slurm
+    takes a node back): it shrinks to 2 and is told a batch in 96..128. Every attempt trains at the batch it was
+    told (its own record), reports |G|^2 and the per-sample variance with its progress, the controller keeps
+    them per report and fits the noise scale (the later batches are goodput choices), and the job converges."""
     from hpcsched.runtime.store import Store
 
     ctl, addr = start_controller(tmp_path, controller_config(tmp_path, min_runtime_s=2))
@@ -50,17 +54,18 @@ def test_adaptive_job_resized_1_3_2_changes_its_batch_converges_and_reports_grad
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
         e = submit(c, _adaptive_job(tmp_path, 600))
         # at 1 process until it has reported statistics at batch 64 (every 2 steps)
-        wait_for("1 process, 10 steps", lambda: (j := jobs_by_id(c)[e]).procs == 1 and j.steps_done >= 10, 120)
-        first = jobs_by_id(c)[e]
-        assert first.batch_size == 64 and first.noise_scale > 0, (first.batch_size, first.noise_scale)
+        first = wait_for("1 process, 10 steps, statistics", lambda: (j := jobs_by_id(c)[e]).procs == 1
+                         and j.steps_done >= 10 and j.noise_scale > 0 and j, 120)
+        assert first.batch_size == 64
         workers.append(start_worker(tmp_path, addr, "w2", slots=2))
-        wait_for("3 processes, training", lambda: (j := jobs_by_id(c)[e]).procs == 3
-                 and j.steps_done >= first.steps_done + 10 and j.batch_size >= 144, 180)
-        s = submit(c, _small_job(tmp_path))
+        grown = wait_for("3 processes", lambda: (j := jobs_by_id(c)[e]).procs == 3 and j, 180)
+        # trained at 3: 10 steps past where the attempt started (its resume point: the last step reported at 1)
+        wait_for("3 processes, training", lambda: (j := jobs_by_id(c)[e]).generation == grown.generation
+                 and j.steps_done >= grown.steps_done + 10, 180)
+        stop(w1)  # its task checkpoints; the job is placed again on what is left: 2 slots
         wait_for("2 processes", lambda: jobs_by_id(c)[e].procs == 2, 120)
-        jobs = wait_for("both jobs finished", lambda: (js := jobs_by_id(c)) and all(
-            j.state in FINAL for j in js.values()) and js, 400, poll=0.5)
-        assert jobs[e].state == jobs[s].state == "completed", (jobs[e].message, jobs[s].message)
+        job = wait_for("the job finished", lambda: (j := jobs_by_id(c)[e]).state in FINAL and j, 400, poll=0.5)
+        assert job.state == "completed", job.message
     finally:
         c.close()
         for w in workers:
@@ -70,13 +75,13 @@ def test_adaptive_job_resized_1_3_2_changes_its_batch_converges_and_reports_grad
     attempts = [(h["world_size"], h["batch_size"]) for h in result["history"]]
     assert [n for n, _ in attempts[:3]] == [1, 3, 2], attempts
     ranges = {1: (64, 64), 2: (96, 128), 3: (144, 192)}
-    for n, b in attempts:  # every attempt trained at a batch for its size (a grow back to 3 may follow)
+    for n, b in attempts:  # every attempt trained at a batch for its size
         assert ranges[n][0] <= b <= ranges[n][1], attempts
     assert attempts[0][1] != attempts[1][1] != attempts[2][1]
     assert result["steps"] == 600 and result["final_loss"] < 0.6 * result["first_loss"], result
     store = Store(tmp_path / "run" / "state.db")
     told = store.events(e, "batch")
-    rows = [r for r in store.progress(e) if r["batch_size"]]
+    rows = [r for r in store.progress(e) if r["grad_var"] is not None]
     store.close()
     # the controller told each attempt what the attempt says it ran at
     assert [(x["procs"], x["batch_size"]) for x in told] == attempts, (told, attempts)
@@ -85,4 +90,5 @@ def test_adaptive_job_resized_1_3_2_changes_its_batch_converges_and_reports_grad
         assert all(x["how"] == "goodput" and x["noise_scale"] > 0 for x in told[1:]), told
     # the statistics came with the progress, at every batch the job ran at
     assert {r["batch_size"] for r in rows} == {b for _, b in attempts}
-    assert all(r["grad_var"] > 0 for r in rows) and sum(r["grad_sqr"] > 0 for r in rows) > len(rows) / 2
+    assert all(r["batch_size"] and r["grad_var"] > 0 for r in rows), rows
+    assert sum(r["grad_sqr"] > 0 for r in rows) > len(rows) / 2  # an unbiased estimate: some windows go below 0

@@ -37,6 +37,7 @@ from collections.abc import Callable, Container, Iterable
 
 from hpcsched.allocator import hints_of
 from hpcsched.runtime import scheduler
+from hpcsched.runtime.batch_tracker import BatchTracker
 from hpcsched.runtime.config import ControllerConfig
 from hpcsched.runtime.controller_jobs import JobLifecycle
 from hpcsched.runtime.controller_members import Membership
@@ -103,6 +104,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         self._stale = 0  # consecutive plans dropped by tick()'s check
         self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
         self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
+        self.batches = BatchTracker(self.store)  # adaptive-batch jobs: their fits, batches told, goodput curves
         self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
         self.instance: dict[str, str] = {}  # worker -> the daemon (RegisterRequest.instance) that holds the name
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
@@ -153,8 +155,10 @@ class Controller(Membership, Stepping, JobLifecycle):
         """One page of jobs (``listing.Listing.jobs_page``), read beside the lock: heartbeats never wait for it.
         ``sizing`` and the group cache are replaced whole by the scheduling thread, never changed in place.
         ``filters``: a request's states / owner / name (``listing.JobFilter``)."""
+        with self.lock:
+            batches = self.batches.shown()
         return self.listing.jobs_page(page_size, page_token, owner, self.sizing, self._groups,
-                                      JobFilter.of(filters) if filters is not None else None)
+                                      JobFilter.of(filters) if filters is not None else None, batches)
 
     def workers_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.WorkerInfo], str]:
         """One page of workers (``listing.Listing.workers_page``); the lock is held only to copy who is alive."""

@@ -263,6 +263,7 @@ class Membership:
         """Write one progress report of the job's current attempt (``reconcile.progress_update``)."""
         u = reconcile.progress_update(job, p, time.time())
         self.store.add_progress(job.id, job.generation, u.row)
+        self.batches.observe(job, p)
         for kind, detail in u.events:
             self.store.event(job.id, kind, **detail)
         self.store.update_job(job.id, **u.fields)

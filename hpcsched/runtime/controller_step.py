@@ -152,7 +152,8 @@ class Stepping:
         running = [self.store.job(j) for j in self.store.active_ids("running")]
         jobs = sorted((j for j in running + head if j is not None), key=lambda j: j.seq)
         starts = {j.id: self.attempt_start[j.id] for j in running if j is not None and j.id in self.attempt_start}
-        return (now, jobs, workers, used, groups, where, starts)
+        curves = {j.id: c for j in jobs if (c := self.batches.curve(j)) is not None}  # goodput, once fitted
+        return (now, jobs, workers, used, groups, where, starts, curves)
 
     def _needs_plan(self, moved: set[str], freed: bool, now: float) -> bool:
         """Whether a step must call the planner: a job moved (submitted, started, stopped, ended), slots came free,
@@ -176,6 +177,8 @@ class Stepping:
             j = self.store.job(jid)
             if j is None or j.state not in ("running", "stopping"):
                 self.attempt_start.pop(jid, None)  # only a running attempt's start is read: not one per job ever
+            if j is None or j.state in ("completed", "failed", "cancelled"):
+                self.batches.forget(jid)  # its fit stays in the store
             if j is not None and j.state == "pending":
                 cls = (j.spec.launcher, j.spec.min_procs, j.spec.gpu_types)
                 entering.append((j.seq, job_state(j), cls))
@@ -191,12 +194,12 @@ class Stepping:
     @staticmethod
     def _cluster_state(now: float, jobs: list[JobRow], workers: list[WorkerRow], used: dict[str, int],
                        groups: dict[str, str], where: dict[str, list[tuple[str, int]]],
-                       attempt_start: dict[str, float]
+                       attempt_start: dict[str, float], curves: dict[str, ScalingCurve] | None = None
                        ) -> tuple[scheduler.ClusterState, dict[str, JobRow], list[WorkerRow]]:
         state = scheduler.ClusterState(
             now=now,
-            jobs=tuple(job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), attempt_start.get(j.id))
-                       for j in jobs if j.state in ("pending", "running")),
+            jobs=tuple(job_state(j, groups.get(j.id), tuple(where.get(j.id, ())), attempt_start.get(j.id),
+                                 (curves or {}).get(j.id)) for j in jobs if j.state in ("pending", "running")),
             workers=tuple(scheduler.WorkerState(w.id, w.slots, w.launchers, gpu_type=w.gpu_type) for w in workers),
             used=used,
         )
@@ -285,7 +288,9 @@ class Stepping:
 
 
 def job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),
-               attempt_start: float | None = None) -> scheduler.JobState:
+               attempt_start: float | None = None, curve: ScalingCurve | None = None) -> scheduler.JobState:
+    """The scheduler's view of a job; ``curve``: its value by size when not the declared one (an adaptive-batch
+    job's goodput, ``batch_tracker``)."""
     profile, iteration_s = None, j.iteration_s
     if j.data_s is not None:
         profile = ResourceProfile(j.data_s or 0.0, j.compute_s or 0.0, j.comm_s or 0.0)
@@ -299,7 +304,7 @@ def job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, i
         first_start=j.start_time, group=group if j.state == "running" else None,
         placement=placement if j.state == "running" else (),
         attempt_start=attempt_start if j.state == "running" else None,
-        curve=ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None,
+        curve=curve or (ScalingCurve(j.spec.curve_procs, j.spec.curve_rates) if j.spec.curve_procs else None),
         resize_s=j.spec.resize_s, in_place=j.state == "running" and in_place_capable(j.spec),
         gpu_types=j.spec.gpu_types, model=j.spec.model,
     )

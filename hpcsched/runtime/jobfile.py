@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from hpcsched.errors import InputError
+from hpcsched.runtime.adaptive_batch import BatchSpec, parse_batch
 from hpcsched.runtime.yamldoc import Doc, node_line
 
 LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
@@ -72,6 +73,7 @@ class JobSpec:
     gpu_types: tuple[str, ...] = ()  # GPU types it accepts (``gpu_type:``, one or a list); empty: any
     model: str | None = None  # what it trains, as Gavel's throughput table names it (throughput-aware placement)
     array: int | None = None  # ``array: N``: the file stands for N jobs (``submission.array_instances``); never stored
+    batch: BatchSpec | None = None  # ``batch:``: an adaptive global batch, told to each attempt (``adaptive_batch``)
 
     @property
     def elastic(self) -> bool:
@@ -79,7 +81,7 @@ class JobSpec:
 
 
 JOB_KEYS = {"name", "command", "launcher", "procs", "min_procs", "max_procs", "steps", "workdir", "env", "scaling",
-            "profile", "gpu_type", "model", "array"}
+            "profile", "gpu_type", "model", "array", "batch"}
 SCALING_KEYS = {"procs", "rates", "resize_s"}
 PROFILE_KEYS = ("data_s", "compute_s", "comm_s")
 
@@ -329,7 +331,18 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
         gpu_types=_gpu_types(doc),
         model=_model(doc),
         array=doc.integer("array", None, 1, MAX_ARRAY, "instances of one job array"),
+        batch=_batch(doc),
     )
+
+
+def _batch(doc: _JobDoc) -> BatchSpec | None:
+    """``batch: {base: 64, max: 1024, min_per_proc: 16, max_per_proc: 256, lr_scaling: sqrt}`` (``adaptive_batch``)."""
+    if "batch" not in doc.data:
+        return None
+    try:
+        return parse_batch(doc.data["batch"])
+    except ValueError as e:
+        raise doc.fail("batch", str(e)) from None
 
 
 def read_job_file(path: str | Path) -> str:
@@ -387,6 +400,8 @@ def job_spec_yaml(spec: JobSpec) -> str:
         doc["model"] = spec.model
     if spec.array is not None:
         doc["array"] = spec.array
+    if spec.batch is not None:
+        doc["batch"] = spec.batch.as_dict()
     # ASCII only: every other character escaped, as YAML would otherwise read some back changed (a raw U+0085 is
     # a line break to a YAML reader, folded into a space).
     # libyaml's emitter when present (5x faster: `hpcsched submit` of 10,000 files writes 10,000 of these), same text.

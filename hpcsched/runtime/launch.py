@@ -67,11 +67,10 @@ def launch_tasks(job_id: str, generation: int, spec: JobSpec, placement: list[tu
     host_list = [f"{hosts[w]}:{k}" for w, k in placement]
     agent_of = {hosts[w]: agents[w] for w, _ in placement if agents and w in agents}
     env = launch_env(job_id, generation, spec, checkpoint_dir)
-    batch = getattr(spec, "batch", None)
-    told = {}
-    if batch is not None and batch_size > 0:
-        env |= batch_env(batch_size, batch.base, batch.lr_scaling)
-        told = {"batch_size": batch_size, "base_batch": batch.base, "lr_scaling": batch.lr_scaling}
+    told: dict[str, object] = {}
+    if spec.batch is not None and batch_size > 0:
+        env |= batch_env(batch_size, spec.batch.base, spec.batch.lr_scaling)
+        told = {"batch_size": batch_size, "base_batch": spec.batch.base, "lr_scaling": spec.batch.lr_scaling}
     out = []
     offset = 0
     for rank, (wid, k) in enumerate(placement):

@@ -101,7 +101,8 @@ class Listing:
                 self._waiting -= 1
 
     def jobs_page(self, page_size: int, page_token: str, owner: str | None, sizing: dict[str, str],
-                  known_groups: dict[str, str], filters: JobFilter | None = None) -> tuple[list[pb.JobInfo], str]:
+                  known_groups: dict[str, str], filters: JobFilter | None = None,
+                  batches: dict[str, tuple[int, float]] | None = None) -> tuple[list[pb.JobInfo], str]:
         """One page of jobs in submit order, and the token of the next page ('' after the last): at most
         ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. ``owner``: the only owner
         this caller may see (None: all); ``filters``: what the caller asked to see. ``sizing``: how the MILP sized
@@ -138,6 +139,7 @@ class Listing:
                 interleaved_with=sorted(m for m in members.get(groups.get(j.id, ""), ()) if m != j.id),
                 sizing=sizing.get(j.id, ""), uid=j.uid or "", owner=j.owner or "",
                 target_procs=j.target_procs, min_procs=j.spec.min_procs, max_procs=j.spec.max_procs,
+                batch_size=(batches or {}).get(j.id, (0, 0.0))[0], noise_scale=(batches or {}).get(j.id, (0, 0.0))[1],
             )
             size += info.ByteSize() + 8  # + the field's tag and length
             if out and size > MAX_REPLY_BYTES:

@@ -100,7 +100,9 @@ def progress_update(job: JobRow, p: pb.Progress, now: float) -> ProgressUpdate:
         "compute_s": p.compute_s, "comm_s": p.comm_s, "world_size": p.world_size, "checkpoint": p.checkpoint,
         "resumed_from": p.resumed_from if p.resumed_from >= 0 else None}
     if p.batch_size > 0:  # an adaptive-batch job's report (``adaptive_batch``): kept for the controller's fit
-        row |= {"batch_size": p.batch_size, "grad_sqr": p.grad_sqr, "grad_var": p.grad_var}
+        row["batch_size"] = p.batch_size
+        if p.grad_sqr or p.grad_var:  # none measured (a process's first report): NULL, not a measured 0
+            row |= {"grad_sqr": p.grad_sqr, "grad_var": p.grad_var}
     f: dict[str, object] = {"steps_done": p.step}
     events: list[tuple[str, dict[str, object]]] = []
     if not p.first:  # a process's first report comes before its first step: it has no loss yet

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
+from hpcsched.runtime.adaptive_batch import parse_batch
 from hpcsched.runtime.jobfile import JobSpec
 
 ACTIVE = ("pending", "running", "stopping")
@@ -93,7 +94,7 @@ def spec_to_json(s: JobSpec) -> str:
         "min_procs": s.min_procs, "max_procs": s.max_procs, "steps": s.steps, "workdir": s.workdir, "env": s.env,
         "curve_procs": list(s.curve_procs), "curve_rates": list(s.curve_rates), "resize_s": s.resize_s,
         "profile": list(s.profile) if s.profile else None, "gpu_types": list(s.gpu_types), "model": s.model,
-    })
+    } | ({"batch": s.batch.as_dict()} if s.batch is not None else {}))
 
 
 def spec_from_json(text: str) -> JobSpec:
@@ -101,4 +102,6 @@ def spec_from_json(text: str) -> JobSpec:
     for k in ("command", "curve_procs", "curve_rates", "profile", "gpu_types"):
         if d.get(k) is not None:
             d[k] = tuple(d[k])
+    if d.get("batch") is not None:
+        d["batch"] = parse_batch(d["batch"])
     return JobSpec(**d)
