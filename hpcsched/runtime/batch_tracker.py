@@ -13,7 +13,8 @@ import logging
 from hpcsched.model import ScalingCurve
 from hpcsched.runtime.adaptive_batch import BatchFit, choose_batch, goodput_curve
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.store import JobRow, Store
+from hpcsched.runtime.store import Store
+from hpcsched.runtime.store_rows import JobRow
 
 log = logging.getLogger("hpcsched.runtime.controller")
 
