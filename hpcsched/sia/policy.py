@@ -54,7 +54,7 @@ class SiaPolicy:
     max_physical_nodes: dict[str, int]
     p: float = -0.5
     lambda_n: float = 1.1
-    tie_break: str = "high"
+    tie_break: str = "prev-high"
     tie_seed: int = 0
     prev_config: dict[str, int | None] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
@@ -154,7 +154,7 @@ class SiaPolicy:
         a[a > GOODPUT_CLIP] = GOODPUT_CLIP
         fixed = {i: self.prev_config[j.name] for i, j in enumerate(jobs)
                  if j.rescale_time > 0 and self.prev_config.get(j.name) is not None}
-        chosen = self._solve(a.astype(float), fixed)
+        chosen = self._solve(a.astype(float), fixed, [self.prev_config.get(j.name) for j in jobs])
         self.prev_config = {j.name: chosen[i] for i, j in enumerate(jobs)}
         per_type: dict[str, dict[str, tuple[int, int]]] = {}
         for i, job in enumerate(jobs):
@@ -168,17 +168,24 @@ class SiaPolicy:
                     out[name] = (t, nodes)
         return out
 
-    def _integer_costs(self, a: np.ndarray) -> np.ndarray:
+    def _integer_costs(self, a: np.ndarray, prev: list[int | None] | None = None) -> np.ndarray:
         """Costs in hundredths (the values are rounded to 2 decimals, so exact integers) times a weight that
         leaves room below for a tie-break among equally good solutions: the rank of each column in the
         artifact's variable order (cvxpy's column-major X: configuration first, then job), lowest first
-        (``tie_break="low"``) or highest (``"high"``, the default: closer to CBC's picks on the saturn cuts), or a
-        fresh seeded random order per solve (``"random"``, ``tie_seed``: how much the figures depend on ties)."""
+        (``tie_break="low"``) or highest (``"high"``); ``"prev-high"`` (the default) first keeps each job's
+        previous configuration, then highest; ``"random"``: a fresh seeded order per solve (``tie_seed``). Which
+        optimum CBC returns follows its search, which no rule reproduces; "prev-high" came closest on the saturn
+        cuts (docs/sia.md)."""
         m, k = a.shape
         cents = np.rint(a * 100.0) - round(self.lambda_n * 100)
         rank = (np.arange(k)[None, :] * m + np.arange(m)[:, None]).astype(float)
         if self.tie_break == "high":
             rank = m * k - 1 - rank
+        elif self.tie_break == "prev-high":
+            rank = m * k - rank
+            for i, c in enumerate(prev or []):
+                if c is not None:
+                    rank[i, c] = 0
         elif self.tie_break == "random":
             rank = self._rng.permutation(m * k).reshape(m, k).astype(float)
         elif self.tie_break == "none":
@@ -186,7 +193,7 @@ class SiaPolicy:
         big = float(m * m * k + 1)
         return (cents * big + rank).ravel()
 
-    def _solve(self, a: np.ndarray, fixed: dict[int, int]) -> list[int | None]:
+    def _solve(self, a: np.ndarray, fixed: dict[int, int], prev: list[int | None]) -> list[int | None]:
         import time
 
         import highspy
@@ -199,7 +206,7 @@ class SiaPolicy:
         h.setOptionValue("mip_abs_gap", 0.5)
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = m * k, m + len(self.types)
-        lp.col_cost_ = self._integer_costs(a)
+        lp.col_cost_ = self._integer_costs(a, prev)
         lower = np.zeros(m * k)
         for i, c in fixed.items():
             lower[i * k + c] = 1.0

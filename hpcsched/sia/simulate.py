@@ -100,8 +100,9 @@ def placement_of(nodes: list[int]) -> tuple[int, ...]:
 
 def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[str, int], policy: str,
         profiles_dir: str, solver: str = "highs", on_round: Callable[[float, list[SiaJob]], None] | None = None,
-        ) -> dict[str, Any]:
-    """Simulate to the end; the summary (``avg_jct`` ...) and per-job rows."""
+        tie_break: str = "prev-high", tie_seed: int = 0) -> dict[str, Any]:
+    """Simulate to the end; the summary (``avg_jct`` ...) and per-job rows. ``tie_break``/``tie_seed``: how Sia's
+    program chooses among equally good optima (``hpcsched.sia.policy.SiaPolicy``)."""
     if policy not in POLICIES:
         raise InputError(None, f"--compat sia runs --policy {' or '.join(POLICIES)}, not {policy!r}")
     from hpcsched.sia.blas import limit_blas_threads
@@ -116,7 +117,7 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
                    target_num_replicas=w.num_replicas,
                    target_batch_size=NCF_BATCH if sia and w.application == "ncf" else w.batch_size,
                    tune_bsz=sia, fit_models=sia) for w in workload]
-    sched = SiaPolicy(nodes, gpus_per_node, dict(nodes)) if sia else \
+    sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed) if sia else \
         GavelBaseline(nodes, gpus_per_node, solver=solver)
     interval = INTERVALS[policy]
     now, rounds, allocations = 0.0, 0, {}
@@ -152,7 +153,8 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
              "completion_time": j.completion_time, "jct": jct[j.name], "restarts": j.num_restarts or 0,
              "gpu_seconds": {t: round(v, 3) for t, v in sorted(j.gpu_seconds.items())}} for j in jobs]
     gpu_s = sum(j.attained_service for j in jobs)  # allocated GPU-seconds, restore pauses included
-    return {"policy": policy, "compat": "sia", "jobs": len(jobs), "avg_jct": sum(vals) / len(vals),
+    return {"policy": policy, "compat": "sia", "tie_break": tie_break if sia else None, "jobs": len(jobs),
+            "avg_jct": sum(vals) / len(vals),
             "p99_jct": vals[int(0.99 * len(vals))], "makespan": max(j.completion_time for j in jobs) -
             min(j.submission_time for j in jobs), "avg_restarts": sum(r["restarts"] for r in rows) / len(rows),
             "rounds": rounds, "round_s": interval, "gpu_hours_per_job": gpu_s / 3600 / len(jobs),
