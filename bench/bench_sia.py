@@ -101,7 +101,8 @@ def main() -> None:
                 cut = write_cut(args.artifact, w, t, tmpd)
                 for tb in args.tie_breaks.split(","):
                     s = run(read_workload(cut), nodes, gpus, "sia", str(args.artifact / "traces"), tie_break=tb)
-                    print(f"| w{w} < {t:.0f} s | {tb} | {s['avg_jct']:.2f} | {s['wall_s']:.1f} | {load()} |", flush=True)
+                    print(f"| w{w} < {t:.0f} s | {tb} | {s['avg_jct']:.2f} | {s['wall_s']:.1f} | {load()} |",
+                          flush=True)
             return
         print("| cut | policy | jobs | artifact avg JCT (s) | ours (s) | diff | artifact wall (s) | ours wall (s) "
               "| load start / end |\n|---|---|---|---|---|---|---|---|---|")
