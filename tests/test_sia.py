@@ -193,6 +193,10 @@ def test_cli_errors_are_one_line(tmp_path: Path, toy: Path) -> None:
     assert r.returncode == 2 and f"{bad}:2:" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run(base + ["--trace", str(bad)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "--profiles" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "hpcsched.cli", "compare", "--trace", str(bad), "--cluster", str(spec),
+                        "--policies", "sia", "--compat", "sia", "--out", str(tmp_path / "c")], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "simulate --compat sia" in r.stderr  # its own loop: one policy per simulate
     with pytest.raises(Exception, match="expected name,time"):
         read_workload(bad)
 

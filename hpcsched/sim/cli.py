@@ -287,7 +287,7 @@ def compare_cmd(
     from hpcsched.sim.runs import load_jobs, run_policy, write_run
 
     _check_compat(compat)
-    if compat in ("gavel", "blox"):  # their own round loops run per policy, through `simulate`
+    if compat in ("gavel", "blox", "pollux", "sia"):  # their own round loops run per policy, through `simulate`
         print(f"error: compare does not run --compat {compat}; run `hpcsched simulate --compat {compat}` once per "
               "policy (docs/hetero.md, docs/simulator.md)", file=sys.stderr)
         raise typer.Exit(2)
