@@ -181,11 +181,16 @@ class SiaPolicy:
         rank = (np.arange(k)[None, :] * m + np.arange(m)[:, None]).astype(float)
         if self.tie_break == "high":
             rank = m * k - 1 - rank
-        elif self.tie_break == "prev-high":
-            rank = m * k - rank
+        elif self.tie_break.startswith("prev-"):
+            if self.tie_break in ("prev-high", "prev-high-newlow"):
+                rank = m * k - rank
+            else:
+                rank = rank + 1
             for i, c in enumerate(prev or []):
                 if c is not None:
                     rank[i, c] = 0
+                elif self.tie_break == "prev-high-newlow":  # a job never placed: lowest column first
+                    rank[i] = np.arange(k) * m + i + 1
         elif self.tie_break == "random":
             rank = self._rng.permutation(m * k).reshape(m, k).astype(float)
         elif self.tie_break == "none":
