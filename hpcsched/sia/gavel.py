@@ -131,7 +131,7 @@ class GavelBaseline:
             scheduled[t].append((name, size[name]))
         new = self._assign(scheduled)
         self.assignments = new
-        out = {}
+        out: dict[str, tuple[str | None, list[int]]] = {}
         for name, workers in new.items():
             t = self.worker_type[workers[0]]
             out[name] = (t, [(w - self.offset[t]) // self.gpus_per_node[t] for w in workers])

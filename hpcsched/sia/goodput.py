@@ -12,9 +12,10 @@ through mixed scalar arithmetic), this module does the same, so candidate batch 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 TINY = 1e-8
 """The model's floor for an absent link and the lower bound of every parameter."""
@@ -73,8 +74,8 @@ def _objective(x: np.ndarray, nodes: np.ndarray, reps: np.ndarray, bsz: np.ndarr
     return f, grad
 
 
-def fit_perf_params(num_nodes: np.ndarray, num_replicas: np.ndarray, atomic_bsz: np.ndarray,
-                    accum_time: np.ndarray, step_time: np.ndarray) -> PerfParams:
+def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: ArrayLike,
+                    accum_time: ArrayLike, step_time: ArrayLike) -> PerfParams:
     """Fit the model to observed (nodes, replicas, per-GPU batch) -> (compute time, step time), pinning what the
     observations cannot identify as Pollux does (alpha_c to half the mean compute time with one batch size
     seen; the inter-node pair without multi-node runs; the intra-node pair without single-node multi-GPU
@@ -133,7 +134,7 @@ class GoodputFunction:
         return gain / scale
 
     def optimize(self, num_nodes: np.ndarray | int, num_replicas: np.ndarray | int, max_batch_size: int,
-                 bsz_range: tuple[int, int], tune_bsz: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 bsz_range: tuple[int, int], tune_bsz: bool = True) -> tuple[Any, Any, Any]:
         """(goodput, atomic batch, accumulation steps) at the best of 50 geometric batch sizes per config.
 
         Scalar ``num_nodes``/``num_replicas`` give scalars. Arrays are float32 (the policy's), and the

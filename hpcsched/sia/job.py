@@ -61,6 +61,12 @@ class SiaJob:
         self.completion_epoch = ref.max_epochs - 1
 
     # ---- the agent's model -----------------------------------------------------------------------------
+    def on(self) -> str:
+        """The GPU type the job is on (only called while it holds GPUs)."""
+        if self.current_cluster is None:
+            raise RuntimeError(f"{self.name}: not on any GPU type")
+        return self.current_cluster
+
     def max_profiled_replicas(self, gpu_type: str) -> int:
         return max((k[1] for k in self.profiles.get(gpu_type, {})), default=0)
 
@@ -72,14 +78,14 @@ class SiaJob:
 
     def _observe(self, nodes: int, reps: int, bsz: int, step: float, sync: float, grad: tuple[float, float]) -> None:
         self.grad_params = grad
-        prof = self.profiles[self.current_cluster]
+        prof = self.profiles[self.on()]
         if (nodes, reps, bsz) in prof:
             return
         prof[nodes, reps, bsz] = (step, sync)
         if not self.fit_models:
             return
         keys, vals = list(prof), list(prof.values())
-        self.perf_params[self.current_cluster] = fit_perf_params(
+        self.perf_params[self.on()] = fit_perf_params(
             [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
             [v[0] - v[1] for v in vals], [v[0] for v in vals])
         self.fits += 1
@@ -88,18 +94,20 @@ class SiaJob:
     def update_local_bsz(self) -> None:
         """Per-GPU (atomic) batch and accumulation for the current placement: by goodput when tuning and a
         model exists, else from the requested batch (or the smallest valid one before any observation)."""
-        app = self.apps[self.current_cluster]
+        t = self.on()
+        app = self.apps[t]
         placement = tuple(x for x in self.placement if x)
         nodes, reps = len(placement), sum(placement)
         batch_size = None if self.tune_bsz else self.target_batch_size
-        perf = self.perf_params[self.current_cluster]
+        perf = self.perf_params[t]
         max_local = app.max_local_bsz_for(placement)
         if batch_size is None and (self.grad_params is None or perf is None):
             batch_size = max(app.init_batch_size, app.min_local_bsz * reps)
-        if batch_size is None:
-            _, self.atomic_bsz, self.accum_steps = self.goodput_fn(self.current_cluster).optimize(
-                nodes, reps, app.max_batch_size, (app.min_local_bsz, max_local))
-        else:
+        fn = self.goodput_fn(t)
+        if batch_size is None and fn is not None:
+            _, atomic, accum = fn.optimize(nodes, reps, app.max_batch_size, (app.min_local_bsz, max_local))
+            self.atomic_bsz, self.accum_steps = int(atomic), int(accum)
+        elif batch_size is not None:
             local = math.ceil(batch_size / reps - 1e-8)
             self.accum_steps = math.ceil(local / max_local - 1e-8) - 1
             if reps == 1 and batch_size > app.init_batch_size:
@@ -125,9 +133,9 @@ class SiaJob:
         self.rescale_time -= delay
         seconds -= delay
         if seconds > 0:
-            self.gpu_seconds[self.current_cluster] = self.gpu_seconds.get(self.current_cluster, 0.0) + seconds * gpus
+            self.gpu_seconds[self.on()] = self.gpu_seconds.get(self.on(), 0.0) + seconds * gpus
         while seconds > 0 and self.completion_time is None:
-            app = self.apps[self.current_cluster]
+            app = self.apps[self.on()]
             placement = tuple(x for x in self.placement if x)
             nodes, reps = len(placement), sum(placement)
             local = self.atomic_bsz * (self.accum_steps + 1)
@@ -160,7 +168,7 @@ class SiaJob:
     # ---- allocation changes ----------------------------------------------------------------------------
     def _restart(self) -> None:
         self.update_local_bsz()
-        self.rescale_time = self.apps[self.current_cluster].rescale_time or 30
+        self.rescale_time = self.apps[self.on()].rescale_time or 30
         self.num_restarts = 0 if self.num_restarts is None else self.num_restarts + 1
 
     def reallocate(self, placement: tuple[int, ...]) -> None:

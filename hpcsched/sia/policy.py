@@ -152,14 +152,18 @@ class SiaPolicy:
         a = np.power(mat, self.p)
         a = np.round(a, decimals=2)
         a[a > GOODPUT_CLIP] = GOODPUT_CLIP
-        fixed = {i: self.prev_config[j.name] for i, j in enumerate(jobs)
-                 if j.rescale_time > 0 and self.prev_config.get(j.name) is not None}
+        fixed: dict[int, int] = {}
+        for i, j in enumerate(jobs):
+            kept = self.prev_config.get(j.name)
+            if j.rescale_time > 0 and kept is not None:
+                fixed[i] = kept
         chosen = self._solve(a.astype(float), fixed, [self.prev_config.get(j.name) for j in jobs])
         self.prev_config = {j.name: chosen[i] for i, j in enumerate(jobs)}
         per_type: dict[str, dict[str, tuple[int, int]]] = {}
         for i, job in enumerate(jobs):
-            if chosen[i] is not None:
-                t, nn, ng = self.config_list[chosen[i]]
+            c = chosen[i]
+            if c is not None:
+                t, nn, ng = self.config_list[c]
                 per_type.setdefault(t, {})[job.name] = (nn, ng)
         out: dict[str, tuple[str | None, list[int]]] = {j.name: (None, []) for j in jobs}
         for t in self.types:
@@ -247,7 +251,8 @@ class SiaPolicy:
         per_node, n = self.gpus_per_node[t], self.nodes[t]
         cur, out = 0, {}
         for name, (_, gpus) in sorted(allocs.items(), key=lambda kv: kv[1][1], reverse=True):
-            node, full, placed = cur, gpus // per_node, []
+            node, full = cur, gpus // per_node
+            placed: list[int] = []
             if gpus == 0:
                 out[name] = placed
                 continue

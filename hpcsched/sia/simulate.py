@@ -120,7 +120,8 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed) if sia else \
         GavelBaseline(nodes, gpus_per_node, solver=solver)
     interval = INTERVALS[policy]
-    now, rounds, allocations = 0.0, 0, {}
+    now, rounds = 0.0, 0
+    allocations: dict[str, tuple[str | None, list[int]]] = {}
     t0 = time.perf_counter()
     while any(j.completion_time is None for j in jobs):
         for j in jobs:
@@ -147,15 +148,16 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
         if on_round is not None:
             on_round(now, active)
     wall = time.perf_counter() - t0
-    jct = {j.name: j.completion_time - j.submission_time for j in jobs}
+    done = {j.name: float(j.completion_time or 0.0) for j in jobs}  # every job has finished by now
+    jct = {j.name: done[j.name] - j.submission_time for j in jobs}
     vals = sorted(jct.values())
-    rows = [{"name": j.name, "application": j.app, "submission_time": j.submission_time,
+    rows: list[dict[str, Any]] = [{"name": j.name, "application": j.app, "submission_time": j.submission_time,
              "completion_time": j.completion_time, "jct": jct[j.name], "restarts": j.num_restarts or 0,
              "gpu_seconds": {t: round(v, 3) for t, v in sorted(j.gpu_seconds.items())}} for j in jobs]
     gpu_s = sum(j.attained_service for j in jobs)  # allocated GPU-seconds, restore pauses included
     return {"policy": policy, "compat": "sia", "tie_break": tie_break if sia else None, "jobs": len(jobs),
             "avg_jct": sum(vals) / len(vals),
-            "p99_jct": vals[int(0.99 * len(vals))], "makespan": max(j.completion_time for j in jobs) -
+            "p99_jct": vals[int(0.99 * len(vals))], "makespan": max(done.values()) -
             min(j.submission_time for j in jobs), "avg_restarts": sum(r["restarts"] for r in rows) / len(rows),
             "rounds": rounds, "round_s": interval, "gpu_hours_per_job": gpu_s / 3600 / len(jobs),
             "model_fits": sum(j.fits for j in jobs), "solver": {k: round(v, 4) if isinstance(v, float) else v
