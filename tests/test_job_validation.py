@@ -27,13 +27,13 @@ from hypothesis import strategies as st
 from runtime_procs import TOKEN, client, controller_config, start_controller, start_worker, stop, wait_for
 
 from hpcsched.errors import InputError
+from hpcsched.runtime import launchers
 from hpcsched.runtime.client import Client, ClientError
 from hpcsched.runtime.jobfile import (
     ENV_NAME,
     GPU_TYPE,
     INT32_MAX,
     INT64_MAX,
-    LAUNCHERS,
     MAX_ARGS,
     MAX_COMMAND_CHARS,
     MAX_CURVE_POINTS,
@@ -197,7 +197,7 @@ def job_specs(draw: st.DrawFn) -> JobSpec:
             profile = (0.1, 0.0, 0.0)
     return JobSpec(
         name=draw(_name), command=tuple([draw(_text.filter(bool)), *draw(st.lists(_text, max_size=6))]),
-        launcher=draw(st.sampled_from(LAUNCHERS)), procs=procs, min_procs=lo, max_procs=hi,
+        launcher=draw(st.sampled_from(launchers.names())), procs=procs, min_procs=lo, max_procs=hi,
         steps=draw(st.none() | st.integers(1, INT64_MAX)), workdir=draw(_text.filter(bool)),
         env=draw(st.dictionaries(st.from_regex(ENV_NAME, fullmatch=True).filter(lambda s: len(s) < 30), _text,
                                  max_size=6)),

@@ -30,12 +30,13 @@ from runtime_procs import TOKEN, client, controller_config, start_controller, st
 
 from hpcsched.runtime import launchers
 from hpcsched.runtime.jobfile import JobSpec
+from hpcsched.runtime.launchers import direct
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store
 from hpcsched.runtime.worker import WarmRanks, Worker
 from hpcsched.runtime.worker_config import WorkerConfig
 
-RANKS = Path(launchers.RANKS_SCRIPT)
+RANKS = Path(direct.RANKS_SCRIPT)
 MAX_RESTARTS = 1  # so a failing job is failed after 2 attempts
 
 

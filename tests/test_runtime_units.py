@@ -14,6 +14,8 @@ from hpcsched.errors import InputError
 from hpcsched.runtime import launchers
 from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.jobfile import parse_job_spec
+from hpcsched.runtime.launchers import direct
+from hpcsched.runtime.launchers.common import merged_hosts
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState, plan
 from hpcsched.runtime.store import Store
@@ -160,13 +162,13 @@ def test_launchers_give_each_task_its_environment() -> None:
     assert "localhost:1,127.0.0.12:1" in launchers.build(t, "/py", "")[0]
 
     argv, env = launchers.build(_launch("direct", node_rank=1), "/py", "1")
-    assert argv[:3] == ["/py", "-P", launchers.RANKS_SCRIPT] and argv[-4:] == ["--", "/py", "train.py", "-x"]
-    assert {"--nprocs=2", "--rank-offset=0"} <= set(argv) and Path(launchers.RANKS_SCRIPT).is_file()
+    assert argv[:3] == ["/py", "-P", direct.RANKS_SCRIPT] and argv[-4:] == ["--", "/py", "train.py", "-x"]
+    assert {"--nprocs=2", "--rank-offset=0"} <= set(argv) and Path(direct.RANKS_SCRIPT).is_file()
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
         ("10.0.0.1", "29400", "3", "2")
     assert env["HPCSCHED_NODE_RANK"] == "1" and env["CUDA_VISIBLE_DEVICES"] == "1" and env["MINE"] == "1"
     assert "direct" in launchers.available()
-    assert launchers.merged_hosts(["127.0.0.1:1", "127.0.0.1:1", "b:2"]) == "127.0.0.1:2,b:2"
+    assert merged_hosts(["127.0.0.1:1", "127.0.0.1:1", "b:2"]) == "127.0.0.1:2,b:2"
 
 
 def _ctl(tmp_path: Path, **kw: object):

@@ -8,8 +8,9 @@ import logging
 import time
 
 from hpcsched.errors import InputError
+from hpcsched.runtime import launchers
 from hpcsched.runtime.jobfile import parse_job_spec
-from hpcsched.runtime.launch import AGENT_LAUNCHERS, JOB_UID_ENV, launch_tasks
+from hpcsched.runtime.launch import JOB_UID_ENV, launch_tasks
 from hpcsched.runtime.lifecycle import (
     IN_PLACE,
     Action,
@@ -41,7 +42,7 @@ class JobLifecycle:
     def _task_exited(self, job: JobRow, a: AllocRow, code: int, reason: str = "", lost: bool = False) -> None:
         """A task ended. A non-zero code (a rank's exit, a signal, a task that could not start, a lost worker)
         fails the attempt, with the worker's ``reason`` (or the code) as the job's message (``lifecycle``)."""
-        if a.node_rank == 0 and job.spec.launcher in ("mpirun", "horovodrun"):
+        if a.node_rank == 0 and launchers.get(job.spec.launcher).one_command:
             # One launcher on node 0 ran every rank; the other nodes only held slots: they end with it.
             for hold in self.store.allocations(job_id=job.id):
                 if hold.generation == a.generation:
@@ -181,7 +182,7 @@ class JobLifecycle:
             if self.nudge is not None:
                 self.nudge([master], "port")
             return
-        if (job.spec.launcher in AGENT_LAUNCHERS and len(placement) > 1 and agents is not None
+        if (launchers.get(job.spec.launcher).via_agents and len(placement) > 1 and agents is not None
                 and any(w not in agents for w, _ in placement)):
             # a worker whose agent's port is not known yet (it comes with its registration or first heartbeat): the
             # launch would reach that host without it (mpirun's daemon, horovodrun's rank) and fail; start with the

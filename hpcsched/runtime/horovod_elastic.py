@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcsched.runtime import launchers
+from hpcsched.runtime.launchers.common import host_slots, local_alias
 from hpcsched.runtime.rpc import pb
 
 log = logging.getLogger("hpcsched.runtime.horovod_elastic")
@@ -39,12 +40,12 @@ AGENTS = "agents.json"  # host -> its worker's agent service: read by the rsh ag
 # take such a host again some seconds after the failure (lower * 2^failures + jitter, at most the upper bound) once the
 # discovery file lists it: the scheduler's host list decides, as for every other host.
 BLACKLIST_COOLDOWN_S = (2, 60)
-ALIAS = "horovod_alias.json"  # host -> the name the discovery file gives it (launchers.local_alias: node 0's own)
+ALIAS = "horovod_alias.json"  # host -> its name in the discovery file (common.local_alias: node 0's own)
 
 
 def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
     """The task's [min, max] processes when it is an elastic horovodrun task, else None."""
-    if t.launcher != "horovodrun" or MIN_ENV not in t.env or MAX_ENV not in t.env:
+    if not launchers.get(t.launcher).elastic_in_place or MIN_ENV not in t.env or MAX_ENV not in t.env:
         return None
     try:
         lo, hi = int(t.env[MIN_ENV]), int(t.env[MAX_ENV])
@@ -55,8 +56,8 @@ def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
 
 def host_lines(hosts: list[str], alias: dict[str, str] | None = None) -> str:
     """``a:1,a:1,b:2`` -> ``a:2`` / ``b:2`` lines, the discovery script's output (hosts with 0 slots left out);
-    ``alias`` renames hosts (node 0's own loopback address is ``localhost`` to Horovod: ``launchers.local_alias``)."""
-    return "".join(f"{(alias or {}).get(h, h)}:{n}\n" for h, n in launchers.host_slots(hosts).items() if n > 0)
+    ``alias`` renames hosts (node 0's own loopback address is ``localhost`` to Horovod: ``common.local_alias``)."""
+    return "".join(f"{(alias or {}).get(h, h)}:{n}\n" for h, n in host_slots(hosts).items() if n > 0)
 
 
 def _write_hosts(task_dir: Path, hosts: list[str]) -> None:
@@ -90,7 +91,7 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
         log.warning("task %s: no -H list in %s; launching it rigid (it will resize by stop/relaunch)", t.task_id, argv)
         return argv
     task_dir.mkdir(parents=True, exist_ok=True)
-    (task_dir / ALIAS).write_text(json.dumps(launchers.local_alias(t)))  # every later host list is renamed alike
+    (task_dir / ALIAS).write_text(json.dumps(local_alias(t)))  # every later host list is renamed alike
     _write_hosts(task_dir, list(t.hosts))
     (task_dir / RANGE).write_text(f"{rng[0]} {rng[1]}\n")  # what resize() may ask for
     write_agents(task_dir, dict(t.agents))

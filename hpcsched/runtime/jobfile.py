@@ -15,10 +15,9 @@ from typing import Any
 import yaml
 
 from hpcsched.errors import InputError
+from hpcsched.runtime import launchers
 from hpcsched.runtime.adaptive_batch import BatchSpec, parse_batch
 from hpcsched.runtime.yamldoc import Doc, node_line
-
-LAUNCHERS = ("torchrun", "direct", "mpirun", "horovodrun")
 
 # Limits of a job file (docs/runtime.md, "Job files: validated completely, with limits"). Each is far above
 # what a real job needs and keeps one job's cost bounded: a 3.9 MB file cost the controller ~100 s of CPU and
@@ -308,8 +307,9 @@ def parse_job_spec(text: str, source: str) -> JobSpec:
     doc.check_keys(JOB_KEYS)
     command = _command(doc)
     launcher = doc.get("launcher", str, "torchrun")
-    if launcher not in LAUNCHERS:
-        raise doc.fail("launcher", f"unknown launcher {_short(launcher)}; expected one of {', '.join(LAUNCHERS)}")
+    if launcher not in launchers.names():
+        raise doc.fail("launcher", f"unknown launcher {_short(launcher)}; expected one of "
+                                   f"{', '.join(launchers.names())}")
     wire = "int32 on the wire"
     procs = doc.integer("procs", 1, 1, INT32_MAX, wire)
     lo = doc.integer("min_procs", procs, 1, INT32_MAX, wire)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcsched.runtime import horovod_elastic
+from hpcsched.runtime import horovod_elastic, launchers
 from hpcsched.runtime.jobfile import JobSpec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store_rows import AllocRow
@@ -20,14 +20,12 @@ from hpcsched.runtime.store_rows import AllocRow
 # The job's uid (unique across states) in its launch env: the node-rank-0 worker binds the checkpoint folder to it,
 # so a job of a new state that reuses an id (j0001 after state.db was lost) never resumes another job's checkpoint.
 JOB_UID_ENV = "HPCSCHED_JOB_UID"
-# Launchers that reach a job's other hosts through those hosts' worker agents (rsh_agent: mpirun's daemons,
-# horovodrun's ranks), so a launch across workers needs every one's agent endpoint.
-AGENT_LAUNCHERS = frozenset({"mpirun", "horovodrun"})
 
 
 def in_place_capable(spec: JobSpec) -> bool:
-    """Elastic Horovod: launched with a discovery script, so a new host list resizes it without a restart."""
-    return spec.launcher == "horovodrun" and spec.min_procs < spec.max_procs
+    """An elastic job whose launcher resizes it in place (Horovod's elastic mode: launched with a discovery script,
+    so a new host list resizes it without a restart)."""
+    return launchers.get(spec.launcher).elastic_in_place and spec.min_procs < spec.max_procs
 
 
 def task_id(job_id: str, generation: int, node_rank: int) -> str:

@@ -8,6 +8,7 @@ import re
 import signal
 from pathlib import Path
 
+from hpcsched.runtime import launchers
 from hpcsched.runtime.rpc import pb
 
 MAX_PENDING = 2000  # reports per task awaiting a heartbeat (~100 B each: far below a message's 4 MB)
@@ -44,6 +45,8 @@ def launch_problem(t: pb.LaunchTask) -> str:
             return f"command argument {a!r} contains a NUL byte"
     if not t.command:
         return "empty command"
+    if t.launcher not in launchers.names():  # a newer controller's: nothing here knows how to start it
+        return f"launcher {t.launcher!r} is not one this worker knows ({', '.join(launchers.names())})"
     return ""
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from hpcsched.runtime import launchers
+from hpcsched.runtime.launchers.direct import RANKS
 from hpcsched.runtime.sandbox import Sandbox
 
 log = logging.getLogger("hpcsched.runtime.worker")
@@ -75,7 +75,7 @@ class WarmRanks:
             self.log.parent.mkdir(parents=True, exist_ok=True)
             self.ready_file.unlink(missing_ok=True)
             with open(self.log, "ab") as out:
-                self.proc = self.start([self.python, *launchers.RANKS, "--warm", f"--preload={self.preload}",
+                self.proc = self.start([self.python, *RANKS, "--warm", f"--preload={self.preload}",
                                         f"--ready={self.ready_file}"],
                                        dict(os.environ) | {"OMP_NUM_THREADS": self.OMP}, out)
 
@@ -91,12 +91,12 @@ class WarmRanks:
 
     def take(self, argv: list[str], env: dict[str, str], cwd: str | None, log: Path,
              may_wait: bool = True) -> subprocess.Popen | None:
-        """Hand a ``direct`` launch (``argv`` as ``launchers.direct`` built it) to the supervisor; one still
+        """Hand a ``direct`` launch (``argv`` as ``launchers.direct.build`` built it) to the supervisor; one still
         importing only if ``may_wait`` (class docstring)."""
         self.wanted = True
         p = self.proc
         if p is None or p.poll() is not None or p.stdin is None or env.get("OMP_NUM_THREADS") != self.OMP \
-                or argv[:3] != [self.python, *launchers.RANKS]:
+                or argv[:3] != [self.python, *RANKS]:
             return None
         self.took_importing = not self.ready()
         if self.took_importing and not may_wait:

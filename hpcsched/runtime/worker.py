@@ -49,6 +49,7 @@ from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.checkpoint_quota import CheckpointQuota
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
+from hpcsched.runtime.launchers.common import torch_importable
 from hpcsched.runtime.liveness import FULL_EVERY
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
@@ -115,7 +116,8 @@ class Worker(TaskControl, ControllerLink):
         self._fenced = False
         self.channel = open_channel(cfg.controller, cfg.tls_ca)
         # torch here; not with per-owner users: one supervisor forked for every job would be one user's
-        use_warm = cfg.warm_ranks and "direct" in self.launchers and "torchrun" in self.launchers and not cfg.users
+        use_warm = (cfg.warm_ranks and any(launchers.get(n).warm_start for n in self.launchers)
+                    and torch_importable() and not cfg.users)
         self.warm = WarmRanks(self.python, self.cfg.work_dir / "warm-ranks.log", start=self._warm_start) if use_warm \
             else None
         self.stub = pb_grpc.ControllerStub(self.channel)
@@ -412,7 +414,7 @@ class Worker(TaskControl, ControllerLink):
             os.chmod(turns, 0o1777)
         if self.cfg.token and t.agents:  # the launcher's rsh agent shows it to the other workers (not the token)
             env[rsh_agent.KEY_ENV] = worker_agent.job_key(self.cfg.token, t.job_id, t.generation)
-        if t.agents and t.launcher == "horovodrun":
+        if t.agents and launchers.get(t.launcher).agent_as_ssh:
             env["PATH"] = f"{self.ssh_shim}{os.pathsep}{env.get('PATH') or self.base_env.get('PATH', '')}"
         proc = None
         how = quota = ""
@@ -426,7 +428,7 @@ class Worker(TaskControl, ControllerLink):
         if argv is not None and cwd is not None and not os.path.isdir(cwd):
             self._cannot_start(t, f"the job's workdir {cwd} is not a directory on this worker")
             return
-        if argv is not None and t.launcher == "direct" and self.warm is not None:
+        if argv is not None and launchers.get(t.launcher).warm_start and self.warm is not None:
             # a running member of its co-location group: start with it, not after the supervisor's imports
             mates = sorted({x.launch.job_id for x in self.tasks.values() if x.exit_code is None and t.group
                             and x.launch.group == t.group and x.launch.job_id != t.job_id})
