@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from hpcsched.harvest.pool import timeline_from_intervals, timeline_from_log  # noqa: E402
 from hpcsched.harvest.replay import ReplayConfig, replay  # noqa: E402
-from hpcsched.milp import JobState, Objective, Problem, SolverUnavailable, allocate, job_values  # noqa: E402
+from hpcsched.milp import MilpJob, Objective, Problem, SolverUnavailable, allocate, job_values  # noqa: E402
 from hpcsched.milp.backends import solve_highs  # noqa: E402
 from hpcsched.milp.baselines import greedy  # noqa: E402
 from hpcsched.milp.formulation import build  # noqa: E402
@@ -50,7 +50,7 @@ def decision() -> None:
     free, states = list(pool), []
     for j in jobs:
         c = rng.choice([0, 0, 1, 4, 8, 16, 30, 50, 64])
-        states.append(JobState(j, tuple(free[:c])))
+        states.append(MilpJob(j, tuple(free[:c])))
         free = free[c:]
     print("| solver | objective | vs HiGHS | variables | status | wall s (median of 3) | CPU s (median of 3) |")
     print("|---|---|---|---|---|---|---|")
@@ -163,17 +163,17 @@ def _symmetric_cases() -> dict[str, Problem]:
     def clone(t: ElasticJob, name: str) -> ElasticJob:
         return ElasticJob(name, 0.0, t.jmin, t.jmax, t.curve, t.total_samples, t.scale_up_s, t.scale_down_s)
 
-    identical = Problem(tuple(JobState(clone(shuffle, f"j{i}")) for i in range(300)),
+    identical = Problem(tuple(MilpJob(clone(shuffle, f"j{i}")) for i in range(300)),
                         tuple(f"n{k}" for k in range(2000)), 10.0)
     pool = [f"n{k}" for k in range(3000)]
     free, states = list(pool), []
     templates = [shuffle, imagenet[0], imagenet[1]]
     for i in range(295):
         c = (0, 0, 4, 8, 16)[(i // 3) % 5]
-        states.append(JobState(clone(templates[i % 3], f"m{i}"), tuple(free[:c])))
+        states.append(MilpJob(clone(templates[i % 3], f"m{i}"), tuple(free[:c])))
         free = free[c:]
     for i, j in enumerate(imagenet[10:15]):
-        states.append(JobState(j, tuple(free[:i + 1])))
+        states.append(MilpJob(j, tuple(free[:i + 1])))
         free = free[i + 1:]
     mixed = Problem(tuple(states), tuple(pool), 10.0)
     return {"300 identical, 2,000 nodes": identical, "300 mixed, 3,000 nodes": mixed}

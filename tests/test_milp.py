@@ -9,7 +9,7 @@ import random
 import pytest
 
 from hpcsched.errors import InputError
-from hpcsched.milp import JobState, Objective, Problem, allocate, check_job, job_values, objective_value
+from hpcsched.milp import MilpJob, Objective, Problem, allocate, check_job, job_values, objective_value
 from hpcsched.milp.backends import SolverUnavailable
 from hpcsched.milp.formulation import build, pieces_of
 from hpcsched.milp.mapping import map_nodes
@@ -37,7 +37,7 @@ def _random_problem(rng: random.Random) -> Problem:
         job = _job(i, curve, jmin, rng.randint(jmin, 9), rng.uniform(0, 30), rng.uniform(0, 30))
         c = rng.randint(0, min(len(free), job.jmax))
         lost = frozenset({"gone"}) if rng.random() < 0.3 else frozenset()
-        states.append(JobState(job, tuple(free[:c]), lost))
+        states.append(MilpJob(job, tuple(free[:c]), lost))
         free = free[c:]
     return Problem(tuple(states), tuple(pool), rng.choice([1.0, 10.0, 60.0]), rng.choice(list(Objective)))
 
@@ -101,26 +101,26 @@ def test_pieces_reproduce_the_value_function_exactly() -> None:
 def test_reference_objective_by_hand() -> None:
     """One job on 2 nodes (rate 5259), pool of 4: growing to 4 earns Tfwd*9988 - 18*5259."""
     job = _job(0)
-    p = Problem((JobState(job, ("a", "b")),), ("a", "b", "c", "d"), 300.0)
+    p = Problem((MilpJob(job, ("a", "b")),), ("a", "b", "c", "d"), 300.0)
     d = allocate(p)
     assert d.counts == {"j0": 4}
     assert d.objective == pytest.approx(300 * 9988 - 18 * 5259)
     assert d.nodes["j0"][:2] == ("a", "b")  # keeps its nodes
     # with Tfwd=10 growing does not pay for itself (99880 - 94662 < 52590): the job stays put
-    d1 = allocate(Problem((JobState(job, ("a", "b")),), ("a", "b", "c", "d"), 10.0))
+    d1 = allocate(Problem((MilpJob(job, ("a", "b")),), ("a", "b", "c", "d"), 10.0))
     assert d1.counts == {"j0": 2} and d1.objective == pytest.approx(52590)
 
 
 def test_window_objective_charges_start_up_and_not_twice_after_preemption() -> None:
     job = _job(0)
     # starting from zero is a scale-up inside the window: (Tfwd - Tup) * S(n), worthless if Tfwd <= Tup
-    p = Problem((JobState(job),), ("a", "b"), 10.0, Objective.WINDOW)
+    p = Problem((MilpJob(job),), ("a", "b"), 10.0, Objective.WINDOW)
     assert allocate(p).objective == 0.0
-    p = Problem((JobState(job),), ("a", "b"), 60.0, Objective.WINDOW)
+    p = Problem((MilpJob(job),), ("a", "b"), 60.0, Objective.WINDOW)
     d = allocate(p)
     assert d.counts == {"j0": 2} and d.objective == pytest.approx((60 - 18) * 5259)
     # preempted at this event: one restart (Tdw) whatever size it restarts at
-    pre = JobState(job, ("a",), frozenset({"z"}))
+    pre = MilpJob(job, ("a",), frozenset({"z"}))
     d = allocate(Problem((pre,), ("a", "b", "c", "d"), 60.0, Objective.WINDOW))
     assert d.counts == {"j0": 4} and d.objective == pytest.approx((60 - 12) * 9988)
 
@@ -138,7 +138,7 @@ def test_backends_agree_on_bundled_jobs(solver: str) -> None:
     states = []
     for j in jobs:
         c = rng.choice([0, 0, 3, 9, 17, 40])
-        states.append(JobState(j, tuple(free[:c])))
+        states.append(MilpJob(j, tuple(free[:c])))
         free = free[c:]
     for tfwd in (10.0, 120.0):
         p = Problem(tuple(states), tuple(pool), tfwd)
@@ -156,7 +156,7 @@ def test_backends_agree_on_bundled_jobs(solver: str) -> None:
 def test_time_limit_never_returns_an_empty_allocation() -> None:
     jobs = [_job(i) for i in range(60)]
     pool = tuple(f"n{k}" for k in range(2000))
-    p = Problem(tuple(JobState(j) for j in jobs), pool, 10.0)
+    p = Problem(tuple(MilpJob(j) for j in jobs), pool, 10.0)
     d = allocate(p, "highs", time_limit=1e-6)
     assert d.status in ("time_limit", "fallback", "optimal")
     assert sum(d.counts.values()) > 0
@@ -166,8 +166,8 @@ def test_time_limit_never_returns_an_empty_allocation() -> None:
 def test_mapping_keeps_nodes_and_never_returns_preempted_nodes() -> None:
     a, b = _job(0), _job(1)
     # job a lost n2 and n3 at this event, yet the (buggy or racing) pool lists them as idle again
-    sa = JobState(a, ("n0", "n1"), frozenset({"n2", "n3"}))
-    sb = JobState(b, ("n4",))
+    sa = MilpJob(a, ("n0", "n1"), frozenset({"n2", "n3"}))
+    sb = MilpJob(b, ("n4",))
     pool = ("n0", "n1", "n2", "n3", "n4", "n5", "n6")
     nodes = map_nodes((sb, sa), pool, (3, 4))
     assert nodes["j0"][:2] == ("n0", "n1")
@@ -176,13 +176,13 @@ def test_mapping_keeps_nodes_and_never_returns_preempted_nodes() -> None:
     assert not set(nodes["j0"]) & set(nodes["j1"])
     assert len(nodes["j0"]) == 4 and len(nodes["j1"]) == 3
     # shrinking releases the newest nodes first
-    assert map_nodes((JobState(a, ("n0", "n1", "n2")),), ("n0", "n1", "n2"), (1,))["j0"] == ("n0",)
+    assert map_nodes((MilpJob(a, ("n0", "n1", "n2")),), ("n0", "n1", "n2"), (1,))["j0"] == ("n0",)
 
 
 def test_allocate_maps_preempted_jobs_away_from_lost_nodes_end_to_end() -> None:
     a = _job(0)
-    s = JobState(a, ("n0",), frozenset({"n1", "n2"}))
-    d = allocate(Problem((s, JobState(_job(1))), ("n0", "n1", "n2", "n3"), 300.0))
+    s = MilpJob(a, ("n0",), frozenset({"n1", "n2"}))
+    d = allocate(Problem((s, MilpJob(_job(1))), ("n0", "n1", "n2", "n3"), 300.0))
     assert not set(d.nodes["j0"]) & {"n1", "n2"}
     assert sorted(n for ns in d.nodes.values() for n in ns) == sorted(set(n for ns in d.nodes.values() for n in ns))
 
@@ -216,21 +216,21 @@ def test_bad_bounds_and_curves_are_clear_errors(tmp_path) -> None:
     with pytest.raises(ValueError, match="Jmin"):
         check_job(bad)
     with pytest.raises(ValueError, match="Jmin"):
-        Problem((JobState(bad),), ("n0",), 10.0)
+        Problem((MilpJob(bad),), ("n0",), 10.0)
 
 
 def test_problem_rejects_inconsistent_holdings() -> None:
     with pytest.raises(ValueError, match="two jobs"):
-        Problem((JobState(_job(0), ("n0",)), JobState(_job(1), ("n0",))), ("n0",), 10.0)
+        Problem((MilpJob(_job(0), ("n0",)), MilpJob(_job(1), ("n0",))), ("n0",), 10.0)
     with pytest.raises(ValueError, match="not in the idle pool"):
-        Problem((JobState(_job(0), ("x",)),), ("n0",), 10.0)
+        Problem((MilpJob(_job(0), ("x",)),), ("n0",), 10.0)
     with pytest.raises(ValueError, match="Tfwd"):
         Problem((), (), 0.0)
 
 
 def test_model_is_small_and_independent_of_pool_size() -> None:
     """The count model needs ~10 pieces per job whatever the pool (the node-level model needs J x N)."""
-    jobs = tuple(JobState(_job(i)) for i in range(100))
+    jobs = tuple(MilpJob(_job(i)) for i in range(100))
     small = build(job_values(Problem(jobs, tuple(f"n{k}" for k in range(100)), 10.0)), 100)
     big = build(job_values(Problem(jobs, tuple(f"n{k}" for k in range(4000)), 10.0)), 4000)
     assert big.n_vars <= 2000 and big.n_vars <= 2 * small.n_vars
@@ -238,7 +238,7 @@ def test_model_is_small_and_independent_of_pool_size() -> None:
 
 def test_gurobi_free_licence_limit_is_reported_clearly() -> None:
     pytest.importorskip("gurobipy", reason="gurobi backend needs the [gurobi] extra (gurobipy)")
-    jobs = tuple(JobState(_job(i)) for i in range(200))
+    jobs = tuple(MilpJob(_job(i)) for i in range(200))
     p = Problem(jobs, tuple(f"n{k}" for k in range(3000)), 10.0)
     try:
         d = allocate(p, "gurobi")
@@ -264,7 +264,7 @@ def test_vectorised_value_table_equals_the_scalar_definition() -> None:
 
 def _identical_decision(n_jobs: int = 300, pool: int = 2000) -> Problem:
     """The busy-replay shape that timed out: n identical shufflenet jobs waiting at 0 nodes."""
-    return Problem(tuple(JobState(_job(i)) for i in range(n_jobs)), tuple(f"n{k}" for k in range(pool)), 10.0)
+    return Problem(tuple(MilpJob(_job(i)) for i in range(n_jobs)), tuple(f"n{k}" for k in range(pool)), 10.0)
 
 
 def _mixed_decision() -> Problem:
@@ -278,10 +278,10 @@ def _mixed_decision() -> Problem:
         t = templates[i % 3]
         c = (0, 0, 4, 8, 16)[(i // 3) % 5]
         job = ElasticJob(f"m{i}", 0.0, t.jmin, t.jmax, t.curve, t.total_samples, t.scale_up_s, t.scale_down_s)
-        states.append(JobState(job, tuple(free[:c])))
+        states.append(MilpJob(job, tuple(free[:c])))
         free = free[c:]
     for i, j in enumerate(imagenet[10:15]):
-        states.append(JobState(j, tuple(free[:i + 1])))
+        states.append(MilpJob(j, tuple(free[:i + 1])))
         free = free[i + 1:]
     return Problem(tuple(states), tuple(pool), 10.0)
 
@@ -322,7 +322,7 @@ def _random_duplicated_problem(rng: random.Random) -> Problem:
             job = ElasticJob(f"t{t}-{k}", 0.0, jmin, jmax, curve, 1e8, up, dw)
             held = tuple(free[:c]) if len(free) >= c else ()
             free = free[len(held):]
-            states.append(JobState(job, held, lost))
+            states.append(MilpJob(job, held, lost))
     return Problem(tuple(states), tuple(pool), rng.choice([1.0, 10.0, 60.0]), rng.choice(list(Objective)))
 
 
@@ -357,13 +357,13 @@ def test_classes_group_only_interchangeable_jobs_and_small_decisions_stay_per_jo
     a, b = _job(0), _job(1)
     other = _job(2, up=19)
     pool = tuple(f"n{k}" for k in range(40))
-    states = (JobState(a, ("n0",)), JobState(b, ("n1",)), JobState(other, ("n2",)),
-              JobState(_job(3), ("n3", "n4")), JobState(_job(4), ("n5",), frozenset({"x"})), JobState(_job(5)))
+    states = (MilpJob(a, ("n0",)), MilpJob(b, ("n1",)), MilpJob(other, ("n2",)),
+              MilpJob(_job(3), ("n3", "n4")), MilpJob(_job(4), ("n5",), frozenset({"x"})), MilpJob(_job(5)))
     from hpcsched.milp.formulation import job_classes
 
     # same everything and the same count: one class; another Tup, count or preemption: its own
     assert job_classes(job_values(Problem(states, pool, 10.0))) == ((0, 1), (2,), (3,), (4,), (5,))
-    ten = Problem(tuple(JobState(_job(i)) for i in range(10)), pool, 10.0)
-    eleven = Problem(tuple(JobState(_job(i)) for i in range(11)), pool, 10.0)
+    ten = Problem(tuple(MilpJob(_job(i)) for i in range(10)), pool, 10.0)
+    eleven = Problem(tuple(MilpJob(_job(i)) for i in range(11)), pool, 10.0)
     assert build(job_values(ten), 40).classes == tuple((j,) for j in range(10))  # as before issue 17
     assert build(job_values(eleven), 40).classes == (tuple(range(11)),)

@@ -37,7 +37,7 @@ from hpcsched.harvest.pool import (
 )
 from hpcsched.harvest.replay import ReplayConfig, ReplayResult, replay
 from hpcsched.harvest.run import shift_into_log
-from hpcsched.milp import JobState
+from hpcsched.milp import MilpJob
 from hpcsched.milp.mapping import NodeRuns, Run, map_nodes, runs_of
 from hpcsched.model import ElasticJob, ScalingCurve
 from hpcsched.traces import open_trace
@@ -84,14 +84,14 @@ def node_by_node_timeline(path: Path, machine: int | None = None, start: float |
     return _timeline(times, deltas, idx, NumberedNodes(m), start), skipped, warm
 
 
-def node_by_node_map(jobs: Sequence[JobState], pool: Sequence[str],
+def node_by_node_map(jobs: Sequence[MilpJob], pool: Sequence[str],
                      counts: Sequence[int]) -> dict[str, tuple[str, ...]]:
     """``map_nodes`` as it was before issue 17 (lists of node names; O(pool) per growing job)."""
     held = {n for s in jobs for n in s.nodes}
     free = [n for n in pool if n not in held]
     released: list[str] = []
     out: dict[str, tuple[str, ...]] = {}
-    growing: list[tuple[JobState, int]] = []
+    growing: list[tuple[MilpJob, int]] = []
     for s, want in zip(jobs, counts, strict=True):
         if want <= s.count:
             out[s.job.id] = s.nodes[:want]
@@ -227,7 +227,7 @@ def test_mapping_over_runs_equals_the_node_by_node_mapping(seed: int) -> None:
         jmin = rng.randint(1, 3)
         jmax = rng.randint(jmin, 10)
         job = ElasticJob(f"j{j}", 0.0, jmin, jmax, ScalingCurve((0.0, 1.0), (0.0, 1.0)), 10.0, 1.0, 1.0)
-        states.append(JobState(job, held, lost))
+        states.append(MilpJob(job, held, lost))
         counts.append(rng.choice([0, rng.randint(jmin, jmax)]))
     assert map_nodes(states, tuple(pool), counts) == node_by_node_map(states, tuple(pool), counts)
 

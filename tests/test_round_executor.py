@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hpcsched.hetero.policies import AllocationInput, GavelPolicy, make_policy
-from hpcsched.hetero.round_executor import JobView, RoundExecutor, throughputs
+from hpcsched.hetero.round_executor import RoundExecutor, RoundJobView, throughputs
 from hpcsched.hetero.rounds import RoundJob, simulate_rounds
 from hpcsched.hetero.throughputs import load_throughputs
 from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
@@ -33,8 +33,8 @@ class Fixed(GavelPolicy):
         return np.array([[self.rows[j][t] for t in inp.types] for j in inp.job_ids])
 
 
-def _views(received: dict[str, dict[str, float]], models: dict[str, str]) -> list[JobView]:
-    return [JobView(j, m, 1, float(i), None, (), received.get(j, {})) for i, (j, m) in enumerate(models.items())]
+def _views(received: dict[str, dict[str, float]], models: dict[str, str]) -> list[RoundJobView]:
+    return [RoundJobView(j, m, 1, float(i), None, (), received.get(j, {})) for i, (j, m) in enumerate(models.items())]
 
 
 def test_a_round_by_hand() -> None:
@@ -81,25 +81,26 @@ def test_arrivals_wait_for_a_reset_and_reasons_are_given() -> None:
     table = load_throughputs()
     ex = RoundExecutor("max-min-fairness-perf", table, round_s=10.0, reset_s=100.0)
     gpus = {"v100": 1, "k80": 1}
-    d1 = ex.decide(0.0, [JobView("A", RESNET, 1, 0.0)], gpus)
+    d1 = ex.decide(0.0, [RoundJobView("A", RESNET, 1, 0.0)], gpus)
     assert d1.reset and d1.assignment == {"A": "v100"}
-    late = [JobView("A", RESNET, 1, 0.0, received={"v100": 10.0}), JobView("B", REC, 1, 5.0)]
+    late = [RoundJobView("A", RESNET, 1, 0.0, received={"v100": 10.0}), RoundJobView("B", REC, 1, 5.0)]
     d2 = ex.decide(10.0, late, gpus)
     assert not d2.reset and "B" not in d2.allocation and d2.priorities["B"] == {"v100": 0.0, "k80": 0.0}
     assert d2.assignment == {"A": "v100"} and d2.idle == {"B": "k80"}  # Gavel leaves B's K80 idle
-    d3 = ex.decide(100.0, [*late[:1], JobView("B", REC, 1, 5.0)], gpus)
+    d3 = ex.decide(100.0, [*late[:1], RoundJobView("B", REC, 1, 5.0)], gpus)
     assert d3.reset and d3.assignment == {"A": "v100", "B": "k80"}
-    bad = [JobView("n", None, 1, 0.0), JobView("u", "no such model", 1, 0.0), JobView("s", RESNET, 3, 0.0),
-           JobView("t", RESNET, 1, 0.0, gpu_types=("p100",)), JobView("w", RESNET, 2, 0.0)]
+    bad = [RoundJobView("n", None, 1, 0.0), RoundJobView("u", "no such model", 1, 0.0),
+           RoundJobView("s", RESNET, 3, 0.0), RoundJobView("t", RESNET, 1, 0.0, gpu_types=("p100",)),
+           RoundJobView("w", RESNET, 2, 0.0)]
     d4 = RoundExecutor("max-min-fairness-perf", table).decide(0.0, bad, gpus)
     assert d4.assignment == {} and set(d4.excluded) == {"n", "u", "s", "t", "w"}
     assert "no model:" in d4.excluded["n"] and "not in the throughput table" in d4.excluded["u"]
     assert "at 3 procs" in d4.excluded["s"] and "sizes 1, 2, 4, 8" in d4.excluded["s"]
     assert "accepts p100" in d4.excluded["t"] and "needs 2 GPUs of one type" in d4.excluded["w"]
-    d5 = RoundExecutor("min-total-duration-perf", table).decide(0.0, [JobView("x", RESNET, 1, 0.0)], gpus)
+    d5 = RoundExecutor("min-total-duration-perf", table).decide(0.0, [RoundJobView("x", RESNET, 1, 0.0)], gpus)
     assert "needs each job's steps" in d5.excluded["x"]
     # case and spacing ignored; a type the table lacks: 0
-    assert throughputs(JobView("r", " recommendation  (BATCH size 512)", 1, 0.0), ["v100", "k80", "a100"],
+    assert throughputs(RoundJobView("r", " recommendation  (BATCH size 512)", 1, 0.0), ["v100", "k80", "a100"],
                        table) == pytest.approx([23.32, 32.86, 0.0], abs=0.01)
     with pytest.raises(ValueError, match="space sharing"):
         RoundExecutor("max-min-fairness-packed", table)
@@ -147,7 +148,7 @@ def test_parity_with_the_simulator(policy: str, cluster: str, n_jobs: int) -> No
     received: dict[str, dict[str, float]] = {}
     now = 0.0
     for r, (want, paid) in enumerate(zip(seen, charged, strict=True)):
-        views = [JobView(str(j.id), j.job_type, j.scale_factor, 0.0, 10**9, (), dict(received.get(str(j.id), {})))
+        views = [RoundJobView(str(j.id), j.job_type, j.scale_factor, 0.0, 10**9, (), dict(received.get(str(j.id), {})))
                  for j in jobs]
         d = ex.decide(now, views, spec.gpu_counts())
         assert d.assignment == {str(j): t for j, t in want.items()}, f"round {r + 1}"

@@ -16,7 +16,7 @@ from runtime_procs import ROOT, client, controller_config, start_controller, sta
 
 from hpcsched.errors import InputError
 from hpcsched.hetero.policies import make_policy
-from hpcsched.hetero.round_executor import JobView, RoundExecutor
+from hpcsched.hetero.round_executor import RoundExecutor, RoundJobView
 from hpcsched.hetero.rounds import RoundJob, simulate_rounds
 from hpcsched.hetero.throughputs import load_throughputs
 from hpcsched.primitives.hetero_cluster import parse_hetero_cluster
@@ -103,7 +103,7 @@ def test_rounds_rotate_jobs_by_gavel_priorities(tmp_path: Path) -> None:
         assert max(alloc[ids[2]], key=alloc[ids[2]].get) == "k80"  # Recommendation 1024: fastest on p100, given k80
         assert alloc[ids[3]]["v100"] > 0.5 and alloc[ids[3]]["p100"] < 1e-3 and alloc[ids[3]]["k80"] < 1e-3  # ResNet-18
         fresh = RoundExecutor("max-min-fairness-perf", load_throughputs()).decide(
-            0.0, [JobView(str(i), m, 1, 0.0) for i, m in enumerate(MODELS)], dict.fromkeys(TYPES, 1)).allocation
+            0.0, [RoundJobView(str(i), m, 1, 0.0) for i, m in enumerate(MODELS)], dict.fromkeys(TYPES, 1)).allocation
         assert {index[j]: a for j, a in alloc.items()} == {int(i): pytest.approx(a, abs=1e-5) for i, a in fresh.items()}
         listing = {j.job_id: j for j in c.jobs()}
         assert any(m.startswith("round ") for m in (listing[j].message for j in ids))

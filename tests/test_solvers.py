@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcsched.interleave.matching import MatchSettings, pair_counts
-from hpcsched.milp import JobState, Problem, allocate
+from hpcsched.milp import MilpJob, Problem, allocate
 from hpcsched.model import ElasticJob, ScalingCurve
 
 CURVE = ScalingCurve((0.0, 1, 2, 4, 8, 16), (0.0, 2831, 5259, 9988, 20379.2, 38895.3))
@@ -19,9 +19,9 @@ CURVE = ScalingCurve((0.0, 1, 2, 4, 8, 16), (0.0, 2831, 5259, 9988, 20379.2, 388
 def _problem() -> Problem:
     """Three jobs over 11 nodes where greedy is not optimal (checked against the exact DP below)."""
     jobs = (
-        JobState(ElasticJob("a", 0.0, 3, 8, CURVE, 1e8, 18, 12), nodes=("n0", "n1", "n2")),
-        JobState(ElasticJob("b", 0.0, 2, 16, CURVE, 1e8, 30, 20)),
-        JobState(ElasticJob("c", 0.0, 4, 4, ScalingCurve((0.0, 4.0), (0.0, 16000.0)), 1e8, 5, 5)),
+        MilpJob(ElasticJob("a", 0.0, 3, 8, CURVE, 1e8, 18, 12), nodes=("n0", "n1", "n2")),
+        MilpJob(ElasticJob("b", 0.0, 2, 16, CURVE, 1e8, 30, 20)),
+        MilpJob(ElasticJob("c", 0.0, 4, 4, ScalingCurve((0.0, 4.0), (0.0, 16000.0)), 1e8, 5, 5)),
     )
     return Problem(jobs, tuple(f"n{k}" for k in range(11)), tfwd=60.0)
 

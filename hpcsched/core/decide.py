@@ -138,8 +138,7 @@ def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[st
     at its minimum. A job the answer pauses is held at its minimum and the others are sized again over what
     is left (at most once per job); the status then says how many were held, since the result is the best
     for the others, not the joint optimum. Keeps the admitted sizes if no solver runs."""
-    from hpcsched.milp import JobState as MilpJob
-    from hpcsched.milp import Problem, SolverUnavailable, allocate
+    from hpcsched.milp import MilpJob, Problem, SolverUnavailable, allocate
 
     free, held_at_min = list(ids), 0
     while free:

@@ -57,7 +57,7 @@ from hpcsched.harvest.replay_config import (
     ReplayResult,
     Valuation,
 )
-from hpcsched.milp import JobState
+from hpcsched.milp import MilpJob
 from hpcsched.milp.allocate import solve_counts_sized
 from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of
 from hpcsched.milp.problem import check_job, job_rate
@@ -268,7 +268,7 @@ class _Replay:
                self._revalue())
         hit = self.cache.get(key)
         if hit is None:
-            states = tuple(JobState(r.valued or r.job, NodeRuns(r.held, self.names),
+            states = tuple(MilpJob(r.valued or r.job, NodeRuns(r.held, self.names),
                                     NodeRuns(lost.get(r.job.id, ()), self.names)) for r in self.active)
             counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
                                                    cfg.time_limit)
@@ -314,7 +314,7 @@ class _Replay:
                 phases.append((r.job.id, phase))
         return tuple(phases)
 
-    def _held_at_minimum(self, states: tuple[JobState, ...], counts: list[int], status: str,
+    def _held_at_minimum(self, states: tuple[MilpJob, ...], counts: list[int], status: str,
                          tfwd: float) -> tuple[list[int], str, int]:
         """``no_pause``: the controller's rule over the allocator's answer ``counts`` (ReplayConfig); also how many
         jobs it held at their minimum."""

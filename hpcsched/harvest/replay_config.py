@@ -20,7 +20,7 @@ class Valuation(Protocol):
 
 
 ACCOUNTING = ("reference", "restart")
-NONOPTIMAL = ("time_limit", "fallback", "heuristic")  # Decision.status values that are not proven optimal
+NONOPTIMAL = ("time_limit", "fallback", "heuristic")  # Allocation.status values that are not proven optimal
 EVENT_COLUMNS = (
     "time", "dt", "pool", "joined", "left", "used", "active", "done", "preempted_jobs", "preempt_loss",
     "rescales", "rescale_loss", "rate", "tfwd", "solve_s", "status",

@@ -12,7 +12,7 @@ a size the table does not list).
 What one call of ``RoundExecutor.decide`` does, as Gavel's ``_schedule_jobs_on_workers``:
 
 - **Time received.** Each job's time on a type is ``half a round + the seconds it ran there since the
-  accounting period began`` (``JobView.received``, charged once per job whatever its GPUs); a type's total is
+  accounting period began`` (``RoundJobView.received``, charged once per job whatever its GPUs); a type's total is
   ``half a round x the jobs active at the period's start + every job's seconds there since`` (jobs that
   ended since still count, as in Gavel).
 - **Allocation** (re-solved, a *reset*, only when the set of active jobs or the GPUs per type changed since
@@ -58,7 +58,7 @@ UNKNOWN_STEPS = 2**62
 
 
 @dataclass(frozen=True, slots=True)
-class JobView:
+class RoundJobView:
     """One active job as the executor needs it (the controller builds these from its store)."""
 
     id: str
@@ -109,7 +109,7 @@ def model_names(table: ThroughputTable) -> dict[str, str]:
     return {_norm(t): t for gt in table.gpu_types for t, _ in table.isolated_rates[gt]}
 
 
-def throughputs(job: JobView, types: Sequence[str], table: ThroughputTable,
+def throughputs(job: RoundJobView, types: Sequence[str], table: ThroughputTable,
                 names: Mapping[str, str] | None = None) -> list[float] | str:
     """Steps/s of ``job`` at its procs on each of ``types`` (0 where the table lacks the type or the job does not
     accept it), or why it has none: the policies' programs need the job's rate on every type. ``names``:
@@ -156,13 +156,13 @@ class RoundExecutor:
         self._deficit: dict[str, dict[str, float]] = {}
         self._n_at_reset = 0
 
-    def _int_id(self, job: JobView) -> int:
+    def _int_id(self, job: RoundJobView) -> int:
         i = self._ids.get(job.id)
         if i is None:
             i = self._ids[job.id] = len(self._ids)
         return i
 
-    def decide(self, now: float, jobs: Sequence[JobView], gpus: Mapping[str, int],
+    def decide(self, now: float, jobs: Sequence[RoundJobView], gpus: Mapping[str, int],
                totals: Mapping[str, float] | None = None) -> RoundDecision:
         """The round starting at ``now``: ``jobs`` are the active ones, ``gpus`` the GPUs (slots) per live type,
         ``totals`` each type's seconds run by every job since ``period_start`` (default: the sum over ``jobs``;
@@ -174,7 +174,7 @@ class RoundExecutor:
         lp_to_mech = [order.index(t) for t in lp_types]
         excluded: dict[str, str] = {}
         states: dict[int, _Active] = {}
-        by_int: dict[int, JobView] = {}
+        by_int: dict[int, RoundJobView] = {}
         for j in sorted(jobs, key=lambda j: (j.submit, j.id)):
             jid = self._int_id(j)
             thr = throughputs(j, order, self.table, self._names)

@@ -2,18 +2,18 @@
 
 Usage::
 
-    from hpcsched.milp import JobState, Problem, allocate
-    d = allocate(Problem(jobs=(JobState(job, nodes=held, lost=taken),), pool=idle_nodes, tfwd=10.0))
+    from hpcsched.milp import MilpJob, Problem, allocate
+    d = allocate(Problem(jobs=(MilpJob(job, nodes=held, lost=taken),), pool=idle_nodes, tfwd=10.0))
     d.counts[job.id], d.nodes[job.id], d.objective, d.status
 """
 
-from hpcsched.milp.allocate import SOLVERS, Decision, SolverUnavailable, allocate, solve_counts
-from hpcsched.milp.problem import JobState, JobValue, Objective, Problem, check_job, job_values, objective_value
+from hpcsched.milp.allocate import SOLVERS, Allocation, SolverUnavailable, allocate, solve_counts
+from hpcsched.milp.problem import JobValue, MilpJob, Objective, Problem, check_job, job_values, objective_value
 
 __all__ = [
     "SOLVERS",
-    "Decision",
-    "JobState",
+    "Allocation",
+    "MilpJob",
     "JobValue",
     "Objective",
     "Problem",

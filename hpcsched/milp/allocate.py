@@ -19,13 +19,13 @@ from hpcsched.milp.baselines import equal_share, greedy
 from hpcsched.milp.dp import solve_dp
 from hpcsched.milp.formulation import build
 from hpcsched.milp.mapping import map_nodes
-from hpcsched.milp.problem import JobState, JobValue, Objective, Problem, job_values, objective_value
+from hpcsched.milp.problem import JobValue, MilpJob, Objective, Problem, job_values, objective_value
 
 SOLVERS = (*BACKENDS, "dp", "greedy", "equal")  # the MILP backends, then the solvers that need no package
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Allocation:
     """The new allocation: count and node ids per job id, its objective, and how it was reached."""
 
     counts: dict[str, int]
@@ -46,12 +46,12 @@ def solve_counts(problem: Problem, solver: str = "highs", time_limit: float = 10
     return solve_counts_sized(problem.jobs, len(problem.pool), problem.tfwd, problem.objective, solver, time_limit)
 
 
-def solve_counts_sized(jobs: Sequence[JobState], pool_size: int, tfwd: float = 10.0,
+def solve_counts_sized(jobs: Sequence[MilpJob], pool_size: int, tfwd: float = 10.0,
                        objective: Objective = Objective.REFERENCE, solver: str = "highs",
                        time_limit: float = 10.0) -> tuple[list[int], str, int]:
     """``solve_counts`` from the pool's size alone, without naming its nodes.
 
-    The decision needs only counts (each ``JobState``'s ``count`` and ``preempted``), so a caller that
+    The decision needs only counts (each ``MilpJob``'s ``count`` and ``preempted``), so a caller that
     keeps the pool as runs of node indices (the replayer on a 49,152-node machine) decides without
     listing, hashing or validating every idle node; it is the same code path as ``solve_counts``.
     """
@@ -84,13 +84,13 @@ def solve_counts_sized(jobs: Sequence[JobState], pool_size: int, tfwd: float = 1
     return counts, "time_limit", model.n_vars
 
 
-def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> Decision:
+def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> Allocation:
     """One decision: counts from ``solver``, then node ids keeping jobs on the nodes they hold."""
     t0 = time.perf_counter()
     counts, status, n_vars = solve_counts(problem, solver, time_limit)
     nodes = map_nodes(problem.jobs, problem.pool, counts)
     final = [len(nodes[s.job.id]) for s in problem.jobs]
-    return Decision(
+    return Allocation(
         counts={s.job.id: n for s, n in zip(problem.jobs, final, strict=True)},
         nodes=nodes,
         objective=objective_value(job_values(problem), final),
@@ -101,4 +101,4 @@ def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) 
     )
 
 
-__all__ = ["Decision", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts", "solve_counts_sized"]
+__all__ = ["Allocation", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts", "solve_counts_sized"]

@@ -1,7 +1,7 @@
 """Counts to node ids: jobs keep the nodes they hold, shrink from their newest, grow from free nodes.
 
 Keeping nodes avoids migrations (a job only grows or only shrinks). A job never gets back a node
-the batch scheduler took from it at this event (``JobState.lost``), even if that node is listed as
+the batch scheduler took from it at this event (``MilpJob.lost``), even if that node is listed as
 idle again: the job's workers there were just killed. Jobs with such exclusions pick first, so the
 others absorb the nodes they may not take; if a job still cannot get its count, it gets what it can
 (0 if that is below its Jmin) and the caller sees the corrected count.
@@ -19,7 +19,7 @@ import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-from hpcsched.milp.problem import JobState
+from hpcsched.milp.problem import MilpJob
 
 Run = tuple[int, int]  # node indices lo, lo + 1, ..., hi - 1
 
@@ -251,7 +251,7 @@ class NodeRuns(Sequence[str]):
     run, not per node (a job's nodes, an event's nodes, a 49,152-node idle pool).
 
     Compares equal to any sequence of the same names in the same order, so it stands wherever a tuple
-    of names did (``JobState.nodes``, ``PoolEvent.joined``); iterating it makes the names one by one.
+    of names did (``MilpJob.nodes``, ``PoolEvent.joined``); iterating it makes the names one by one.
     """
 
     __slots__ = ("runs", "names", "_n")
@@ -309,7 +309,7 @@ class NodeRuns(Sequence[str]):
         return f"NodeRuns({self._n} nodes in {len(self.runs)} runs: {shown}{more})"
 
 
-def map_nodes(jobs: Sequence[JobState], pool: Sequence[str], counts: Sequence[int]) -> dict[str, tuple[str, ...]]:
+def map_nodes(jobs: Sequence[MilpJob], pool: Sequence[str], counts: Sequence[int]) -> dict[str, tuple[str, ...]]:
     """``map_runs`` for named nodes: a node's index is its position in ``pool`` (held or lost nodes missing
     from the pool are numbered after it, so they are kept or released but never handed out)."""
     index = {n: k for k, n in enumerate(pool)}

@@ -35,7 +35,7 @@ class Objective(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class JobState:
+class MilpJob:
     """An admitted elastic job at decision time.
 
     ``nodes`` are the nodes it holds now (after any preemption at this event); ``lost`` the nodes the
@@ -64,7 +64,7 @@ class JobState:
 class Problem:
     """Everything one decision needs. ``pool`` lists every node harvesting may use now, held or free."""
 
-    jobs: tuple[JobState, ...]
+    jobs: tuple[MilpJob, ...]
     pool: tuple[str, ...]
     tfwd: float = 10.0
     objective: Objective = Objective.REFERENCE
@@ -124,7 +124,7 @@ class JobValue:
     function for every n = 0..cap at once, which is what the solvers read.
     """
 
-    state: JobState
+    state: MilpJob
     tfwd: float
     objective: Objective
     cap: int  # the most nodes this job could get: min(Jmax, pool size)

@@ -31,7 +31,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from hpcsched.hetero.round_executor import JobView, RoundDecision, RoundExecutor
+from hpcsched.hetero.round_executor import RoundDecision, RoundExecutor, RoundJobView
 from hpcsched.placements import PlacementView, get_placement
 from hpcsched.primitives.state import ClusterState, Plan
 from hpcsched.runtime.config import ControllerConfig
@@ -127,7 +127,7 @@ class RoundPlanner:
         now = state.now
         rows = [j for j in self.reader.jobs(("pending", "running", "stopping")) if j.stop_reason != "cancel"]
         charged, totals = self._charges(now)
-        views = [JobView(j.id, j.spec.model, j.spec.procs, j.submit_time,
+        views = [RoundJobView(j.id, j.spec.model, j.spec.procs, j.submit_time,
                          max(0, j.spec.steps - j.steps_done) if j.spec.steps is not None else None,
                          j.spec.gpu_types, charged.get(j.id, {})) for j in rows]
         gpus: dict[str, int] = {}

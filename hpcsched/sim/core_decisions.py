@@ -56,7 +56,7 @@ class AsController:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class DecisionEvent:
     """One start or stop the core decided, as the controller's event log records it."""
 
     time: float
@@ -81,7 +81,7 @@ class CoreDecider:
         self.spec = spec
         self.keys: dict[str, str] = {}  # running job -> co-location key of its slots
         self.attempt: dict[str, float] = {}  # running job -> when its current attempt started
-        self.log: list[Decision] = []
+        self.log: list[DecisionEvent] = []
         self.untimed: set[str] = set()  # co-located jobs without a stage profile, timed as compute-only
 
     def state(self, active: Iterable[JobRun], free: list[int], t: float) -> ClusterState:
@@ -102,11 +102,11 @@ class CoreDecider:
             elif j.id in plan.starts:
                 by_key.setdefault(plan.groups[j.id], []).append(j)
         for jid, reason in plan.stops.items():
-            self.log.append(Decision(t, "stop", jid, self._procs(jid, active), reason=reason))
+            self.log.append(DecisionEvent(t, "stop", jid, self._procs(jid, active), reason=reason))
             self.keys.pop(jid, None)
             self.attempt.pop(jid, None)
         for jid, where in plan.starts.items():
-            self.log.append(Decision(t, "start", jid, sum(k for _, k in where), tuple(w for w, _ in where)))
+            self.log.append(DecisionEvent(t, "start", jid, sum(k for _, k in where), tuple(w for w, _ in where)))
             self.keys[jid] = plan.groups[jid]
             self.attempt[jid] = t
         out: list[Planned] = []

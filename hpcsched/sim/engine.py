@@ -74,7 +74,7 @@ from hpcsched.sim.loop import DLEngine
 if TYPE_CHECKING:
     import pandas as pd
 
-    from hpcsched.sim.core_decisions import AsController, Decision
+    from hpcsched.sim.core_decisions import AsController, DecisionEvent
 
 TIMELINE_COLUMNS = ("time", "busy_gpus", "running_jobs", "queued_jobs")
 """The timeline's columns, one row per event."""
@@ -97,7 +97,7 @@ class SimResult:
     events: int
     wall_s: float
     rejected: list[str] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)  # as_controller runs: every start and stop decided
+    decisions: list[DecisionEvent] = field(default_factory=list)  # as_controller runs: every start and stop decided
     _timeline: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     @property

@@ -114,7 +114,7 @@ def controller_config(hf: HarvestFile, out: Path, max_pilots: int):  # -> Contro
 
 
 @dataclass
-class JobView:
+class HarvestJobView:
     """One harvest job as the controller's store has it now."""
 
     id: str
@@ -135,7 +135,7 @@ class ControllerHarvest:
     out: Path
     source: SlurmIdleSource = field(default_factory=SlurmIdleSource)
     server: Any = None  # hpcsched.runtime.server.ControllerServer once started
-    jobs: dict[str, JobView] = field(default_factory=dict)
+    jobs: dict[str, HarvestJobView] = field(default_factory=dict)
     duplicates: list[str] = field(default_factory=list)  # jobs an earlier run on this --out had submitted
     pool_events: list[tuple[float, str, str, int, str]] = field(default_factory=list)  # (unix t, kind, node, pool, why)
     capacity_node_seconds: float = 0.0
@@ -175,7 +175,7 @@ class ControllerHarvest:
                                                    request_id=REQUEST_PREFIX + spec.id)
             if dup:
                 self.duplicates.append(spec.id)
-            self.jobs[spec.id] = JobView(spec.id, jid, steps=spec.steps)
+            self.jobs[spec.id] = HarvestJobView(spec.id, jid, steps=spec.steps)
         self.step()
         return address
 

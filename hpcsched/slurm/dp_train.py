@@ -93,7 +93,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, w: np.ndarray) -> None:
     _atomic_write(ckpt_dir / "checkpoint.json", json.dumps({"step": step}).encode())
 
 
-class Group:
+class AllReduceHub:
     """Rank 0 is the hub: it sums what the others send, in rank order, and sends the sum back."""
 
     def __init__(self, rank: int, world: int, ckpt_dir: Path, run_id: str, timeout: float = 60.0,
@@ -225,7 +225,7 @@ def _train(a: argparse.Namespace) -> int:
     signal.alarm(RDZV_TIMEOUT_S)
     try:
         x, y = dataset(a.seed, a.samples, a.features)
-        group = Group(rank, world, a.ckpt_dir, run_id, timeout=RDZV_TIMEOUT_S, listen=listen)
+        group = AllReduceHub(rank, world, a.ckpt_dir, run_id, timeout=RDZV_TIMEOUT_S, listen=listen)
         step, w = group.broadcast(load_checkpoint(a.ckpt_dir, a.features) if rank == 0 else None)  # type: ignore[misc]
         signal.alarm(0)
         signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", 1.0))

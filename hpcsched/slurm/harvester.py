@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcsched.milp import JobState, Problem, allocate
+from hpcsched.milp import MilpJob, Problem, allocate
 from hpcsched.slurm.executors import ENDED, PENDING, RUNNING, Executor, Run
 from hpcsched.slurm.record import Recorder
 from hpcsched.slurm.source import SlurmIdleSource
@@ -146,7 +146,7 @@ class Harvester:
                 continue
             run = self.runs.get(job_id)
             held = run.nodes if run is not None and set(run.nodes) <= in_pool else ()
-            states.append(JobState(spec.job, nodes=held, lost=self.lost.pop(job_id, frozenset()) - in_pool))
+            states.append(MilpJob(spec.job, nodes=held, lost=self.lost.pop(job_id, frozenset()) - in_pool))
         d = allocate(Problem(tuple(states), pool), solver=self.cfg.solver)
         if d.status not in ("optimal", "empty"):
             self.nonoptimal[d.status] = self.nonoptimal.get(d.status, 0) + 1

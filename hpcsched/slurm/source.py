@@ -32,7 +32,7 @@ class SlurmJob:
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class SlurmPoll:
     """One poll: node states, live jobs, and the pool derived from them."""
 
     time: float
@@ -94,7 +94,7 @@ class SlurmIdleSource:
         self._clock = clock
         self._t0 = clock()
         self._pool: tuple[str, ...] = ()
-        self.last: Snapshot | None = None
+        self.last: SlurmPoll | None = None
         self.reasons: dict[str, str] = {}
 
     def is_ours(self, job: SlurmJob) -> bool:
@@ -103,12 +103,12 @@ class SlurmIdleSource:
     def now(self) -> float:
         return self._clock() - self._t0
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> SlurmPoll:
         states = parse_sinfo(commands.run(["sinfo", "-N", "-h", "-o", "%N %T"]))
         # Every state in which a job holds nodes (CONFIGURING: just allocated, prolog running).
         jobs = parse_squeue(commands.run(["squeue", "-h", "-t", _HOLDING, "-o", "%i|%P|%j|%T|%N"]))
         pool, why = derive_pool(states, jobs, self.is_ours)
-        return Snapshot(self.now(), states, tuple(jobs), tuple(pool), why)
+        return SlurmPoll(self.now(), states, tuple(jobs), tuple(pool), why)
 
     def poll(self) -> PoolEvent | None:
         """Read Slurm once; the pool's change since the previous poll, or None if it did not change."""
