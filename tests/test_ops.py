@@ -4,8 +4,12 @@ histograms keep the server's timings. Real controller, real gRPC and HTTP on loo
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 import urllib.error
@@ -20,7 +24,7 @@ from runtime_procs import TOKEN, controller_config, start_controller, stop, writ
 from hpcsched.errors import InputError
 from hpcsched.metrics.pilots import pilot_metrics
 from hpcsched.runtime.auth import metadata, open_channel
-from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.config import ControllerConfig, read_controller_config
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.node_source import SourceView
 from hpcsched.runtime.ops_metrics import BUCKETS_S, histogram_buckets
@@ -35,10 +39,11 @@ READONLY, WORKER = "readonly-token-91c2", "worker-token-5d0e"
 JOB = "name: train\ncommand: [a.py]\nprocs: 2\nsteps: 1000\n"
 
 
-def _get(url: str, token: str | None = None) -> tuple[int, str, dict[str, str]]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+def _get(url: str, token: str | None = None, headers: dict[str, str] | None = None,
+         context: ssl.SSLContext | None = None) -> tuple[int, str, dict[str, str]]:
+    req = urllib.request.Request(url, headers=headers or ({"Authorization": f"Bearer {token}"} if token else {}))
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=30, context=context) as r:
             return r.status, r.read().decode(), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), dict(e.headers)
@@ -82,6 +87,13 @@ def test_metrics_and_page_need_a_reading_token(ops) -> None:
         for token in (READONLY, TOKEN):
             assert _get(url + path, token)[0] == 200, (path, token)
     assert _get(url + "/nope", READONLY)[0] == 404
+    # what a browser sends by itself: Basic, the token as the password (any user name)
+    basic = {"Authorization": "Basic " + base64.b64encode(f"ops:{READONLY}".encode()).decode()}
+    assert _get(url + "/", headers=basic)[0] == 200
+    assert "Basic" in _get(url + "/")[2]["WWW-Authenticate"]  # so a browser asks for it
+    worker_basic = {"Authorization": "Basic " + base64.b64encode(f"ops:{WORKER}".encode()).decode()}
+    assert _get(url + "/", headers=worker_basic)[0] == 403
+    assert _get(url + "/", headers={"Authorization": "Basic !!notbase64"})[0] == 401
 
     status, text, headers = _get(url + "/metrics", READONLY)
     assert headers["Content-Type"].startswith("text/plain; version=")
@@ -359,3 +371,30 @@ def test_a_busy_controller_lock_gets_the_previous_reading_not_a_hung_scrape(ops)
     assert got["hpcsched_workers", (("state", "alive"),)] == 0  # the previous reading's figures
     got = samples(_get(url + "/metrics", READONLY)[1])  # the lock free again: a fresh reading
     assert got["hpcsched_metrics_stale_reads_total", ()] == 1 and got["hpcsched_pool_age_seconds", ()] < LOCK_WAIT_S
+
+
+def test_metrics_listen_off_loopback_needs_tokens(tmp_path: Path) -> None:
+    """As the API's listen: without tokens, loopback only (192.0.2.1, TEST-NET, is never bound: the check is first)."""
+    (tmp_path / "c.yaml").write_text("listen: 127.0.0.1:0\nstate: state.db\nmetrics_listen: 192.0.2.1:0\n")
+    with pytest.raises(InputError, match="metrics_listen: 192.0.2.1 is not a loopback address and no token is set"):
+        ControllerServer(read_controller_config(tmp_path / "c.yaml"))
+    again = ControllerServer(ControllerConfig(state=tmp_path / "state.db"))  # the refused one let its state go
+    again.ctl.store.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_with_tls_the_listener_speaks_https_with_the_apis_certificate(tmp_path: Path) -> None:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    srv = ControllerServer(read_controller_config(controller_config(
+        tmp_path, tls_cert="c.pem", tls_key="k.pem", metrics_listen="127.0.0.1:0")))
+    srv.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "c.pem"))
+        status, text, _ = _get(f"https://{srv.ops.address}/metrics", TOKEN, context=ctx)
+        assert status == 200 and "hpcsched_workers" in text
+        with pytest.raises(urllib.error.URLError):  # no certificate to trust: refused, nothing sent in the clear
+            _get(f"https://{srv.ops.address}/metrics", TOKEN, context=ssl.create_default_context())
+    finally:
+        srv.stop()

@@ -82,3 +82,16 @@ def _ipv4(name: str) -> ipaddress.IPv4Address | None:
         except OSError:  # no IPv4 address on it (or down)
             return None
     return ipaddress.IPv4Address(req[20:24])
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable from this machine only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)

@@ -14,9 +14,11 @@ The bound address (port 0 picks a free one) is logged and, with ``metrics_addres
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from hpcsched.errors import InputError
 from hpcsched.runtime.auth import READ_ROLES, USER
 from hpcsched.runtime.config import parse_address
+from hpcsched.runtime.hostaddr import is_loopback_host
 from hpcsched.runtime.ops_metrics import ControllerCollector
 from hpcsched.runtime.ops_snapshot import PoolReader, PoolSnapshot
 from hpcsched.runtime.ratelimit import LogThrottle
@@ -57,10 +60,22 @@ class OpsServer:
         self._started = False
         self.throttle = LogThrottle(log)
         host, port = parse_address(listen, "metrics_listen")
+        cfg = server.cfg
+        if server.auth is None and not cfg.insecure and not is_loopback_host(host):
+            raise InputError("metrics_listen", f"{host} is not a loopback address and no token is set: anyone who can "
+                             "reach it could read the pool, the queue and the jobs' names and users. Set token_file "
+                             "(and readonly_token_file), listen on 127.0.0.1, or pass --insecure to accept it")
         try:
             self.http = _Http((host, port), _handler(self), ipv6=":" in host)
         except OSError as e:
             raise InputError("metrics_listen", f"cannot bind {listen}: {e.strerror or e}") from None
+        self.tls = bool(cfg.tls_cert and cfg.tls_key)
+        if self.tls:  # the API's certificate: tokens never cross the network in the clear on one port and not the other
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
+            # the handshake on the request's own thread (its first read), not in the accepting loop: a client that
+            # connects and says nothing must not hold up every other scrape
+            self.http.socket = ctx.wrap_socket(self.http.socket, server_side=True, do_handshake_on_connect=False)
         self.registry = CollectorRegistry(auto_describe=False)  # after the bind: a failed one leaves nothing open
         self.collector = ControllerCollector(server)
         self.registry.register(self.collector)
@@ -75,7 +90,8 @@ class OpsServer:
             t.start()
         if self.address_file is not None:
             _write_atomic(self.address_file, self.address + "\n")
-        log.info("metrics and status page on http://%s/ (/metrics; auth %s)", self.address,
+        log.info("metrics and status page on %s://%s/ (/metrics; auth %s)", "https" if self.tls else "http",
+                 self.address,
                  "on: a readonly, user or admin token in an Authorization: Bearer header"
                  if self.server.auth is not None else "OFF")
         return self.address
@@ -122,14 +138,28 @@ class OpsServer:
         auth = self.server.auth
         if auth is None:
             return 200, None, ""
-        found = auth.identify(header or "")
+        found = auth.identify(_bearer(header or ""))
         if found is None:
-            return 401, None, "missing or wrong token (send Authorization: Bearer <token>)"
+            return 401, None, ("missing or wrong token (send Authorization: Bearer <token>, or Basic with the token "
+                               "as the password)")
         role, name = found
         if role not in READ_ROLES:
             return 403, None, f"this token's role ({role}) may not read the status page or metrics"
         own = self.server.cfg.own_jobs_only and role == USER
         return 200, name if own else None, ""
+
+
+def _bearer(header: str) -> str:
+    """The header as the API's ``Bearer <token>``. ``Basic`` (any user name, the token as the password) is taken too:
+    it is what a browser asks for and sends by itself, in a header like the bearer token, never in the URL."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return header
+    try:
+        _, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    return f"Bearer {password}" if password else ""
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -171,7 +201,7 @@ def _handler(ops: OpsServer) -> type[BaseHTTPRequestHandler]:
             if status != 200:
                 ops.throttle.warn(f"http {status}", "refused %s from %s: %s", path, self.client_address[0], why)
                 return status, (why + "\n").encode(), text, \
-                    {"WWW-Authenticate": 'Bearer realm="hpcsched"'} if status == 401 else {}
+                    {"WWW-Authenticate": 'Basic realm="hpcsched", Bearer realm="hpcsched"'} if status == 401 else {}
             try:
                 if path == "/metrics":
                     return 200, ops.metrics(), CONTENT_TYPE_LATEST, {}

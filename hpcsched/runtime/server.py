@@ -20,12 +20,10 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
-import ipaddress
 import json
 import logging
 import math
 import os
-import socket
 import sqlite3
 import sys
 import threading
@@ -44,6 +42,7 @@ from hpcsched.runtime.controller_members import Refused
 from hpcsched.runtime.credentials import WorkerCredentials
 from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
+from hpcsched.runtime.hostaddr import is_loopback_host
 from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
@@ -311,7 +310,7 @@ class ControllerServer:
                  else "OFF", "on" if self.cfg.tls_cert else "off",
                  self.cfg.policy if self.cfg.executor != "rounds"
                  else f"{self.cfg.hetero_policy} in Gavel's rounds of {self.cfg.round_s:g} s", self.cfg.state)
-        if not self.roles and not _loopback(self.address.rpartition(":")[0].strip("[]")):
+        if not self.roles and not is_loopback_host(self.address.rpartition(":")[0].strip("[]")):
             log.warning("INSECURE (--insecure): no tokens on %s, which is not loopback: anyone who can reach it can "
                         "submit jobs, which run as the workers' user, and act as a worker. Set token_file and "
                         "worker_token_file in the controller config", self.address)
@@ -397,23 +396,10 @@ def _roles(cfg: ControllerConfig) -> dict[str, str]:
     return roles
 
 
-def _loopback(host: str) -> bool:
-    """Whether ``host`` (an address or a name) is reachable from this machine only."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        found = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
-
-
 def _check_open_listen(host: str, tokens: bool, insecure: bool) -> None:
     """A controller without tokens runs any command anyone sends it, as the workers' user: allowed on loopback (the
     quick start), refused elsewhere unless the operator says ``--insecure`` (then warned about at every start)."""
-    if tokens or insecure or _loopback(host):
+    if tokens or insecure or is_loopback_host(host):
         return
     raise InputError("listen", f"{host} is not a loopback address and no token is set: anyone who can reach it could "
                                "run commands as the workers' user. Set token_file (and worker_token_file) in the "
