@@ -155,3 +155,48 @@ def test_tracker_refits_from_the_store_after_a_restart_and_values_the_job_by_goo
         assert jid not in t.shown()
     finally:
         store.close()
+
+
+@pytest.mark.skipif(scipy_missing, reason="the goodput extra (scipy) fits the step-time model")
+def test_controller_sizes_an_adaptive_job_by_its_fitted_goodput_not_its_declared_throughput(tmp_path: Path) -> None:
+    """In-process controller, one worker of 4 slots. The job declares throughput rising 4x from 1 to 4 processes,
+    so the MILP starts it at 4 (told batch 256: 64 per process at least). Its reports then say the gradient is
+    nearly noise-free (a large batch is statistically wasteful) and that a step at 4 is 2/3 all-reduce: its
+    goodput is far higher at 1 process, and the next decision shrinks it to 1 (a resize), told batch 64."""
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+    from hpcsched.runtime.rpc import pb
+
+    c = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", policy="las",
+                                    min_runtime_s=0.0))
+    c.started()
+    try:
+        c.register(pb.RegisterRequest(worker_id="w0", host="127.0.0.1", slots=4, launchers=["direct"]))
+        jid = c.submit("command: [t.py]\nlauncher: direct\nprocs: 1\nmin_procs: 1\nmax_procs: 4\nsteps: 1000\n"
+                       "scaling: {procs: [1, 4], rates: [100, 400], resize_s: 1}\n"
+                       "batch: {base: 64, max: 1024, min_per_proc: 64}\n", "j.yaml")
+
+        def beat(tasks: list[pb.TaskStatus] = ()) -> pb.HeartbeatReply:
+            return c.heartbeat(pb.HeartbeatRequest(worker_id="w0", spare_port=40000, tasks=list(tasks)))
+
+        beat()
+        c.tick()
+        (t,) = beat().launch
+        assert (t.world_size, t.batch_size, t.base_batch, t.lr_scaling) == (4, 256, 64, "sqrt")
+        assert t.env["HPCSCHED_BATCH_SIZE"] == "256" and t.env["HPCSCHED_LR_SCALING"] == "sqrt"
+        reports = [pb.Progress(time=1.0 + k, step=10 * k, world_size=4, batch_size=256, grad_sqr=1.0, grad_var=2.0,
+                               data_s=0.0, compute_s=0.01, comm_s=0.02, loss=1.0) for k in range(1, 6)]
+        beat([pb.TaskStatus(task_id=t.task_id, job_id=jid, generation=t.generation, running=True,
+                            progress=reports)])
+        c.tick()
+        stops = c.store.events(jid, "stop")
+        assert stops and stops[-1]["reason"] == "resize" and stops[-1]["new_procs"] == 1, stops
+        info = {j.job_id: j for j in c.list_jobs()}[jid]
+        assert info.batch_size == 256 and info.noise_scale == pytest.approx(2.0)
+        beat([pb.TaskStatus(task_id=t.task_id, job_id=jid, generation=t.generation, running=False)])
+        c.tick()
+        (t2,) = beat().launch
+        assert (t2.world_size, t2.batch_size) == (1, 64)
+        assert c.store.events(jid, "batch")[-1]["how"] == "goodput"
+    finally:
+        c.store.close()
