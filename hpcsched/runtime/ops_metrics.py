@@ -185,7 +185,7 @@ class ControllerCollector(Collector):
         refused = CounterMetricFamily("hpcsched_refused_requests", "Calls (or SubmitMany files) refused for a "
                                       "limit: quota (max_pending_per_user), busy (query slots), disk_full; since "
                                       "start", labels=["method", "reason"])
-        for (method, reason), n in sorted(srv.service.refused.copy().items()):
+        for (method, reason), n in sorted(srv.service.refusals().items()):
             refused.add_metric([method, reason], n)
         out.append(refused)
         return out

@@ -120,14 +120,14 @@ def _timed(method):
         except Refused as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except Busy as e:
-            self.refused[method.__name__, "busy"] += 1
+            self.count_refused(method.__name__, "busy")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"controller busy with queries: {e}")
         except LimitExceeded as e:  # a per-user quota: the client does not retry it
-            self.refused[method.__name__, "quota"] += 1
+            self.count_refused(method.__name__, "quota")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except sqlite3.Error as e:  # one line per cause and interval, not a traceback per call (a full disk)
             if is_disk_full(e):
-                self.refused[method.__name__, "disk_full"] += 1
+                self.count_refused(method.__name__, "disk_full")
                 self.store_errors.error("disk full", "cannot write the state %s: its disk is full (%s); refusing "
                                         "what needs a write until space is freed", self.ctl.cfg.state, e)
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the controller's state disk is full: this call "
@@ -147,10 +147,20 @@ class _Service(pb_grpc.ControllerServicer):
         self.timings = timings
         self.store_errors = LogThrottle(log)  # SQLite errors in handlers (``_timed``)
         self.refused: Counter[tuple[str, str]] = Counter()  # (method, reason) -> calls or files refused for a limit
+        self._refused_lock = threading.Lock()  # handlers run on many threads: += alone could lose counts
         self.auth = auth
         self.own_jobs_only = own_jobs_only
         self.source: NodeSource = StaticNodeSource()  # where workers come from (ControllerServer sets it)
         self.watch_port = 0  # the Orders service's port (ControllerServer sets it once it listens)
+
+    def count_refused(self, method: str, reason: str, n: int = 1) -> None:
+        with self._refused_lock:
+            self.refused[method, reason] += n
+
+    def refusals(self) -> dict[tuple[str, str], int]:
+        """(method, reason) -> refusals so far (a copy: ``/metrics`` reads it from its own thread)."""
+        with self._refused_lock:
+            return dict(self.refused)
 
     @_timed
     def Register(self, request, context):
@@ -184,7 +194,7 @@ class _Service(pb_grpc.ControllerServicer):
         items = self.ctl.submit_many(list(request.jobs), owner=self._who(context)[1])
         quota = sum(1 for i in items if i.error and QUOTA_KEY in i.error)  # a file past the pending-jobs limit
         if quota:
-            self.refused["SubmitMany", "quota"] += quota
+            self.count_refused("SubmitMany", "quota", quota)
         return pb.SubmitManyReply(results=[pb.SubmitResult(job_ids=i.job_ids, duplicate=i.duplicate, error=i.error)
                                            for i in items])
 
