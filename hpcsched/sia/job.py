@@ -50,6 +50,8 @@ class SiaJob:
     current_cluster: str | None = None
     contention: list[int] = field(default_factory=list)
     fits: int = 0
+    fit_reuses: int = 0
+    fit_cache: dict[tuple, PerfParams] | None = None  # shared by a run's jobs: the same observations, one fit
     gpu_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,11 +86,20 @@ class SiaJob:
         prof[nodes, reps, bsz] = (step, sync)
         if not self.fit_models:
             return
-        keys, vals = list(prof), list(prof.values())
-        self.perf_params[self.on()] = fit_perf_params(
-            [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
-            [v[0] - v[1] for v in vals], [v[0] for v in vals])
-        self.fits += 1
+        # The fit is a function of the observations in their order (the objective sums them in that order), so
+        # jobs of one application that saw the same configurations in the same order share it, bit for bit.
+        key = tuple(prof.items())
+        got = self.fit_cache.get(key) if self.fit_cache is not None else None
+        if got is None:
+            keys, vals = list(prof), list(prof.values())
+            got = fit_perf_params([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+                                  [v[0] - v[1] for v in vals], [v[0] for v in vals])
+            self.fits += 1
+            if self.fit_cache is not None:
+                self.fit_cache[key] = got
+        else:
+            self.fit_reuses += 1
+        self.perf_params[self.on()] = got
 
     # ---- batch size ------------------------------------------------------------------------------------
     def update_local_bsz(self) -> None:

@@ -113,10 +113,11 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     types = tuple(nodes)
     profiles = load_profiles(str(profiles_dir), types, tuple(sorted({w.application for w in workload})))
     sia = policy == "sia"
+    fit_cache: dict[tuple, Any] = {}
     jobs = [SiaJob(name=w.name, app=w.application, submission_time=w.time, apps=profiles[w.application],
                    target_num_replicas=w.num_replicas,
                    target_batch_size=NCF_BATCH if sia and w.application == "ncf" else w.batch_size,
-                   tune_bsz=sia, fit_models=sia) for w in workload]
+                   tune_bsz=sia, fit_models=sia, fit_cache=fit_cache) for w in workload]
     sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed) if sia else \
         GavelBaseline(nodes, gpus_per_node, solver=solver)
     interval = INTERVALS[policy]
@@ -160,8 +161,8 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
             "p99_jct": vals[int(0.99 * len(vals))], "makespan": max(done.values()) -
             min(j.submission_time for j in jobs), "avg_restarts": sum(r["restarts"] for r in rows) / len(rows),
             "rounds": rounds, "round_s": interval, "gpu_hours_per_job": gpu_s / 3600 / len(jobs),
-            "model_fits": sum(j.fits for j in jobs), "solver": {k: round(v, 4) if isinstance(v, float) else v
-                                                                 for k, v in sched.stats.items()},
+            "model_fits": sum(j.fits for j in jobs), "model_fits_reused": sum(j.fit_reuses for j in jobs),
+            "solver": {k: round(v, 4) if isinstance(v, float) else v for k, v in sched.stats.items()},
             "blas_single_threaded": blas_libs, "wall_s": round(wall, 3), "per_job": rows}
 
 
