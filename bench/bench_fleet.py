@@ -19,6 +19,8 @@ Examples:
     .venv/bin/python bench/bench_fleet.py --workers 1000 --jobs 500 --duration 60 --json /tmp/fleet-1000.json
     .venv/bin/python bench/bench_fleet.py --workers 1000 --jobs 500 --duration 60 --pending 20000
     .venv/bin/python bench/bench_fleet.py --workers 4392 --jobs 2000 --job-seconds 10 --duration 120  # Theta
+The last lines check issue 25's "done when" (bench/fleet_goals.py; ``done_when`` in the JSON); the CPU goal needs
+--baseline, the JSON of a run at another fleet size with the same --jobs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import fleet_goals  # noqa: E402
 from fleet import PENDING_KINDS, FleetOptions, run_fleet  # noqa: E402
 
 
@@ -98,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=d.slots, help="slots per worker (%(default)s)")
     ap.add_argument("--pending", type=int, default=d.pending,
                     help="jobs no worker can run, queued before the workers start (%(default)s)")
+    ap.add_argument("--typed-workers", type=int, default=d.typed_workers,
+                    help="workers that advertise the queued jobs' GPU type: they drain a --pending-kind mix backlog "
+                         "(%(default)s)")
     ap.add_argument("--pending-kind", choices=PENDING_KINDS, default=d.pending_kind,
                     help="why the --pending jobs cannot run: a GPU type no worker has, a launcher none has "
-                         "(mpirun), or more processes than the fleet holds (%(default)s)")
+                         "(mpirun), or more processes than the fleet holds; mix: the runnable jobs' mix of sizes "
+                         "(some elastic) of a GPU type only --typed-workers have (%(default)s)")
     ap.add_argument("--procs", type=int, default=d.procs,
                     help="harness processes (0: one per 1,000 workers, at most 4; default %(default)s)")
     ap.add_argument("--channels", type=int, default=d.channels,
@@ -147,14 +154,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-controller", default="", metavar="FILE",
                     help="run the controller under bench/stack_sampler.py, its report (JSON) into FILE")
     ap.add_argument("--json", type=Path, help="write every figure here as JSON")
+    ap.add_argument("--baseline", type=Path, metavar="RUN.json",
+                    help="a run's --json at another fleet size (same --jobs): the CPU goal compares against it")
     ap.add_argument("--keep", type=Path, help="copy the controller's directory (config, log, state) here")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     a = ap.parse_args(argv)
     if a.workers < 1 or a.jobs < 0 or a.duration <= 0 or a.slots < 1 or a.iteration_s <= 0 or a.max_procs < 1:
         ap.error("need --workers >= 1, --jobs >= 0, --duration > 0, --slots >= 1, --iteration-s > 0, --max-procs >= 1")
     opts = FleetOptions(**{k: getattr(a, k) for k in FleetOptions.__dataclass_fields__})
+    try:
+        baseline = json.loads(a.baseline.read_text()) if a.baseline else None
+    except (OSError, ValueError) as e:
+        ap.error(f"--baseline {a.baseline}: {e}")
     r = run_fleet(opts, a.keep)
+    r["done_when"] = fleet_goals.goals(r, baseline)
     print(table(r))
+    print(fleet_goals.table(r["done_when"]))
     if a.json:
         a.json.write_text(json.dumps(r, indent=1) + "\n")
     return 0

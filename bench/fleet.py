@@ -64,6 +64,7 @@ class FleetOptions:
     slots: int = 4
     pending: int = 0  # unrunnable jobs queued before the workers start
     pending_kind: str = "too-big"  # why they cannot run (``pending_yaml``)
+    typed_workers: int = 0  # workers that advertise PENDING_GPU_TYPE: they run the ``mix`` backlog's jobs
     procs: int = 0  # harness processes driving the workers (0: one per 1,000 workers, at most 4)
     channels: int = 0  # gRPC channels per harness process (0: one per worker, each its own TCP connection)
     job_seconds: float = 20.0  # a job's mean run time once started (uniform 0.5x-1.5x)
@@ -149,12 +150,19 @@ def job_yaml(i: int, rng: random.Random, o: FleetOptions) -> str:
             f"steps: {steps}\ncommand: [fleet-sim-task, '{i}']\n")
 
 
-PENDING_KINDS = ("gpu-type", "launcher", "too-big")
+PENDING_KINDS = ("gpu-type", "launcher", "too-big", "mix")
 
 
-def pending_yaml(i: int, kind: str = "gpu-type") -> str:
-    """An unrunnable job: it asks for a GPU type no simulated worker advertises, a launcher none has (``mpirun``),
-    or more processes than the whole fleet holds (``too-big``: 1,000,000)."""
+def pending_yaml(i: int, kind: str = "gpu-type", rng: random.Random | None = None,
+                 o: FleetOptions | None = None) -> str:
+    """A queued job: it asks for a GPU type no simulated worker advertises, a launcher none has (``mpirun``),
+    or more processes than the whole fleet holds (``too-big``: 1,000,000); ``mix``: a job of the runnable mix
+    (sizes, elastic, lengths: ``job_yaml``) of the GPU type only the ``--typed-workers`` advertise, so a backlog
+    that those workers drain (none: it stays queued) while the runnable jobs go to the others."""
+    if kind == "mix":
+        assert rng is not None and o is not None
+        return job_yaml(i, rng, o).replace("name: fleet-", "name: fleet-backlog-", 1) + \
+            f"gpu_type: {PENDING_GPU_TYPE}\n"
     launcher = "mpirun" if kind == "launcher" else "direct"
     procs = 1_000_000 if kind == "too-big" else 1
     gpu = f"gpu_type: {PENDING_GPU_TYPE}\n" if kind == "gpu-type" else ""
@@ -314,7 +322,8 @@ async def _run(o: FleetOptions, d: Path) -> dict:
     scraper = Scraper(d / "run" / "metrics.addr", TOKEN, o.scrape_s) if o.scrape_s > 0 else None
     try:
         if o.pending:
-            unrunnable = [(f"pending-{i}.yaml", pending_yaml(i, o.pending_kind)) for i in range(o.pending)]
+            mix = random.Random(o.seed + 1)
+            unrunnable = [(f"pending-{i}.yaml", pending_yaml(i, o.pending_kind, mix, o)) for i in range(o.pending)]
             secs, ok = await sub.submit(unrunnable)
             pending_ids = set(sub.sent_at)
             out["pending_submit"] = {"jobs": ok, "seconds": round(secs, 2), "jobs_per_s": round(ok / secs, 1)}
@@ -324,7 +333,8 @@ async def _run(o: FleetOptions, d: Path) -> dict:
         sub.sent_at.clear()
         q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
         opts = SimOptions(address, TOKEN, str(d), o.slots, o.iteration_s, o.startup_s, ramp_s=o.ramp_s,
-                          connect_ms=o.connect_ms, watch=o.watch)
+                          connect_ms=o.connect_ms, watch=o.watch, typed_workers=o.typed_workers,
+                          typed_gpu=PENDING_GPU_TYPE)
         workers = [ctx.Process(target=worker_process, args=(opts, list(range(k, o.workers, procs)), o.workers,
                                                             o.channels, q, go, stop), daemon=True)
                    for k in range(procs)]

@@ -71,6 +71,8 @@ class SimOptions:
     gpu_type: str = "cpu"
     ramp_s: float = 0.0  # workers start spread over this long (0: all at once, a registration storm)
     connect_ms: int = 0  # > 0: grpc.min_reconnect_backoff_ms instead of the real worker's (``channel_options``)
+    typed_workers: int = 0  # workers w00000.. below this advertise ``typed_gpu`` instead of ``gpu_type``
+    typed_gpu: str = ""
     watch: bool = True  # open Orders.Watch where the controller offers it (False: an older worker, heartbeats only)
 
 
@@ -210,7 +212,8 @@ class SimWorker:
     async def _register(self) -> None:
         req = pb.RegisterRequest(worker_id=self.name, host="127.0.0.1", slots=self.opts.slots, gpus=0,
                                  cpus=self.opts.slots, launchers=["direct"], instance=self.instance,
-                                 gpu_type=self.opts.gpu_type, agent_port=0)
+                                 gpu_type=self.opts.typed_gpu if self.index < self.opts.typed_workers
+                                 else self.opts.gpu_type, agent_port=0)
         sent = time.perf_counter()
         reply = await self.stub.Register(req, timeout=RPC_TIMEOUT_S, metadata=self.join_md)
         self.md = tuple(self.join_md) + credential_metadata(reply.credential)  # as worker.py: this worker's own
