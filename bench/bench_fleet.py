@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
                          "would; the listener's CPU is reported (0: no listener, the default)")
     ap.add_argument("--no-watch", dest="watch", action="store_false",
                     help="workers do not open Orders.Watch: launch orders come with heartbeats only (older workers)")
+    ap.add_argument("--watch-share", type=int, default=d.watch_share,
+                    help="workers whose Watch streams share one channel (0: a connection each, as real workers; "
+                         "10,000 workers then need 20,000 descriptors in the controller) (%(default)s)")
     ap.add_argument("--sample-controller", default="", metavar="FILE",
                     help="run the controller under bench/stack_sampler.py, its report (JSON) into FILE")
     ap.add_argument("--json", type=Path, help="write every figure here as JSON")

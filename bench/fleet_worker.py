@@ -73,6 +73,7 @@ class SimOptions:
     connect_ms: int = 0  # > 0: grpc.min_reconnect_backoff_ms instead of the real worker's (``channel_options``)
     typed_workers: int = 0  # workers w00000.. below this advertise ``typed_gpu`` instead of ``gpu_type``
     typed_gpu: str = ""
+    watch_share: int = 50  # workers whose Watch streams share one channel (0: a connection each, as real workers)
     watch: bool = True  # open Orders.Watch where the controller offers it (False: an older worker, heartbeats only)
 
 
@@ -148,7 +149,8 @@ class SimWorker:
         self.nudge = asyncio.Event()  # set by a watch event: heartbeat now
         self.reg_changed = asyncio.Event()
         self.watch_call = None
-        self.watch_channel: grpc.aio.Channel | None = None
+        self.watch_channels: WatchChannels | None = None  # set by run_workers
+        self.position = 0  # among this process's workers (which Watch channel it shares)
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
     async def run(self, delay: float) -> None:
@@ -229,7 +231,7 @@ class SimWorker:
         if self.watch_call is not None:
             self.watch_call.cancel()  # opened again with the new credential
 
-    async def watch(self, k: int) -> None:
+    async def watch(self) -> None:
         """Until cancelled: keep one Orders.Watch stream open once registered, and wake the heartbeat loop on each
         event (the real worker's ``worker_watch``); a broken stream is opened again after a back-off."""
         backoff = WATCH_BACKOFF_S[0]
@@ -238,13 +240,11 @@ class SimWorker:
                 self.reg_changed.clear()
                 await self.reg_changed.wait()
                 continue
-            if self.watch_channel is None:
-                address = f"{self.opts.address.rpartition(':')[0]}:{self.watch_port}"
-                self.watch_channel = grpc.aio.insecure_channel(
-                    address, options=channel_options(k, self.opts.connect_ms))
+            assert self.watch_channels is not None
+            channel = self.watch_channels.get(self.position, self.watch_port)
             seen = self.registrations
             try:
-                self.watch_call = pb_grpc.OrdersStub(self.watch_channel).Watch(
+                self.watch_call = pb_grpc.OrdersStub(channel).Watch(
                     pb.WatchRequest(worker_id=self.name, instance=self.instance), metadata=self.md)
                 self.stats.watch_opened += 1
                 async for _ in self.watch_call:
@@ -423,6 +423,30 @@ def raise_nofile(want: int) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+class WatchChannels:
+    """The Orders.Watch channels of one harness process: one per ``share`` workers (by index), so that an idle
+    stream per worker does not cost a second connection each (10,000 workers: 20,000 descriptors in the
+    controller, past this machine's hard limit of 20,000); ``share`` 0: one per worker, as real workers have."""
+
+    def __init__(self, opts: SimOptions, first_k: int) -> None:
+        self.host, self.share, self.connect_ms, self.first_k = opts.address.rpartition(":")[0], opts.watch_share, \
+            opts.connect_ms, first_k
+        self._chans: dict[tuple[int, int], grpc.aio.Channel] = {}
+
+    def get(self, position: int, port: int) -> grpc.aio.Channel:
+        """The channel of the worker at ``position`` in this process, to the Orders service at ``port``."""
+        k = (position // self.share if self.share > 0 else position, port)
+        c = self._chans.get(k)
+        if c is None:
+            c = self._chans[k] = grpc.aio.insecure_channel(
+                f"{self.host}:{port}", options=channel_options(self.first_k + len(self._chans), self.connect_ms))
+        return c
+
+    async def close(self) -> None:
+        for c in self._chans.values():
+            await c.close()
+
+
 def channel_options(k: int, connect_ms: int = 0) -> tuple:
     """Each channel its own TCP connection, as separate daemons have: gRPC otherwise shares one subchannel between
     channels with the same arguments (the ``fleet_channel`` argument only makes them differ). The real worker's
@@ -444,7 +468,10 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     workers = [SimWorker(f"w{i:05d}", i, stubs[k % n_ch], opts, stats, md) for k, i in enumerate(ids)]
     spread = opts.ramp_s / max(1, n_total)
     runs = [asyncio.create_task(w.run(w.index * spread)) for w in workers]
-    runs += [asyncio.create_task(w.watch(len(chans) + k)) for k, w in enumerate(workers)]
+    watch_channels = WatchChannels(opts, len(chans))
+    for k, w in enumerate(workers):
+        w.watch_channels, w.position = watch_channels, k
+    runs += [asyncio.create_task(w.watch()) for w in workers]
     runs.append(asyncio.create_task(_loop_lag(stats.loop_lag)))
     if progress is not None:
         runs.append(asyncio.create_task(progress()))
@@ -462,14 +489,15 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     with contextlib.suppress(asyncio.TimeoutError):  # the count of goodbyes said shows the ones cut off
         await asyncio.wait_for(asyncio.gather(*(one(w) for w in workers), return_exceptions=True), LEAVE_BUDGET_S)
     stats.leave_s = time.perf_counter() - t
-    for c in chans + [w.watch_channel for w in workers if w.watch_channel is not None]:
+    for c in chans:
         await c.close()
+    await watch_channels.close()
 
 
 def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int, out, go, stop) -> None:
     """One harness process (``multiprocessing`` spawn target): wait for ``go``, run until ``stop``, send a progress
     line every second and the ``ProcStats`` (as a dict) at the end."""
-    raise_nofile(len(ids) * (2 if opts.watch else 1) + 1024)
+    raise_nofile(len(ids) * (2 if opts.watch and opts.watch_share <= 0 else 1) + 1024)
     out.put(("ready", os.getpid(), None))
     go.wait()
     stats = ProcStats()
