@@ -63,6 +63,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         """``clock``: the monotonic clock liveness and service accrual run on (injectable for tests): a step of
         the wall clock (NTP, an operator) must neither declare healthy workers lost nor add service."""
         self.cfg = cfg
+        self.checkpoint_root = cfg.checkpoint_root.resolve()  # once: a resolve per start was a step's syscalls
         self.mono = clock
         self.store = MemStore(cfg.state)  # one controller per state file; its state in memory, written through
         self.lock = threading.RLock()
@@ -76,6 +77,8 @@ class Controller(Membership, Stepping, JobLifecycle):
         self._every_step = (not hints_of(policy).order_key_static or cfg.executor == "rounds"
                             or cfg.admission != "accept-all")
         self._workers_changed = True  # the live worker set changed since the last step (register, leave, lost)
+        self._workers_step_at = float("-inf")  # when a step last planned on a change of the live workers
+        self._reaped_at = float("-inf")  # when silent workers were last looked for
         self._replan = True  # plan at the next step: the last plan was dropped, or a start waited for what came now
         self._own: set[str] = set()  # jobs the last plan started, stopped or resized: no news to plan on
         self._full_wanted: set[str] = set()  # workers asked for a full report (HeartbeatReply.full_report)

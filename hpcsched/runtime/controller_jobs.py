@@ -196,7 +196,7 @@ class JobLifecycle:
             return
         gen = job.generation + 1
         size = sum(k for _, k in placement)
-        ckpt = self.cfg.checkpoint_root.resolve() / job.id
+        ckpt = self.checkpoint_root / job.id
         batch = self.batches.choose(job, size)  # 0: not an adaptive-batch job
         for wid, msg in launch_tasks(job.id, gen, job.spec, placement, hosts, port, ckpt, group, agents, batch):
             if job.uid:  # the worker binds the checkpoint folder to it (a lost state's j0001 is not this one)

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import scheduler
@@ -26,6 +27,9 @@ _MIN_STEP_GAP_S = 0.05  # between two scheduling steps (see run_forever)
 _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: bounded heartbeat waits)
 _REPLAN_S = 5.0  # a step plans at least this often even when nothing it knows of changed (a safety net)
 _ACCRUE_S = 1.0  # service is accrued (one UPDATE of the running jobs) at most this often
+_WORKERS_STEP_S = 1.0  # a change of the live workers alone makes a step plan at most this often (registration storms)
+_REAP_S = 0.5  # silent workers are looked for at most this often (a pass over every worker)
+_STEP_DUTY = 1.0  # after a step, wait at least this many times its duration: steps take at most half the time
 
 
 class Stepping:
@@ -67,6 +71,7 @@ class Stepping:
         state, jobs, workers = self._cluster_state(*seen)
         plan = self._plan(state)
         starts = list(plan.starts)
+        endpoints: tuple[dict[str, str], dict[str, str]] | None = None  # hosts and agents: once per step, not batch
         for k in range(0, max(1, len(starts)), _START_BATCH):  # bounded lock holds, even for 128 starts at once
             batch = starts[k:k + _START_BATCH]
             stops = plan.stops if k == 0 else {}
@@ -83,7 +88,9 @@ class Stepping:
                 self.resizer.apply(resizes, workers, self.agent_port, state.now)
                 for jid in resizes:
                     self._nudge_job(jid, "resize")
-                self._apply(plan, state, workers, stops, batch)
+                if endpoints is None and batch:  # under the lock: the agent ports change with heartbeats
+                    endpoints = {w.id: w.host for w in workers}, agent_endpoints(workers, self.agent_port)
+                self._apply(plan, state, workers, stops, batch, endpoints)
                 self._own.update(batch, stops, resizes)
         with self.lock:
             self._set_expiry()
@@ -126,7 +133,14 @@ class Stepping:
         The step sees the running jobs and a bounded head of the pending queue in the policy's order
         (``plan_set``): what it costs grows with the free slots and the running jobs, not with the queue."""
         now, mono = time.time(), self.mono()
-        self._reap_dead_workers(mono)
+        if mono - self._reaped_at >= min(_REAP_S, self.cfg.worker_timeout_s / 10):
+            self._reaped_at = mono
+            self._reap_dead_workers(mono)
+        # A change of the live workers alone is planned on at most every _WORKERS_STEP_S (kept for a later step
+        # until then): 10,000 registrations in 20 s made 400 steps of a pass over every worker each.
+        hold = self._workers_changed and mono - self._workers_step_at < _WORKERS_STEP_S
+        if hold:
+            self._workers_changed = False
         if self.retry_at:  # a failed job waiting for its retry's time is not planned until then (see the head below)
             waiting = {j: t for j, t in self.retry_at.items() if t > now}
             self._replan |= len(waiting) < len(self.retry_at)  # a retry's time came: plan it
@@ -141,14 +155,21 @@ class Stepping:
         if self.rounds is not None:
             self.rounds.flush(self.store)  # the round the last step decided: its event and the jobs' notes
         own, self._own = self._own, set()
-        if not self._needs_plan(moved - own, freed, now):
+        workers_changed = self._workers_changed
+        need = self._needs_plan(moved - own, freed, now)
+        if hold:
+            self._workers_changed = True  # not planned on yet: a step after _WORKERS_STEP_S does
+        elif workers_changed:
+            self._workers_step_at = mono
+        if not need:
             self.quiet_steps += 1
             return None
         self.plans += 1
         self._last_plan = now
         used, groups, where = self._slot_use()
-        free = sum(max(0, w.slots - used.get(w.id, 0)) for w in workers)
-        head = [self.store.job(j.id) for j in self.queue.head(free, self.notes.blocked()) if j.id not in self.retry_at]
+        free, free_for = free_slots(workers, used)
+        head = [self.store.job(j.id) for j in self.queue.head(free, self.notes.blocked(), free_for)
+                if j.id not in self.retry_at]
         running = [self.store.job(j) for j in self.store.active_ids("running")]
         jobs = sorted((j for j in running + head if j is not None), key=lambda j: j.seq)
         starts = {j.id: self.attempt_start[j.id] for j in running if j is not None and j.id in self.attempt_start}
@@ -246,14 +267,18 @@ class Stepping:
         return all(wid in self.last_seen and wid not in self.leaving for wid in placed)
 
     def _apply(self, plan: scheduler.Plan, state: scheduler.ClusterState, workers: list[WorkerRow],
-               stops: dict[str, str], starts: list[str]) -> None:
+               stops: dict[str, str], starts: list[str],
+               endpoints: tuple[dict[str, str], dict[str, str]] | None = None) -> None:
+        """Write a plan's stops and these starts; ``endpoints``: the workers' hosts and agents, when the step has
+        them already (they cost a pass over every worker)."""
         for jid, reason in stops.items():
             self.store.update_job(jid, state="stopping", stop_reason=reason, stop_time=state.now)
             self.store.event(jid, "stop", reason=reason, new_procs=plan.sizes.get(jid, 0))
             self._nudge_job(jid, "stop")
             log.info("job %s: %s (to %d procs)", jid, reason, plan.sizes.get(jid, 0))
-        hosts = {w.id: w.host for w in workers}
-        agents = agent_endpoints(workers, self.agent_port)
+        if not starts:
+            return
+        hosts, agents = endpoints or ({w.id: w.host for w in workers}, agent_endpoints(workers, self.agent_port))
         for jid in starts:
             self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
 
@@ -282,9 +307,35 @@ class Stepping:
                 # interval (a step failing at every tick, on a full disk, wrote a traceback each time)
                 self.step_errors.log(logging.ERROR, cause(e), "scheduling step failed: %s", cause(e),
                                      exc_info=not is_disk_full(e))
+            took = time.perf_counter() - t0
             if self.on_step is not None:  # a decision's time is a figure the scale targets are set on
-                self.on_step("scheduling_step" if self.plans > plans else "quiet_step", time.perf_counter() - t0)
-            stop.wait(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s))
+                self.on_step("scheduling_step" if self.plans > plans else "quiet_step", took)
+            # at least the gap, and as long as the step took: changes arriving meanwhile are planned together, and
+            # steps that cost a pass over 10,000 workers take at most half the controller's time
+            stop.wait(max(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s), min(_STEP_DUTY * took, 1.0)))
+
+
+def free_slots(workers: list[WorkerRow], used: dict[str, int]) -> tuple[int, Callable[[tuple], int]]:
+    """The live workers' free slots in all, and per job class (``waiting.JobClass``: launcher, minimum size, GPU
+    types) the free slots its jobs could use (``plan_set``: each class's share of the planned head)."""
+    by: dict[tuple[str, str], int] = {}  # (launcher, GPU type) -> free slots
+    total = 0
+    for w in workers:
+        f = w.slots - used.get(w.id, 0)
+        if f <= 0:
+            continue
+        total += f
+        for name in w.launchers:
+            by[name, w.gpu_type] = by.get((name, w.gpu_type), 0) + f
+    per_launcher: dict[str, int] = {}
+    for (name, _), f in by.items():
+        per_launcher[name] = per_launcher.get(name, 0) + f
+
+    def free_for(cls: tuple) -> int:
+        launcher, _, types = cls
+        return sum(by.get((launcher, t), 0) for t in types) if types else per_launcher.get(launcher, 0)
+
+    return total, free_for
 
 
 def job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),

@@ -63,6 +63,9 @@ class InPlaceResizer:
         resize has not been seen at its size yet: Horovod forgets a host change that reaches rank 0 while the
         ranks re-form (on the loopback Slurm, pilots returning 2 s apart grew a job 1 -> 2 -> 3 and it stayed
         at 2), so a plan's next change waits for the report that ends the last one (the next step plans again)."""
+        if not resizes:  # most steps: no O(workers) host and agent maps for nothing
+            self.waiting = set()
+            return
         hosts = {w.id: w.host for w in workers}
         agents = agent_endpoints(workers, agent_port)
         pending = set()
