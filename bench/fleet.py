@@ -158,8 +158,10 @@ def pending_yaml(i: int, kind: str = "gpu-type", rng: random.Random | None = Non
                  o: FleetOptions | None = None) -> str:
     """A queued job: it asks for a GPU type no simulated worker advertises, a launcher none has (``mpirun``),
     or more processes than the whole fleet holds (``too-big``: 1,000,000); ``mix``: a job of the runnable mix
-    (sizes, elastic, lengths: ``job_yaml``) of the GPU type only the ``--typed-workers`` advertise, so a backlog
-    that those workers drain (none: it stays queued) while the runnable jobs go to the others."""
+    (sizes, elastic, lengths: ``job_yaml``) of the GPU type only the ``--typed-workers`` advertise (none, the
+    default: a backlog no worker can run, passed over by the planner as a class). With typed workers, FIFO holds
+    the runnable jobs behind the backlog: the decision core admits jobs against the free slots of every type
+    (``core.decide._admit``), so the backlog's jobs take the admission budget though only typed workers fit them."""
     if kind == "mix":
         assert rng is not None and o is not None
         return job_yaml(i, rng, o).replace("name: fleet-", "name: fleet-backlog-", 1) + \

@@ -8,7 +8,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import scheduler
@@ -167,9 +166,8 @@ class Stepping:
         self.plans += 1
         self._last_plan = now
         used, groups, where = self._slot_use()
-        free, free_for = free_slots(workers, used)
-        head = [self.store.job(j.id) for j in self.queue.head(free, self.notes.blocked(), free_for)
-                if j.id not in self.retry_at]
+        free = sum(max(0, w.slots - used.get(w.id, 0)) for w in workers)
+        head = [self.store.job(j.id) for j in self.queue.head(free, self.notes.blocked()) if j.id not in self.retry_at]
         running = [self.store.job(j) for j in self.store.active_ids("running")]
         jobs = sorted((j for j in running + head if j is not None), key=lambda j: j.seq)
         starts = {j.id: self.attempt_start[j.id] for j in running if j is not None and j.id in self.attempt_start}
@@ -313,29 +311,6 @@ class Stepping:
             # at least the gap, and as long as the step took: changes arriving meanwhile are planned together, and
             # steps that cost a pass over 10,000 workers take at most half the controller's time
             stop.wait(max(min(_MIN_STEP_GAP_S, self.cfg.schedule_interval_s), min(_STEP_DUTY * took, 1.0)))
-
-
-def free_slots(workers: list[WorkerRow], used: dict[str, int]) -> tuple[int, Callable[[tuple], int]]:
-    """The live workers' free slots in all, and per job class (``waiting.JobClass``: launcher, minimum size, GPU
-    types) the free slots its jobs could use (``plan_set``: each class's share of the planned head)."""
-    by: dict[tuple[str, str], int] = {}  # (launcher, GPU type) -> free slots
-    total = 0
-    for w in workers:
-        f = w.slots - used.get(w.id, 0)
-        if f <= 0:
-            continue
-        total += f
-        for name in w.launchers:
-            by[name, w.gpu_type] = by.get((name, w.gpu_type), 0) + f
-    per_launcher: dict[str, int] = {}
-    for (name, _), f in by.items():
-        per_launcher[name] = per_launcher.get(name, 0) + f
-
-    def free_for(cls: tuple) -> int:
-        launcher, _, types = cls
-        return sum(by.get((launcher, t), 0) for t in types) if types else per_launcher.get(launcher, 0)
-
-    return total, free_for
 
 
 def job_state(j: JobRow, group: str | None = None, placement: tuple[tuple[str, int], ...] = (),

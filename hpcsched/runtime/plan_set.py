@@ -16,11 +16,8 @@ by backfilling past more than twice the free slots' worth of better-placed jobs,
 step once those start. Jobs that no live worker set can hold (``waiting``: their class has a note) are passed over:
 the planner could not place them whatever their rank, and at 20,000 of them at the front of a FIFO queue a head
 of the first jobs held none that could start. The queue is kept per class, and the head merges the classes that
-can run. The free slots are counted per class too (``free_for``): a class can use only the free slots of the
-workers with its launcher and GPU types, so 100,000 queued jobs of a GPU type ten workers have, ahead of jobs any
-worker can run, fill their own class's share of the head, not the whole head (they held every runnable job
-behind them pending with 360 slots free). A policy without an order key (themis, muri: their order depends on
-the whole set) is given every pending job, in submit order, as before; ``bounded`` says which case applies.
+can run. A policy without an order key (themis, muri: their order depends on the whole set) is
+given every pending job, in submit order, as before; ``bounded`` says which case applies.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Container, Hashable, Iterable
 from heapq import merge
-from itertools import islice
 from typing import Any
 
 from hpcsched.allocator import JobView, Policy, hints_of
@@ -88,27 +84,13 @@ class PendingQueue:
             self._entry[js.id] = (cls, e)
             self._states[js.id] = js
 
-    def head(self, free_slots: int, blocked: Container[Hashable] = (),
-             free_for: Callable[[Hashable], int] | None = None) -> list[JobState]:
+    def head(self, free_slots: int, blocked: Container[Hashable] = ()) -> list[JobState]:
         """The first pending jobs in the policy's order, passing over the ``blocked`` classes: enough to fill
         ``free_slots`` twice, at least ``HEAD_MIN``, at most ``HEAD_MAX`` (every one when the policy has no order
-        key). With ``free_for`` (class -> the free slots its jobs could use): the first ``HEAD_MIN`` jobs, and of
-        each class enough to fill twice its own free slots, still at most ``HEAD_MAX`` in the policy's order."""
+        key)."""
         ordered = merge(*(v for cls, v in self._sorted.items() if cls not in blocked))
         if self._key is None:
             return [self._states[jid] for _, _, jid in ordered]
-        if free_for is not None:
-            picked = {e[2]: e for e in islice(ordered, HEAD_MIN)}
-            for cls, entries in self._sorted.items():
-                if cls in blocked:
-                    continue
-                need = 2 * max(0, free_for(cls))
-                for e in entries:
-                    if need <= 0 or len(picked) >= HEAD_MAX + HEAD_MIN:
-                        break
-                    picked.setdefault(e[2], e)
-                    need -= self._states[e[2]].min_procs
-            return [self._states[jid] for _, _, jid in sorted(picked.values())[:HEAD_MAX]]
         out: list[JobState] = []
         need = 2 * max(0, free_slots)
         for _, _, jid in ordered:
