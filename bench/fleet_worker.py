@@ -56,6 +56,11 @@ try:
     from hpcsched.runtime.liveness import FULL_EVERY
 except ImportError:  # a controller from before partial reports: every beat is full
     FULL_EVERY = 1
+try:  # as the real worker: jittered, and longer while the controller is busy
+    from hpcsched.runtime.liveness import retry_after
+except ImportError:  # a checkout from before: doubling up to two intervals
+    def retry_after(backoff: float, code: str, interval: float, rng: random.Random) -> tuple[float, float]:
+        return backoff, min(backoff * 2, interval * 2)
 
 
 @dataclass(slots=True)
@@ -206,8 +211,8 @@ class SimWorker:
                     if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         await asyncio.sleep(REFUSED_RETRY_S)
                         continue
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.interval * 2)
+                    wait, backoff = retry_after(backoff, e.code().name, self.interval, self.jitter)
+                    await asyncio.sleep(wait)
         finally:
             self.stats.intervals_seen[self.interval] = self.stats.intervals_seen.get(self.interval, 0) + 1
 

@@ -16,12 +16,27 @@ declared lost meanwhile): the check reads only the worker's registered slots.
 
 from __future__ import annotations
 
+import random
+
 from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.runtime.rpc import pb
 
 EXTRA_TASKS = 32  # exited tasks not yet forgotten, released in-place tasks, beyond the slots' worth
 MAX_PROGRESS = 1000  # progress reports per task in one heartbeat (a program reporting every step for an interval)
 FULL_EVERY = 10  # a worker sends every task (not only those with news) at least every this many beats
+
+
+BUSY_CODES = ("DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED")  # a call failed because the controller is busy
+BUSY_BACKOFF_S = 10.0  # the most a worker waits before trying a busy controller again (else: two intervals)
+
+
+def retry_after(backoff: float, code: str, interval: float, rng: random.Random) -> tuple[float, float]:
+    """How long a worker waits after a failed call, and its next back-off: "equal jitter" (half to all of the back-off,
+    seeded per daemon), doubling up to two intervals, or up to ``BUSY_BACKOFF_S`` when the controller is busy (a
+    registration storm: thousands of daemons whose calls timed out together retried within 0.2-2 s of each other
+    and timed out again)."""
+    cap = max(interval * 2, BUSY_BACKOFF_S) if code in BUSY_CODES else interval * 2
+    return backoff * rng.uniform(0.5, 1.0), min(backoff * 2, cap)
 
 
 def interval_s(workers: int, base_s: float, rate: float, timeout_s: float) -> tuple[float, bool]:

@@ -113,6 +113,11 @@ def _timed(method):
     @functools.wraps(method)
     def wrapper(self, request, context):
         t0 = time.perf_counter()
+        left = context.time_remaining()
+        if left is not None and left <= 0:  # its caller gave up while it waited for a thread: no lock, no write
+            self.expired += 1
+            self.timings.add(method.__name__ + " (expired)", time.perf_counter() - t0)
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call waited past its deadline for a server thread")
         try:
             return method(self, request, context)
         except InputError as e:
@@ -152,6 +157,9 @@ class _Service(pb_grpc.ControllerServicer):
         self.own_jobs_only = own_jobs_only
         self.source: NodeSource = StaticNodeSource()  # where workers come from (ControllerServer sets it)
         self.watch_port = 0  # the Orders service's port (ControllerServer sets it once it listens)
+        # calls whose deadline had passed when a thread took them: dropped unhandled (in a registration storm the
+        # handlers registered workers whose daemons had given up, which then registered again)
+        self.expired = 0
 
     def count_refused(self, method: str, reason: str, n: int = 1) -> None:
         with self._refused_lock:
@@ -366,7 +374,7 @@ class ControllerServer:
         for method, st in sorted(stats.items()):
             log.info("rpc %s: %d calls, handler p50 %.2f ms, p99 %.2f ms, max %.1f ms", method, st["calls"],
                      st["p50_ms"], st["p99_ms"], st["max_ms"])
-        counters = self.ctl.counters() | self.orders.counters()
+        counters = self.ctl.counters() | self.orders.counters() | {"expired_calls": self.service.expired}
         log.info("controller: %s", ", ".join(f"{k} {v:g}" for k, v in counters.items() if not k.startswith("refused")))
         if counters["refused_task_reports"] or counters["refused_heartbeats"]:  # a forged or broken worker: say so
             log.warning("controller refused %d task reports (not placed on their worker) and %d oversized heartbeats",

@@ -50,7 +50,7 @@ from hpcsched.runtime.checkpoint_quota import CheckpointQuota
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.launchers.common import torch_importable
-from hpcsched.runtime.liveness import FULL_EVERY
+from hpcsched.runtime.liveness import FULL_EVERY, retry_after
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
 from hpcsched.runtime.task_dirs import (
@@ -188,7 +188,8 @@ class Worker(TaskControl, ControllerLink):
                     self._hint_tls()
                     if self._controller_down():  # nobody counts this silence: a restart starts a fresh timeout
                         renewed = time.monotonic()
-                log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, backoff)
+                wait, backoff = retry_after(backoff, e.code().name, self.interval, self._jitter)
+                log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, wait)
                 orphan = self.cfg.orphan_timeout_s
                 if orphan is not None and time.monotonic() - reached > orphan:
                     # A pilot job must not hold a node for a controller that is gone (not restarted).
@@ -196,8 +197,7 @@ class Worker(TaskControl, ControllerLink):
                               self.cfg.controller, time.monotonic() - reached, orphan)
                     break
                 self._rediscover()
-                stop.wait(backoff)
-                backoff = min(backoff * 2, self.interval * 2)
+                stop.wait(wait)
         self.leave()
 
     def _beat(self, renewed: float, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
