@@ -567,8 +567,8 @@ def test_many_starts_are_applied_in_batches_each_checked(tmp_path: Path) -> None
     ids = [c.submit("command: [t.py]\nsteps: 10\n", "j.yaml") for _ in range(40)]
     real_apply, batches = c._apply, []
 
-    def apply_then_cancel_a_later_job(plan, state, workers, stops, starts):
-        real_apply(plan, state, workers, stops, starts)
+    def apply_then_cancel_a_later_job(plan, state, workers, stops, starts, *endpoints):
+        real_apply(plan, state, workers, stops, starts, *endpoints)
         batches.append(list(starts))
         if len(batches) == 1:  # as if an RPC thread cancelled it between two batches (we hold the lock here)
             c.store.update_job(ids[-1], state="cancelled")
