@@ -115,7 +115,8 @@ def _timed(method):
         t0 = time.perf_counter()
         left = context.time_remaining()
         if left is not None and left <= 0:  # its caller gave up while it waited for a thread: no lock, no write
-            self.expired += 1
+            with self._refused_lock:  # many handler threads: += alone could lose counts
+                self.expired += 1
             self.timings.add(method.__name__ + " (expired)", time.perf_counter() - t0)
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call waited past its deadline for a server thread")
         try:
