@@ -144,15 +144,20 @@ def test_tracker_refits_from_the_store_after_a_restart_and_values_the_job_by_goo
                             time=time.time())
             store.add_progress(jid, 1, progress_update(job, p, time.time()).row)
             t.observe(job, p)
+        t.wait_fits()  # the step-time fit runs on the tracker's thread, never under the controller's lock
         curve = t.curve(job)
         assert curve is not None and curve.nodes == (1.0, 2.0, 3.0, 4.0) and all(r > 0 for r in curve.rates)
         b4 = t.choose(job, 4)
         assert store.events(jid, "batch")[-1]["how"] == "goodput" and 64 <= b4 <= 1024 and b4 % 4 == 0
         again = BatchTracker(store)
+        assert again.curve(job) is None  # its fit from the stored rows is queued, not awaited
+        again.wait_fits()
         assert again.curve(job) == curve and again.choose(job, 4) == b4
         assert t.shown()[jid] == (b4, pytest.approx(500.0))
         t.forget(jid)
         assert jid not in t.shown()
+        t.close()
+        again.close()
     finally:
         store.close()
 
@@ -188,6 +193,7 @@ def test_controller_sizes_an_adaptive_job_by_its_fitted_goodput_not_its_declared
                                data_s=0.0, compute_s=0.01, comm_s=0.02, loss=1.0) for k in range(1, 6)]
         beat([pb.TaskStatus(task_id=t.task_id, job_id=jid, generation=t.generation, running=True,
                             progress=reports)])
+        c.batches.wait_fits()  # fitted on the tracker's thread
         c.tick()
         stops = c.store.events(jid, "stop")
         assert stops and stops[-1]["reason"] == "resize" and stops[-1]["new_procs"] == 1, stops

@@ -100,6 +100,9 @@ class BatchFit:
     reports: int = 0
     # (replicas, per-process batch, compute seconds, step seconds) of recent reports
     steps: deque[tuple[int, float, float, float]] = field(default_factory=lambda: deque(maxlen=OBSERVATIONS))
+    # the last step-time fit as (what it was fitted to, PerfParams); replaced whole, so a reader on another thread
+    # sees an old fit or the new one, never half of one
+    perf: tuple[tuple[object, ...], Any] | None = field(default=None, repr=False)
 
     def add(self, batch_size: int, world_size: int, grad_sqr: float, grad_var: float, compute_s: float,
             step_s: float) -> bool:
@@ -125,27 +128,67 @@ class BatchFit:
         sqr, var = self.sqr / self.weight, self.var / self.weight
         return (sqr, var) if sqr > 0 and var >= 0 else None
 
+    def fit_points(self) -> tuple[tuple[object, ...], list[tuple[int, float, float, float]]]:
+        """(key, points) of the step-time fit this fit calls for: one mean point (processes, per-process batch,
+        compute s, step s) per configuration seen. The key changes when a configuration is new or the
+        observations have doubled: only then is a new fit worth its cost (0.2-5 s on this 2-core machine at load
+        20: never under the controller's lock, see ``BatchTracker``)."""
+        configs: dict[tuple[int, float], list[tuple[float, float]]] = {}
+        for r, b, c, st in list(self.steps):  # a copy: the controller may append while the fitter thread reads
+            configs.setdefault((r, round(b, 6)), []).append((c, st))
+        key = (tuple(sorted(configs)), len(self.steps).bit_length())
+        pts = [(r, b, sum(c for c, _ in v) / len(v), sum(st for _, st in v) / len(v))
+               for (r, b), v in sorted(configs.items())]
+        return key, pts
+
+    def stale(self) -> bool:
+        """Whether there are step times and no fit of what they now call for."""
+        return bool(self.steps) and (self.perf is None or self.perf[0] != self.fit_points()[0])
+
+    def refit(self) -> None:
+        """Fit Pollux's step-time model now (``hpcsched.goodput.fit_perf_params``; ImportError without scipy)."""
+        key, pts = self.fit_points()
+        self.perf = (key, fit_points_perf(pts))
+
     def noise_scale(self) -> float | None:
         """The gradient noise scale var / |G|^2 (samples): the batch beyond which larger batches pay off less."""
         g = self.grad()
         return None if g is None else g[1] / g[0]
 
 
-def _function(spec: BatchSpec, fit: BatchFit | None) -> tuple[Any, str]:
-    """Pollux's goodput function for the job as fitted, or (None, why not)."""
+def fit_points_perf(pts: list[tuple[int, float, float, float]]) -> Any:
+    """Pollux's step-time model fitted to (processes, per-process batch, compute s, step s) points, all on one node
+    (the controller does not tell the model which processes share a node)."""
+    from hpcsched.goodput import fit_perf_params
+
+    return fit_perf_params([1] * len(pts), [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts],
+                           [p[3] for p in pts])
+
+
+def _function(spec: BatchSpec, fit: BatchFit | None, block: bool = True) -> tuple[Any, str]:
+    """Pollux's goodput function for the job as fitted, or (None, why not). ``block``: fit the step times now if
+    they have no fit of what they call for (else use the last fit, or none: the caller is the controller, which
+    fits beside its lock)."""
     g = fit.grad() if fit is not None else None
     if fit is None or g is None:
         return None, "no statistics yet"
     if not fit.steps:
         return None, "no step times yet"
     try:
-        from hpcsched.goodput import GoodputFunction, GradParams, fit_perf_params
-
-        reps = [r for r, _, _, _ in fit.steps]
-        perf = fit_perf_params([1] * len(reps), reps, [b for _, b, _, _ in fit.steps],
-                               [c for _, _, c, _ in fit.steps], [s for _, _, _, s in fit.steps])
+        from hpcsched.goodput import GoodputFunction, GradParams
     except ImportError:  # the goodput extra (scipy) is missing
         return None, "no scipy (goodput extra)"
+    if fit.perf is None:
+        if not block:
+            return None, "step-time fit not ready"
+        try:
+            fit.refit()
+        except ImportError:
+            return None, "no scipy (goodput extra)"
+    elif block and fit.stale():
+        fit.refit()
+    assert fit.perf is not None
+    perf = fit.perf[1]
     # GradParams' variance is that of a base-batch gradient: the per-sample variance / B0
     return GoodputFunction(perf, GradParams(g[0], g[1] / spec.base), spec.base), "goodput"
 
@@ -163,18 +206,20 @@ def _best(spec: BatchSpec, fn: Any, procs: int) -> BatchChoice:
     return BatchChoice(int(per[k] * procs), "goodput", float(good[k]))
 
 
-def choose_batch(spec: BatchSpec, fit: BatchFit | None, procs: int) -> BatchChoice:
+def choose_batch(spec: BatchSpec, fit: BatchFit | None, procs: int, block: bool = True) -> BatchChoice:
     """The global batch for an attempt at ``procs`` processes: the goodput-best in ``spec.bounds(procs)`` (a whole
-    number of samples per process) once fitted, else the smallest there (and why)."""
-    fn, how = _function(spec, fit)
+    number of samples per process) once fitted, else the smallest there (and why). ``block`` as ``_function``."""
+    fn, how = _function(spec, fit, block)
     if fn is None:
         return BatchChoice(spec.bounds(procs)[0], how)
     return _best(spec, fn, procs)
 
 
-def goodput_curve(spec: BatchSpec, fit: BatchFit | None, sizes: range) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """(sizes, goodput at each size's best batch): the job's value curve for the MILP, or ((), ()) before a fit."""
-    fn, _ = _function(spec, fit)
+def goodput_curve(spec: BatchSpec, fit: BatchFit | None, sizes: range,
+                  block: bool = True) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(sizes, goodput at each size's best batch): the job's value curve for the MILP, or ((), ()) before a fit.
+    ``block`` as ``_function``."""
+    fn, _ = _function(spec, fit, block)
     if fn is None or not sizes:
         return (), ()
     return tuple(sizes), tuple(float(_best(spec, fn, n).goodput or 0.0) for n in sizes)

@@ -3,12 +3,16 @@ progress reports, the batch each new attempt is told, and the goodput curve the 
 
 Everything it learns is also in the store (the progress rows keep each report's batch and statistics), so a
 restarted controller refits a job from its rows the first time it needs the fit: nothing here is the only copy.
-It is used under the controller's lock, like the store.
+It is used under the controller's lock, like the store, except the step-time fits: one took 0.2-5 s on this
+2-core machine at load 20, and under the lock it held heartbeats past a worker's lease (the worker stopped its
+task). So a report that calls for a new fit (a new configuration) queues one on the tracker's own thread, and
+decisions use the last fit until it is done (a job's first, "step-time fit not ready", gets the smallest batch).
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from hpcsched.model import ScalingCurve
 from hpcsched.runtime.adaptive_batch import BatchFit, choose_batch, goodput_curve
@@ -25,8 +29,10 @@ class BatchTracker:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._fits: dict[str, BatchFit] = {}
+        self._fitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-fit")
+        self._fitting: dict[str, Future[None]] = {}  # job -> its queued or running step-time fit
         self._told: dict[str, int] = {}  # the batch each job's current (or last) attempt was told
-        self._curves: dict[str, tuple[int, ScalingCurve | None]] = {}  # job -> (reports fitted, curve)
+        self._curves: dict[str, tuple[object, ScalingCurve | None]] = {}  # job -> (what it is of, curve)
 
     def _fit(self, job_id: str) -> BatchFit:
         fit = self._fits.get(job_id)
@@ -37,7 +43,31 @@ class BatchTracker:
                     fit.add(row["batch_size"], row["world_size"] or 0, row["grad_sqr"] or 0.0, row["grad_var"] or 0.0,
                             (row["data_s"] or 0.0) + (row["compute_s"] or 0.0),
                             (row["data_s"] or 0.0) + (row["compute_s"] or 0.0) + (row["comm_s"] or 0.0))
+            self._queue_fit(job_id, fit)
         return fit
+
+    def _queue_fit(self, job_id: str, fit: BatchFit) -> None:
+        """A step-time fit on the tracker's thread when the job's reports call for one and none is queued."""
+        if fit.stale() and (job_id not in self._fitting or self._fitting[job_id].done()):
+            self._fitting[job_id] = self._fitter.submit(self._refit, job_id, fit)
+
+    @staticmethod
+    def _refit(job_id: str, fit: BatchFit) -> None:
+        try:
+            fit.refit()  # reads a copy of the observations: ``steps`` may grow meanwhile (see ``fit_points``)
+            while fit.stale():  # reports that came during the fit called for another (bounded: see ``fit_points``)
+                fit.refit()
+        except ImportError:  # no scipy: decisions say so (``adaptive_batch._function``)
+            pass
+        except Exception:  # a fit that fails leaves the last one in use; said, never raised into the controller
+            log.exception("job %s: step-time fit failed", job_id)
+
+    def wait_fits(self, timeout_s: float = 60.0) -> None:
+        """Until the fits queued so far are done (tests; a controller never waits)."""
+        self._fitter.submit(lambda: None).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._fitter.shutdown(wait=False, cancel_futures=True)
 
     def observe(self, job: JobRow, p: pb.Progress) -> None:
         """One progress report of an adaptive job's current attempt (others are ignored). Pollux's step-time model
@@ -45,7 +75,9 @@ class BatchTracker:
         if job.spec.batch is None or p.batch_size <= 0:
             return
         busy = p.data_s + p.compute_s
-        self._fit(job.id).add(p.batch_size, p.world_size, p.grad_sqr, p.grad_var, busy, busy + p.comm_s)
+        fit = self._fit(job.id)
+        if fit.add(p.batch_size, p.world_size, p.grad_sqr, p.grad_var, busy, busy + p.comm_s):
+            self._queue_fit(job.id, fit)
 
     def choose(self, job: JobRow, procs: int) -> int:
         """The global batch for the job's next attempt at ``procs`` (0 for a job without ``batch:``), with an event
@@ -54,7 +86,7 @@ class BatchTracker:
         if spec is None:
             return 0
         fit = self._fit(job.id)
-        c = choose_batch(spec, fit, procs)
+        c = choose_batch(spec, fit, procs, block=False)
         self._told[job.id] = c.batch
         noise = fit.noise_scale()
         self.store.event(job.id, "batch", procs=procs, batch_size=c.batch, how=c.how, noise_scale=noise,
@@ -72,11 +104,12 @@ class BatchTracker:
             return None
         fit = self._fit(job.id)
         got = self._curves.get(job.id)
-        if got is not None and got[0] == fit.reports:
+        seen = (fit.reports, fit.perf[0] if fit.perf is not None else None)
+        if got is not None and got[0] == seen:
             return got[1]
-        sizes, rates = goodput_curve(spec, fit, range(job.spec.min_procs, job.spec.max_procs + 1))
+        sizes, rates = goodput_curve(spec, fit, range(job.spec.min_procs, job.spec.max_procs + 1), block=False)
         curve = ScalingCurve(tuple(float(n) for n in sizes), rates) if sizes and all(r >= 0 for r in rates) else None
-        self._curves[job.id] = (fit.reports, curve)
+        self._curves[job.id] = (seen, curve)
         return curve
 
     def shown(self) -> dict[str, tuple[int, float]]:
@@ -87,5 +120,6 @@ class BatchTracker:
     def forget(self, job_id: str) -> None:
         """A job that ended: its fit stays in the store, not in memory."""
         self._fits.pop(job_id, None)
+        self._fitting.pop(job_id, None)
         self._told.pop(job_id, None)
         self._curves.pop(job_id, None)
