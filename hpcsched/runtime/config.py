@@ -18,9 +18,8 @@ from typing import Any
 
 from hpcsched.errors import InputError
 from hpcsched.runtime.diskspace import DEFAULT_FLOOR, parse_floor
-from hpcsched.runtime.node_source import NODE_SOURCES
+from hpcsched.runtime.node_source import NODE_SOURCES, read_section
 from hpcsched.runtime.yamldoc import Doc, read_doc
-from hpcsched.slurm.pilot_config import PilotConfig, read_pilot_config
 
 
 def parse_address(text: str, source: str = "<address>") -> tuple[str, int]:
@@ -105,8 +104,10 @@ class ControllerConfig:
     round_s: float = 360.0  # rounds: a round's length (Gavel's --time_per_iteration)
     round_reset_s: float = 1920.0  # rounds: least time between two allocations (Gavel's minimum between resets)
     throughputs: Path | None = None  # rounds: Gavel-format throughput table (None: the bundled one)
-    # node_source: static (workers register themselves) or slurm (pilot jobs: hpcsched.slurm.pilots)
-    pilots: PilotConfig | None = None  # the ``slurm:`` section when node_source is slurm
+    # node_source: static (workers register themselves), slurm or pbs (pilot jobs: hpcsched.slurm.pilots,
+    # hpcsched.pbs.pilots); ``pilots`` is that source's section as it reads it (``node_source.read_section``)
+    node_source: str = "static"
+    pilots: Any = None
     # free space kept on the state's filesystem (diskspace.py): under it the controller does not start and refuses
     # submits; "default": the smaller of 1 GiB and 5% of the filesystem
     state_min_free: str = "default"
@@ -120,6 +121,11 @@ class ControllerConfig:
     # ``controller --insecure`` only (never a config key): allows a controller without tokens on a non-loopback address
     insecure: bool = False
 
+    def source_name(self) -> str:
+        """The node source to build: ``node_source``, except that a config made in code with a ``pilots`` section
+        and no ``node_source`` (the Slurm harvester's controller mode, tests) means the Slurm pilots it always did."""
+        return "slurm" if self.node_source == "static" and self.pilots is not None else self.node_source
+
 
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
@@ -128,7 +134,7 @@ CONTROLLER_KEYS = {
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
-    "node_source", "slurm", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
+    "node_source", "slurm", "pbs", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
     "state_min_free", "retry_backoff_s", "retry_backoff_max_s",
     "max_pending_per_user", "max_submit_batch",
     "metrics_listen", "metrics_address_file", "readonly_token", "readonly_token_file",
@@ -238,6 +244,7 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         placement=_step(doc, "placement", "consolidated"),
         regroup=_regroup(doc),
         rpc_stats_file=doc.path("rpc_stats_file", base, None),
+        node_source=doc.get("node_source", str, "static"),
         pilots=_node_source(doc, base),
         state_min_free=str(floor),
         retry_backoff_s=doc.non_negative("retry_backoff_s", float, 10.0),
@@ -278,17 +285,17 @@ def _executor(doc: Doc, base: Path) -> dict[str, Any]:
             "round_reset_s": doc.non_negative("round_reset_s", float, 1920.0), "throughputs": table}
 
 
-def _node_source(doc: Doc, base: Path) -> PilotConfig | None:
-    """``node_source: slurm`` and its ``slurm:`` section (hpcsched.slurm.pilots), or None for ``static``."""
+def _node_source(doc: Doc, base: Path) -> Any:
+    """The section of the ``node_source`` the file names (``slurm:`` for slurm, ``pbs:`` for pbs), read by that
+    source's own reader; None for ``static``. A section beside another source is refused: it would be ignored."""
     source = doc.get("node_source", str, "static")
     if source not in NODE_SOURCES:
         raise doc.fail("node_source", f"expected one of {', '.join(NODE_SOURCES)}, got {source!r}")
-    if source == "static":
-        if "slurm" in doc.data:
-            raise doc.fail("slurm", "a slurm: section needs node_source: slurm")
-        return None
-    return read_pilot_config(doc.data.get("slurm"), doc.source, doc.lines.get("slurm", doc.lines.get("node_source")),
-                             base)
+    for other in NODE_SOURCES:
+        if other != source and other in doc.data:
+            raise doc.fail(other, f"a {other}: section needs node_source: {other}")
+    return read_section(source, doc.data.get(source), doc.source, doc.lines.get(source, doc.lines.get("node_source")),
+                        base)
 
 
 def _regroup(doc: Doc) -> str:

@@ -5,9 +5,11 @@ controller file's ``node_source:`` key and drives without knowing what is behind
 
 - ``static``: workers register themselves (an operator or a launcher started them); the source does nothing.
 - ``slurm``: the controller claims a Slurm cluster's idle nodes with pilot jobs (``hpcsched.slurm.pilots``).
+- ``pbs``: the same on a PBS Pro cluster (``hpcsched.pbs.pilots``).
 
-Adding a source (a PBS Pro one, a cloud API) is one module defining the protocol and a ``register`` call in
-``SOURCES`` below; ``tests/test_node_sources.py`` runs every registered source through the same contract.
+Adding a source (a cloud API, another batch system) is one module defining the protocol, a line in ``SOURCES``
+below and, when the controller file gives it a section of its own (``pbs:``), a line in ``SECTIONS`` naming the
+function that reads it; ``tests/test_node_sources.py`` runs every registered source through the same contract.
 
 The contract, for every source:
 
@@ -34,8 +36,15 @@ from typing import Any, Protocol
 SOURCES: dict[str, str] = {
     "static": "hpcsched.runtime.node_source:StaticNodeSource",
     "slurm": "hpcsched.slurm.pilots:PilotManager",
+    "pbs": "hpcsched.pbs.pilots:PbsPilots",
 }
 NODE_SOURCES = tuple(SOURCES)
+# name -> "module:reader" of its controller-file section (``read(data, source, line, base)``: the config the factory
+# is given, InputError naming the file and line when it is wrong); a source without one gets None
+SECTIONS: dict[str, str] = {
+    "slurm": "hpcsched.slurm.pilot_config:read_pilot_config",
+    "pbs": "hpcsched.pbs.config:read_pbs_config",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +125,15 @@ def factory(name: str) -> Factory:
     return getattr(importlib.import_module(module), attr)
 
 
+def read_section(name: str, data: Any, source: str, line: int | None, base: Any) -> Any:
+    """Source ``name``'s section of a controller file (``data``: the mapping under its key, or None), read by the
+    reader it registered in ``SECTIONS``; None for a source without a section."""
+    if name not in SECTIONS:
+        return None
+    module, _, attr = SECTIONS[name].partition(":")
+    return getattr(importlib.import_module(module), attr)(data, source, line, base)
+
+
 def build(name: str, cfg: Any, view: ControllerView, address: str, token: str | None, state: Any) -> NodeSource:
     """A source by its registered name, not started."""
     return factory(name)(cfg, view, address, token, state)
@@ -146,7 +164,8 @@ class ControllerDemand:
         """worker -> (external job, node) of the pilots recorded in the store (a predecessor's included)."""
         with self.ctl.lock:
             events = self.ctl.store.events(kind="pilot")
-        return {e["worker"]: (e["slurm_job"], e["node"]) for e in events if e.get("worker") and e.get("node")}
+        return {e["worker"]: (e.get("job") or e["slurm_job"], e["node"]) for e in events
+                if e.get("worker") and e.get("node")}
 
 
 def reachable(address: str) -> str:

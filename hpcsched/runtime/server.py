@@ -316,7 +316,7 @@ class ControllerServer:
         if self._backups is not None:
             self._backups.start()
         # node_source (hpcsched.runtime.node_source): slurm harvests idle nodes with pilot jobs; static does nothing
-        self.source = build("static" if self.cfg.pilots is None else "slurm", self.cfg.pilots,
+        self.source = build(self.cfg.source_name(), self.cfg.pilots,
                             ControllerDemand(self.ctl), reachable(self.address),
                             self.cfg.worker_token or self.cfg.token, self.cfg.state)
         self.service.source = self.source
