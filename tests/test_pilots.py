@@ -42,7 +42,7 @@ def test_node_source_slurm_section(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("node_source: pbs\n", "node_source: expected one of static, slurm, got 'pbs'"),
+    ("node_source: lsf\n", "node_source: expected one of static, slurm, pbs, got 'lsf'"),
     ("slurm:\n  partition: x\n", "a slurm: section needs node_source: slurm"),
     ("node_source: slurm\nslurm:\n  partitoin: x\n", "slurm: unknown key 'partitoin'"),
     ("node_source: slurm\nslurm:\n  max_pilots: 0\n", "slurm: max_pilots: expected a positive int, got 0"),

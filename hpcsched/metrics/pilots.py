@@ -118,11 +118,13 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     out["preemptions"] = len(stops)
     out["lost_steps"] = sum(lost)
     out["max_lost_steps"] = max(lost, default=0)
-    pilot_ev = [e for e in events if e["kind"] == "pilot" and e.get("slurm_job")]
+    # a pilot's batch job: "job" (node_source pbs) or "slurm_job" (node_source slurm, and states written before)
+    pilot_ev = [e | {"job": e.get("job") or e.get("slurm_job")} for e in events
+                if e["kind"] == "pilot" and (e.get("job") or e.get("slurm_job"))]
     runs: dict[str, dict[str, Any]] = {}
     for e in sorted(pilot_ev, key=lambda e: e["time"]):
-        p = runs.setdefault(e["slurm_job"], {"worker": e.get("worker") or f"pilot-{e['slurm_job']}", "from": None,
-                                             "to": None, "cancelled": False, "window_end": False})
+        p = runs.setdefault(e["job"], {"worker": e.get("worker") or f"pilot-{e['job']}", "from": None,
+                                       "to": None, "cancelled": False, "window_end": False})
         kind = e.get("event")
         if p["from"] is None and (kind == "running" or kind == "adopt" and e.get("state") == "RUNNING"):
             p["from"] = e["time"]

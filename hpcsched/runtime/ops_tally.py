@@ -101,7 +101,7 @@ class StateTally:
         self._event_row = max(self._event_row, last or 0)
 
     def _pilot(self, t: float, d: dict) -> None:
-        job, event = d.get("slurm_job"), d.get("event")
+        job, event = d.get("job") or d.get("slurm_job"), d.get("event")  # a PBS pilot's "job", a Slurm one's
         if d.get("worker") and (event == "cancel" or event == "gone" and d.get("cancelled")):
             self._cancelled.add(d["worker"])
         if not job:
