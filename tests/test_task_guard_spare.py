@@ -53,8 +53,26 @@ def test_a_dead_spare_is_replaced_by_a_cold_start(tmp_path: Path) -> None:
         dead.kill()
         dead.wait()
         proc = _run(sb, tmp_path / "out", "echo cold=$X")
-        assert proc.pid != dead.pid and proc.returncode == 0 and sb.spares_used == 0
+        assert proc.pid != dead.pid and proc.returncode == 0 and sb.spares_used == 0 and sb.spares_lost == 1
         assert (tmp_path / "out").read_text() == "cold=from-the-request\n"
+    finally:
+        sb.close()
+
+
+def test_spares_that_keep_ending_unused_are_given_up(tmp_path: Path) -> None:
+    """A Python that cannot start as a spare (here: one that exits at once) must not cost a process per poll."""
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    sb = Sandbox("spare-test", python=str(broken), cgroups="off", spare=True)
+    try:
+        for _ in range(5):
+            if sb.spare is not None:
+                sb.spare[0].wait(timeout=30)
+            with open(tmp_path / "out", "ab") as f:
+                sb.spawn(["true"], ENV, stdout=f).wait(timeout=30)  # the broken python, cold: exits 1
+            sb.refill()
+        assert not sb.use_spare and sb.spare is None and sb.spares_lost == 3
     finally:
         sb.close()
 

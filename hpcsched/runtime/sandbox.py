@@ -42,6 +42,7 @@ from hpcsched.runtime import task_guard
 log = logging.getLogger("hpcsched.runtime.worker")
 
 GUARD = str(Path(__file__).with_name("task_guard.py"))
+_SPARES_LOST_MAX = 3
 SWEEP_S = 0.5  # how often the worker looks for strays reparented to it
 MARKER_ENV = "HPCSCHED_TASK_ID"  # in every task's environment: how a stray of a task tree is told from others
 
@@ -200,6 +201,7 @@ class Sandbox:
         self.use_spare = spare
         self.spare: tuple[subprocess.Popen, socket.socket] | None = None
         self.spares_used = 0
+        self.spares_lost = 0  # ended before they were handed a task; spares are given up after _SPARES_LOST_MAX
         self.lock = threading.Lock()
         self.leaf_of: dict[int, str | None] = {}  # pid of each guard started -> its cgroup leaf
         self.strays_killed = 0
@@ -259,7 +261,7 @@ class Sandbox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = subprocess.Popen([self.python, "-I", "-S", GUARD, f"--parent={os.getpid()}", "--spare", "--"],
-                                    env={"PATH": os.defpath}, stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
+                                    stdin=theirs.fileno(), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:
             log.warning("cannot start a spare task guard (%s): tasks start without one", e.strerror or e)
@@ -279,14 +281,23 @@ class Sandbox:
             return None
         proc, sock = self.spare
         self.spare = None
+        if proc.poll() is not None:  # it ended unused: a Python that cannot start here, or killed
+            sock.close()
+            self.spares_lost += 1
+            if self.spares_lost >= _SPARES_LOST_MAX:
+                self.use_spare = False
+                log.warning("%d spare task guards ended before their task (the last with %s): tasks now start a "
+                            "guard each", self.spares_lost, proc.returncode)
+            return None
         try:
             with open(os.devnull, "rb") as null:
                 out = stdout.fileno()
                 request = task_guard.encode_request([o for o in opts if not o.startswith("--parent=")], argv, env)
                 socket.send_fds(sock, [request[:8]], [null.fileno(), out, out])
                 sock.sendall(request[8:])
-        except OSError as e:  # it died (killed, or its parent check failed): start a guard the usual way
+        except OSError as e:  # it died meanwhile: start a guard the usual way
             log.warning("the spare task guard (pid %s) is gone (%s): starting one", proc.pid, e.strerror or e)
+            self.spares_lost += 1
             with contextlib.suppress(OSError):
                 proc.kill()
             proc.wait()
