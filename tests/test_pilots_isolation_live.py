@@ -1,8 +1,8 @@
 """Job isolation on pilots of a REAL Slurm (the loopback cluster of scripts/slurm_cluster.sh): a root controller's
 pilots run as root, so their workers are given a worker config (``slurm: worker_config``) that runs every task as
-an unprivileged user with a Python it can run. A pilot's task cannot read the pilot's token file nor its worker's
-``/proc`` environ, and a pilot killed by Slurm (``scancel --signal=KILL --full``) takes its task's whole tree with it,
-a ``setsid`` escapee included.
+an unprivileged user with a Python it can run. Under each launcher, a pilot's task cannot read the pilot's token
+file nor its worker's ``/proc`` environ, and a pilot killed by Slurm (``scancel --signal=KILL --full``) takes its
+task's whole tree with it, a ``setsid`` escapee included.
 
 Skipped with the reason when no Slurm controller answers, or users cannot be made here (not root).
 """
@@ -21,6 +21,7 @@ import task_users
 from runtime_procs import TOKEN, client, controller_config, jobs_by_id, start_controller, stop, wait_for
 from slurm_cluster import clean_cluster, sh, squeue  # noqa: F401 (clean_cluster: autouse fixture)
 
+from hpcsched.runtime import launchers
 from hpcsched.slurm import commands
 
 WHY_NOT = commands.available()
@@ -48,14 +49,21 @@ def _sleepers(mark: str) -> list[int]:
     return out
 
 
-def test_a_pilots_task_cannot_read_its_credential_and_dies_with_the_pilot(tmp_path: Path) -> None:
+LAUNCHER_MARK = {"direct": "LOCAL_WORLD_SIZE", "torchrun": "TORCHELASTIC_RUN_ID", "mpirun": "OMPI_COMM_WORLD_SIZE",
+                 "horovodrun": "HOROVOD_SIZE"}  # a variable only that launcher sets: the job did run under it
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHER_MARK))
+def test_a_pilots_task_cannot_read_its_credential_and_dies_with_the_pilot(tmp_path: Path, launcher: str) -> None:
+    if launcher not in launchers.available():
+        pytest.skip(f"{launcher} is not installed here")
     a, b = str(9000 + secrets.randbelow(50000)), str(60000 + secrets.randbelow(5000))
     with task_users.throwaway_users(1) as (user,), task_users.task_python() as python, \
             task_users.open_folder() as d:
         pilots = d / "pilots"
         attack = Path(user.pw_dir) / "attack.sh"  # the user's own script, in the user's home (an allowed workdir)
         attack.write_text(
-            "id -un\n"
+            f"id -un\necho under=${{{LAUNCHER_MARK[launcher]}+yes}}\n"
             f"for f in {pilots}/worker-token-*; do echo \"reading $f\"; cat \"$f\"; done\n"
             "for p in /proc/[0-9]*; do\n"
             "  if grep -q hpcsched.runtime $p/cmdline 2>/dev/null && grep -q worker $p/cmdline; then\n"
@@ -73,7 +81,7 @@ def test_a_pilots_task_cannot_read_its_credential_and_dies_with_the_pilot(tmp_pa
         ctl, addr = start_controller(d, cfg)
         c = client(addr)
         try:
-            jid = c.submit(f"name: hostile\nlauncher: direct\nprocs: 1\nworkdir: {user.pw_dir}\n"
+            jid = c.submit(f"name: hostile\nlauncher: {launcher}\nprocs: 1\nworkdir: {user.pw_dir}\n"
                            "command: [sh, attack.sh]\n", "hostile.yaml")
             escaped, plain = wait_for("the task's sleeps on a pilot", lambda: (x := _sleepers(a)) and
                                       (y := _sleepers(b)) and (x[0], y[0]), 180, poll=0.5)
@@ -81,6 +89,7 @@ def test_a_pilots_task_cannot_read_its_credential_and_dies_with_the_pilot(tmp_pa
             (pilot,) = [i for i, (name, _) in squeue().items() if name.startswith("hpcsched-pilot-")]
             out = wait_for("the attack's output", lambda: "attack-done" in (t := "".join(
                 p.read_text() for p in pilots.glob(f"{pilot}/{jid}*/output.log"))) and t, 30)
+            assert "under=yes" in out, f"not run under {launcher}: {out}"
             assert user.pw_name in out and "reading /proc/" in out and "reading " + str(pilots) in out, out
             assert out.count("Permission denied") >= 2 and TOKEN not in out, out
             assert list(pilots.glob("worker-token-*")), "the pilots' token file it tried"
