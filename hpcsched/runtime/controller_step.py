@@ -27,6 +27,7 @@ _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: b
 _REPLAN_S = 5.0  # a step plans at least this often even when nothing it knows of changed (a safety net)
 _ACCRUE_S = 1.0  # service is accrued (one UPDATE of the running jobs) at most this often
 _WORKERS_STEP_S = 1.0  # a change of the live workers alone makes a step plan at most this often (registration storms)
+_WORKERS_HOLD_FROM = 1000  # ... in a fleet of at least this many workers (below it a step's pass over them is cheap)
 _REAP_S = 0.5  # silent workers are looked for at most this often (a pass over every worker)
 _STEP_DUTY = 1.0  # after a step, wait at least this many times its duration: steps take at most half the time
 
@@ -135,9 +136,10 @@ class Stepping:
         if mono - self._reaped_at >= min(_REAP_S, self.cfg.worker_timeout_s / 10):
             self._reaped_at = mono
             self._reap_dead_workers(mono)
-        # A change of the live workers alone is planned on at most every _WORKERS_STEP_S (kept for a later step
-        # until then): 10,000 registrations in 20 s made 400 steps of a pass over every worker each.
-        hold = self._workers_changed and mono - self._workers_step_at < _WORKERS_STEP_S
+        # In a large fleet a change of the live workers alone is planned on at most every _WORKERS_STEP_S (kept for
+        # a later step until then): 10,000 registrations in 20 s made 400 steps of a pass over every worker each.
+        hold = (self._workers_changed and mono - self._workers_step_at < _WORKERS_STEP_S
+                and len(self.last_seen) >= _WORKERS_HOLD_FROM)
         if hold:
             self._workers_changed = False
         if self.retry_at:  # a failed job waiting for its retry's time is not planned until then (see the head below)
