@@ -51,10 +51,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from hpcsched.allocator import Group, JobView, Snapshot, policy_name
 from hpcsched.interleave.period import MAX_GROUP
-from hpcsched.model import ClusterSpec, ElasticJob
+from hpcsched.model import ClusterSpec, ElasticJob, ScalingCurve
 from hpcsched.placements import PlacementView, get_placement
 from hpcsched.primitives.placement import first_slots
 from hpcsched.primitives.state import ClusterState, DecideOptions, DecideRequest, JobState, Plan, WorkerState
@@ -148,7 +149,9 @@ def _milp_sizes(ids: list[str], sizes: dict[str, int], left: int, by_id: dict[st
         for i in free:
             j = by_id[i]
             now = min(j.procs if j.running else 0, pool_n - k)  # its current count: resizes cost it resize_s
-            ej = ElasticJob(i, j.submit, j.min_procs, j.max_procs, j.curve, 1.0, j.resize_s, j.resize_s)
+            # ``ids`` are curve jobs (see above): the curve is there
+            ej = ElasticJob(i, j.submit, j.min_procs, j.max_procs, cast(ScalingCurve, j.curve), 1.0, j.resize_s,
+                            j.resize_s)
             states.append(MilpJob(ej, nodes=pool[k:k + now]))
             k += now
         problem = Problem(tuple(states), pool, tfwd=tfwd_s)
@@ -231,8 +234,8 @@ def _admit(ctx: _Context) -> None:
     by_id, now, young = ctx.by_id, ctx.state.now, ctx.request.options.min_runtime_s
 
     def protected(unit: list[str]) -> bool:
-        return any(by_id[i].running and by_id[i].attempt_start is not None
-                   and now - by_id[i].attempt_start < young for i in unit)
+        return any(by_id[i].running and (began := by_id[i].attempt_start) is not None and now - began < young
+                   for i in unit)
 
     kept = [protected(u) for u in ctx.units]
     ctx.keep_ids = {u[0] for u, k in zip(ctx.units, kept, strict=True) if k}

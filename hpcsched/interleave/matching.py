@@ -131,7 +131,7 @@ def _type_counts(counts: np.ndarray, tw: np.ndarray) -> np.ndarray:
 
 
 def pair_counts(
-    node_type: Sequence[int], type_weight: np.ndarray, settings: MatchSettings = MatchSettings()
+    node_type: Sequence[int] | np.ndarray, type_weight: np.ndarray, settings: MatchSettings = MatchSettings()
 ) -> tuple[np.ndarray, str]:
     """Upper-triangular x[a, b]: how many pairs of types (a, b) a maximum-weight matching forms; and the engine.
 

@@ -182,8 +182,8 @@ def build(values: list[JobValue], pool_size: int, per_job_up_to: int = PER_JOB_U
     for i, p in enumerate(pieces):
         per_class[p.job].append(i)
     for g, idxs in enumerate(per_class):  # one piece per job: k jobs of the class spread over its pieces
-        k = float(len(classes[g]))
-        rows.append(([z_index[i] for i in idxs], [1.0] * len(idxs), k, k))
+        jobs_in = float(len(classes[g]))
+        rows.append(([z_index[i] for i in idxs], [1.0] * len(idxs), jobs_in, jobs_in))
     for i, p in enumerate(pieces):  # m_p <= (hi - lo) y_p
         if m_index[i] >= 0:
             rows.append(([m_index[i], z_index[i]], [1.0, -float(p.hi - p.lo)], -np.inf, 0.0))
