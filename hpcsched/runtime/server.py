@@ -367,6 +367,7 @@ class ControllerServer:
         self._loop.join(timeout=5)
         if self._backups is not None:
             self._backups.join(timeout=30)
+        self.ctl.batches.close()  # queued step-time fits dropped (their reports are in the store); a running one ends
         self.ctl.store.close()
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
