@@ -121,7 +121,7 @@ def _column_kind(values: Sequence[Any]) -> str:
         elif isinstance(v, bool):
             kinds.add("b")
         elif isinstance(v, numbers.Integral):
-            kinds.add("i" if -(2**63) <= v < 2**63 else "o")
+            kinds.add("i" if -(2**63) <= int(v) < 2**63 else "o")
         elif isinstance(v, numbers.Real):
             kinds.add("f")
         else:
