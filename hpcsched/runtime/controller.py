@@ -79,6 +79,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         self._workers_changed = True  # the live worker set changed since the last step (register, leave, lost)
         self._workers_step_at = float("-inf")  # when a step last planned on a change of the live workers
         self._reaped_at = float("-inf")  # when silent workers were last looked for
+        self._notes_due: dict[str, str] = {}  # pending job -> its waiting note, not written yet (``_write_notes``)
         self._replan = True  # plan at the next step: the last plan was dropped, or a start waited for what came now
         self._own: set[str] = set()  # jobs the last plan started, stopped or resized: no news to plan on
         self._full_wanted: set[str] = set()  # workers asked for a full report (HeartbeatReply.full_report)

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import threading
 import time
+from itertools import islice
 
 from hpcsched.model import ResourceProfile, ScalingCurve
 from hpcsched.runtime import scheduler
@@ -27,6 +28,7 @@ _START_BATCH = 16  # job starts applied per lock hold (a start is ~0.3-0.6 ms: b
 _REPLAN_S = 5.0  # a step plans at least this often even when nothing it knows of changed (a safety net)
 _ACCRUE_S = 1.0  # service is accrued (one UPDATE of the running jobs) at most this often
 _WORKERS_STEP_S = 1.0  # a change of the live workers alone makes a step plan at most this often (registration storms)
+_NOTES_PER_STEP = 4096  # waiting notes written per step at most (the rest by the next steps: ``_write_notes``)
 _WORKERS_HOLD_FROM = 1000  # ... in a fleet of at least this many workers (below it a step's pass over them is cheap)
 _REAP_S = 0.5  # silent workers are looked for at most this often (a pass over every worker)
 _STEP_DUTY = 1.0  # after a step, wait at least this many times its duration: steps take at most half the time
@@ -189,9 +191,7 @@ class Stepping:
         """Keep the pending queue and the waiting notes up to date with the jobs that moved and the live workers."""
         if self._workers_changed:  # first: a job entering now gets its note from the workers as they are
             for jid, note in self.notes.workers_changed(workers):
-                j = self.store.job(jid)
-                if j is not None and j.state == "pending":
-                    self._set_note(j, note)
+                self._notes_due[jid] = note
         entering = []
         for jid in moved:
             self.notes.leave(jid)
@@ -203,8 +203,21 @@ class Stepping:
             if j is not None and j.state == "pending":
                 cls = (j.spec.launcher, j.spec.min_procs, j.spec.gpu_types)
                 entering.append((j.seq, job_state(j), cls))
-                self._set_note(j, self.notes.enter(jid, cls))
+                self._notes_due[jid] = self.notes.enter(jid, cls)
         self.queue.update(moved, entering)
+        self._write_notes()
+
+    def _write_notes(self) -> None:
+        """Write at most ``_NOTES_PER_STEP`` of the waiting notes due (a job's latest note wins), the rest at the next
+        steps, woken at once: the first worker of a fleet changed the note of 100,000 queued jobs, and writing them
+        all in one step held the lock 10 s while the registration storm's calls timed out behind it."""
+        for jid in list(islice(self._notes_due, _NOTES_PER_STEP)):
+            note = self._notes_due.pop(jid)
+            j = self.store.job(jid)
+            if j is not None and j.state == "pending":
+                self._set_note(j, note)
+        if self._notes_due:
+            self.wakeup.set()
 
     def _set_note(self, j: JobRow, note: str) -> None:
         """Say why a pending job cannot start whatever the policy does (``waiting``); written only when it changes."""
