@@ -7,6 +7,7 @@ useradd, no system python3 of this version)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import secrets
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+ACCOUNTS_LOCK = "/tmp/hpcsched-test-accounts.lock"  # machine-wide, as /etc/passwd is
+
 
 @contextmanager
 def throwaway_users(n: int) -> Iterator[list[pwd.struct_passwd]]:
@@ -30,11 +33,19 @@ def throwaway_users(n: int) -> Iterator[list[pwd.struct_passwd]]:
     names = [f"hpcsiso{secrets.token_hex(3)}" for _ in range(n)]
     try:
         for name in names:
-            subprocess.run(["useradd", "-m", name], check=True, capture_output=True)
+            _accounts(["useradd", "-m", name], check=True)
         yield [pwd.getpwnam(name) for name in names]
     finally:
         for name in names:
-            subprocess.run(["userdel", "-r", name], capture_output=True)
+            _accounts(["userdel", "-r", name], check=False)
+
+
+def _accounts(argv: list[str], check: bool) -> None:
+    """useradd / userdel one at a time on this machine: two at once (pytest-xdist's workers) fail with "cannot lock
+    /etc/passwd"."""
+    with open(ACCOUNTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(argv, check=check, capture_output=True)
 
 
 @contextmanager
