@@ -11,6 +11,7 @@ from typing import Any
 from hpcsched.cluster_spec import read_cluster_spec
 from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec
+from hpcsched.runtime import launchers
 from hpcsched.runtime.config import ControllerConfig
 from hpcsched.testbed import compare, driver, feedback, groupfit, measure, profiles
 from hpcsched.testbed.mapping import ScaledJob, Scaling, declared_profile, pick_scale, scale_jobs
@@ -63,8 +64,9 @@ def run_testbed(opts: RunOptions, progress: Callable[[int, int], None] | None = 
         raise InputError(None, "need --jobs >= 1, --skip >= 0, 1 <= --min-steps <= --max-steps, --max-procs >= 1")
     if opts.probes < 0:
         raise InputError(None, f"--probes must be >= 0, got {opts.probes}")
-    if opts.launcher not in ("torchrun", "direct"):
-        raise InputError(None, f"--launcher must be torchrun or direct, got {opts.launcher!r}")
+    per_node = [n for n in launchers.names() if not launchers.get(n).one_command]  # each node starts its own ranks
+    if opts.launcher not in per_node:
+        raise InputError(None, f"--launcher must be {' or '.join(per_node)}, got {opts.launcher!r}")
     if opts.fast_forward < 0 or opts.max_jump_s <= 0:
         raise InputError(None, "need --fast-forward >= 0 (0: off) and --max-jump > 0")
     if opts.fast_forward and opts.controller and (opts.state is None or opts.checkpoint_root is None):
