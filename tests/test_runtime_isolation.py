@@ -4,12 +4,15 @@ is live (the escaping process exists, the worker is stopped while its task train
 
 - A task's tree escapes no kill: a ``setsid()`` daemon and a ``sleep`` under ``sh`` are gone after ``cancel``,
   the worker's SIGTERM and ``kill -9`` of the worker, with cgroup v2 leaves and with process groups plus
-  subreapers (``cgroups: off``), for the ``direct`` and ``mpirun`` launchers.
+  subreapers (``cgroups: off``), for every launcher (``direct``, ``torchrun``, ``mpirun``, ``horovodrun``), each
+  launch through the worker's spare guard.
 - The lease: a worker SIGSTOPped until the controller counts it lost kills its task on SIGCONT before anything
-  else; a worker whose controller stops answering stops its tasks itself.
+  else; a worker whose controller stops answering stops its tasks itself, escaped daemon included, under every
+  launcher.
 - Credentials: the token is not in the daemon's ``/proc/PID/environ``; tasks run as their owners' mapped users
-  and cannot read the token file, the daemon's environ or another user's checkpoint folder (0700, theirs);
-  an unmapped owner and ``workdir: /etc`` are refused with the reason.
+  (with a ``task_python`` they can run) and cannot read the token file, the daemon's environ or another user's
+  checkpoint folder (0700, theirs), nor write into it, under every launcher; an unmapped owner and ``workdir:
+  /etc`` are refused with the reason; a worker whose task users cannot run its Python says so at start.
 - Disk: a launch under the free-space floor is refused with the reason; a worker started on a full disk says so in
   one line and exits non-zero.
 """
@@ -66,6 +69,16 @@ def _sleepers(mark: str) -> list[int]:
     return out
 
 
+def _guard_argv(pid: int) -> list[bytes]:
+    """The command line of the task guard above ``pid`` (its parents, up to the guard)."""
+    while pid > 1:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if any(a.endswith(b"task_guard.py") for a in argv):
+            return argv
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no task guard above the task")
+
+
 def _session(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
 
@@ -119,6 +132,8 @@ def test_a_task_tree_escapes_no_kill(tmp_path: Path, mode: str, kill: str, launc
         wait_for("both sleeps started", lambda: _sleepers(a) and _sleepers(b), 60)
         (escaped,) = _sleepers(a)
         assert _session(escaped) == escaped, "the attack: setsid() left the task's session"
+        guard = _guard_argv(_sleepers(b)[0])
+        assert b"--spare" in guard, f"the launch did not go through the worker's spare guard: {guard}"
         if kill == "cancel":
             assert c.cancel(jid).cancelled
             within = CTL_GRACE_S + 10 * HEARTBEAT_S + 10
