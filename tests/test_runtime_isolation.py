@@ -79,6 +79,10 @@ def _guard_argv(pid: int) -> list[bytes]:
     raise AssertionError("no task guard above the task")
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _session(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
 
@@ -123,15 +127,20 @@ def test_a_task_tree_escapes_no_kill(tmp_path: Path, mode: str, kill: str, launc
     if launcher not in launchers.available():
         pytest.skip(f"{launcher} is not installed here")
     a, b = str(9000 + secrets.randbelow(50000)), str(60000 + secrets.randbelow(5000))
+    orphan = str(65000 + secrets.randbelow(500))  # a double fork: its parent, a subshell, exits at once
     args = ("--cgroups", "off") if mode == "fallback" else ()
     ctl, worker, c = _cluster(tmp_path, args)
     try:
         log = (tmp_path / "w0.log").read_text()
         assert ("cgroup v2" if mode == "cgroup" else "process groups + subreaper") in log, log[-2000:]
-        jid = c.submit(_job(tmp_path, "escape", f"setsid sleep {a} & sleep {b} & wait", launcher), "escape.yaml")
-        wait_for("both sleeps started", lambda: _sleepers(a) and _sleepers(b), 60)
+        jid = c.submit(_job(tmp_path, "escape", f"(setsid sleep {orphan} &); setsid sleep {a} & sleep {b} & wait",
+                                launcher), "escape.yaml")
+        wait_for("the sleeps started", lambda: _sleepers(a) and _sleepers(b) and _sleepers(orphan), 60)
         (escaped,) = _sleepers(a)
         assert _session(escaped) == escaped, "the attack: setsid() left the task's session"
+        (double,) = _sleepers(orphan)
+        # orphaned, yet still in the task's tree (reparented to a subreaper there, the guard), not to init
+        assert _parent(double) != 1 and _guard_argv(_parent(double))
         guard = _guard_argv(_sleepers(b)[0])
         assert b"--spare" in guard, f"the launch did not go through the worker's spare guard: {guard}"
         if kill == "cancel":
@@ -143,10 +152,11 @@ def test_a_task_tree_escapes_no_kill(tmp_path: Path, mode: str, kill: str, launc
         else:
             worker.send_signal(signal.SIGKILL)
             within = 10.0
-        assert _gone(a, within) and _gone(b, 1.0), (f"left after {kill}: {_sleepers(a)} {_sleepers(b)}",
-                                                    (tmp_path / "w0.log").read_text()[-3000:])
+        assert _gone(a, within) and _gone(b, 1.0) and _gone(orphan, 1.0), (
+            f"left after {kill}: {_sleepers(a)} {_sleepers(b)} {_sleepers(orphan)}",
+            (tmp_path / "w0.log").read_text()[-3000:])
     finally:
-        for p in (*_sleepers(a), *_sleepers(b)):
+        for p in (*_sleepers(a), *_sleepers(b), *_sleepers(orphan)):
             os.kill(p, signal.SIGKILL)
         c.close()
         stop(worker)
