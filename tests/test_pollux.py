@@ -77,7 +77,7 @@ def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"{bad}:3: unknown application 'gpt9'" in r.stderr and "Traceback" not in r.stderr
     r = _cli("simulate", "--trace", str(DATA / "workloads" / "workload-6.csv"), "--cluster", str(CLUSTER),
              "--policy", "srtf", "--compat", "pollux", "--out", str(tmp_path / "o"))
-    assert r.returncode == 2 and "known: tiresias, optimus" in r.stderr
+    assert r.returncode == 2 and "known: tiresias, optimus, pollux" in r.stderr
     r = _cli("simulate", "--trace", str(DATA / "workloads" / "workload-6.csv"), "--cluster", str(CLUSTER),
              "--policy", "fifo", "--seed", "3", "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and "only with --compat pollux" in r.stderr

@@ -232,6 +232,13 @@ def _window(window: str | None) -> tuple[int, int] | None:
 def _simulate_pollux(trace: Path, cluster: Path, policy: str, out: Path | None, as_json: bool, seed: int,
                      optimiser: str) -> None:
     """The Pollux artifact's loop (``hpcsched.compat.pollux``); bad input is a clear error, never a traceback."""
+    import os
+
+    # One BLAS thread: Pollux's jobs refit a 7-parameter model thousands of times, and OpenBLAS' threads make
+    # each tiny L-BFGS-B fit ~9x slower (measured here). Read when numpy loads, which this command does next.
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     from hpcsched.errors import InputError
     from hpcsched.sim.pollux_run import run_pollux_command
 

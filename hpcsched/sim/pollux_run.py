@@ -15,7 +15,7 @@ from typing import Any
 from hpcsched.compat.pollux import PolluxPolicy, PolluxRun, simulate_pollux
 from hpcsched.results import JobResult, write_csv, write_results
 
-POLICIES = ("tiresias", "optimus")
+POLICIES = ("tiresias", "optimus", "pollux")
 OPTIMISERS = ("ga",)
 ROUNDS_FILE = "rounds.csv"
 
@@ -30,7 +30,7 @@ def make_policy(name: str, nodes: int, gpus_per_node: int, seed: int = 0, optimi
         from hpcsched.compat.pollux_baselines import OptimusPolicy
 
         return OptimusPolicy(nodes, gpus_per_node)
-    if name == "pollux" and name in POLICIES:
+    if name == "pollux":
         if optimiser not in OPTIMISERS:
             raise KeyError(f"unknown --pollux-optimiser {optimiser!r}; known: {', '.join(OPTIMISERS)}")
         from hpcsched.compat.pollux_ga import PolluxGAPolicy

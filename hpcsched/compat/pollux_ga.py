@@ -1,0 +1,317 @@
+"""Pollux's scheduling policy (OSDI'21 artifact, simulator/pollux.py): a seeded NSGA-II-like search of its
+objective. Semantics reproduced, code our own (no pymoo).
+
+The state is an integer matrix jobs x nodes (GPUs of each job on each node). Jobs are ordered by attained service
+then submission (earlier jobs win conflicts in the repair). Objectives, minimised:
+
+1. minus the power mean (p = -1) over jobs of ``speedup x 16 / 64 x restart factor + 1e-3``, where speedup =
+   best goodput of the job's (nodes, GPUs) over its best goodput on its fair share (ceil(64 / jobs) GPUs) from
+   what the job has learned, and a job whose allocation changes is discounted by
+   ``max(age - 30 x restarts, 0) / (age + 30)`` (its restart cost). A job without GPUs scores 1e-3: p = -1 makes
+   starving anyone very costly.
+2. minus the cluster utility (speedup per GPU weighted by GPU share): Pollux's autoscaling objective; it only
+   shapes the search (Pareto ranks), the choice is the population's best objective 1.
+
+Operators as the artifact's: single-point crossover over jobs; mutation that resets a job to its current
+allocation (10 %), zeroes some of its nodes (10 % of jobs, 10 % of nodes), and raises GPUs on nodes with free
+GPUs; repair to at most one multi-node job per node, at most ``max_replicas`` GPUs per job, node capacity.
+Population 100, 100 generations, warm-started from the previous round's Pareto front. Differences from
+pymoo 0.4.2.1: our own random stream (seeded), and duplicate offspring are re-drawn at most
+:data:`REDRAWS` times (pymoo tries up to 100 times, which is what makes the artifact slow with few jobs).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+from hpcsched.compat.pollux import SimJob
+from hpcsched.goodput.function import best_goodput
+
+P = -1.0
+RESTART_S = 30.0
+REDRAWS = 5
+MAX_NODES_PER_JOB = 16
+MAX_REPLICAS = 64
+
+
+def max_replicas(job: SimJob) -> int:
+    """At most twice what the job has been seen on (Pollux explores gradually), 64, and its largest batch over
+    its smallest micro-batch; ncf (fixed batch) one."""
+    if job.app.name == "ncf":
+        return 1
+    a = job.app
+    return min(max(2 * job.max_profiled_replicas, 1), MAX_REPLICAS, a.max_batch_size // a.min_local_bsz)
+
+
+class _Speedups:
+    """Speedup of each job for any (nodes, GPUs), filled lazily, all jobs' missing entries in one numpy pass."""
+
+    def __init__(self, jobs: list[SimJob], fair_nodes: int, fair_replicas: int) -> None:
+        self.k = len(jobs)
+        self.table = -np.ones((self.k, MAX_NODES_PER_JOB + 1, MAX_REPLICAS + 1))
+        self.table[:, 0, 0] = 0.0
+        self.learned = np.array([j.perf_params is not None for j in jobs])
+        self.fair_replicas = fair_replicas
+        # jobs that have learned nothing yet: speedup linear in GPUs (relative to the fair share)
+        r = np.arange(MAX_REPLICAS + 1) / fair_replicas
+        self.table[~self.learned, :, :] = np.where(np.arange(MAX_NODES_PER_JOB + 1)[:, None] <= np.arange(
+            MAX_REPLICAS + 1)[None, :], r[None, :], -1.0)
+        self.table[~self.learned, 0, 0] = 0.0
+        idx = np.flatnonzero(self.learned)
+        self.params = None
+        if len(idx):
+            lj = [jobs[i] for i in idx]
+            self.params = {
+                "perf": np.array([j.perf_params for j in lj], dtype=float),
+                "grad": np.array([j.grad_params for j in lj], dtype=float),
+                "b0": np.array([j.app.init_batch_size for j in lj], dtype=float),
+                "bmax": np.array([j.app.max_batch_size for j in lj], dtype=float),
+                "amin": np.array([j.app.min_local_bsz for j in lj], dtype=float),
+                "amax": np.array([j.app.max_local_bsz for j in lj], dtype=float),
+            }
+            self.row = -np.ones(self.k, dtype=int)
+            self.row[idx] = np.arange(len(idx))
+            base = self._goodput(idx, np.full(len(idx), fair_nodes), np.full(len(idx), fair_replicas))
+            self.base = np.ones(self.k)
+            self.base[idx] = base
+
+    def _goodput(self, jobs: np.ndarray, nodes: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        assert self.params is not None
+        rows = self.row[jobs]
+        p = self.params
+        return best_goodput(p["perf"][rows], p["grad"][rows], p["b0"][rows], p["bmax"][rows], p["amin"][rows],
+                            p["amax"][rows], nodes, reps)
+
+    def __call__(self, nodes: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        """nodes, reps: (pop, jobs) -> speedups (pop, jobs)."""
+        jobs = np.broadcast_to(np.arange(self.k), nodes.shape)
+        out = self.table[jobs, nodes, reps]
+        missing = out < 0
+        if missing.any():
+            mj, mn, mr = jobs[missing], nodes[missing], reps[missing]
+            key = np.unique(np.stack([mj, mn, mr]), axis=1)
+            good = self._goodput(key[0], key[1], key[2])
+            self.table[key[0], key[1], key[2]] = good / self.base[key[0]]
+            out = self.table[jobs, nodes, reps]
+        return out
+
+
+class PolluxGAPolicy:
+    """Pollux's policy: seeded; ``pop_size`` x ``n_gen`` of the artifact (100 x 100) by default."""
+
+    name = "pollux"
+    learns = True
+    fixed_batch = False
+
+    def __init__(self, nodes: int = 16, gpus_per_node: int = 4, seed: int = 0, pop_size: int = 100,
+                 n_gen: int = 100) -> None:
+        self.nodes, self.gpus_per_node = nodes, gpus_per_node
+        self.rng = np.random.default_rng(seed)
+        self.pop_size, self.n_gen = pop_size, n_gen
+        self._prev_states: np.ndarray | None = None
+        self._prev_jobs: list[str] = []
+        self.duplicates_left = 0  # offspring slots left unfilled after REDRAWS tries (said in meta.json)
+
+    # -- the problem ---------------------------------------------------------------------------------------------
+
+    def optimize(self, jobs: dict[str, SimJob], prev: dict[str, list[int]], now: float) -> dict[str, list[int]]:
+        order = sorted(jobs, key=lambda k: (jobs[k].attained_service, jobs[k].submission_time))
+        js = [jobs[k] for k in order]
+        n_jobs = len(js)
+        base = np.zeros((n_jobs, self.nodes), dtype=int)
+        for i, k in enumerate(order):
+            for node in prev.get(k, []):
+                base[i, node] += 1
+        total = self.nodes * self.gpus_per_node
+        fair_replicas = math.ceil(total / n_jobs)
+        fair_nodes = math.ceil(self.nodes / total)
+        self.base = base
+        self.speedups = _Speedups(js, fair_nodes, fair_replicas)
+        self.max_rep = np.array([max_replicas(j) for j in js])
+        age = np.array([now - j.submission_time for j in js])
+        restarts = np.array([j.num_restarts or 0 for j in js])
+        self.factor = np.maximum(age - restarts * RESTART_S, 0.0) / (age + RESTART_S)
+        self.scale = self.nodes / total  # a dominant share equal to one node's has speedup 1
+        pop = self._initial(order)
+        pop = self._dedupe(self._repair(pop))
+        f = self._evaluate(pop)
+        keep, ranks, crowd = _survivors(f, self.pop_size)
+        pop, f = pop[keep], f[keep]
+        for _ in range(self.n_gen):
+            off = self._offspring(pop, ranks, crowd)
+            if len(off) == 0:
+                continue
+            pop = np.concatenate([pop, off])
+            f = np.concatenate([f, self._evaluate(off)])
+            keep, ranks, crowd = _survivors(f, self.pop_size)
+            pop, f = pop[keep], f[keep]
+        front = _fronts(f)[0]
+        self._prev_states, self._prev_jobs = pop[front].copy(), order  # pymoo's result: the Pareto front
+        best = front[np.argmin(f[front, 0])]
+        return {k: [n for n in range(self.nodes) for _ in range(pop[best, i, n])]
+                for i, k in enumerate(order) if pop[best, i].sum() > 0}
+
+    def _initial(self, order: list[str]) -> np.ndarray:
+        if self._prev_states is None:
+            return self.base[None].copy()
+        index = {k: i for i, k in enumerate(self._prev_jobs)}
+        states = np.zeros((len(self._prev_states), len(order), self.nodes), dtype=int)
+        for i, k in enumerate(order):
+            if k in index:
+                states[:, i, :] = self._prev_states[:, index[k], :]
+        return states
+
+    def _evaluate(self, states: np.ndarray) -> np.ndarray:
+        nodes = np.count_nonzero(states, axis=2)
+        reps = states.sum(axis=2)
+        speedup = self.speedups(nodes, reps)
+        scaled = speedup * self.scale
+        restart = np.any(states != self.base[None], axis=2)
+        scaled = scaled * np.where(restart, self.factor[None], 1.0)
+        mean = (np.sum((scaled + 1e-3) ** P, axis=1) / states.shape[1]) ** (1.0 / P)
+        # cluster utility: speedup per GPU, weighted by the job's share of the active nodes' GPUs
+        active = (states.sum(axis=1) > 0).sum(axis=1) * self.gpus_per_node
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shares = np.where(reps > 0, reps / active[:, None], 0.0)
+            util = np.where(reps > 0, speedup / reps, 0.0)
+        utility = np.sum(util * shares, axis=1)
+        return np.column_stack([-mean, -utility])
+
+    # -- operators -----------------------------------------------------------------------------------------------
+
+    def _offspring(self, pop: np.ndarray, ranks: np.ndarray, crowd: np.ndarray) -> np.ndarray:
+        want = self.pop_size
+        out: list[np.ndarray] = []
+        seen = {s.tobytes() for s in pop}
+        for _ in range(REDRAWS):
+            need = want - sum(len(o) for o in out)
+            if need <= 0:
+                break
+            n_mat = math.ceil(need / 2)
+            a = _tournament(ranks, crowd, n_mat, self.rng)
+            b = _tournament(ranks, crowd, n_mat, self.rng)
+            kids = self._repair(self._mutate(self._crossover(pop[a], pop[b])))
+            fresh = []
+            for kid in kids:
+                key = kid.tobytes()
+                if key not in seen:
+                    seen.add(key)
+                    fresh.append(kid)
+            if fresh:
+                out.append(np.array(fresh[:need]))
+            if len(fresh) < len(kids) // 10:  # the neighbourhood is nearly exhausted: more draws find little
+                break
+        got = sum(len(o) for o in out)
+        self.duplicates_left += want - got
+        return np.concatenate(out) if out else np.zeros((0, *pop.shape[1:]), dtype=int)
+
+    def _crossover(self, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+        n_jobs = pa.shape[1]
+        points = self.rng.integers(n_jobs, size=(len(pa), 1))
+        mask = (np.arange(n_jobs)[None, :] < points)[:, :, None]
+        return np.concatenate([np.where(mask, pb, pa), np.where(mask, pa, pb)])
+
+    def _mutate(self, states: np.ndarray) -> np.ndarray:
+        rng = self.rng
+        shape = states.shape
+        reset = rng.random(shape[:2]) < 0.1
+        states = np.where(reset[:, :, None], self.base[None], states)
+        prob = np.where(rng.random(shape[:2]) < 0.1, 0.1, 0.0)
+        states = np.where(rng.random(shape) < prob[:, :, None], 0, states)
+        free = self.gpus_per_node - states.sum(axis=1)  # (pop, nodes)
+        has_free = np.broadcast_to((free >= 1)[:, None, :], shape)
+        n_jobs = shape[1]
+        prob1 = has_free / max(n_jobs, 1)
+        on = (states > 0) & has_free
+        prob2 = on / np.maximum(on.sum(axis=1, keepdims=True), 1)
+        m = rng.random(shape) < prob1 + prob2 - prob1 * prob2
+        r = rng.integers(states, self.gpus_per_node + 1)
+        return np.where(m, r, states)
+
+    def _repair(self, states: np.ndarray) -> np.ndarray:
+        states = states.copy()
+        # at most one multi-node job per node: the first (in job order) keeps it
+        distributed = np.count_nonzero(states, axis=2) > 1
+        mask = (states * distributed[:, :, None]) > 0
+        states[np.cumsum(mask, axis=1) > 1] = 0
+        # at most max_replicas GPUs per job, trimmed over the nodes in random order
+        shuffle = np.argsort(self.rng.random(states.shape), axis=2)
+        s = np.take_along_axis(states, shuffle, axis=2)
+        s = np.diff(np.minimum(np.cumsum(s, axis=2), self.max_rep[None, :, None]), axis=2, prepend=0)
+        states = np.take_along_axis(s, np.argsort(shuffle, axis=2), axis=2)
+        # node capacity: earlier jobs keep their GPUs
+        return np.diff(np.minimum(np.cumsum(states, axis=1), self.gpus_per_node), axis=1, prepend=0)
+
+    def _dedupe(self, states: np.ndarray) -> np.ndarray:
+        _, idx = np.unique(states.reshape(len(states), -1), axis=0, return_index=True)
+        return states[np.sort(idx)]
+
+
+def _fronts(f: np.ndarray) -> list[np.ndarray]:
+    """Non-dominated fronts of (n, 2) objective values, minimised. Two objectives allow the sort-and-sweep
+    algorithm: in (f0, f1) order a point is dominated by an earlier one exactly when that one's f1 is <= its own
+    (unless the two are equal), so each point joins the first front whose smallest f1 is above its f1."""
+    uniq, inverse = np.unique(f, axis=0, return_inverse=True)  # equal points share a front: rank each value once
+    inverse = np.ravel(inverse)
+    order = np.lexsort((uniq[:, 1], uniq[:, 0]))
+    mins: list[float] = []  # per front, its smallest f1 (fronts' minima increase with rank)
+    rank = np.empty(len(uniq), dtype=int)
+    for i, b in zip(order.tolist(), uniq[order, 1].tolist(), strict=True):
+        k = bisect.bisect_right(mins, b)  # first front whose minimum is > b
+        if k == len(mins):
+            mins.append(b)
+        else:
+            mins[k] = b  # sorted by f0 then f1: b is below the front's minimum so far
+        rank[i] = k
+    point_rank = rank[inverse]
+    by_rank = np.argsort(point_rank, kind="stable")
+    bounds = np.searchsorted(point_rank[by_rank], np.arange(len(mins) + 1))
+    return [by_rank[bounds[k]:bounds[k + 1]] for k in range(len(mins))]
+
+
+def _crowding(f: np.ndarray) -> np.ndarray:
+    n = len(f)
+    if n <= 2:
+        return np.full(n, np.inf)
+    d = np.zeros(n)
+    for m in range(f.shape[1]):
+        order = np.argsort(f[:, m], kind="stable")
+        span = f[order[-1], m] - f[order[0], m]
+        d[order[0]] = d[order[-1]] = np.inf
+        if span > 0:
+            d[order[1:-1]] += (f[order[2:], m] - f[order[:-2], m]) / span
+    return d
+
+
+def _tournament(ranks: np.ndarray, crowd: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Binary tournaments: lower rank wins, then larger crowding distance, then a coin."""
+    a = rng.integers(len(ranks), size=n)
+    b = rng.integers(len(ranks), size=n)
+    coin = rng.random(n) < 0.5
+    a_wins = (ranks[a] < ranks[b]) | ((ranks[a] == ranks[b]) & ((crowd[a] > crowd[b]) | ((crowd[a] == crowd[b])
+                                                                                      & coin)))
+    return np.where(a_wins, a, b)
+
+
+def _survivors(f: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NSGA-II survival: whole fronts in rank order, the last one cut by crowding distance. Returns the kept
+    indices and, for them, their rank and crowding distance (the next generation's tournament keys)."""
+    keep: list[np.ndarray] = []
+    ranks: list[np.ndarray] = []
+    crowd: list[np.ndarray] = []
+    count = 0
+    for r, front in enumerate(_fronts(f)):
+        d = _crowding(f[front])
+        if count + len(front) > size:
+            cut = np.argsort(-d, kind="stable")[: size - count]
+            front, d = front[cut], d[cut]
+        keep.append(front)
+        ranks.append(np.full(len(front), r))
+        crowd.append(d)
+        count += len(front)
+        if count >= size:
+            break
+    return np.concatenate(keep), np.concatenate(ranks), np.concatenate(crowd)
