@@ -10,8 +10,8 @@ Each row is appended to ``--out`` (JSON lines) as soon as it finishes, so a long
 Run:
   OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_pollux.py --policies tiresias,optimus --workloads 1-8
   .venv/bin/python bench/bench_pollux.py --policies pollux --workloads 6 --seeds 0,1,2
-  .venv/bin/python bench/bench_pollux.py --policies tiresias --workloads 6 --reference /work/ref/pollux-osdi21/simulator \
-      --reference-python /work/ref/venv/bin/python
+  .venv/bin/python bench/bench_pollux.py --policies tiresias --workloads 6 \
+      --reference /work/ref/pollux-osdi21/simulator --reference-python /work/ref/venv/bin/python
   .venv/bin/python bench/bench_pollux.py --summarise OUT.jsonl
 """
 
