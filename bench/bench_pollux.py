@@ -54,12 +54,12 @@ def _timed(cmd: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str],
     return r, cpu, wall
 
 
-def run_ours(policy: str, workload: str, seed: int) -> dict:
+def run_ours(policy: str, workload: str, seed: int, optimiser: str = "ga") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "hpcsched.cli", "simulate", "--trace", str(DATA / "workloads" / f"{workload}.csv"),
                "--cluster", str(CLUSTER), "--policy", policy, "--compat", "pollux", "--out", tmp, "--json"]
         if policy == "pollux":
-            cmd += ["--seed", str(seed)]
+            cmd += ["--seed", str(seed), "--pollux-optimiser", optimiser]
         r, cpu, wall = _timed(cmd, ROOT)
         if r.returncode != 0:
             return {"error": r.stderr[-2000:]}
@@ -93,8 +93,9 @@ def summarise(path: Path) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     by: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in rows:
-        by[(r["side"], r["policy"])].append(r)
-    for (side, policy), rs in sorted(by.items()):
+        by[(r["side"], r["policy"] + (f" {r['optimiser']}" if r.get("optimiser") else ""))].append(r)
+    for (side, label), rs in sorted(by.items()):
+        policy = label.split()[0]
         per_wl: dict[str, list[float]] = defaultdict(list)
         for r in rs:
             if "avg_jct" in r:
@@ -102,7 +103,7 @@ def summarise(path: Path) -> None:
         means = {w: sum(v) / len(v) for w, v in per_wl.items()}
         mean = sum(means.values()) / len(means) if means else float("nan")
         cpu = [r["cpu_s"] for r in rs if "cpu_s" in r]
-        print(f"{side:9s} {policy:9s} workloads={len(means)} runs={len(cpu)} mean_avg_jct={mean:.1f} "
+        print(f"{side:9s} {label:12s} workloads={len(means)} runs={len(cpu)} mean_avg_jct={mean:.1f} "
               f"(authors' 8-workload mean {AUTHORS_MEAN[policy]:.1f}) cpu_s mean={sum(cpu) / max(len(cpu), 1):.1f}")
         for w in sorted(means, key=lambda s: int(s.split("-")[1])):
             print(f"    {w}: {means[w]:.1f} over {len(per_wl[w])} run(s)")
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--policies", default="tiresias,optimus")
     ap.add_argument("--workloads", default="1-8")
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--optimiser", default="ga", help="pollux: ga (100 x 100) or ga:POPxGEN")
     ap.add_argument("--reference", type=Path)
     ap.add_argument("--reference-python", default=sys.executable)
     ap.add_argument("--out", type=Path, default=Path("bench_pollux.jsonl"))
@@ -129,11 +131,12 @@ def main() -> None:
             sides = [("ours", s) for s in seeds] + ([("reference", None)] if args.reference else [])
             for side, seed in sides:
                 load = open("/proc/loadavg").read().split()[0]
-                res = run_ours(policy, wl, seed or 0) if side == "ours" else \
+                res = run_ours(policy, wl, seed or 0, args.optimiser) if side == "ours" else \
                     run_reference(policy, wl, args.reference, args.reference_python)
                 exp = ship.get((policy, wl), {})
                 jcts = res.pop("jcts", {})
                 row = {"side": side, "policy": policy, "workload": wl, "seed": seed, "load_start": float(load),
+                       "optimiser": args.optimiser if policy == "pollux" and side == "ours" else None,
                        **res, "jobs": len(jcts),
                        "mismatches_vs_shipped": sum(1 for k, v in exp.items() if jcts.get(k) != v),
                        "shipped_avg_jct": sum(exp.values()) / len(exp) if exp else None,

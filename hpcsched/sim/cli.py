@@ -101,7 +101,8 @@ def simulate_cmd(
     seed: int = typer.Option(0, "--seed", help="With --compat pollux --policy pollux: the optimiser's seed."),
     pollux_optimiser: str = typer.Option(
         "ga", "--pollux-optimiser",
-        help="With --compat pollux --policy pollux: ga (our seeded NSGA-II-like search of Pollux's objective)."),
+        help="With --compat pollux --policy pollux: ga (our seeded NSGA-II-like search of Pollux's objective, "
+             "the artifact's population 100 x 100 generations) or ga:POPxGEN (a smaller search, e.g. ga:50x25)."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 
