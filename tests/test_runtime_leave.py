@@ -64,10 +64,14 @@ def test_a_worker_leaving_while_its_controller_restarts_is_heard(tmp_path: Path)
     notice reaches the new controller, so the job stops as preempted (no failed attempt), not timed out as lost.
     The notice has one ``worker_timeout_s`` from the restart to arrive: the new controller's start-up, then the
     worker's Leave, refused (its credential died with the old controller), its registration and the Leave again. At
-    3 s that failed beside other suites (load 16+); 10 s is the default and what a site runs with."""
+    3 s that failed beside other suites (load 16+); 10 s is the default and what a site runs with. The worker keeps
+    telling for ``leave_notice_s`` after its task stopped: its default (5 s) was shorter than a controller's start
+    at load 20+, so it is given the worker timeout here (the task exits at once on SIGTERM: the grace costs nothing)."""
     timeout_s = 10.0
     ctl, address = start_controller(tmp_path, controller_config(tmp_path, worker_timeout_s=timeout_s))
-    a = start_worker(tmp_path, address, "a", extra=("--stop-grace", "3"))
+    wcfg = tmp_path / "worker-a.yaml"
+    wcfg.write_text(f"leave_notice_s: {timeout_s}\n")
+    a = start_worker(tmp_path, address, "a", extra=("--stop-grace", str(timeout_s), "--config", str(wcfg)))
     procs = [a]
     try:
         c = client(address)

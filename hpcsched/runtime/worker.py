@@ -86,7 +86,6 @@ def spare_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-_LEAVE_NOTICE_S = 5.0  # a leaving worker's retries of its notice after its tasks stopped (see Worker.leave)
 
 class Worker(TaskControl, ControllerLink):
     def __init__(self, cfg: WorkerConfig, python: str = sys.executable) -> None:
@@ -217,7 +216,7 @@ class Worker(TaskControl, ControllerLink):
         The controller hears of it at once (Leave RPC) rather than after ``worker_timeout_s`` of silence,
         and the jobs stop as preempted (resumed elsewhere from their checkpoint, no restart counted). With
         the controller unreachable the tasks still checkpoint, and the notice is tried again while they stop and
-        up to ``_LEAVE_NOTICE_S`` after (a controller restarted meanwhile, as after a kill -9, then hears it:
+        up to ``leave_notice_s`` after (a controller restarted meanwhile, as after a kill -9, then hears it:
         found by the harvesting end-to-end test, where a pilot preempted during the restart counted as a failed
         attempt); a controller still away then times the worker out."""
         grace = self.cfg.stop_grace_s
@@ -234,7 +233,7 @@ class Worker(TaskControl, ControllerLink):
             self._deliver()
         self._poll()
         # its tasks have stopped: wait a little more for a controller that is restarting (seconds, after kill -9)
-        notice_until = time.time() + min(grace, _LEAVE_NOTICE_S)
+        notice_until = time.time() + min(grace, self.cfg.leave_notice_s)
         while not said and time.time() < notice_until:
             said = self._say_leave(final=False, timeout=1.0)
             if not said:

@@ -29,6 +29,9 @@ class WorkerConfig:
     warm_ranks: bool = True  # keep a torch-preloaded ``direct`` supervisor ready (fast relaunch on resize)
     address_file: Path | None = None  # re-read when the controller is unreachable: a restart on a new port
     orphan_timeout_s: float | None = None  # leave (checkpoint, stop) after the controller is unreachable this long
+    # On SIGTERM, once its tasks have stopped: how long it keeps telling a controller that is away (restarting after a
+    # kill -9) that it leaves, at most stop_grace_s. A pilot's node is free only when the worker is gone: short.
+    leave_notice_s: float = 5.0
     # Isolation (docs/runtime.md, threat model): whom tasks run as where the worker is root, where they may run,
     # how their processes are held, and the free-space floor below which no checkpoint folder is handed out.
     run_as: str | None = None  # one dedicated unprivileged user for every task of this worker
@@ -43,7 +46,7 @@ class WorkerConfig:
 
 
 WORKER_KEYS = {"controller", "name", "host", "slots", "gpus", "gpu_type", "token", "token_file", "tls_ca", "work_dir",
-               "stop_grace_s", "warm_ranks", "address_file", "orphan_timeout_s", "run_as", "users",
+               "stop_grace_s", "leave_notice_s", "warm_ranks", "address_file", "orphan_timeout_s", "run_as", "users",
                "allowed_workdirs", "cgroups", "min_free_mb", "task_python", "checkpoint_quota_mb"}
 
 
@@ -68,6 +71,8 @@ def read_worker_config(path: str | Path) -> dict[str, Any]:
         out["work_dir"] = doc.path("work_dir", base, None)
     if "stop_grace_s" in doc.data:
         out["stop_grace_s"] = doc.positive("stop_grace_s", float, 30.0)
+    if "leave_notice_s" in doc.data:
+        out["leave_notice_s"] = doc.positive("leave_notice_s", float, 5.0)
     if "orphan_timeout_s" in doc.data:
         out["orphan_timeout_s"] = doc.positive("orphan_timeout_s", float, None)
     if "tls_ca" in doc.data:
