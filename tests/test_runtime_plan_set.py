@@ -88,3 +88,21 @@ def test_a_step_plans_over_a_bounded_head_and_only_when_something_changed(
         assert ctl.plans == plans + 1
     finally:
         ctl.store.close()
+
+
+def test_waiting_notes_are_written_a_bounded_number_a_step(tmp_path: Path) -> None:
+    """A change that touches the waiting note of more queued jobs than a step writes (the first worker of a fleet,
+    100,000 queued jobs) is written over the next steps, a bounded number each, and every note arrives."""
+    extra = controller_step._NOTES_PER_STEP + 500
+    ids = _queue(tmp_path / "run" / "state.db", blocked=extra, runnable=0)
+    cfg = read_controller_config(controller_config(tmp_path, worker_timeout_s=600))
+    ctl = controller_mod.Controller(cfg)
+    try:
+        ctl.started()
+        ctl.tick()  # no worker: every job is noted "no live worker", the first _NOTES_PER_STEP of them now
+        noted = [j for j in ctl.store.jobs(("pending",)) if "waiting: " in j.message]
+        assert len(noted) == controller_step._NOTES_PER_STEP and ctl.wakeup.is_set()
+        ctl.tick()
+        assert all("waiting: no live worker" in ctl.store.job(j).message for j in ids)
+    finally:
+        ctl.store.close()

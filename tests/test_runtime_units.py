@@ -663,3 +663,21 @@ def test_a_wall_clock_step_does_not_lose_healthy_workers(tmp_path: Path, monkeyp
     assert c.last_seen == {}
     assert not any(w.alive for w in c.list_workers())
     c.store.close()
+
+
+def test_a_worker_backs_off_a_busy_controller_with_jitter() -> None:
+    """liveness.retry_after: half to all of the back-off, doubling; up to 10 s when the controller is busy (calls
+    past their deadline), up to two intervals otherwise."""
+    import random
+
+    from hpcsched.runtime.liveness import BUSY_BACKOFF_S, retry_after
+
+    rng = random.Random(1)
+    backoff, waits = 0.2, []
+    for _ in range(12):
+        wait, nxt = retry_after(backoff, "DEADLINE_EXCEEDED", 1.0, rng)
+        assert backoff / 2 <= wait <= backoff
+        waits.append(wait)
+        backoff = nxt
+    assert backoff == BUSY_BACKOFF_S and len(set(waits)) == len(waits)  # capped, and no two alike
+    assert retry_after(8.0, "UNAVAILABLE", 1.0, rng)[1] == 2.0  # not busy: two intervals, as before
