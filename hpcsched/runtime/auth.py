@@ -5,8 +5,8 @@ token it is (compared in constant time against each) and refuses, with UNAUTHENT
 runs, a call without a known token, and with PERMISSION_DENIED a call its role may not make:
 
 - ``user``: Submit, ListJobs, Cancel, ListWorkers;
-- ``worker``: Register, Heartbeat, Leave (a user's token cannot act as a worker: issue 15 saw a user's heartbeat
-  mark a running job ``completed 1000/1000`` and make workers leave);
+- ``worker``: Register, Heartbeat, Leave (a user's token cannot act as a worker: otherwise a user's heartbeat
+  could mark a running job ``completed 1000/1000`` and make workers leave);
 - ``admin``: every RPC, including any not listed here (an RPC added later is admin-only until it is given a role);
 - ``readonly``: ListJobs, ListWorkers, and the status page and ``/metrics`` (``metrics_http``): what a dashboard or
   a Prometheus server holds, which can change nothing.

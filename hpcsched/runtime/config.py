@@ -32,7 +32,7 @@ def parse_address(text: str, source: str = "<address>") -> tuple[str, int]:
 
 def check_private(path: Path, what: str = "token file") -> None:
     """Refuse a secret file that others can read or write, as ssh refuses such a key: anyone on the node could
-    use the credential in it (issue 15: token files at 0644 were accepted)."""
+    use the credential in it."""
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError as e:

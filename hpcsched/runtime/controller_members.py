@@ -29,7 +29,7 @@ log = logging.getLogger("hpcsched.runtime.controller")
 
 _UNCHANGED = pb.TaskStatus(running=True)  # a confirmed task a partial heartbeat left out: it runs, no news
 
-# Registration bounds (issue 15: 2^31-1, -5 and 0 slots and a 100 KB id were accepted).
+# Registration bounds: without them 2^31-1, -5 and 0 slots and a 100 KB id were accepted.
 MAX_WORKER_ID_CHARS = 128
 MAX_SLOTS = 4096  # processes one node runs at once: far above any node, far below int32
 _WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")

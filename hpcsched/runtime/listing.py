@@ -2,7 +2,7 @@
 
 Queries are paged, bounded in bytes and served on reader connections of their own (``Store.reader``), at most
 QUERY_SLOTS at once; at most QUERY_QUEUE more wait for a slot, and beyond that a query is refused as ``Busy`` (the
-client retries): waiting queries hold server threads that heartbeats need (issue 15: one unpaged listing of 10k
+client retries): waiting queries hold server threads that heartbeats need (one unpaged listing of 10k
 jobs held the lock 695 ms, and 40 at once held a heartbeat past the worker deadline). Nothing here writes.
 """
 

@@ -14,12 +14,12 @@ connection instead; a commit is in the WAL when it returns, so the crash guarant
 
 Queries (``hpcsched jobs``/``workers``) read through ``Store.reader()`` connections of their own, a page at a
 time, never through the controller's connection and lock: at 10,000 jobs one unpaged listing took 695 ms under
-the lock, and 40 of them held a heartbeat past the worker deadline (issue 15).
+the lock, and 40 of them held a heartbeat past the worker deadline.
 
 The state is private (created 0600, tightened to 0600 when found wider: it holds every job's command and
 environment), a file that is not a readable SQLite database is an ``InputError`` naming it with a way to recover
 (``backup_to`` writes consistent online copies), and every job gets a ``uid`` no other state can produce: its
-checkpoints are bound to it, so a new state's j0001 never resumes a lost state's j0001 (issue 15).
+checkpoints are bound to it, so a new state's j0001 never resumes a lost state's j0001.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ CREDENTIAL_ENV = ("HPCSCHED_TOKEN",)  # never passed on to a task
 
 def task_base_env(environ: dict[str, str] | os._Environ, token: str | None) -> dict[str, str]:
     """What a task inherits from the worker's environment: everything but credentials (CREDENTIAL_ENV, and any
-    variable whose value is the worker's token). Issue 15: the token reached every job's environment, so any job
-    could act as a worker."""
+    variable whose value is the worker's token): with the token in its environment any job could act as a
+    worker."""
     return {k: v for k, v in environ.items() if k not in CREDENTIAL_ENV and not (token and v == token)}
 
 

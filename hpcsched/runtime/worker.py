@@ -15,7 +15,7 @@ from an older attempt sees a newer generation there and exits instead of overwri
 the folder to the job's uid (``bind_checkpoint_dir``): a folder another job left (the same id in a lost state) is
 moved aside, never resumed.
 
-Identity (issue 15): each daemon sends a random ``instance`` with Register, Heartbeat and Leave; the controller
+Identity: each daemon sends a random ``instance`` with Register, Heartbeat and Leave; the controller
 lets one live daemon hold a name, and a second one is refused (FAILED_PRECONDITION): it logs why, kills any task
 it still runs (the controller no longer counts them as its), and asks again every few seconds, so it takes the
 name only once the holder has been silent for the controller's worker timeout. Credentials never reach a task:
@@ -399,9 +399,9 @@ class Worker(TaskControl, ControllerLink):
         progress = task_run_dir(run_dir, user)
         devices = self._devices(t)
         argv, env = launchers.build(t, self.python, ",".join(map(str, devices)))
-        if argv is not None and horovod_elastic.size_range(t):  # elastic Horovod: resized in place (issue 6b)
+        if argv is not None and horovod_elastic.size_range(t):  # elastic Horovod: resized in place
             argv = horovod_elastic.elastic_command(argv, t, run_dir)
-            env[rsh_agent.FILE_ENV] = str(run_dir / horovod_elastic.AGENTS)  # follows the job's hosts (issue 18)
+            env[rsh_agent.FILE_ENV] = str(run_dir / horovod_elastic.AGENTS)  # follows the job's hosts
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
         if user is not None:  # not the worker's home (root's): where the task's own files go

@@ -8,7 +8,7 @@ parent-death signal, killed with the job's task).
 What it refuses: a call without the job's key, and a command for a job that holds no live task of that attempt
 here: the caller must be the launcher of a job the controller placed on this worker. The key is
 ``job_key(worker token, job, attempt)``, an HMAC the node-0 worker gives its launcher and every worker can
-check: a job's programs never see the worker token itself (issue 15: no credentials in task environments), and
+check: a job's programs never see the worker token itself (no credentials in task environments), and
 the key lets them do only what their own launcher may, for that attempt, on the nodes it holds.
 
 The controller sends an attempt's tasks to its workers on their own heartbeats, so node 0's launcher may call

@@ -74,8 +74,8 @@ class ControllerLink:
 
     def _hint_tls(self) -> None:
         """Say once why a controller that accepts connections stays unreachable when this worker has no CA: a
-        TLS controller closes a plaintext connection, and a worker without ``--tls-ca`` retried forever with no
-        hint (issue 15)."""
+        TLS controller closes a plaintext connection, and a worker without ``--tls-ca`` would retry forever with no
+        hint."""
         if self.cfg.tls_ca is not None or self._tls_hinted:
             return
         host, _, port = self.cfg.controller.rpartition(":")

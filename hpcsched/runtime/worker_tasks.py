@@ -119,7 +119,7 @@ class TaskControl:
         except ValueError as e:
             return None, f"job owner {t.owner!r} maps to {local!r}: {e}"
 
-    # --- elastic Horovod in-place resize (issue 6b, logic in horovod_elastic.py): begin ---
+    # --- elastic Horovod in-place resize (logic in horovod_elastic.py): begin ---
     def _devices(self, t: pb.LaunchTask) -> list[int]:
         """The task's devices: those of a live task of its co-location group (interleaved jobs share them),
         topped up with free ones if it needs more; else free ones."""
