@@ -178,6 +178,9 @@ def test_whole_run_finishes_within_capacity_and_repeats_exactly(toy: Path, polic
         assert a["model_fits"] == 0
     else:
         assert a["model_fits"] > 0 and a["avg_restarts"] > 0
+        c = run(toy_workload(), nodes, gpn, policy, str(toy), share_fits=False)  # shared fits change nothing
+        assert [r["jct"] for r in c["per_job"]] == [r["jct"] for r in a["per_job"]]
+        assert c["model_fits"] == a["model_fits"] + a["model_fits_reused"] and a["model_fits_reused"] > 0
 
 
 def test_cli_errors_are_one_line(tmp_path: Path, toy: Path) -> None:

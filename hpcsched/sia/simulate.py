@@ -100,9 +100,10 @@ def placement_of(nodes: list[int]) -> tuple[int, ...]:
 
 def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[str, int], policy: str,
         profiles_dir: str, solver: str = "highs", on_round: Callable[[float, list[SiaJob]], None] | None = None,
-        tie_break: str = "prev-high", tie_seed: int = 0) -> dict[str, Any]:
+        tie_break: str = "prev-high", tie_seed: int = 0, share_fits: bool = True) -> dict[str, Any]:
     """Simulate to the end; the summary (``avg_jct`` ...) and per-job rows. ``tie_break``/``tie_seed``: how Sia's
-    program chooses among equally good optima (``hpcsched.sia.policy.SiaPolicy``)."""
+    program chooses among equally good optima (``hpcsched.sia.policy.SiaPolicy``). ``share_fits``: jobs that saw the
+    same observations in the same order share one model fit (the same result, fewer fits)."""
     if policy not in POLICIES:
         raise InputError(None, f"--compat sia runs --policy {' or '.join(POLICIES)}, not {policy!r}")
     from hpcsched.sia.blas import limit_blas_threads
@@ -117,7 +118,7 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     jobs = [SiaJob(name=w.name, app=w.application, submission_time=w.time, apps=profiles[w.application],
                    target_num_replicas=w.num_replicas,
                    target_batch_size=NCF_BATCH if sia and w.application == "ncf" else w.batch_size,
-                   tune_bsz=sia, fit_models=sia, fit_cache=fit_cache) for w in workload]
+                   tune_bsz=sia, fit_models=sia, fit_cache=fit_cache if share_fits else None) for w in workload]
     sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed) if sia else \
         GavelBaseline(nodes, gpus_per_node, solver=solver)
     interval = INTERVALS[policy]
