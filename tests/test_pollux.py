@@ -140,6 +140,21 @@ def test_pollux_policy_seeded_and_adaptive() -> None:
     assert sum(a.values()) < sum(tiresias.values())
 
 
+def test_pollux_cli_seed_in_meta(tmp_path: Path) -> None:
+    trace = tmp_path / "w.csv"
+    trace.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,32768\n")
+    out = tmp_path / "o"
+    r = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "pollux", "--compat", "pollux",
+             "--seed", "3", "--pollux-optimiser", "ga:10x3", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["seed"] == 3 and meta["pollux_optimiser"] == "ga:10x3" and meta["ga_unfilled_offspring"] >= 0
+    assert json.loads(r.stdout)["jobs"] == 1
+    r = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "pollux", "--compat", "pollux",
+             "--pollux-optimiser", "milp", "--out", str(out))
+    assert r.returncode == 2 and "ga:POPxGEN" in r.stderr
+
+
 def test_pollux_repair_respects_capacity_and_limits() -> None:
     import numpy as np
 

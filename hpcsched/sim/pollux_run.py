@@ -72,7 +72,9 @@ def run_pollux_command(trace: Path, cluster: Path, policy: str, out: Path, as_js
     results = results_of(run)
     meta = run.meta | {"trace": str(trace), "cluster": getattr(spec, "name", None), "capacity_gpus": spec.gpus}
     if policy == "pollux":
-        meta |= {"seed": seed, "pollux_optimiser": optimiser}
+        # offspring slots the search left empty because every re-draw was a duplicate (small state spaces)
+        meta |= {"seed": seed, "pollux_optimiser": optimiser,
+                 "ga_unfilled_offspring": getattr(pol, "duplicates_left", None)}
     write_results(out, results, meta | {"wall_s": round(run.wall_s, 4)})
     write_csv(out / ROUNDS_FILE, ("time", "busy_gpus", "running_jobs", "active_jobs"), run.rounds)
     summary = {"dir": str(out)} | summarize_results(results, meta) | {"rounds": len(run.rounds),
