@@ -316,8 +316,9 @@ def elastic_across_hosts(cluster: Cluster, steps: int = 200) -> ElasticRun:
         jid = cluster.job("hvd-elastic", "horovodrun", 2, "workloads/horovod_train.py, --model, cnn, --batch, '48', "
                           "--commit-every, '2', --io-latency-ms, '40'", steps=steps,
                           # the job's own Gloo timeout (Horovod's default is 30 s): how long a survivor may wait on
-                          # another at the kill; shorter, so the test spends less time waiting
-                          extra="min_procs: 1\nmax_procs: 3\nenv: {HOROVOD_GLOO_TIMEOUT_SECONDS: '5'}\n"
+                          # another at the kill; shorter, so the test spends less time waiting, but not 5 s: at
+                          # load 13+ the new rank's start at the grow took longer than that and the job failed
+                          extra="min_procs: 1\nmax_procs: 3\nenv: {HOROVOD_GLOO_TIMEOUT_SECONDS: '15'}\n"
                           "scaling: {procs: [1, 2, 3], rates: [10, 19, 27], resize_s: 1}\n")
         first = wait_for("the job's first node", lambda: [
             h for h in HOSTS if (cluster.dir / "run" / h / f"{jid}.g1.n0").is_dir()], 60, poll=0.2)[0]
