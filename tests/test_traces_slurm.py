@@ -215,7 +215,10 @@ def test_live_sacct_c_matches_the_completion_log(tmp_path: Path) -> None:
     common = set(from_log) & set(from_sacct)  # the log may grow between the two reads
     if not common:
         pytest.skip("the completion log was replaced between the two reads (a Slurm restart wipes it)")
-    assert len(common) >= len(from_log) - 5
+    # Slurm's own reader of the file drops array tasks ("sacct: error: Unknown type ArrayJobId"): its writer adds
+    # fields its reader does not know. Ours reads them (``87_0``); pilots are submitted as arrays.
+    plain = {jid for jid in from_log if "_" not in jid}
+    assert len(common) >= len(plain) - 5, (len(common), len(plain), len(from_log))
     for jid in common:
         a, b = from_log[jid], from_sacct[jid]
         assert (a.nodes, a.end, a.status) == (b.nodes, b.end, b.status), jid
