@@ -104,14 +104,15 @@ def _objective(x: np.ndarray, nodes: np.ndarray, reps: np.ndarray, bsz: np.ndarr
 
 
 def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: ArrayLike,
-                    accum_step_time: ArrayLike, optim_step_time: ArrayLike) -> PerfParams:
+                    accum_step_time: ArrayLike, optim_step_time: ArrayLike, tol: float | None = None) -> PerfParams:
     """Fit :class:`PerfParams` to observed (nodes, replicas, per-GPU batch) -> (compute time, step time).
 
     Parameters the observations cannot identify are pinned, as Pollux does: alpha_c to half the mean compute time
     when only one batch size was seen (optimistic about larger batches), the inter-node pair without multi-node
     observations, the intra-node pair without single-node multi-GPU ones, the betas without > 2 replicas. Without
     multi-node observations the inter-node pair is raised to at least 1.1x the intra-node pair (a prior: crossing
-    nodes is never cheaper). Needs scipy (L-BFGS-B).
+    nodes is never cheaper). Needs scipy (L-BFGS-B); ``tol`` is its tolerance (None: scipy's default, as Pollux;
+    the Sia artifact loosened it for speed).
     """
     import scipy.optimize
 
@@ -138,7 +139,7 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
             params[i] = upper[i] = lower[i]
     bounds = scipy.optimize.Bounds(lower, upper, keep_feasible=True)
     result = scipy.optimize.minimize(_objective, params, args=(nodes, reps, bsz, np.log(acc), np.log(opt)),
-                                     jac=True, bounds=bounds, method="L-BFGS-B")
+                                     jac=True, bounds=bounds, method="L-BFGS-B", tol=tol)
     x = [float(v) for v in result.x]
     if not np.any(nodes > 1):
         x[2] = max(x[2], x[4] * 1.1)
