@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsched.errors import InputError
+from hpcsched.runtime.worker_start import pilot_worker_argv
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +88,8 @@ def pilot_script(cfg: PbsConfig, controller: str, token_file: Path | None, tag: 
     """The pilot's job script: one worker named after the PBS job (``pilot-$PBS_JOBID``), run under ``timeout`` so
     it gets SIGTERM ``leave_before_s`` before the walltime and leaves with a checkpoint in time. ``exec``: a
     ``qdel`` (PBS sends SIGTERM to the job's processes, then SIGKILL after its kill_delay) reaches the worker."""
-    argv = [cfg.python, "-m", "hpcsched.runtime", "worker", "--controller", controller, "--slots", str(cfg.slots),
-            "--gpus", str(cfg.gpus), "--stop-grace", str(cfg.stop_grace_s), "--orphan-timeout",
-            str(cfg.orphan_timeout_s)]
-    if token_file is not None:
-        argv += ["--token-file", str(token_file)]
-    if cfg.worker_config is not None:
-        argv += ["--config", str(cfg.worker_config)]
+    argv = pilot_worker_argv(cfg.python, controller, cfg.slots, cfg.gpus, cfg.stop_grace_s, cfg.orphan_timeout_s,
+                             token_file, cfg.worker_config)
     words = " ".join(shlex.quote(a) for a in argv)
     work = shlex.quote(str(cfg.work_dir))
     return (f"#!/bin/bash\n# hpcsched pilot ({tag}): one worker for the controller at {controller}\n"

@@ -47,3 +47,16 @@ def check_node(work_dir: Path, min_free_mb: float) -> None:
     problem = space_problem([work_dir], min_free_mb)
     if problem:
         raise InputError(work_dir, f"this worker cannot hold tasks: {problem}")
+
+
+def pilot_worker_argv(python: str, controller: str, slots: int, gpus: int, stop_grace_s: float,
+                      orphan_timeout_s: float, token_file: Path | None, worker_config: Path | None) -> list[str]:
+    """The command a node source's pilot job runs: one worker for the controller, leaving on its own once the
+    controller has been unreachable ``orphan_timeout_s`` (a controller killed and not restarted)."""
+    argv = [python, "-m", "hpcsched.runtime", "worker", "--controller", controller, "--slots", str(slots),
+            "--gpus", str(gpus), "--stop-grace", str(stop_grace_s), "--orphan-timeout", str(orphan_timeout_s)]
+    if token_file is not None:
+        argv += ["--token-file", str(token_file)]
+    if worker_config is not None:
+        argv += ["--config", str(worker_config)]
+    return argv

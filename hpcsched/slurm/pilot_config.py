@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsched.errors import InputError
+from hpcsched.runtime.worker_start import pilot_worker_argv
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +193,8 @@ def pilot_script(cfg: PilotConfig, controller: str, token_file: Path | None, tag
     itself stays the backstop (SIGTERM, on which the worker still checkpoints, then SIGKILL after KillWait). GNU
     ``timeout`` passes on the SIGTERM it is sent and, with ``--preserve-status``, exits with the worker's status,
     so a pilot that left cleanly ends COMPLETED rather than TIMEOUT."""
-    argv = [cfg.python, "-m", "hpcsched.runtime", "worker", "--controller", controller, "--slots", str(cfg.slots),
-            "--gpus", str(cfg.gpus), "--stop-grace", str(cfg.stop_grace_s), "--orphan-timeout",
-            str(cfg.orphan_timeout_s)]
-    if token_file is not None:
-        argv += ["--token-file", str(token_file)]
-    if cfg.worker_config is not None:
-        argv += ["--config", str(cfg.worker_config)]
+    argv = pilot_worker_argv(cfg.python, controller, cfg.slots, cfg.gpus, cfg.stop_grace_s, cfg.orphan_timeout_s,
+                             token_file, cfg.worker_config)
     words = " ".join(shlex.quote(a) for a in argv)
     work = shlex.quote(str(cfg.work_dir))
     # the pilot's id as squeue lists it: ARRAYID_TASK for an element of a job array (SLURM_JOB_ID is then a number
