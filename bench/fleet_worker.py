@@ -260,9 +260,15 @@ class SimWorker:
                 if e.code() != grpc.StatusCode.CANCELLED or seen == self.registrations:
                     self.stats.error("Watch", e)
             except asyncio.CancelledError:
-                if self.watch_call is not None:
-                    self.watch_call.cancel()
-                raise
+                # grpc.aio raises CancelledError, not an RpcError, when the call itself was cancelled here (by
+                # ``_register``, to reopen it with the new credential): only the task's own cancel ends the loop.
+                # Ending it on the call's cancel left every re-registered worker unwatched: its orders waited for
+                # its next beat (up to the 20 s interval at 10,000 workers: the quiet run's submit -> launch tail)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    if self.watch_call is not None:
+                        self.watch_call.cancel()
+                    raise
             finally:
                 self.watch_call = None
             if seen == self.registrations:  # broken, not replaced by a new registration

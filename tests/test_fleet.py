@@ -19,7 +19,7 @@ from hpcsched.runtime.rpc import pb, pb_grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from fleet import TOKEN, FleetOptions, controller_config, run_fleet, start_controller, stop_controller  # noqa: E402
-from fleet_worker import ProcStats, SimOptions, SimWorker, channel_options  # noqa: E402
+from fleet_worker import ProcStats, SimOptions, SimWorker, WatchChannels, channel_options  # noqa: E402
 
 HEARTBEAT_S = 0.5
 SCHEDULE_S = 0.2
@@ -133,3 +133,53 @@ def test_sim_worker_obeys_kill_with_a_checkpoint_and_resumes(tmp_path: Path) -> 
     resumes = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'resume'")]
     db.close()
     assert [r["resumed_from"] for r in resumes] == [got["ckpt"]], resumes
+
+
+def test_sim_worker_watches_again_after_it_registers_again(tmp_path: Path) -> None:
+    """A re-registered simulated worker reopens its Orders.Watch stream (grpc.aio answers the cancel of the old call
+    with CancelledError, which once ended the watch for good), so a launch order reaches it at once, not at its next
+    heartbeat: the interval here (60 s) is far past the deadline, which comes from the scheduling tick."""
+    long_beat = 60.0
+    o = FleetOptions(heartbeat_interval_s=long_beat, schedule_interval_s=SCHEDULE_S, worker_timeout_s=3 * long_beat)
+    ctl, address = start_controller(tmp_path, controller_config(tmp_path, o))
+    deadline = LOAD_FACTOR * (4 * SCHEDULE_S + STARTUP_S) + 5  # a step, a port nudge, a step, a launch nudge
+
+    async def scenario() -> tuple[ProcStats, float]:
+        ch = grpc.aio.insecure_channel(address, options=channel_options(0))
+        stub, md = pb_grpc.ControllerStub(ch), metadata(TOKEN)
+        opts = SimOptions(address, TOKEN, str(tmp_path), slots=1, iteration_s=0.05, startup_s=STARTUP_S)
+        stats = ProcStats()
+        w = SimWorker("wa", 0, stub, opts, stats, md)
+        w.watch_channels = WatchChannels(opts, 1)
+        runs = [asyncio.create_task(w.run(0)), asyncio.create_task(w.watch())]
+        loop = asyncio.get_running_loop()
+
+        async def until(what: str, pred) -> None:
+            end = loop.time() + deadline
+            while not pred():
+                assert loop.time() < end, f"timed out after {deadline:.0f} s waiting for {what}"
+                await asyncio.sleep(0.05)
+
+        await until("the first Watch stream", lambda: stats.watch_opened == 1 and w.watch_call is not None)
+        w.registered = False  # as after a failed heartbeat: it registers again, and its stream is reopened
+        w.nudge.set()
+        await until("the registration again", lambda: stats.registrations == 2)
+        await until("the second Watch stream", lambda: stats.watch_opened == 2 and w.watch_call is not None)
+        sent = loop.time()
+        await stub.Submit(pb.SubmitRequest(spec_yaml="name: one\nlauncher: direct\nsteps: 10\n"
+                                           "command: [fleet-sim-task]\n", source="one.yaml"), metadata=md)
+        await until("the launch order", lambda: stats.launches == 1)
+        took = loop.time() - sent
+        for r in runs:
+            r.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+        await w.watch_channels.close()
+        await ch.close()
+        return stats, took
+
+    try:
+        stats, took = asyncio.run(scenario())
+    finally:
+        stop_controller(ctl)
+    assert took < long_beat / 2 and stats.watch_events >= 1
+    assert stats.errors == {}, stats.error_examples
