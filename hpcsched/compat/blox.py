@@ -16,6 +16,7 @@ Written from Blox's semantics (its code is not copied). Every ``round_s`` second
    order (only below itself) until it fits; the first job that does not fit ends the walk (no backfill);
 5. preemptions of the round are counted; waiting jobs' time since last scheduled grows by ``round_s``.
 
+Each round is an event of the simulators' event core (``hpcsched.primitives.event_core``; ``BloxRounds``).
 No restart cost, no slowdown factor. With a window ``A-B`` the run stops at the first boundary where every job
 with id in ``A..B`` has finished (Blox's ``--start-id-track/--stop-id-track``).
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsched.model import ClusterSpec, Job
+from hpcsched.primitives.event_core import EventCore
 from hpcsched.results import JobResult
 from hpcsched.window import in_window_id
 
@@ -121,6 +123,91 @@ class _Cluster:
         return None
 
 
+class BloxRounds:
+    """Blox's loop as a strategy of the event core (``hpcsched.primitives.event_core``): one round event every
+    ``round_s`` (steps 1-5 of this module's docstring at each); done when the window's jobs finished, or the
+    trace ran out and nothing is active."""
+
+    def __init__(self, jobs: Sequence[Job], stream: list[int], tracked: set[str] | None, gpus: _Cluster,
+                 policy: str, round_s: float, speedup: float) -> None:
+        self.jobs, self.stream, self.tracked, self.gpus = jobs, stream, tracked, gpus
+        self.policy, self.round_s, self.speedup = policy, round_s, speedup
+        self.runs: dict[int, _Run] = {}  # admission order = Blox's job_counter order
+        self.active: dict[int, _Run] = {}
+        self.finished: set[str] = set()
+        self.rounds: list[tuple[float, int, int, int, int]] = []
+        self.next_arrival = 0
+        self.n_rounds = 0
+        self.stopped_on_window = False
+        self.over = False
+
+    def next_round(self, t: float) -> float | None:
+        return None if self.over else t + self.round_s
+
+    def done(self) -> bool:
+        return self.over
+
+    def handle(self, t: float, event: object) -> None:
+        jobs, stream, tracked, gpus, policy = self.jobs, self.stream, self.tracked, self.gpus, self.policy
+        round_s, speedup, active, finished = self.round_s, self.speedup, self.active, self.finished
+        # 1. metrics and completions (Blox's update_metrics)
+        done = []
+        for k, r in active.items():
+            if not r.running:
+                continue
+            if not r.metered:
+                r.metered, r.first_metered = True, t
+            r.attained += round_s
+            r.rounds_run += 1
+            r.executed = (round_s / r.it) * speedup + r.executed
+            if r.executed >= r.total:
+                done.append(k)
+        for k in done:
+            r = active.pop(k)
+            r.end, r.running = t, False
+            for g in r.gpus_held:
+                gpus.holder[g] = None
+            r.gpus_held = []
+            finished.add(r.job.id)
+        if tracked is not None and tracked <= finished:
+            self.stopped_on_window = self.over = True
+            return
+        if self.next_arrival == len(stream) and not active:
+            # the trace ran out (with a window: before the window finished, said in the meta and by the caller)
+            self.over = True
+            return
+        # 2. admission
+        while self.next_arrival < len(stream) and jobs[stream[self.next_arrival]].submit <= t:
+            i = stream[self.next_arrival]
+            total, it = _iterations(jobs[i])
+            self.runs[i] = active[i] = _Run(jobs[i], total, it)
+            self.next_arrival += 1
+        # 3. scheduling: a stable sort over admission order
+        order = sorted(active, key=lambda k: (active[k].priority, _key(policy, active[k])))
+        # 4. placement
+        preempted, launched = _place(order, active, gpus)
+        # 5. launch / preempt, waiting time
+        for k in preempted:
+            active[k].preemptions += 1
+        for k, placement in launched.items():
+            r = active[k]
+            r.running, r.gpus_held = True, placement  # its GPUs were marked by the walk
+            if r.first_start is None:
+                r.first_start = t
+            r.nodes = len({g // gpus.per_node for g in placement})
+        for k, r in active.items():
+            if k in launched or r.running or k in preempted:
+                r.waited = 0.0
+            else:
+                r.waited += round_s
+                if r.waited >= PROMOTE_S:
+                    r.priority = PROMOTED_PRIORITY
+        running = sum(1 for r in active.values() if r.running)
+        self.rounds.append((t, len(preempted), sum(1 for h in gpus.holder if h is not None), running,
+                            len(active) - running))
+        self.n_rounds += 1
+
+
 def simulate_blox(
     jobs: Sequence[Job],
     cluster: ClusterSpec,
@@ -147,73 +234,12 @@ def simulate_blox(
     if too_big:
         raise ValueError(f"{len(too_big)} jobs need more GPUs than the cluster's {cluster.gpus} (e.g. job "
                          f"{too_big[0]}): Blox would wait on them forever")
-    gpus = _Cluster(cluster)
-    runs: dict[int, _Run] = {}  # admission order = Blox's job_counter order
-    active: dict[int, _Run] = {}
-    finished: set[str] = set()
-    rounds: list[tuple[float, int, int, int, int]] = []
-    next_arrival = 0
-    t = 0.0
-    n_rounds = 0
-    stopped_on_window = False
-    while True:
-        # 1. metrics and completions (Blox's update_metrics)
-        done = []
-        for k, r in active.items():
-            if not r.running:
-                continue
-            if not r.metered:
-                r.metered, r.first_metered = True, t
-            r.attained += round_s
-            r.rounds_run += 1
-            r.executed = (round_s / r.it) * speedup + r.executed
-            if r.executed >= r.total:
-                done.append(k)
-        for k in done:
-            r = active.pop(k)
-            r.end, r.running = t, False
-            for g in r.gpus_held:
-                gpus.holder[g] = None
-            r.gpus_held = []
-            finished.add(r.job.id)
-        if tracked is not None and tracked <= finished:
-            stopped_on_window = True
-            break
-        if tracked is None and next_arrival == len(stream) and not active:
-            break
-        if tracked is not None and next_arrival == len(stream) and not active:
-            break  # the trace ran out before the window finished: said in the meta and by the caller
-        # 2. admission
-        while next_arrival < len(stream) and jobs[stream[next_arrival]].submit <= t:
-            i = stream[next_arrival]
-            total, it = _iterations(jobs[i])
-            runs[i] = active[i] = _Run(jobs[i], total, it)
-            next_arrival += 1
-        # 3. scheduling: a stable sort over admission order
-        order = sorted(active, key=lambda k: (active[k].priority, _key(policy, active[k])))
-        # 4. placement
-        preempted, launched = _place(order, active, gpus)
-        # 5. launch / preempt, waiting time
-        for k in preempted:
-            active[k].preemptions += 1
-        for k, placement in launched.items():
-            r = active[k]
-            r.running, r.gpus_held = True, placement  # its GPUs were marked by the walk
-            if r.first_start is None:
-                r.first_start = t
-            r.nodes = len({g // gpus.per_node for g in placement})
-        for k, r in active.items():
-            if k in launched or r.running or k in preempted:
-                r.waited = 0.0
-            else:
-                r.waited += round_s
-                if r.waited >= PROMOTE_S:
-                    r.priority = PROMOTED_PRIORITY
-        running = sum(1 for r in active.values() if r.running)
-        rounds.append((t, len(preempted), sum(1 for h in gpus.holder if h is not None), running,
-                       len(active) - running))
-        n_rounds += 1
-        t += round_s
+    loop = BloxRounds(jobs, stream, tracked, _Cluster(cluster), policy, round_s, speedup)
+    core = EventCore()
+    core.start_rounds(0.0)
+    core.run(loop)
+    runs, rounds, next_arrival, n_rounds = loop.runs, loop.rounds, loop.next_arrival, loop.n_rounds
+    stopped_on_window = loop.stopped_on_window
     results = [_result(r, round_s) for r in runs.values()]
     responsiveness = {r.job.id: r.first_metered - r.job.submit for r in runs.values()
                       if r.first_metered is not None}

@@ -1,6 +1,7 @@
 """``--compat pollux``: the Pollux OSDI'21 artifact's simulator loop (petuum/adaptdl osdi21-artifact, simulator.py).
 
-Written from its semantics (Apache-2.0; code our own). Every round (60 s):
+Written from its semantics (Apache-2.0; code our own). Every round (60 s; a round event of the simulators' event
+core, ``hpcsched.primitives.event_core``: ``PolluxRounds``):
 
 1. each submitted job advances: first any re-scale pause (30 s after every reallocation: GPUs held, no
    progress), then at its measured step time and its true statistical efficiency (the profile's gradient
@@ -27,6 +28,7 @@ import numpy as np
 
 from hpcsched.goodput import ApplicationProfile, GoodputFunction, SpeedupFunction, fit_perf_params, load_profile
 from hpcsched.goodput.perf import PerfParams
+from hpcsched.primitives.event_core import EventCore
 from hpcsched.traces.pollux import PolluxJob
 
 MODE = "pollux"
@@ -232,38 +234,48 @@ def make_jobs(workload: Sequence[PolluxJob], policy: PolluxPolicy,
     return jobs
 
 
-def simulate_pollux(workload: Sequence[PolluxJob], policy: PolluxPolicy, nodes: int = 16, gpus_per_node: int = 4,
-                    round_s: float = ROUND_S, max_time: float | None = None,
-                    on_round: Callable[[float, int], None] | None = None) -> PolluxRun:
-    """Run ``workload`` under ``policy`` on ``nodes`` x ``gpus_per_node`` GPUs until every job completes (or
-    ``max_time`` of simulated time: then the rest are reported unfinished)."""
-    if not round_s > 0:
-        raise ValueError(f"the round must be > 0 s, got {round_s}")
-    t0 = time.perf_counter()
-    jobs = make_jobs(workload, policy)
-    allocations: dict[str, list[int]] = {}
-    now = 0.0
-    rounds: list[tuple[float, int, int, int]] = []
-    pending = sorted(jobs, key=lambda j: j.submission_time)  # not yet submitted, by submission
-    submitted: list[SimJob] = []  # submitted and incomplete, in workload order
-    order = {j.name: i for i, j in enumerate(jobs)}
-    while pending or submitted:
-        if max_time is not None and now >= max_time:
-            break
-        for j in submitted:
+class PolluxRounds:
+    """The artifact's round loop as a strategy of the event core (``hpcsched.primitives.event_core``): a round
+    event every ``round_s`` while a job is pending or incomplete (and before ``max_time``). The event is at the
+    round's end: the running jobs advance over the round just past, the arrivals join, and the policy
+    re-allocates."""
+
+    def __init__(self, jobs: list[SimJob], policy: PolluxPolicy, nodes: int, gpus_per_node: int, round_s: float,
+                 max_time: float | None, on_round: Callable[[float, int], None] | None) -> None:
+        self.policy, self.nodes, self.gpus_per_node, self.round_s = policy, nodes, gpus_per_node, round_s
+        self.max_time, self.on_round = max_time, on_round
+        self.now = 0.0  # the last round's end: the start of the round the next event ends
+        self.allocations: dict[str, list[int]] = {}
+        self.rounds: list[tuple[float, int, int, int]] = []
+        self.pending = sorted(jobs, key=lambda j: j.submission_time)  # not yet submitted, by submission
+        self.submitted: list[SimJob] = []  # submitted and incomplete, in workload order
+        self.order = {j.name: i for i, j in enumerate(jobs)}
+
+    def next_round(self, t: float) -> float | None:
+        if not (self.pending or self.submitted) or (self.max_time is not None and t >= self.max_time):
+            return None
+        return t + self.round_s
+
+    def done(self) -> bool:
+        return False  # the rounds stop themselves (``next_round``)
+
+    def handle(self, now: float, event: object) -> None:
+        pending, policy, nodes, gpus_per_node = self.pending, self.policy, self.nodes, self.gpus_per_node
+        for j in self.submitted:
             if j.placement:
-                j.step(now, round_s)
-        now += round_s
+                j.step(self.now, self.round_s)
+        self.now = now
         arrived = False
+        submitted = self.submitted
         while pending and pending[0].submission_time <= now:
             submitted.append(pending.pop(0))
             arrived = True
         if arrived:
-            submitted.sort(key=lambda j: order[j.name])
-        submitted = [j for j in submitted if j.completion_time is None]
+            submitted.sort(key=lambda j: self.order[j.name])
+        submitted = self.submitted = [j for j in submitted if j.completion_time is None]
         active = {j.name: j for j in submitted}
         if active:
-            allocations = {k: v for k, v in allocations.items() if k in active}
+            allocations = {k: v for k, v in self.allocations.items() if k in active}
             new = policy.optimize(active, allocations, now)
             used: dict[int, int] = {}
             for alloc in new.values():
@@ -274,11 +286,27 @@ def simulate_pollux(workload: Sequence[PolluxJob], policy: PolluxPolicy, nodes: 
             for j in submitted:
                 if new.get(j.name) != allocations.get(j.name):
                     j.reallocate(placement_of(new.get(j.name, [])), now)
-            allocations = new
-            busy = sum(len(v) for v in allocations.values())
-            rounds.append((now, busy, sum(1 for v in allocations.values() if v), len(active)))
-        if on_round is not None:
-            on_round(now, len(active))
+            self.allocations = new
+            busy = sum(len(v) for v in new.values())
+            self.rounds.append((now, busy, sum(1 for v in new.values() if v), len(active)))
+        if self.on_round is not None:
+            self.on_round(now, len(active))
+
+
+def simulate_pollux(workload: Sequence[PolluxJob], policy: PolluxPolicy, nodes: int = 16, gpus_per_node: int = 4,
+                    round_s: float = ROUND_S, max_time: float | None = None,
+                    on_round: Callable[[float, int], None] | None = None) -> PolluxRun:
+    """Run ``workload`` under ``policy`` on ``nodes`` x ``gpus_per_node`` GPUs until every job completes (or
+    ``max_time`` of simulated time: then the rest are reported unfinished)."""
+    if not round_s > 0:
+        raise ValueError(f"the round must be > 0 s, got {round_s}")
+    t0 = time.perf_counter()
+    jobs = make_jobs(workload, policy)
+    loop = PolluxRounds(jobs, policy, nodes, gpus_per_node, round_s, max_time, on_round)
+    core = EventCore()
+    core.start_rounds(loop.next_round(0.0))
+    core.run(loop)
+    rounds = loop.rounds
     meta = {"compat": MODE, "policy": policy.name, "round_s": round_s, "rescale_s": RESCALE_S, "nodes": nodes,
             "gpus_per_node": gpus_per_node, "jobs": len(jobs), "rounds": len(rounds),
             "restarts": sum(j.num_restarts or 0 for j in jobs)}

@@ -30,7 +30,9 @@ here in our own code:
 Job completion time is the end of the job's last micro-task minus its arrival; the makespan is Gavel's
 "Total duration", the clock when the last job ended.
 
-One loop (``simulate_rounds``) runs both kinds of policy; what it schedules is a strategy (``RoundUnits``):
+The rounds run on the simulators' event core (``hpcsched.primitives.event_core``) as a strategy
+(``GavelRounds``: a round is an event, the next one due when this one's slowest micro-task ends). One round
+mechanism runs both kinds of policy; what it schedules is a strategy (``RoundUnits``):
 single jobs (``SingleJobs``, here) or, for a space-sharing policy, combinations of a job alone and pairs of
 jobs sharing GPUs (``hetero.packing.PackedCombos``, whose docstring has the pair rules). The shared rules are
 in ``hetero.round_rules``.
@@ -64,6 +66,7 @@ from hpcsched.hetero.round_rules import (
     slo_deadline,
     stuck_error,
 )
+from hpcsched.primitives.event_core import EventCore
 from hpcsched.primitives.hetero_cluster import HeteroCluster
 
 if TYPE_CHECKING:
@@ -71,9 +74,9 @@ if TYPE_CHECKING:
     from hpcsched.hetero.throughputs import ThroughputTable
 
 # the records and rules callers have always found here
-__all__ = ["MAX_FAILED_ATTEMPTS", "MECHANISM_ORDER", "RESET_S", "ROUND_S", "PeriodState", "RoundClock", "RoundJob",
-           "RoundRun", "RoundState", "RoundUnits", "RoundsResult", "SingleJobs", "round_picks", "round_queue",
-           "round_schedule", "simulate_rounds", "slo_deadline"]
+__all__ = ["MAX_FAILED_ATTEMPTS", "MECHANISM_ORDER", "RESET_S", "ROUND_S", "GavelRounds", "PeriodState", "RoundClock",
+           "RoundJob", "RoundRun", "RoundState", "RoundUnits", "RoundsResult", "SingleJobs", "round_picks",
+           "round_queue", "round_schedule", "simulate_rounds", "slo_deadline"]
 
 _FINISH, _JOB_ID = itemgetter(0), itemgetter(1)  # of a running micro-task (finish, job id, type, steps)
 
@@ -101,6 +104,65 @@ class RoundUnits(Protocol):
 
     def schedule(self, t: float, types: Sequence[int]) -> tuple[list[Any], dict[int, str]]:
         """This round's micro-tasks from ``t`` (types in ``types``' order), and each scheduled job's type."""
+
+
+class GavelRounds:
+    """Gavel's round mechanism as a strategy of the event core (``hpcsched.primitives.event_core``): a round
+    event ends the last round's micro-tasks, admits the arrivals, resets and re-allocates when due, and
+    schedules the round's micro-tasks; the next round is due when the slowest of them ends or, with nothing
+    running, at the next arrival (``RoundClock.advance``)."""
+
+    def __init__(self, run: RoundRun, units: RoundUnits, policy: GavelPolicy, reset_s: float, seed: int,
+                 on_round: Callable[[float, dict[int, str]], None] | None) -> None:
+        self.run, self.units, self.reset_s, self.on_round = run, units, reset_s, on_round
+        # Gavel shuffles the type order for heterogeneity-agnostic policies; its packed policies are all aware,
+        # and its packed loop never shuffles
+        self.shuffler = random.Random(seed + 5) if not policy.heterogeneity_aware and not policy.space_sharing \
+            else None
+        self.need_update = False
+        self.running: list[Any] = []
+        self.all_types = list(range(run.n_types))
+
+    def next_round(self, t: float) -> float | None:
+        run = self.run
+        if not run.remaining:
+            return None
+        run.clock.advance(self.units.latest(self.running), run.next_arrival())
+        return run.clock.t
+
+    def done(self) -> bool:
+        return not self.run.remaining
+
+    def handle(self, t: float, event: object) -> None:
+        run, units, clock = self.run, self.units, self.run.clock
+        if units.end(self.running, clock.round_start):
+            self.need_update = True
+        self.running = []
+        if not run.remaining:
+            return
+
+        for j in run.arrivals():
+            units.arrive(j)
+            self.need_update = True
+
+        # Priorities (and, when due, a reset and a new allocation).
+        if clock.reset_due(self.need_update, self.reset_s):
+            units.reset(t - clock.last_reset)
+            clock.last_reset = t
+            units.allocate(t)
+            self.need_update = False
+
+        types = self.all_types
+        if self.shuffler is not None:
+            types = list(types)
+            self.shuffler.shuffle(types)
+        self.running, scheduled = units.schedule(t, types)
+        if self.on_round is not None:
+            self.on_round(t, scheduled)
+        if self.running:
+            run.rounds += 1
+        elif run.next_arrival() is None and not self.need_update:
+            raise stuck_error(units.active)
 
 
 class _Job:
@@ -215,43 +277,8 @@ def simulate_rounds(jobs: Sequence[RoundJob], cluster: HeteroCluster, policy: Ga
         units = PackedCombos(run, cluster, policy, table, round_s)
     else:
         units = SingleJobs(run, cluster, policy, table, round_s)
-    clock = run.clock
-    # Gavel shuffles the type order for heterogeneity-agnostic policies; its packed policies are all aware, and
-    # its packed loop never shuffles
-    shuffler = random.Random(seed + 5) if not policy.heterogeneity_aware and not policy.space_sharing else None
-    need_update = False
-    running: list[Any] = []
-    all_types = list(range(run.n_types))
-
-    while run.remaining:
-        clock.advance(units.latest(running), run.next_arrival())
-        t = clock.t
-        if units.end(running, clock.round_start):
-            need_update = True
-        running = []
-        if not run.remaining:
-            break
-
-        for j in run.arrivals():
-            units.arrive(j)
-            need_update = True
-
-        # Priorities (and, when due, a reset and a new allocation).
-        if clock.reset_due(need_update, reset_s):
-            units.reset(t - clock.last_reset)
-            clock.last_reset = t
-            units.allocate(t)
-            need_update = False
-
-        types = all_types
-        if shuffler is not None:
-            types = list(all_types)
-            shuffler.shuffle(types)
-        running, scheduled = units.schedule(t, types)
-        if on_round is not None:
-            on_round(t, scheduled)
-        if running:
-            run.rounds += 1
-        elif run.next_arrival() is None and not need_update:
-            raise stuck_error(units.active)
+    rounds = GavelRounds(run, units, policy, reset_s, seed, on_round)
+    core = EventCore()
+    core.start_rounds(rounds.next_round(0.0))
+    core.run(rounds)
     return run.result(policy)

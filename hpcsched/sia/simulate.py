@@ -2,7 +2,8 @@
 
 Every round (60 s for Sia, 360 s for its Gavel baseline) each job advances by the round, then the policy
 allocates for the next one among the jobs submitted by then and not finished; a job whose GPU type changes
-migrates, one whose GPUs per node change on the same type restarts. The run ends when every job has
+migrates, one whose GPUs per node change on the same type restarts (each round an event of the simulators'
+event core, ``hpcsched.primitives.event_core``: ``SiaRounds``). The run ends when every job has
 finished. Reads the artifact's workload CSV as it is (``name,time,application,num_replicas,batch_size``)
 and a cluster spec listing GPU types (``gpu_type,num_nodes,gpus_per_node``, e.g. ``cluster_spec/saturn.csv``).
 The profiles are the artifact's ``traces`` directory (``--profiles``; not shipped: the artifact has no
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsched.errors import InputError
+from hpcsched.primitives.event_core import EventCore
 from hpcsched.sia.job import SiaJob
 from hpcsched.sia.profiles import load_profiles
 
@@ -98,6 +100,49 @@ def placement_of(nodes: list[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+class SiaRounds:
+    """The artifact's round loop as a strategy of the event core (``hpcsched.primitives.event_core``): a round
+    event every ``interval`` s while a job is unfinished; at each, every job advances by the round and the
+    policy allocates among the jobs submitted by then and not finished."""
+
+    def __init__(self, jobs: list[SiaJob], sched: Any, interval: float,
+                 on_round: Callable[[float, list[SiaJob]], None] | None) -> None:
+        self.jobs, self.sched, self.interval, self.on_round = jobs, sched, interval, on_round
+        self.rounds = 0
+        self.allocations: dict[str, tuple[str | None, list[int]]] = {}
+
+    def next_round(self, t: float) -> float | None:
+        """The round ending at ``t + interval`` (the event is at the round's end, when the policy decides)."""
+        return t + self.interval if not self.done() else None
+
+    def done(self) -> bool:
+        return all(j.completion_time is not None for j in self.jobs)
+
+    def handle(self, now: float, event: object) -> None:
+        for j in self.jobs:
+            j.step(self.interval)
+        self.rounds += 1
+        active = [j for j in self.jobs if j.submission_time <= now and j.completion_time is None]
+        if not active:
+            return
+        allocations = {k: v for k, v in self.allocations.items() if any(k == j.name for j in active)}
+        new = self.sched.optimize(active, now)
+        for j in active:
+            j.contention.append(len(active))
+            got = new.get(j.name)
+            if got == allocations.get(j.name):
+                continue
+            gpu_type, alloc = got if got is not None else (None, [])
+            placement = placement_of(list(alloc))
+            if j.current_cluster != gpu_type:
+                j.migrate(gpu_type, placement)
+            else:
+                j.reallocate(placement)
+        self.allocations = new
+        if self.on_round is not None:
+            self.on_round(now, active)
+
+
 def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[str, int], policy: str,
         profiles_dir: str, solver: str = "highs", on_round: Callable[[float, list[SiaJob]], None] | None = None,
         tie_break: str = "prev-high", tie_seed: int = 0, share_fits: bool = True) -> dict[str, Any]:
@@ -122,33 +167,12 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed) if sia else \
         GavelBaseline(nodes, gpus_per_node, solver=solver)
     interval = INTERVALS[policy]
-    now, rounds = 0.0, 0
-    allocations: dict[str, tuple[str | None, list[int]]] = {}
     t0 = time.perf_counter()
-    while any(j.completion_time is None for j in jobs):
-        for j in jobs:
-            j.step(interval)
-        now += interval
-        rounds += 1
-        active = [j for j in jobs if j.submission_time <= now and j.completion_time is None]
-        if not active:
-            continue
-        allocations = {k: v for k, v in allocations.items() if any(k == j.name for j in active)}
-        new = sched.optimize(active, now)
-        for j in active:
-            j.contention.append(len(active))
-            got = new.get(j.name)
-            if got == allocations.get(j.name):
-                continue
-            gpu_type, alloc = got if got is not None else (None, [])
-            placement = placement_of(list(alloc))
-            if j.current_cluster != gpu_type:
-                j.migrate(gpu_type, placement)
-            else:
-                j.reallocate(placement)
-        allocations = new
-        if on_round is not None:
-            on_round(now, active)
+    loop = SiaRounds(jobs, sched, interval, on_round)
+    core = EventCore()
+    core.start_rounds(loop.next_round(0.0))
+    core.run(loop)
+    rounds = loop.rounds
     wall = time.perf_counter() - t0
     done = {j.name: float(j.completion_time or 0.0) for j in jobs}  # every job has finished by now
     jct = {j.name: done[j.name] - j.submission_time for j in jobs}
