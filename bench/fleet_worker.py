@@ -4,7 +4,8 @@ Each ``SimWorker`` behaves on the wire as ``hpcsched.runtime.worker.Worker`` doe
 ``instance``, heartbeats at the interval the controller gives it (``RegisterReply.heartbeat_interval_s``, and
 ``HeartbeatReply`` field 5 when the controller sends one), and at once when a task has news (its first report, its
 exit), with a follow-up ``FOLLOW_UP_S`` after a beat that carried news; it honours ``reregister``, treats every
-failed call as the real worker does (register again; a refused name waits ``REFUSED_RETRY_S``), forgets what it is
+failed call as the real worker does (register again, except after a Heartbeat a busy controller did not answer in
+time: ``liveness.keeps_registration``; a refused name waits ``REFUSED_RETRY_S``), forgets what it is
 told to forget, and on shutdown drains (Leave final=false, its tasks stop with a checkpoint and are reported) and
 says goodbye (Leave final=true). The tasks it is sent are simulated: a ``startup_s`` start, then one step per
 ``iteration_s`` up to the job's ``HPCSCHED_STEPS``; the first report has ``first``, the last ``done`` and the task
@@ -61,6 +62,11 @@ try:  # as the real worker: jittered, and longer while the controller is busy
 except ImportError:  # a checkout from before: doubling up to two intervals
     def retry_after(backoff: float, code: str, interval: float, rng: random.Random) -> tuple[float, float]:
         return backoff, min(backoff * 2, interval * 2)
+try:  # as the real worker: a heartbeat that timed out on a busy controller does not register again
+    from hpcsched.runtime.liveness import keeps_registration
+except ImportError:  # a checkout from before: every failed call registers again
+    def keeps_registration(method: str, code: str) -> bool:
+        return False
 
 
 @dataclass(slots=True)
@@ -206,7 +212,7 @@ class SimWorker:
                     backoff = 0.2
                     due = time.monotonic() + (FOLLOW_UP_S if news else self.interval)
                 except grpc.RpcError as e:
-                    self.registered = False
+                    self.registered = self.registered and keeps_registration(method, e.code().name)
                     self.stats.error(method, e)
                     if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         await asyncio.sleep(REFUSED_RETRY_S)

@@ -183,3 +183,49 @@ def test_sim_worker_watches_again_after_it_registers_again(tmp_path: Path) -> No
         stop_controller(ctl)
     assert took < long_beat / 2 and stats.watch_events >= 1
     assert stats.errors == {}, stats.error_examples
+
+
+def test_sim_worker_keeps_its_registration_through_late_heartbeats(tmp_path: Path, monkeypatch) -> None:
+    """A heartbeat that times out (a busy controller: DEADLINE_EXCEEDED) leaves the worker registered, as the real
+    worker's loop does (``liveness.keeps_registration``): it beats again after its back-off and never calls Register
+    a second time. Before, every late heartbeat of a 10,000-worker storm added a Register (808 in one run)."""
+    import fleet_worker
+
+    o = FleetOptions(heartbeat_interval_s=HEARTBEAT_S, schedule_interval_s=SCHEDULE_S, worker_timeout_s=30)
+    ctl, address = start_controller(tmp_path, controller_config(tmp_path, o))
+    # the back-off after a failed call starts at 0.2 s and doubles (at most BUSY_BACKOFF_S, 10 s): three failures
+    # and the first beat after them come within ~13 s even at load; LOAD_FACTOR covers a slow machine
+    deadline = LOAD_FACTOR * (15 + HEARTBEAT_S)
+
+    async def scenario() -> ProcStats:
+        ch = grpc.aio.insecure_channel(address, options=channel_options(0))
+        stub, md = pb_grpc.ControllerStub(ch), metadata(TOKEN)
+        stats = ProcStats()
+        w = SimWorker("wlate", 0, stub, SimOptions(address, TOKEN, str(tmp_path), slots=1), stats, md)
+        run = asyncio.create_task(w.run(0))
+        loop = asyncio.get_running_loop()
+
+        async def until(what: str, pred) -> None:
+            end = loop.time() + deadline
+            while not pred():
+                assert loop.time() < end, f"timed out waiting for {what}: {stats.errors}"
+                await asyncio.sleep(0.05)
+
+        await until("a first heartbeat", lambda: len(stats.hb_lat) >= 1)
+        monkeypatch.setattr(fleet_worker, "RPC_TIMEOUT_S", 1e-6)  # every call now misses its deadline
+        await until("three late heartbeats", lambda: stats.errors.get("Heartbeat DEADLINE_EXCEEDED", 0) >= 3)
+        monkeypatch.setattr(fleet_worker, "RPC_TIMEOUT_S", 10.0)
+        beats = len(stats.hb_lat)
+        await until("heartbeats answered again", lambda: len(stats.hb_lat) >= beats + 2)
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await ch.close()
+        return stats
+
+    try:
+        stats = asyncio.run(scenario())
+    finally:
+        stop_controller(ctl)
+    assert stats.registrations == 1, stats.errors  # the late heartbeats registered nobody again
+    assert set(stats.errors) == {"Heartbeat DEADLINE_EXCEEDED"}, stats.error_examples
+    assert stats.reregister_replies == 0  # and the controller never dropped it meanwhile

@@ -681,3 +681,13 @@ def test_a_worker_backs_off_a_busy_controller_with_jitter() -> None:
         backoff = nxt
     assert backoff == BUSY_BACKOFF_S and len(set(waits)) == len(waits)  # capped, and no two alike
     assert retry_after(8.0, "UNAVAILABLE", 1.0, rng)[1] == 2.0  # not busy: two intervals, as before
+
+
+def test_only_a_late_heartbeat_keeps_a_worker_registered() -> None:
+    """liveness.keeps_registration: a Heartbeat a busy controller did not answer (timed out, cancelled, shed) keeps
+    the registration; a failed Register, or a heartbeat refused for another reason, registers again."""
+    from hpcsched.runtime.liveness import keeps_registration
+
+    assert all(keeps_registration("Heartbeat", c) for c in ("DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED"))
+    assert not any(keeps_registration("Register", c) for c in ("DEADLINE_EXCEEDED", "CANCELLED", "UNAVAILABLE"))
+    assert not any(keeps_registration("Heartbeat", c) for c in ("UNAVAILABLE", "UNAUTHENTICATED", "INTERNAL"))

@@ -50,7 +50,7 @@ from hpcsched.runtime.checkpoint_quota import CheckpointQuota
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.launchers.common import torch_importable
-from hpcsched.runtime.liveness import FULL_EVERY, retry_after
+from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
 from hpcsched.runtime.task_dirs import (
@@ -149,6 +149,7 @@ class Worker(TaskControl, ControllerLink):
                 self.watch.nudged.wait(min(_POLL_S, self.interval))  # woken early by pushed orders
                 continue
             self.watch.nudged.clear()  # this heartbeat's reply carries what the controller pushed
+            method = "Register"
             try:
                 if not registered:
                     sent = time.monotonic()
@@ -158,7 +159,7 @@ class Worker(TaskControl, ControllerLink):
                     if self.interval > 1.0:  # a big fleet registering at once: its first beats spread over one interval
                         due = time.monotonic() + self._jitter.uniform(0, self.interval)
                         continue
-                sent = time.monotonic()
+                method, sent = "Heartbeat", time.monotonic()
                 req = self._heartbeat(partial=self._beats % FULL_EVERY != 0)
                 reply = self._beat(renewed, req)
                 for t in self.tasks.values():
@@ -175,7 +176,7 @@ class Worker(TaskControl, ControllerLink):
                 due = time.monotonic() + (_FOLLOW_UP_S if news else self.interval)
                 stop.wait(min(_POLL_S, self.interval))
             except grpc.RpcError as e:
-                registered = False
+                registered = keeps_registration(method, e.code().name)  # a late heartbeat: beat again, no Register
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     self._refused(e)
                     stop.wait(_REFUSED_RETRY_S)
