@@ -180,3 +180,30 @@ def test_the_timeout_caps_the_interval_and_says_so_once(controller, caplog: pyte
     assert workers[-1].interval == pytest.approx(1.0)  # 6 s wanted, a third of worker_timeout_s 3 s allowed
     said = [r for r in caplog.records if "raise worker_timeout_s" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_a_heartbeat_with_nothing_to_reconcile_does_not_wait_for_the_lock(controller) -> None:
+    """Lease-only heartbeats (controller_members' docstring): while the controller's lock is held (here; a long
+    scheduling step at 10,000 workers), an idle worker's heartbeat and a partial one with no news from a worker
+    whose task runs as placed are answered at once, renew the lease in memory and write nothing; a heartbeat that
+    reports a task waits for the lock and is reconciled, as before."""
+    srv, stub = controller
+    busy, idle = FakeWorker(stub, "w-busy"), FakeWorker(stub, "w-idle")
+    launch = _place(srv, stub, busy)
+    seen = dict(srv.ctl.last_seen)
+    quick, writes = srv.ctl.lease_only_beats, srv.ctl.store.sql_writes
+    running = pb.TaskStatus(task_id=launch.task_id, job_id=launch.job_id, generation=launch.generation, running=True,
+                            progress=[pb.Progress(step=80, loss=1.0, time=time.time(), world_size=1, resumed_from=-1)])
+    with srv.ctl.lock:  # held by this thread; the handlers run on the server's
+        for w, partial in ((idle, False), (idle, True), (busy, True)):
+            reply = w.beat([], partial=partial, timeout=10)  # the lock is never released here: waiting would time out
+            assert not reply.launch and not reply.kill and not reply.reregister
+            assert reply.heartbeat_interval_s == busy.interval
+        assert srv.ctl.last_seen["w-idle"] > seen["w-idle"] and srv.ctl.last_seen["w-busy"] > seen["w-busy"]
+        assert srv.ctl.lease_only_beats == quick + 3 and srv.ctl.store.sql_writes == writes
+        with pytest.raises(grpc.RpcError) as e:  # news to write: it waits for the lock
+            busy.beat([running], partial=True, timeout=1.0)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    reply = busy.beat([running], partial=True)
+    assert not reply.kill and srv.ctl.store.job(launch.job_id).steps_done == 80
+    assert srv.ctl.lease_only_beats == quick + 3

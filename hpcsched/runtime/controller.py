@@ -111,6 +111,10 @@ class Controller(Membership, Stepping, JobLifecycle):
         self.batches = BatchTracker(self.store)  # adaptive-batch jobs: their fits, batches told, goodput curves
         self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
         self.instance: dict[str, str] = {}  # worker -> the daemon (RegisterRequest.instance) that holds the name
+        # Guards the check-and-renew of a lease-only heartbeat (``Membership.heartbeat``), which runs without
+        # ``lock``, against the removal of a worker from ``last_seen``/``instance`` (reaped, left, registered anew)
+        self.seen_lock = threading.Lock()
+        self.lease_only_beats = 0  # heartbeats answered without the controller's lock (nothing to reconcile)
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
@@ -144,6 +148,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         """What the controller refused and how its steps went, for its summary (logged at stop, ``rpc_stats_file``)."""
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
+                "lease_only_heartbeats": self.lease_only_beats,
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue)}
 
     def list_jobs(self) -> list[pb.JobInfo]:

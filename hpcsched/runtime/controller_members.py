@@ -1,6 +1,16 @@
 """The controller's membership: workers register, beat and leave, and a silent one is lost; each heartbeat is
 reconciled declaratively against the store (``reconcile``). A part of ``Controller`` (its state is set in
-``Controller.__init__``); every method here runs under its lock."""
+``Controller.__init__``); every method here runs under its lock, but for the lease-only heartbeat.
+
+Lease-only heartbeats: most heartbeats of a big fleet say nothing (an idle worker, or running tasks with no news in
+a partial report), and the reconcile would change nothing. They waited for the controller's lock all the same, so
+a scheduling step of 1.7 s held every server thread, and the heartbeats queued behind them waited as long (client
+p99 1.4 s at 10,000 workers while the handler's own p99 was 117 ms). Such a heartbeat is now decided from memory
+without the lock (``MemStore.worker_allocs_unlocked``: snapshots; every verdict must be ``Expected.OK``) and only
+renews the lease in memory (``last_seen``, never written to the store: liveness is in memory only), under
+``seen_lock``, which every removal of a worker from ``last_seen`` also takes. Anything else takes the lock as
+before. A step's change the lock-free read missed (a stop, a launch placed meanwhile) is in the next reply: the
+step nudges the worker (``watch``) after it, as it would after a heartbeat that had come just before the step."""
 
 from __future__ import annotations
 
@@ -61,7 +71,9 @@ class Membership:
                 raise Refused(f"worker name {req.worker_id!r} is held by another live daemon; give this one "
                               "another --name, or stop the other one (its name is free "
                               f"{self.cfg.worker_timeout_s:g} s after it goes silent)")
-            self.instance[req.worker_id] = req.instance
+            with self.seen_lock:
+                self.instance[req.worker_id] = req.instance
+                self.last_seen[req.worker_id] = self.mono()
             w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
                           time.time(), True, req.gpu_type.lower())
             self.store.upsert_worker(w)
@@ -72,7 +84,6 @@ class Membership:
             else:  # a new daemon's agent listens elsewhere: known at its first heartbeat
                 self.agent_port.pop(w.id, None)
             self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots, gpu_type=w.gpu_type)
-            self.last_seen[w.id] = self.mono()
         log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
                  req.gpus, req.gpu_type.lower() or "(not advertised)")
         self.wakeup.set()
@@ -107,6 +118,9 @@ class Membership:
                         clip(req.worker_id, 60), problem, self.refused_heartbeats)
             raise InputError(f"heartbeat of worker {clip(req.worker_id, 60)!r}", problem)
         reply = pb.HeartbeatReply()
+        if self._lease_only(req):
+            reply.heartbeat_interval_s = self.heartbeat_interval()
+            return reply
         with self.lock:
             wid = req.worker_id
             if wid not in self.last_seen:
@@ -144,6 +158,35 @@ class Membership:
             self.wakeup.set()
         return reply
 
+    def _lease_only(self, req: pb.HeartbeatRequest) -> bool:
+        """Renew the worker's lease without the lock when its heartbeat has nothing to reconcile (module docstring):
+        it reports no task, the controller waits for nothing from it (a port, a full report), its agent port is
+        the known one, and every allocation on it is as it should be. False: nothing was done, take the lock."""
+        wid = req.worker_id
+        if req.tasks or wid in self._wanted or wid in self._full_wanted:
+            return False
+        if req.agent_port and self.agent_port.get(wid) != req.agent_port:
+            return False
+        allocs = self.store.worker_allocs_unlocked(wid)
+        if allocs is None:
+            return False
+        now = time.time()
+        for a in allocs:
+            if a.state == "exited":
+                continue
+            job = self.store.active_job_unlocked(a.job_id)
+            seen = _UNCHANGED if req.partial and a.state == "running" else None
+            if job is None or reconcile.expected(a, job, seen, now, IN_PLACE_TIMEOUT_S) is not reconcile.Expected.OK:
+                return False
+        with self.seen_lock:
+            if wid not in self.last_seen or self.instance.get(wid) != req.instance:
+                return False  # not registered (reregister), or another daemon's name (refused): the lock's path
+            self.last_seen[wid] = self.mono()
+            self.lease_only_beats += 1
+        if req.spare_port:  # one key's value replaced: no reader iterates this dict
+            self.spare_port[wid] = req.spare_port
+        return True
+
     def leave(self, req: pb.LeaveRequest) -> pb.LeaveReply:
         """A worker stopping on purpose. Draining: its jobs stop with a checkpoint (preempt, so no restart is
         counted) and the next step places them elsewhere. Final: it is gone now; whatever it did not report
@@ -170,8 +213,9 @@ class Membership:
                     self._nudge_job(job.id, "stop")
                     stopping += 1
             if req.final:
-                self.last_seen.pop(wid, None)
-                self.instance.pop(wid, None)
+                with self.seen_lock:
+                    self.last_seen.pop(wid, None)
+                    self.instance.pop(wid, None)
                 self.spare_port.pop(wid, None)
                 self.store.set_worker_alive(wid, False)
                 for a in self.store.allocations(worker_id=wid):
@@ -272,8 +316,12 @@ class Membership:
         for wid, seen in list(self.last_seen.items()):
             if now - seen <= self.cfg.worker_timeout_s:
                 continue
-            del self.last_seen[wid]
-            self.instance.pop(wid, None)  # the name is free for the next daemon
+            with self.seen_lock:  # a lease-only heartbeat may have renewed it since the copy
+                seen = self.last_seen.get(wid, now)
+                if now - seen <= self.cfg.worker_timeout_s:
+                    continue
+                del self.last_seen[wid]
+                self.instance.pop(wid, None)  # the name is free for the next daemon
             self.spare_port.pop(wid, None)
             self.store.set_worker_alive(wid, False)
             self._workers_changed = True

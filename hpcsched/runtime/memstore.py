@@ -201,6 +201,25 @@ class MemStore(Store):
         out.sort(key=lambda a: (a.job_id, a.node_rank))
         return out
 
+    def worker_allocs_unlocked(self, worker_id: str) -> list[AllocRow] | None:
+        """The allocations in memory on ``worker_id`` (exited ones included), read without the controller's lock, or
+        None when one vanished meanwhile (the caller then takes the lock). Safe from any thread: the index is copied
+        in one C call (``tuple`` of a dict of strings runs no Python code, so no other thread changes it midway),
+        and rows are snapshots that are replaced, never changed (module docstring). What it returns may be a write
+        not yet committed or about to roll back: a caller may only decide from it that there is nothing to do."""
+        rows = []
+        for t in tuple(self._by_worker.get(worker_id, ())):
+            a = self._allocs.get(t)
+            if a is None:
+                return None
+            rows.append(a)
+        return rows
+
+    def active_job_unlocked(self, job_id: str) -> JobRow | None:
+        """An active job's row from memory only (None when it is not active), readable without the lock as
+        ``worker_allocs_unlocked``; never SQL, which would use the controller's connection from another thread."""
+        return self._rows.get(job_id)
+
     def live_allocations(self) -> list[AllocRow]:
         """Every live allocation, in no particular order (the scheduling step's slot accounting)."""
         return [a for a in self._allocs.values() if a.state != "exited"]
