@@ -184,6 +184,7 @@ class SimWorker:
                 try:
                     if not self.registered:
                         await self._register()
+                        reached = time.monotonic()  # the lease runs from the registration, as the real worker's
                         self.beats = 0  # the first heartbeat after registering is full
                         if self.interval > 1.0:  # a big fleet registering at once: first beats over one interval
                             due = time.monotonic() + self.jitter.uniform(0, self.interval)
