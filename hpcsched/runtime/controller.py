@@ -122,7 +122,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         self._holding: list[str] = []
         self.listing = Listing(self.store)  # the read-only views, on reader connections of their own
         self.pending = PendingCounts()  # per-user pending counts for max_pending_per_user (submission.py)
-        self.resizer = InPlaceResizer(self.store, self.attempt_start, self._task_exited)
+        self.resizer = InPlaceResizer(self.store, self.attempt_start, self._task_exited, self.batches.choose)
         self.rounds = None  # executor: rounds: Gavel's round mechanism plans instead (hpcsched.runtime.round_planner)
         if cfg.executor == "rounds":
             from hpcsched.runtime.round_planner import RoundPlanner

@@ -11,6 +11,13 @@ a stop, a relaunch of every rank and a restore for the other launchers. Across h
 host's rank by running ``ssh`` (the worker's shim: ``rsh_agent``), which finds that host's worker in the task's
 agent map (``AGENTS``), rewritten with the host list.
 
+An adaptive-batch job (``adaptive_batch``) is told its new global batch with each in-place resize: ``resize`` first
+rewrites a small JSON file beside the host list (``batch.json``, its path in the ranks' environment as
+HPCSCHED_BATCH_FILE: ``batch_env``), then the host list. Horovod's driver acts on the host list only, so when the
+ranks re-form they find the batch chosen for the new size; they agree on the newest version any of them read
+(``workloads/adaptive_train.py``: a rank on another host cannot see the file). The environment, fixed at launch,
+cannot say a batch chosen later.
+
 Each rewrite is logged (``resizes.jsonl``) so the time from the request to the program's first report at
 the new size can be measured from the task's own files (``resize_times``).
 """
@@ -41,6 +48,23 @@ AGENTS = "agents.json"  # host -> its worker's agent service: read by the rsh ag
 # discovery file lists it: the scheduler's host list decides, as for every other host.
 BLACKLIST_COOLDOWN_S = (2, 60)
 ALIAS = "horovod_alias.json"  # host -> its name in the discovery file (common.local_alias: node 0's own)
+BATCH, BATCH_ENV = "batch.json", "HPCSCHED_BATCH_FILE"  # the batch told in place, and where the ranks find it
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTold:
+    """The global batch an adaptive-batch job is told for ``world_size`` processes (``LaunchTask.batch_size``,
+    ``base_batch``, ``lr_scaling``)."""
+
+    batch_size: int
+    world_size: int
+    base_batch: int
+    lr_scaling: str
+
+    @staticmethod
+    def of(t: pb.LaunchTask) -> BatchTold | None:
+        """What a LaunchTask tells, None for a job without ``batch:``."""
+        return BatchTold(t.batch_size, t.world_size, t.base_batch, t.lr_scaling) if t.batch_size > 0 else None
 
 
 def size_range(t: pb.LaunchTask) -> tuple[int, int] | None:
@@ -81,6 +105,26 @@ def write_agents(task_dir: Path, agents: dict[str, str]) -> Path:
     return task_dir / AGENTS
 
 
+def write_batch(task_dir: Path, told: BatchTold) -> int:
+    """Replace the batch file atomically with a newer version (the ranks take the newest: one they read before a
+    rewrite is never taken for the new one); returns that version."""
+    try:
+        version = int(json.loads((task_dir / BATCH).read_text())["version"]) + 1
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        version = 0
+    tmp = task_dir / f".{BATCH}.tmp"
+    tmp.write_text(json.dumps({"version": version, "batch_size": told.batch_size, "world_size": told.world_size,
+                               "base_batch": told.base_batch, "lr_scaling": told.lr_scaling}))
+    os.replace(tmp, task_dir / BATCH)
+    return version
+
+
+def batch_env(t: pb.LaunchTask, task_dir: Path) -> dict[str, str]:
+    """The ranks' path to the batch file of an elastic task of an adaptive-batch job (``elastic_command`` wrote
+    it), else nothing."""
+    return {BATCH_ENV: str(task_dir / BATCH)} if size_range(t) is not None and t.batch_size > 0 else {}
+
+
 def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[str]:
     """The rigid ``horovodrun`` command line with its fixed ``-H`` list swapped for the discovery script and
     the job's size range; writes the script and the first host list (the launch placement)."""
@@ -95,6 +139,8 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
     _write_hosts(task_dir, list(t.hosts))
     (task_dir / RANGE).write_text(f"{rng[0]} {rng[1]}\n")  # what resize() may ask for
     write_agents(task_dir, dict(t.agents))
+    if (told := BatchTold.of(t)) is not None:
+        write_batch(task_dir, told)
     script = task_dir / SCRIPT
     script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(task_dir / HOSTS))}\n")
     script.chmod(0o755)
@@ -104,10 +150,12 @@ def elastic_command(argv: list[str], t: pb.LaunchTask, task_dir: Path) -> list[s
             "--blacklist-cooldown-range", *(str(s) for s in BLACKLIST_COOLDOWN_S), *argv[i + 2:]]
 
 
-def resize(task_dir: Path, hosts: list[str], agents: dict[str, str] | None = None) -> int:
+def resize(task_dir: Path, hosts: list[str], agents: dict[str, str] | None = None,
+           batch: BatchTold | None = None) -> int:
     """Ask a running elastic task for a new placement (``host:slots`` per node, hosts with 0 slots left out);
     returns its new size. ``agents``: the host -> agent map for the new placement, written first, so the rsh
-    agent knows a new host before Horovod's driver sees it.
+    agent knows a new host before Horovod's driver sees it; ``batch``: the global batch for the new size, written
+    before the host list too, so the ranks find it when they re-form (module docstring).
 
     Horovod's driver sees the change within about a second and the ranks re-form at their next commit. A size
     outside the job's range is refused here: below ``--min-np`` Horovod would wait (10 minutes) for slots,
@@ -120,11 +168,16 @@ def resize(task_dir: Path, hosts: list[str], agents: dict[str, str] | None = Non
     lo, hi = (int(x) for x in (task_dir / RANGE).read_text().split())
     if not lo <= size <= hi:
         raise ValueError(f"{size} processes is outside the job's range {lo}..{hi}")
+    if batch is not None and batch.world_size != size:
+        raise ValueError(f"a batch told for {batch.world_size} processes, the placement has {size}")
     if agents:
         write_agents(task_dir, agents)
+    entry: dict[str, object] = {"time": time.time(), "hosts": list(hosts), "world_size": size}
+    if batch is not None:
+        entry |= {"batch_size": batch.batch_size, "batch_version": write_batch(task_dir, batch)}
     _write_hosts(task_dir, hosts)
     with open(task_dir / LOG, "a") as f:
-        f.write(json.dumps({"time": time.time(), "hosts": list(hosts), "world_size": size}) + "\n")
+        f.write(json.dumps(entry) + "\n")
     return size
 
 

@@ -18,6 +18,10 @@ in-place resize that cannot be made (its first node not in the placement) or is 
 ``IN_PLACE_TIMEOUT_S`` falls back to stop and relaunch, said by event ``resize`` with ``resize_kind: relaunch`` and
 the reason.
 
+An adaptive-batch job (``batch:``) is told its global batch for the new size with the new placement: the
+controller's ``BatchTracker`` chooses it as for a relaunch, the changed LaunchTasks carry it, and node 0's worker
+writes it beside the discovery file before the host list (``horovod_elastic``).
+
 ``InPlaceResizer`` does these writes for the controller, which calls it under its lock and store transaction; it
 holds no state of its own beyond references to the controller's store, its attempt-start times (hysteresis) and
 its task-exit rule.
@@ -48,10 +52,14 @@ class InPlaceResizer:
     and inside its store transaction."""
 
     def __init__(self, store: Store, attempt_start: dict[str, float],
-                 task_exited: Callable[[JobRow, AllocRow, int], None]) -> None:
+                 task_exited: Callable[[JobRow, AllocRow, int], None],
+                 choose_batch: Callable[[JobRow, int], int] | None = None) -> None:
         """``attempt_start``: the controller's job -> start of the current size (changed in place: an in-place
-        resize restarts the hysteresis clock); ``task_exited``: the controller's rule for a task that ended."""
+        resize restarts the hysteresis clock); ``task_exited``: the controller's rule for a task that ended;
+        ``choose_batch``: the global batch of a job at a size (``BatchTracker.choose``; 0 for a job without
+        ``batch:``)."""
         self.store = store
+        self.choose_batch = choose_batch
         self.attempt_start = attempt_start
         self.task_exited = task_exited
         self.waiting: set[str] = set()  # jobs whose planned resize waits for their last one (logged once)
@@ -105,6 +113,9 @@ class InPlaceResizer:
             self.store.event(job.id, "resize", resize_kind="relaunch", from_procs=job.procs, procs=procs,
                              reason=f"in-place resize refused: {change}")
             return False
+        batch = self.choose_batch(job, change.world_size) if self.choose_batch is not None else 0
+        if batch > 0:
+            change = change.with_batch(batch)
         for tid, k, launch in change.resized:
             self.store.resize_allocation(tid, k, launch)
         for wid, msg in change.added:
@@ -119,11 +130,13 @@ class InPlaceResizer:
             detail["released"] = released
         if why:
             detail["reason"] = why
+        if batch > 0:
+            detail["batch_size"] = batch
         self.store.event(job.id, "resize", resize_kind=IN_PLACE, from_procs=job.procs, procs=change.world_size,
                          **detail)
         self.attempt_start[job.id] = now  # hysteresis: the new size must run min_runtime_s before the next change
-        log.info("job %s: resize in place %d -> %d procs on %s%s", job.id, job.procs, change.world_size, where,
-                 f" ({why})" if why else "")
+        log.info("job %s: resize in place %d -> %d procs on %s%s%s", job.id, job.procs, change.world_size, where,
+                 f", batch {batch}" if batch > 0 else "", f" ({why})" if why else "")
         return True
 
     def shrink_away(self, job: JobRow, wid: str, why: str, now: float) -> bool:

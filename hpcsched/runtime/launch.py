@@ -107,6 +107,17 @@ class InPlaceChange:
     added: list[tuple[str, pb.LaunchTask]]
     world_size: int
 
+    def with_batch(self, batch_size: int) -> InPlaceChange:
+        """The same change telling an adaptive-batch job its global batch at the new size: the LaunchTasks' batch
+        field and environment, which node 0's worker writes beside the discovery file (``horovod_elastic``)."""
+        def told(msg: pb.LaunchTask) -> pb.LaunchTask:
+            msg.batch_size = batch_size
+            msg.env.update(batch_env(batch_size, msg.base_batch, msg.lr_scaling))
+            return msg
+
+        return InPlaceChange([(tid, k, told(pb.LaunchTask.FromString(b)).SerializeToString())
+                              for tid, k, b in self.resized], [(w, told(m)) for w, m in self.added], self.world_size)
+
 
 def in_place_change(tasks: list[AllocRow], where: list[tuple[str, int]], hosts: dict[str, str],
                     agents: dict[str, str] | None = None) -> InPlaceChange | str:

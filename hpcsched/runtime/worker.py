@@ -337,7 +337,8 @@ class Worker(TaskControl, ControllerLink):
             log.info("task %s: in-place resize waits for the program's first report", t.launch.task_id)
             return
         try:
-            done = self.resize_in_place(t.launch.task_id, list(launch.hosts), dict(launch.agents))
+            done = self.resize_in_place(t.launch.task_id, list(launch.hosts), dict(launch.agents),
+                                        horovod_elastic.BatchTold.of(launch))
         except (ValueError, OSError) as e:  # outside its range, or its host file is gone: the controller falls
             # back to stop/relaunch when the new size is not reported (controller.IN_PLACE_TIMEOUT_S)
             log.error("task %s: in-place resize to %s refused: %s", t.launch.task_id, list(launch.hosts), e)
@@ -403,6 +404,7 @@ class Worker(TaskControl, ControllerLink):
         if argv is not None and horovod_elastic.size_range(t):  # elastic Horovod: resized in place
             argv = horovod_elastic.elastic_command(argv, t, run_dir)
             env[rsh_agent.FILE_ENV] = str(run_dir / horovod_elastic.AGENTS)  # follows the job's hosts
+            env |= horovod_elastic.batch_env(t, run_dir)  # the batch told with each in-place resize
         env["HPCSCHED_PROGRESS_FILE"] = str(progress)
         env["HPCSCHED_TASK_ID"] = t.task_id
         if user is not None:  # not the worker's home (root's): where the task's own files go
@@ -455,15 +457,17 @@ class Worker(TaskControl, ControllerLink):
         log.info("launched %s (%s, %d procs%s%s)", t.task_id, t.launcher, t.nprocs, how if argv else ", holding",
                  f", {quota}" if quota else "")
 
-    def resize_in_place(self, task_id: str, hosts: list[str], agents: dict[str, str] | None = None) -> bool:
-        """Grow or shrink a running elastic Horovod task without stopping it (new ``host:slots`` list, and the
-        agents of its hosts when it spans several); False when the task is not one (the caller then stops and
-        relaunches it)."""
+    def resize_in_place(self, task_id: str, hosts: list[str], agents: dict[str, str] | None = None,
+                        batch: horovod_elastic.BatchTold | None = None) -> bool:
+        """Grow or shrink a running elastic Horovod task without stopping it (new ``host:slots`` list, the agents
+        of its hosts when it spans several, and an adaptive-batch job's batch for the new size); False when the
+        task is not one (the caller then stops and relaunches it)."""
         t = self.tasks.get(task_id)
         if t is None or t.exit_code is not None or t.proc is None or not horovod_elastic.size_range(t.launch):
             return False
-        horovod_elastic.resize(self.cfg.work_dir / task_id, hosts, agents)
-        log.info("task %s resized in place to %s", task_id, ",".join(hosts))
+        horovod_elastic.resize(self.cfg.work_dir / task_id, hosts, agents, batch)
+        log.info("task %s resized in place to %s%s", task_id, ",".join(hosts),
+                 f", batch {batch.batch_size}" if batch is not None else "")
         return True
     # --- elastic Horovod in-place resize: end ---
 
