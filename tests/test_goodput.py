@@ -151,11 +151,39 @@ def test_bad_profile_names_file_and_line(tmp_path: Path) -> None:
     src = load_profile("ncf")
     folder = tmp_path / "mine"
     folder.mkdir()
-    src.placements[["placement", "local_bsz", "step_time", "sync_time"]].to_csv(folder / "placements.csv", index=False)
-    src.scalability.to_csv(folder / "scalability.csv", index=False)
+    for name, table, cols in (("placements", src.placements, ["placement", "local_bsz", "step_time", "sync_time"]),
+                              ("scalability", src.scalability, list(src.scalability))):
+        lines = [",".join(cols)] + [",".join(repr(table[c][r]) for c in cols) for r in range(len(table[cols[0]]))]
+        (folder / f"{name}.csv").write_text("\n".join(lines) + "\n")
     rows = (Path(__file__).parents[1] / "hpcsched/goodput/data/pollux/ncf/validation-256.csv").read_text().splitlines()
     rows[3] = "1.0,2,oops,0.1,0.2"
     (folder / "validation-256.csv").write_text("\n".join(rows) + "\n")
     with pytest.raises(ProfileError, match=r"validation-256\.csv:4: column metric"):
         load_profile("mine", folder=folder)
     assert math.isfinite(load_profile("ncf").step_time((1,), 64)[0])
+
+
+def test_profiles_read_as_pandas_reads_them() -> None:
+    """The profiles are read with the csv module (pandas' import costs a simulation more than its work), so every
+    value must be the double pandas parses, and the per-placement means the interpolator triangulates must be
+    pandas' groupby means to the bit (the baselines' greedy choices compare interpolated step times)."""
+    pd = pytest.importorskip("pandas")
+    from hpcsched.goodput.profiles import POLLUX_DIR, group_means
+
+    checked = 0
+    for name in APPLICATIONS:
+        p = load_profile(name)
+        tables = [("placements.csv", p.placements), ("scalability.csv", p.scalability)]
+        tables += [(f"validation-{b}.csv", cols) for b, cols in p.validation.items()]
+        for file, cols in tables:
+            df = pd.read_csv(POLLUX_DIR / name / file)
+            for c in df.columns:
+                assert [float(v) for v in df[c]] == [float(v) for v in cols[c]], (name, file, c)
+                checked += len(df)
+        xs, ys = ["num_nodes", "num_replicas", "local_bsz"], ["step_time", "sync_time"]
+        frame = pd.DataFrame({c: p.placements[c] for c in xs + ys})
+        means = frame.groupby(xs)[xs + ys].mean()
+        ours = group_means(p.placements, xs, ys)
+        for c in xs + ys:
+            assert [float(v) for v in means[c]] == [float(v) for v in ours[c]], (name, c)
+    assert checked > 40_000

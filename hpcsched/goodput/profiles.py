@@ -15,13 +15,13 @@ Reads a profile folder (``placements.csv``, ``scalability.csv``, ``validation-<B
 from __future__ import annotations
 
 import bisect
+import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 POLLUX_DIR = DATA_DIR / "pollux"
@@ -48,20 +48,69 @@ class ProfileError(ValueError):
     """A profile file is missing or malformed; the message names the file (and the line where one is at fault)."""
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+Columns = dict[str, list[Any]]
+"""A profile table as plain columns (ints where every value of a column is an integer literal, as pandas infers)."""
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> Columns:
+    """The ``columns`` of a profile CSV. Python's ``float`` is used, not pandas: importing pandas costs a run more
+    CPU than the simulation itself, and on the shipped profiles both parse every value to the same double
+    (tests/test_goodput.py checks it)."""
     try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise ProfileError(f"{path}: cannot read: {e}") from None
-    missing = [c for c in columns if c not in df.columns]
+    if not rows:
+        raise ProfileError(f"{path}: cannot read: empty file")
+    header = [h.strip() for h in rows[0]]
+    missing = [c for c in columns if c not in header]
     if missing:
-        raise ProfileError(f"{path}:1: missing column(s) {', '.join(missing)} (has {', '.join(df.columns)})")
+        raise ProfileError(f"{path}:1: missing column(s) {', '.join(missing)} (has {', '.join(header)})")
+    out: Columns = {}
     for c in columns:
-        bad = pd.to_numeric(df[c], errors="coerce").isna()
-        if bad.any():
-            line = int(np.flatnonzero(bad.to_numpy())[0]) + 2
-            raise ProfileError(f"{path}:{line}: column {c}: not a number: {df[c].iloc[line - 2]!r}")
-    return df
+        i = header.index(c)
+        texts = [r[i].strip() if i < len(r) else "" for r in rows[1:]]
+        try:
+            out[c] = [int(t) for t in texts]
+            continue
+        except ValueError:
+            pass
+        values: list[float] = []
+        for line, t in enumerate(texts, start=2):
+            try:
+                v = float(t)
+            except ValueError:
+                v = math.nan
+            if math.isnan(v):
+                raise ProfileError(f"{path}:{line}: column {c}: not a number: {t!r}")
+            values.append(v)
+        out[c] = values
+    return out
+
+
+def group_means(table: Columns, keys: list[str], values: list[str]) -> Columns:
+    """Per distinct ``keys`` (sorted), the mean of each of ``values``: summed in row order with Kahan
+    compensation and divided by the count, as pandas' ``groupby(keys).mean()`` computes it, so the points handed
+    to the interpolator are the same doubles."""
+    sums: dict[tuple[Any, ...], list[list[float]]] = {}
+    for r in range(len(table[keys[0]])):
+        acc = sums.setdefault(tuple(table[k][r] for k in keys), [[0.0, 0.0] for _ in values] + [[0, 0]])
+        for j, c in enumerate(values):
+            s, comp = acc[j]
+            y = table[c][r] - comp
+            t = s + y
+            acc[j] = [t, t - s - y]
+        acc[-1][0] += 1
+    out: Columns = {c: [] for c in keys + values}
+    for key in sorted(sums):
+        acc = sums[key]
+        n = acc[-1][0]
+        for k, v in zip(keys, key, strict=True):
+            out[k].append(v)
+        for j, c in enumerate(values):
+            out[c].append(acc[j][0] / n)
+    return out
 
 
 @dataclass
@@ -70,9 +119,9 @@ class ApplicationProfile:
 
     name: str
     gpu_type: str
-    placements: pd.DataFrame
-    scalability: pd.DataFrame
-    validation: dict[int, pd.DataFrame]  # global batch size -> one row per epoch, sorted by batch size
+    placements: Columns  # placement, local_bsz, step_time, sync_time, num_nodes, num_replicas
+    scalability: Columns  # num_nodes, num_replicas, local_bsz, step_time, sync_time
+    validation: dict[int, Columns]  # global batch size -> one row per epoch, sorted by batch size
     init_batch_size: int
     max_batch_size: int
     min_local_bsz: int
@@ -83,8 +132,8 @@ class ApplicationProfile:
 
     def __post_init__(self) -> None:
         # Plain lists per validated batch: a simulation reads single values millions of times.
-        self._columns = {b: {c: df[c].astype(float).tolist() for c in _VALIDATION_COLS}
-                         for b, df in self.validation.items()}
+        self._columns = {b: {c: [float(v) for v in cols[c]] for c in _VALIDATION_COLS}
+                         for b, cols in self.validation.items()}
 
     # -- training progress (validation profiles) ----------------------------------------------------------------
 
@@ -141,13 +190,13 @@ class ApplicationProfile:
             return None
         key = ("metric", batch_size, epoch)
         if key not in self._cache:
-            first = next(iter(self.validation.values()))["metric"].to_numpy()
+            first = next(iter(self.validation.values()))["metric"]
             rising = first[0] < first[-1]
             lo, hi = self._bracket(batch_size)
 
             def best(b: int) -> float:
-                m = self.validation[b]["metric"].iloc[:epoch]
-                return m.max() if rising else m.min()
+                m = self.validation[b]["metric"][:epoch]
+                return float(max(m) if rising else min(m))
 
             v_lo, v_hi = best(lo), best(hi)
             self._cache[key] = v_lo if lo == hi else ((batch_size - lo) * v_hi + (hi - batch_size) * v_lo) / (hi - lo)
@@ -175,9 +224,10 @@ class ApplicationProfile:
 
                 xs = ["num_nodes", "num_replicas", "local_bsz"]
                 ys = ["step_time", "sync_time"]
-                means = self.placements.groupby(xs)[xs + ys].mean()
-                df = pd.concat([means, self.scalability[xs + ys]], ignore_index=True)
-                interp = self._cache["nd"] = LinearNDInterpolator(df[xs].to_numpy(), df[ys].to_numpy())
+                means = group_means(self.placements, xs, ys)
+                table = {c: [float(v) for v in means[c] + self.scalability[c]] for c in xs + ys}
+                interp = self._cache["nd"] = LinearNDInterpolator(np.array([table[c] for c in xs]).T,
+                                                                  np.array([table[c] for c in ys]).T)
             ret = interp([min(len(placement), MAX_INTERP_NODES), sum(placement), local_bsz])[0]
             out = (float(ret[0]), float(ret[1]))
         if math.isnan(out[0]) or math.isnan(out[1]):
@@ -191,18 +241,21 @@ class ApplicationProfile:
         m = self._cache.get("measured")
         if m is None:
             m = {}
-            for pid, df in self.placements.groupby("placement", sort=False):
-                df = df.sort_values("local_bsz", kind="mergesort")
-                m[int(pid)] = (df["local_bsz"].tolist(), df["step_time"].astype(float).tolist(),
-                               df["sync_time"].astype(float).tolist())
+            p = self.placements
+            rows: dict[int, list[int]] = {}
+            for r, pid in enumerate(p["placement"]):
+                rows.setdefault(int(pid), []).append(r)
+            for pid, rs in rows.items():
+                rs.sort(key=lambda r: p["local_bsz"][r])  # stable, as a mergesort
+                m[pid] = ([p["local_bsz"][r] for r in rs], [float(p["step_time"][r]) for r in rs],
+                          [float(p["sync_time"][r]) for r in rs])
             self._cache["measured"] = m
         return m
 
     def observations(self) -> dict[str, np.ndarray]:
         """Every profiled step: num_nodes, num_replicas, local_bsz, step_time, sync_time (placements first)."""
         cols = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
-        df = pd.concat([self.placements[cols], self.scalability[cols]], ignore_index=True)
-        return {c: df[c].to_numpy(dtype=float) for c in cols}
+        return {c: np.array(self.placements[c] + self.scalability[c], dtype=float) for c in cols}
 
     def tuned_batch_size(self, num_replicas: int) -> int | None:
         """The validated batch size with the shortest predicted run on a packed ``num_replicas``-GPU placement
@@ -211,13 +264,13 @@ class ApplicationProfile:
             return None
         placement = packed_placement(num_replicas)
         best = None
-        for b, df in self.validation.items():
+        for b, cols in self.validation.items():
             local = math.ceil(b / num_replicas)
             if local < self.min_local_bsz:
                 continue
             if local > self.max_local_bsz:
                 break
-            jct = df["iteration"].iloc[self.completion_epoch(b)] * self.step_time(placement, local)[0]
+            jct = cols["iteration"][self.completion_epoch(b)] * self.step_time(placement, local)[0]
             if best is None or jct < best[0]:
                 best = (jct, b)
         return None if best is None else best[1]
@@ -261,7 +314,7 @@ def load_profile(name: str, gpu_type: str = "t4", folder: Path | None = None, ma
         folder = GPU_TYPES[gpu_type] / name
     folder = Path(folder)
     settings = APPLICATIONS.get(name, {})
-    validation: dict[int, pd.DataFrame] = {}
+    validation: dict[int, Columns] = {}
     for path in sorted(folder.glob("validation-*.csv")):
         try:
             batch = int(path.stem.split("-")[-1])
@@ -272,15 +325,15 @@ def load_profile(name: str, gpu_type: str = "t4", folder: Path | None = None, ma
         raise ProfileError(f"{folder}: no validation-<B>.csv profile")
     validation = dict(sorted(validation.items()))
     placements = _read_csv(folder / "placements.csv", _PLACEMENT_COLS)
-    placements["num_nodes"] = placements["placement"].apply(lambda p: len(str(p)))
-    placements["num_replicas"] = placements["placement"].apply(lambda p: sum(map(int, str(p))))
+    placements["num_nodes"] = [len(str(p)) for p in placements["placement"]]
+    placements["num_replicas"] = [sum(map(int, str(p))) for p in placements["placement"]]
     scalability = _read_csv(folder / "scalability.csv", _SCALABILITY_COLS)
     init_batch, max_batch = min(validation), max(validation)
-    min_local = int(placements["local_bsz"].min())
-    max_local = int(max_local_bsz or settings.get("max_local_bsz") or placements["local_bsz"].max())
+    min_local = int(min(placements["local_bsz"]))
+    max_local = int(max_local_bsz or settings.get("max_local_bsz") or max(placements["local_bsz"]))
     if max_batch < min_local:
         raise ProfileError(f"{folder}: largest validated batch {max_batch} below the smallest per-GPU batch "
                            f"{min_local}")
-    epochs = int(max_epochs or settings.get("max_epochs") or min(len(df) for df in validation.values()))
+    epochs = int(max_epochs or settings.get("max_epochs") or min(len(cols["progress"]) for cols in validation.values()))
     return ApplicationProfile(folder.name if name is None else name, gpu_type, placements, scalability, validation,
                               init_batch, max_batch, min_local, max_local, epochs)
