@@ -54,9 +54,9 @@ def _timed(cmd: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str],
     return r, cpu, wall
 
 
-def run_ours(policy: str, workload: str, seed: int, optimiser: str = "ga") -> dict:
+def run_ours(policy: str, trace: Path, seed: int, optimiser: str = "ga") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "hpcsched.cli", "simulate", "--trace", str(DATA / "workloads" / f"{workload}.csv"),
+        cmd = [sys.executable, "-m", "hpcsched.cli", "simulate", "--trace", str(trace),
                "--cluster", str(CLUSTER), "--policy", policy, "--compat", "pollux", "--out", tmp, "--json"]
         if policy == "pollux":
             cmd += ["--seed", str(seed), "--pollux-optimiser", optimiser]
@@ -68,11 +68,11 @@ def run_ours(policy: str, workload: str, seed: int, optimiser: str = "ga") -> di
     return {"avg_jct": sum(jcts.values()) / len(jcts), "cpu_s": cpu, "wall_s": wall, "jcts": jcts}
 
 
-def run_reference(policy: str, workload: str, ref_dir: Path, python: str) -> dict:
+def run_reference(policy: str, trace: Path, ref_dir: Path, python: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "out.log"
         r, cpu, wall = _timed([python, "simulator.py", "--policy", policy, "--output", str(log),
-                               str(DATA / "workloads" / f"{workload}.csv")], ref_dir)
+                               str(trace.resolve())], ref_dir)
         if r.returncode != 0:
             return {"error": r.stderr[-2000:]}
         last = json.loads(log.read_text().splitlines()[-1])
@@ -86,6 +86,17 @@ def _range(text: str) -> list[int]:
     for part in text.split(","):
         a, _, b = part.partition("-")
         out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _workloads(text: str) -> list[tuple[str, Path]]:
+    """``1-8`` -> the artifact's workloads; a token ending in ``.csv`` -> that trace (a cut), named by its stem."""
+    out: list[tuple[str, Path]] = []
+    for part in text.split(","):
+        if part.endswith(".csv"):
+            out.append((Path(part).stem, Path(part)))
+        else:
+            out += [(f"workload-{w}", DATA / "workloads" / f"workload-{w}.csv") for w in _range(part)]
     return out
 
 
@@ -112,7 +123,7 @@ def summarise(path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policies", default="tiresias,optimus")
-    ap.add_argument("--workloads", default="1-8")
+    ap.add_argument("--workloads", default="1-8", help="1-8, 6,7 or a trace FILE.csv (e.g. a cut of one)")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--optimiser", default="ga", help="pollux: ga (100 x 100) or ga:POPxGEN")
     ap.add_argument("--reference", type=Path)
@@ -125,14 +136,13 @@ def main() -> None:
         return
     ship = shipped()
     for policy in args.policies.split(","):
-        for w in _range(args.workloads):
-            wl = f"workload-{w}"
+        for wl, trace in _workloads(args.workloads):
             seeds = _range(args.seeds) if policy == "pollux" else [0]
             sides = [("ours", s) for s in seeds] + ([("reference", None)] if args.reference else [])
             for side, seed in sides:
                 load = open("/proc/loadavg").read().split()[0]
-                res = run_ours(policy, wl, seed or 0, args.optimiser) if side == "ours" else \
-                    run_reference(policy, wl, args.reference, args.reference_python)
+                res = run_ours(policy, trace, seed or 0, args.optimiser) if side == "ours" else \
+                    run_reference(policy, trace, args.reference, args.reference_python)
                 exp = ship.get((policy, wl), {})
                 jcts = res.pop("jcts", {})
                 row = {"side": side, "policy": policy, "workload": wl, "seed": seed, "load_start": float(load),

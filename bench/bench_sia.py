@@ -8,6 +8,11 @@ logs are read (``--reference-logs DIR`` with ``{policy}_w{N}_{T}.log``, as /work
     python bench/bench_sia.py --artifact /work/ref/sia/sia-simulator --reference-logs /work/ref/sia-runs
     python bench/bench_sia.py --artifact ... --reference-python /work/ref/venv-sia/bin/python --run-reference
     python bench/bench_sia.py --artifact ... --tie-breaks prev-high,high,low   # Sia's tie sensitivity (in-process)
+    python bench/bench_sia.py --policies sia,pollux,gavel --seeds 0,1,2 --cuts 1:1e9   # Table 3: a whole workload
+
+``pollux`` is Pollux as the Sia paper ran it (heterogeneity-unaware, ``hpcsched.sia.pollux_unaware``; the
+artifact's ``multi_simulator_unaware.py --policy=pollux --policy_p_val=-1 --interval=60``); ours is seeded, so
+its row is the mean over ``--seeds`` (each seed's avg JCT listed), the artifact's GA is not.
 
 Prints one Markdown row per (cut, policy): jobs, the artifact's avg JCT, ours, the difference, both walls
 and the load average at the start and end of the row.
@@ -30,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 SIA_FLAGS = ["--policy=sia", "--policy_p_val=-0.5", "--mip_lambda_a=0.01", "--mip_lambda_n=1.1", "--interval=60",
              "--project_throughput", "--share_max_replicas"]
 GAVEL_FLAGS = ["--policy=gavel", "--interval=360"]
+POLLUX_FLAGS = ["--policy=pollux", "--interval=60", "--policy_p_val=-1"]  # run_experiment.sh's, unaware simulator
 DEFAULT_CUTS = "1:1800,2:1800,3:1800,1:3600,2:3600,3:3600"
 
 
@@ -54,12 +60,14 @@ def reference_avg(log: Path) -> float:
     return sum(jct) / len(jct)
 
 
-def run_ours(cut: Path, policy: str, artifact: Path) -> tuple[dict, float]:
+def run_ours(cut: Path, policy: str, artifact: Path, seed: int = 0) -> tuple[dict, float]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "hpcsched.cli", "simulate", "--compat", "sia", "--policy", policy,
                         "--trace", str(cut), "--cluster", str(ROOT / "cluster_spec" / "saturn.csv"),
-                        "--profiles", str(artifact / "traces"), "--json"], capture_output=True, text=True, env=env)
+                        "--profiles", str(artifact / "traces"), "--json",
+                        *(["--seed", str(seed)] if policy == "pollux" else [])], capture_output=True, text=True,
+                       env=env)
     wall = time.perf_counter() - t0
     if r.returncode:
         raise SystemExit(f"ours failed on {cut}: {r.stderr.strip()}")
@@ -70,8 +78,10 @@ def run_reference(cut: Path, policy: str, artifact: Path, python: str, out: Path
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     log = out / f"{policy}_{cut.stem}.log"
     t0 = time.perf_counter()
-    r = subprocess.run([python, "multi_simulator.py", str(cut), *(SIA_FLAGS if policy == "sia" else GAVEL_FLAGS),
-                        f"--output={log}"], cwd=artifact, capture_output=True, text=True, env=env)
+    flags = {"sia": SIA_FLAGS, "gavel": GAVEL_FLAGS, "pollux": POLLUX_FLAGS}[policy]
+    script = "multi_simulator_unaware.py" if policy == "pollux" else "multi_simulator.py"
+    r = subprocess.run([python, script, str(cut), *flags, f"--output={log}"], cwd=artifact, capture_output=True,
+                       text=True, env=env)
     wall = time.perf_counter() - t0
     if r.returncode:
         raise SystemExit(f"the artifact failed on {cut}: {r.stderr.strip()[-500:]}")
@@ -83,7 +93,8 @@ def main() -> None:
     ap.add_argument("--artifact", type=Path, default=Path(os.environ.get("HPCSCHED_SIA_ARTIFACT",
                                                                          "/work/ref/sia/sia-simulator")))
     ap.add_argument("--cuts", default=DEFAULT_CUTS, help="workload:seconds, comma-separated")
-    ap.add_argument("--policies", default="gavel,sia")
+    ap.add_argument("--policies", default="gavel,sia", help="of gavel, sia, pollux")
+    ap.add_argument("--seeds", default="0", help="pollux: its search's seeds (the row is their mean)")
     ap.add_argument("--reference-logs", type=Path, help="the artifact's logs of earlier runs ({policy}_wN_T.log)")
     ap.add_argument("--run-reference", action="store_true", help="run the artifact now (minutes per cut)")
     ap.add_argument("--reference-python", default=os.environ.get("SIA_PYTHON", "/work/ref/venv-sia/bin/python"))
@@ -118,10 +129,15 @@ def main() -> None:
                     ref = reference_avg(log) if log.exists() else None
                 else:
                     ref = None
-                ours, wall = run_ours(cut, policy, args.artifact)
-                diff = f"{(ours['avg_jct'] / ref - 1) * 100:+.2f}%" if ref else "-"
-                print(f"| w{w} < {t:.0f} s | {policy} | {ours['jobs']} | {f'{ref:.2f}' if ref else '-'} | "
-                      f"{ours['avg_jct']:.2f} | {diff} | {f'{ref_wall:.1f}' if ref_wall else '-'} | {wall:.1f} | "
+                seeds = [int(x) for x in args.seeds.split(",")] if policy == "pollux" else [0]
+                runs = [run_ours(cut, policy, args.artifact, seed) for seed in seeds]
+                avg = sum(r["avg_jct"] for r, _ in runs) / len(runs)
+                wall = sum(x for _, x in runs) / len(runs)
+                each = ", ".join(f"{r['avg_jct']:.1f}" for r, _ in runs)
+                label = policy if len(runs) == 1 else f"{policy} (seeds {args.seeds}: {each})"
+                diff = f"{(avg / ref - 1) * 100:+.2f}%" if ref else "-"
+                print(f"| w{w} < {t:.0f} s | {label} | {runs[0][0]['jobs']} | {f'{ref:.2f}' if ref else '-'} | "
+                      f"{avg:.2f} | {diff} | {f'{ref_wall:.1f}' if ref_wall else '-'} | {wall:.1f} | "
                       f"{start} / {load()} |", flush=True)
 
 

@@ -243,3 +243,49 @@ def test_sia_within_two_percent_of_the_artifact(tmp_path: Path) -> None:
     assert s["jobs"] == 10
     assert abs(s["avg_jct"] / SIA_W1_1800_AVG - 1) < 0.02
     assert (tmp_path / "o" / "jobs.csv").read_text().count("\n") == 11
+
+
+def test_unaware_pollux_keeps_one_model_and_one_gpu_type_per_job(toy: Path) -> None:
+    """Pollux as the Sia paper ran it: its search over virtual nodes of the smallest node size, an allocation
+    spanning GPU types cut to its majority type, one model per job whatever type it ran on; seeded, so a run
+    repeats exactly."""
+    from hpcsched.sia.pollux_unaware import UnawarePollux
+
+    pol = UnawarePollux({"aws": 1, "rtx": 1}, {"aws": 4, "rtx": 8})
+    assert pol.vnodes == [("aws", 0), ("rtx", 0), ("rtx", 0)] and pol.ga.max_replicas_cap == 4
+    assert pol._keep_majority([0, 0, 1, 2]) == [1, 2]  # a 2-2 tie keeps the stronger type (rtx over aws)
+    assert pol._keep_majority([0, 0, 0, 1]) == [0, 0, 0] and pol.stats["gpus_dropped"] == 3
+
+    nodes = {t: v[0] for t, v in TYPES.items()}
+    gpn = {t: v[1] for t, v in TYPES.items()}
+    types_seen: dict[str, set[str]] = {}
+
+    def check(now: float, active: list[SiaJob]) -> None:
+        used: dict[str, int] = {}
+        for j in active:
+            if j.placement:
+                t = j.current_cluster
+                used[t] = used.get(t, 0) + sum(j.placement)
+                assert len(j.placement) <= nodes[t] and all(g <= gpn[t] for g in j.placement)
+                types_seen.setdefault(j.name, set()).add(t)
+        assert all(used[t] <= nodes[t] * gpn[t] for t in used)
+
+    kw = {"seed": 3, "pollux_search": (16, 8)}
+    a = run(toy_workload(), nodes, gpn, "pollux", str(toy), on_round=check, **kw)
+    b = run(toy_workload(), nodes, gpn, "pollux", str(toy), **kw)
+    assert a["jobs"] == 8 and all(r["completion_time"] is not None for r in a["per_job"])
+    assert [r["jct"] for r in a["per_job"]] == [r["jct"] for r in b["per_job"]]
+    assert a["round_s"] == 60.0 and a["seed"] == 3 and a["model_fits"] > 0 and a["solver"]["rounds"] > 0
+    assert len(types_seen) == 8 and any(len(s) > 1 for s in types_seen.values())  # jobs moved between types
+
+
+def test_unaware_job_learns_one_model_across_gpu_types(toy: Path) -> None:
+    apps = {t: load_app(toy / "toya", t) for t in TYPES}
+    job = SiaJob(name="j", app="toya", submission_time=0.0, apps=apps, target_num_replicas=1,
+                 target_batch_size=128, unaware=True)
+    job.migrate("slow", (4,))
+    job.step(40.0)  # a 30 s restore, then 10 s of training
+    job.migrate("fast", (8,))
+    job.step(40.0)
+    assert set(job.profiles) == {"*"} and {k[1] for k in job.profiles["*"]} == {4, 8}
+    assert job.goodput_fn("slow") is not None and job.max_profiled_replicas("fast") == 8

@@ -37,13 +37,13 @@ MAX_NODES_PER_JOB = 16
 MAX_REPLICAS = 64
 
 
-def max_replicas(job: SimJob) -> int:
-    """At most twice what the job has been seen on (Pollux explores gradually), 64, and its largest batch over
-    its smallest micro-batch; ncf (fixed batch) one."""
+def max_replicas(job: SimJob, cap: int = MAX_REPLICAS) -> int:
+    """At most twice what the job has been seen on (Pollux explores gradually), ``cap`` (64), and its largest
+    batch over its smallest micro-batch; ncf (fixed batch) one."""
     if job.app.name == "ncf":
         return 1
     a = job.app
-    return min(max(2 * job.max_profiled_replicas, 1), MAX_REPLICAS, a.max_batch_size // a.min_local_bsz)
+    return min(max(2 * job.max_profiled_replicas, 1), cap, a.max_batch_size // a.min_local_bsz)
 
 
 class _Speedups:
@@ -107,8 +107,11 @@ class PolluxGAPolicy:
     fixed_batch = False
 
     def __init__(self, nodes: int = 16, gpus_per_node: int = 4, seed: int = 0, pop_size: int = 100,
-                 n_gen: int = 100) -> None:
+                 n_gen: int = 100, max_replicas_cap: int = MAX_REPLICAS) -> None:
+        """``max_replicas_cap``: the most GPUs any job may get (the Sia artifact caps its unaware Pollux at the
+        smallest GPU type's count)."""
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
+        self.max_replicas_cap = min(max_replicas_cap, MAX_REPLICAS)
         self.rng = np.random.default_rng(seed)
         self.pop_size, self.n_gen = pop_size, n_gen
         self._prev_states: np.ndarray | None = None
@@ -130,7 +133,7 @@ class PolluxGAPolicy:
         fair_nodes = math.ceil(self.nodes / total)
         self.base = base
         self.speedups = _Speedups(js, fair_nodes, fair_replicas)
-        self.max_rep = np.array([max_replicas(j) for j in js])
+        self.max_rep = np.array([max_replicas(j, self.max_replicas_cap) for j in js])
         age = np.array([now - j.submission_time for j in js])
         restarts = np.array([j.num_restarts or 0 for j in js])
         self.factor = np.maximum(age - restarts * RESTART_S, 0.0) / (age + RESTART_S)

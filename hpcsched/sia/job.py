@@ -8,6 +8,9 @@ it records each (nodes, GPUs, per-GPU batch) -> step time it sees on that GPU ty
 throughput model, and (when batch-size tuning is on: Sia) re-picks its batch size by goodput after every
 stretch of training. A change of placement restarts it (the application's rescale time); moving to
 another GPU type is a migration, which also restarts it.
+
+A heterogeneity-unaware job (``unaware``: how the Sia artifact runs its Pollux baseline) keeps one set of
+observations and one model for all GPU types, as Pollux's agent does: it does not know which type it ran on.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass, field
 from hpcsched.sia.goodput import GoodputFunction, PerfParams, fit_perf_params
 from hpcsched.sia.profiles import SLOWDOWNS, AppProfile
 
+UNAWARE = "*"
+"""The model key of a heterogeneity-unaware job: every GPU type's observations under one key."""
 CALIBRATION_TYPE = "rtx"
 """The GPU type whose rescale time a job keeps as its nominal one (the artifact's ``calibrate_cluster``)."""
 
@@ -34,6 +39,7 @@ class SiaJob:
     target_batch_size: int
     tune_bsz: bool = True
     fit_models: bool = True  # False: observations are not fitted (a policy that never reads the model)
+    unaware: bool = False  # one model for all GPU types (Pollux's agent), not one per type (Sia's)
     profiles: dict[str, dict[tuple, tuple[float, float]]] = field(default_factory=dict)
     perf_params: dict[str, PerfParams | None] = field(default_factory=dict)
     grad_params: tuple[float, float] | None = None
@@ -55,7 +61,7 @@ class SiaJob:
     gpu_seconds: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for t in self.apps:
+        for t in (UNAWARE,) if self.unaware else self.apps:
             self.profiles.setdefault(t, {})
             self.perf_params.setdefault(t, None)
         self.calibration = 1.0 / SLOWDOWNS.get(self.app, 1.0)
@@ -69,18 +75,22 @@ class SiaJob:
             raise RuntimeError(f"{self.name}: not on any GPU type")
         return self.current_cluster
 
+    def model_key(self, gpu_type: str) -> str:
+        """Where the model of ``gpu_type`` is kept: that type's own, or the one of an unaware job."""
+        return UNAWARE if self.unaware else gpu_type
+
     def max_profiled_replicas(self, gpu_type: str) -> int:
-        return max((k[1] for k in self.profiles.get(gpu_type, {})), default=0)
+        return max((k[1] for k in self.profiles.get(self.model_key(gpu_type), {})), default=0)
 
     def goodput_fn(self, gpu_type: str) -> GoodputFunction | None:
-        perf = self.perf_params.get(gpu_type)
+        perf = self.perf_params.get(self.model_key(gpu_type))
         if perf is None or self.grad_params is None:
             return None
         return GoodputFunction(perf, self.grad_params, self.apps[gpu_type].init_batch_size)
 
     def _observe(self, nodes: int, reps: int, bsz: int, step: float, sync: float, grad: tuple[float, float]) -> None:
         self.grad_params = grad
-        prof = self.profiles[self.on()]
+        prof = self.profiles[self.model_key(self.on())]
         if (nodes, reps, bsz) in prof:
             return
         prof[nodes, reps, bsz] = (step, sync)
@@ -99,7 +109,7 @@ class SiaJob:
                 self.fit_cache[key] = got
         else:
             self.fit_reuses += 1
-        self.perf_params[self.on()] = got
+        self.perf_params[self.model_key(self.on())] = got
 
     # ---- batch size ------------------------------------------------------------------------------------
     def update_local_bsz(self) -> None:
@@ -110,7 +120,7 @@ class SiaJob:
         placement = tuple(x for x in self.placement if x)
         nodes, reps = len(placement), sum(placement)
         batch_size = None if self.tune_bsz else self.target_batch_size
-        perf = self.perf_params[t]
+        perf = self.perf_params[self.model_key(t)]
         max_local = app.max_local_bsz_for(placement)
         if batch_size is None and (self.grad_params is None or perf is None):
             batch_size = max(app.init_batch_size, app.min_local_bsz * reps)

@@ -25,9 +25,10 @@ from hpcsched.primitives.event_core import EventCore
 from hpcsched.sia.job import SiaJob
 from hpcsched.sia.profiles import load_profiles
 
-POLICIES = ("sia", "gavel")
-INTERVALS = {"sia": 60.0, "gavel": 360.0}
-"""The artifact's rounds: Sia re-solves every minute; its Gavel baseline uses Gavel's 6-minute rounds."""
+POLICIES = ("sia", "gavel", "pollux")
+INTERVALS = {"sia": 60.0, "gavel": 360.0, "pollux": 60.0}
+"""The artifact's rounds: Sia and its (heterogeneity-unaware) Pollux baseline re-plan every minute; its Gavel
+baseline uses Gavel's 6-minute rounds."""
 NCF_BATCH = 32768
 """Sia runs ncf at this fixed batch on one GPU (its profiles stop there); the artifact sets it for Sia."""
 
@@ -145,10 +146,12 @@ class SiaRounds:
 
 def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[str, int], policy: str,
         profiles_dir: str, solver: str = "highs", on_round: Callable[[float, list[SiaJob]], None] | None = None,
-        tie_break: str = "prev-high", tie_seed: int = 0, share_fits: bool = True) -> dict[str, Any]:
+        tie_break: str = "prev-high", tie_seed: int = 0, share_fits: bool = True, seed: int = 0,
+        pollux_search: tuple[int, int] = (100, 100)) -> dict[str, Any]:
     """Simulate to the end; the summary (``avg_jct`` ...) and per-job rows. ``tie_break``/``tie_seed``: how Sia's
     program chooses among equally good optima (``hpcsched.sia.policy.SiaPolicy``). ``share_fits``: jobs that saw the
-    same observations in the same order share one model fit (the same result, fewer fits)."""
+    same observations in the same order share one model fit (the same result, fewer fits). ``seed`` and
+    ``pollux_search`` (population, generations): the pollux policy's search (``hpcsched.sia.pollux_unaware``)."""
     if policy not in POLICIES:
         raise InputError(None, f"--compat sia runs --policy {' or '.join(POLICIES)}, not {policy!r}")
     from hpcsched.sia.blas import limit_blas_threads
@@ -159,13 +162,22 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
     types = tuple(nodes)
     profiles = load_profiles(str(profiles_dir), types, tuple(sorted({w.application for w in workload})))
     sia = policy == "sia"
+    adaptive = policy in ("sia", "pollux")  # tunes batch sizes from a learned model (Gavel: fixed, no model)
     fit_cache: dict[tuple, Any] = {}
     jobs = [SiaJob(name=w.name, app=w.application, submission_time=w.time, apps=profiles[w.application],
                    target_num_replicas=w.num_replicas,
-                   target_batch_size=NCF_BATCH if sia and w.application == "ncf" else w.batch_size,
-                   tune_bsz=sia, fit_models=sia, fit_cache=fit_cache if share_fits else None) for w in workload]
-    sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed) if sia else \
-        GavelBaseline(nodes, gpus_per_node, solver=solver)
+                   target_batch_size=NCF_BATCH if adaptive and w.application == "ncf" else w.batch_size,
+                   tune_bsz=adaptive, fit_models=adaptive, unaware=policy == "pollux",
+                   fit_cache=fit_cache if share_fits else None) for w in workload]
+    sched: Any
+    if policy == "pollux":
+        from hpcsched.sia.pollux_unaware import UnawarePollux
+
+        sched = UnawarePollux(nodes, gpus_per_node, seed=seed, pop_size=pollux_search[0], n_gen=pollux_search[1])
+    elif sia:
+        sched = SiaPolicy(nodes, gpus_per_node, dict(nodes), tie_break=tie_break, tie_seed=tie_seed)
+    else:
+        sched = GavelBaseline(nodes, gpus_per_node, solver=solver)
     interval = INTERVALS[policy]
     t0 = time.perf_counter()
     loop = SiaRounds(jobs, sched, interval, on_round)
@@ -181,7 +193,9 @@ def run(workload: list[WorkloadJob], nodes: dict[str, int], gpus_per_node: dict[
              "completion_time": j.completion_time, "jct": jct[j.name], "restarts": j.num_restarts or 0,
              "gpu_seconds": {t: round(v, 3) for t, v in sorted(j.gpu_seconds.items())}} for j in jobs]
     gpu_s = sum(j.attained_service for j in jobs)  # allocated GPU-seconds, restore pauses included
-    return {"policy": policy, "compat": "sia", "tie_break": tie_break if sia else None, "jobs": len(jobs),
+    return {"policy": policy, "compat": "sia", "tie_break": tie_break if sia else None,
+            "seed": seed if policy == "pollux" else None,
+            "pollux_search": list(pollux_search) if policy == "pollux" else None, "jobs": len(jobs),
             "avg_jct": sum(vals) / len(vals),
             "p99_jct": vals[int(0.99 * len(vals))], "makespan": max(done.values()) -
             min(j.submission_time for j in jobs), "avg_restarts": sum(r["restarts"] for r in rows) / len(rows),
@@ -205,7 +219,7 @@ def write_out(summary: dict[str, Any], out: Path) -> None:
 
 
 def simulate_command(trace: Path, cluster: Path, policy: str, out: Path | None, as_json: bool,
-                     profiles: Path | None, solver: str = "auto") -> int:
+                     profiles: Path | None, solver: str = "auto", seed: int = 0, optimiser: str = "ga") -> int:
     """``hpcsched simulate --compat sia``: run, write ``out`` (if given), print the summary; the exit code
     (2 on bad input, with one line naming the file and line)."""
     import sys
@@ -227,14 +241,23 @@ def simulate_command(trace: Path, cluster: Path, policy: str, out: Path | None, 
             lp_solver, note = resolve_solver(solver, "max-sum-throughput-perf")
         elif solver != "auto":
             raise InputError(None, "--solver is for --policy gavel's LP (Sia's integer program is always HiGHS)")
+        if (seed != 0 or optimiser != "ga") and policy != "pollux":
+            raise InputError(None, "--seed/--pollux-optimiser are for --policy pollux")
+        from hpcsched.sim.pollux_run import ga_budget
+
+        try:
+            search = ga_budget(optimiser)
+        except KeyError as e:
+            raise InputError(None, str(e.args[0])) from None
         if note:
             print(f"note: {note}", file=sys.stderr)
         nodes, gpus = read_cluster(cluster)
-        summary = run(read_workload(trace), nodes, gpus, policy, str(profiles), solver=lp_solver)
+        summary = run(read_workload(trace), nodes, gpus, policy, str(profiles), solver=lp_solver, seed=seed,
+                      pollux_search=search)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary["lp_solver"] = lp_solver if policy == "gavel" else "highs-mip"
+    summary["lp_solver"] = {"gavel": lp_solver, "sia": "highs-mip"}.get(policy)
     if out is not None:
         write_out(summary, out)
     shown = {k: v for k, v in summary.items() if k != "per_job"}

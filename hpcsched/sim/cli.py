@@ -98,7 +98,7 @@ def simulate_cmd(
         None, "--blox-optimus-load", metavar="JOBS_PER_HOUR",
         help="With --compat blox --policy optimus: reproduce Blox's bug of looking its speed-up table up by the "
              "experiment's load (1-9 jobs/h: 5, 3, 1.4, 1.2, 1.1, then 1.0). Without it: no speed-up."),
-    seed: int = typer.Option(0, "--seed", help="With --compat pollux --policy pollux: the optimiser's seed."),
+    seed: int = typer.Option(0, "--seed", help="With --compat pollux|sia --policy pollux: the optimiser's seed."),
     pollux_optimiser: str = typer.Option(
         "ga", "--pollux-optimiser",
         help="With --compat pollux --policy pollux: ga (our seeded NSGA-II-like search of Pollux's objective, "
@@ -110,8 +110,8 @@ def simulate_cmd(
     --policy srsf --out out/srsf --compat muri
     """
     _check_compat(compat)
-    if compat != "pollux" and (seed != 0 or pollux_optimiser != "ga"):
-        raise typer.BadParameter("only with --compat pollux", param_hint="--seed/--pollux-optimiser")
+    if compat not in ("pollux", "sia") and (seed != 0 or pollux_optimiser != "ga"):
+        raise typer.BadParameter("only with --compat pollux or sia", param_hint="--seed/--pollux-optimiser")
     if compat == "pollux":
         _simulate_pollux(trace, cluster, policy, out, as_json, seed, pollux_optimiser)
         return
@@ -121,7 +121,7 @@ def simulate_cmd(
 
         if win is not None or as_controller or restart_s is not None:
             raise typer.BadParameter("not with --compat sia (the Sia artifact's own loop)", param_hint="--compat")
-        code = sia_command(trace, cluster, policy, out, as_json, profiles, solver)
+        code = sia_command(trace, cluster, policy, out, as_json, profiles, solver, seed, pollux_optimiser)
         if code:
             raise typer.Exit(code)
         return
