@@ -179,14 +179,35 @@ def site_cost(n: int = 20) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from runtime_procs import ROOT, client, controller_config, jobs_by_id, start_controller, stop, submit, wait_for
 
+    spans: list[tuple[float, float]] = []  # each batch job's (submit, start), unix times
+
     def batch(out: Path) -> float:
         t0 = time.time()
         commands.run(["sbatch", "-p", "batch", "-N4", "-J", "bench-batch", "-o", "/dev/null", "--wrap",
                       f"date +%s.%N > {out}; sleep 1"])
         until(lambda: out.exists() and out.read_text().strip() != "", 120)
         start = float(out.read_text())
+        spans.append((t0, start))
         until(lambda: "bench-batch" not in commands.run(["squeue", "-h", "-o", "%j"]), 60)
         return start - t0
+
+    def where_it_went(t0: float, start: float) -> str:
+        """The pilots Slurm signalled for this batch job: when each was signalled and when each had left (its
+        script's ``preempted`` and ``released``), from the submit; a slow start is placed by them."""
+        sig, rel = [], []
+        for d in (dp / "pilots").glob("*_*"):
+            try:
+                p = float((d / "preempted").read_text())
+            except (OSError, ValueError):
+                continue
+            if t0 - 1 <= p <= start:
+                sig.append(p - t0)
+                try:
+                    rel.append(float((d / "released").read_text()) - t0)
+                except (OSError, ValueError):
+                    rel.append(math.nan)
+        return (f"{len(sig)} pilots signalled at +{min(sig, default=math.nan):.2f}..+{max(sig, default=math.nan):.2f}"
+                f" s, all left by +{max(rel, default=math.nan):.2f} s, start +{start - t0:.2f} s")
 
     def q(xs: list[float], p: float) -> float:
         xs = sorted(xs)
@@ -231,6 +252,8 @@ def site_cost(n: int = 20) -> int:
 
         _, _, figures = controller_run(dp / "run" / "state.db")
     extra = [h - statistics.median(base) for h in held]
+    for i, (t0, start) in enumerate(spans[n:]):
+        print(f"preemption {i + 1}: {where_it_went(t0, start)}")
     print(f"load after: {open('/proc/loadavg').read().split()[:3]}")
     print(f"submit -> start, without pilots ({n}): p50 {q(base, .5):.2f} s, p99 {q(base, .99):.2f} s, "
           f"max {max(base):.2f} s")

@@ -221,6 +221,7 @@ class Worker(TaskControl, ControllerLink):
         found by the harvesting end-to-end test, where a pilot preempted during the restart counted as a failed
         attempt); a controller still away then times the worker out."""
         grace = self.cfg.stop_grace_s
+        t0 = time.monotonic()
         said = self._say_leave(final=False)
         for tid in list(self.tasks):
             self.kill(tid, checkpoint=True, grace_s=grace)
@@ -233,6 +234,7 @@ class Worker(TaskControl, ControllerLink):
                 self.kill(tid, checkpoint=True, grace_s=grace)  # escalates once the grace is over
             self._deliver()
         self._poll()
+        stopped = time.monotonic()
         # its tasks have stopped: wait a little more for a controller that is restarting (seconds, after kill -9)
         notice_until = time.time() + min(grace, self.cfg.leave_notice_s)
         while not said and time.time() < notice_until:
@@ -241,7 +243,13 @@ class Worker(TaskControl, ControllerLink):
                 time.sleep(0.2)
         self._deliver()
         self._say_leave(final=True)
-        self.shutdown()
+        told = time.monotonic()
+        steps = self.shutdown()
+        # A preempted pilot's node is free only once this process is gone; each stage's time is said so that a
+        # slow release (a batch job waiting on it) can be placed: the tasks, the goodbye, or the teardown.
+        log.info("left %.2f s after the stop: tasks stopped in %.2f s, goodbye said in %.2f s, shutdown %s",
+                 time.monotonic() - t0, stopped - t0, told - stopped,
+                 ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))
 
     def _say_leave(self, final: bool, timeout: float = 5.0, again: bool = True) -> bool:
         """Whether the controller heard it."""
@@ -471,14 +479,17 @@ class Worker(TaskControl, ControllerLink):
         return True
     # --- elastic Horovod in-place resize: end ---
 
-    def shutdown(self) -> None:
-        for tid in list(self.tasks):
-            self.kill(tid, checkpoint=False)
-        self.agent_server.stop(grace=1)
-        if self.warm is not None:
-            self.warm.close()
-        self.sandbox.close()
-        self.watch.stop()
-        self.channel.close()
+    def shutdown(self) -> dict[str, float]:
+        """Kill what is left and close everything; returns each stage's seconds (``leave`` logs them)."""
+        steps: dict[str, float] = {}
+        for name, close in (("tasks", lambda: [self.kill(tid, checkpoint=False) for tid in list(self.tasks)]),
+                            ("agent", lambda: self.agent_server.stop(grace=1)),
+                            ("warm", lambda: self.warm is not None and self.warm.close()),
+                            ("sandbox", self.sandbox.close), ("watch", self.watch.stop),
+                            ("channel", self.channel.close)):
+            t = time.monotonic()
+            close()
+            steps[name] = time.monotonic() - t
+        return steps
 
 
