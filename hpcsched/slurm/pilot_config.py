@@ -150,14 +150,18 @@ def pilots_wanted(demand_slots: int, live_slots: int, pending: int, running: int
 # being signalled with the step (what ``worker_step`` does). The sentinel marks that it ran: one that ends
 # without having run (srun refused) is said in the log and the worker keeps going. ``preempted`` and
 # ``released`` (unix times) in the pilot's work dir give how long it held its node after Slurm signalled it (the
-# manager reads them when the pilot is gone; ``hpcsched calc``: pilot_release_s).
+# manager reads them when the pilot is gone; ``hpcsched calc``: pilot_release_s). Those times are bash's
+# $EPOCHREALTIME (bash 5.0+, a comma where the locale writes one; ``date`` on an older bash), taken before the
+# signal is passed on: no fork of ``date`` stands between Slurm's signal and the worker's, nor between the
+# worker's exit and the script's, which a loaded node can make take a tenth of a second each.
 _SENTINEL = """mkdir -p {work}/"$id"
 {worker} &
 w=$!
 trap 'kill -TERM $w 2>/dev/null' TERM INT USR1 USR2
-srun --ntasks=1 --nodes=1 --cpus-per-task=1 --overlap --mpi=none --quiet --job-name=sentinel /bin/sh -c \\
-  'touch "$1/sentinel"; trap "date +%s.%N > \\"$1/preempted\\"; kill -TERM $2; exit 0" TERM; sleep 2147483647 & wait' \\
-  sh {work}/"$id" $w </dev/null &
+srun --ntasks=1 --nodes=1 --cpus-per-task=1 --overlap --mpi=none --quiet --job-name=sentinel /bin/bash -c '
+  touch "$1/sentinel"; f=$1/preempted; w=$2
+  on_term() {{ t=${{EPOCHREALTIME:-$(date +%s.%N)}}; kill -TERM $w; echo "${{t/,/.}}" > "$f"; exit 0; }}
+  trap on_term TERM; sleep 2147483647 & wait' bash {work}/"$id" $w </dev/null &
 s=$!
 told=
 while kill -0 $w 2>/dev/null; do
@@ -165,9 +169,10 @@ while kill -0 $w 2>/dev/null; do
   if [ -z "$told" ] && ! kill -0 $s 2>/dev/null; then
     told=1
     if [ -e {work}/"$id"/sentinel ]; then
-      [ -e {work}/"$id"/preempted ] || date +%s.%N > {work}/"$id"/preempted
-      echo "hpcsched pilot: Slurm signalled the job's steps (preemption or cancel): the worker leaves now"
+      t=${{EPOCHREALTIME:-$(date +%s.%N)}}
       kill -TERM $w 2>/dev/null
+      [ -e {work}/"$id"/preempted ] || echo "${{t/,/.}}" > {work}/"$id"/preempted
+      echo "hpcsched pilot: Slurm signalled the job's steps (preemption or cancel): the worker leaves now"
     else
       echo "hpcsched pilot: the sentinel step did not run: a preemption reaches the worker at GraceTime's end"
     fi
@@ -175,7 +180,8 @@ while kill -0 $w 2>/dev/null; do
 done
 wait $w
 rc=$?
-[ -e {work}/"$id"/preempted ] && date +%s.%N > {work}/"$id"/released
+t=${{EPOCHREALTIME:-$(date +%s.%N)}}
+[ -e {work}/"$id"/preempted ] && echo "${{t/,/.}}" > {work}/"$id"/released
 kill $s 2>/dev/null
 exit $rc
 """
