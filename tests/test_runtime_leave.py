@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -52,6 +53,13 @@ def test_sigterm_worker_checkpoints_and_leaves(tmp_path: Path) -> None:
         assert (job.generation, job.restarts, job.last_checkpoint_step) == (2, 0, 3)  # preempted, not failed
         log = (tmp_path / "controller.log").read_text()
         assert "worker a is leaving" in log and "worker a left" in log
+        # the worker says how long each stage of its leaving took, so a slow pilot release can be placed
+        said = re.search(r"left ([0-9.]+) s after the stop: tasks stopped in ([0-9.]+) s, goodbye said in "
+                         r"([0-9.]+) s, shutdown tasks [0-9.]+ s, agent .* channel [0-9.]+ s",
+                         (tmp_path / "a.log").read_text())
+        assert said, (tmp_path / "a.log").read_text()
+        total, tasks, goodbye = (float(x) for x in said.groups())
+        assert tasks + goodbye <= total + 0.02 and total <= left_s  # each rounded to 0.01 s
         print(f"worker exited {left_s:.1f} s after SIGTERM; job running on b {moved_s:.1f} s after it")
     finally:
         for p in reversed(procs):
