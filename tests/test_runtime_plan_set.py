@@ -70,6 +70,10 @@ def test_a_step_plans_over_a_bounded_head_and_only_when_something_changed(
         # FIFO over the runnable jobs: the first two (one per worker's free port) start, none of the blocked ones
         assert running and set(running) <= set(ids[N:N + 4]), running
         assert seen and seen[-1] <= plan_set.HEAD_MIN + 4, seen  # not 4,000 jobs
+        for _ in range(N):  # the notes are written over steps of a bounded time each
+            if not ctl.counters()["notes_due"]:
+                break
+            ctl.tick()
         blocked = ctl.store.job(ids[0])
         assert "waiting: no live worker with direct has GPU type h100" in blocked.message
         plans = ctl.plans
@@ -90,19 +94,24 @@ def test_a_step_plans_over_a_bounded_head_and_only_when_something_changed(
         ctl.store.close()
 
 
-def test_waiting_notes_are_written_a_bounded_number_a_step(tmp_path: Path) -> None:
+def test_waiting_notes_are_written_a_bounded_time_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A change that touches the waiting note of more queued jobs than a step writes (the first worker of a fleet,
-    100,000 queued jobs) is written over the next steps, a bounded number each, and every note arrives."""
-    extra = controller_step._NOTES_PER_STEP + 500
-    ids = _queue(tmp_path / "run" / "state.db", blocked=extra, runnable=0)
+    100,000 queued jobs) is written over the next steps, for a bounded time each (here none: one chunk a step),
+    counted, and every note arrives."""
+    monkeypatch.setattr(controller_step, "_NOTES_S", 0.0)
+    chunk = controller_step._NOTES_CHUNK
+    ids = _queue(tmp_path / "run" / "state.db", blocked=3 * chunk + 5, runnable=0)
     cfg = read_controller_config(controller_config(tmp_path, worker_timeout_s=600))
     ctl = controller_mod.Controller(cfg)
     try:
         ctl.started()
-        ctl.tick()  # no worker: every job is noted "no live worker", the first _NOTES_PER_STEP of them now
+        ctl.tick()  # no worker: every job is noted "no live worker", one chunk of them now
         noted = [j for j in ctl.store.jobs(("pending",)) if "waiting: " in j.message]
-        assert len(noted) == controller_step._NOTES_PER_STEP and ctl.wakeup.is_set()
-        ctl.tick()
+        assert len(noted) == chunk and ctl.wakeup.is_set()
+        assert ctl.counters()["notes_due"] == len(ids) - chunk and ctl.counters()["notes_deferred_steps"] == 1
+        for _ in range(3):
+            ctl.tick()
         assert all("waiting: no live worker" in ctl.store.job(j).message for j in ids)
+        assert ctl.counters()["notes_due"] == 0 and ctl.counters()["notes_deferred_steps"] == 3
     finally:
         ctl.store.close()

@@ -44,6 +44,7 @@ from hpcsched.runtime.controller_members import Membership
 from hpcsched.runtime.controller_step import Stepping
 from hpcsched.runtime.inplace_resize import InPlaceResizer
 from hpcsched.runtime.listing import JobFilter, Listing, every_page, wall
+from hpcsched.runtime.live_pool import LivePool
 from hpcsched.runtime.memstore import MemStore
 from hpcsched.runtime.plan_set import PendingQueue
 from hpcsched.runtime.ratelimit import LogThrottle
@@ -71,6 +72,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         policy = scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
         self.queue = PendingQueue(policy)  # the pending jobs in the policy's order: a step plans over its head
         self.notes = WaitingNotes()
+        self.pool = LivePool()  # the live workers as a step sees them, read again only when they change
         # A step plans only when something it decides on changed (``_needs_plan``), except for a policy whose order
         # moves with time (LAS, SRTF: service and progress change priorities), the rounds executor and an admission
         # rule (load-based), which plan at every step as before.
@@ -96,6 +98,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         # heartbeat replies carry the orders either way
         self.nudge: Callable[[Iterable[str], str], None] | None = None
         self.quiet_steps = 0  # steps that did not (nothing changed)
+        self.notes_deferred = 0  # steps that left waiting notes for the next ones (their time bound, ``_write_notes``)
         self.last_seen: dict[str, float] = {}  # worker -> its last heartbeat, on the monotonic clock
         self.spare_port: dict[str, int] = {}
         self.agent_port: dict[str, int] = {}  # worker -> its WorkerAgent port (every heartbeat says it: no state)
@@ -149,7 +152,9 @@ class Controller(Membership, Stepping, JobLifecycle):
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
                 "lease_only_heartbeats": self.lease_only_beats,
-                "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue)}
+                "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
+                "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,
+                "live_set_reads": self.pool.rebuilds}
 
     def list_jobs(self) -> list[pb.JobInfo]:
         """Every job (all pages of ``jobs_page``): for callers in this process; the RPC serves one page."""
