@@ -38,6 +38,8 @@ def place_consolidated(
                 return [(i, gpus)]
         return None
     n = len(free)
+    if n == 0:  # no candidate node at all (a GPU type no worker has): it does not fit, not a zero-step range
+        return None
     per_switch = nodes_per_switch or n
     for lo in range(0, n, per_switch):
         got = _place_in(free, lo, min(lo + per_switch, n), gpus, gpus_per_node)
