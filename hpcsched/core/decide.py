@@ -42,7 +42,7 @@ order, into what is left.
 
 A resize normally stops the job (checkpoint) and places it again at its new size. An elastic Horovod job
 (``in_place``) whose first node stays and whose growth fits in free slots (on its nodes, then on other workers)
-is resized in place instead (``Plan.resizes``, over one worker or several): the controller sends its workers the
+is resized in place instead (``Plan.resizes``, over one worker or several; ``hpcsched.core.in_place``): the controller sends its workers the
 new host list and Horovod re-forms the ranks.
 """
 
@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from hpcsched.allocator import Group, JobView, Snapshot, policy_name
+from hpcsched.core.in_place import resize_in_place
 from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.model import ClusterSpec, ElasticJob, ScalingCurve
 from hpcsched.placements import PlacementView, get_placement
@@ -242,19 +243,51 @@ def _admit(ctx: _Context) -> None:
     ctx.units = ([u for u, k in zip(ctx.units, kept, strict=True) if k]
                  + [u for u, k in zip(ctx.units, kept, strict=True) if not k])
     left, out = ctx.total, ctx.out
+    typed: dict[str, int] | None = None  # GPU type -> slots left of it, made at the first typed unit (none: untyped)
     for unit in ctx.units:  # admit at minimum size, highest priority first; a group needs its footprint once
         is_kept = unit[0] in ctx.keep_ids
         fixed = len(unit) > 1 or is_kept  # groups and protected jobs keep their running size
         need = max(by_id[i].procs for i in unit) if is_kept else _footprint(unit, by_id)
-        if need <= left:
+        types = _gpu_types(unit, by_id)
+        if types is not None and typed is None:
+            typed = _typed_slots(ctx.workers)
+        # A typed unit also needs that many slots of its types: admitted against every type's slots, a backlog of
+        # jobs of a type few workers have took the whole budget and held the runnable jobs behind it
+        room = left if types is None or typed is None else min(left, sum(typed.get(t, 0) for t in types))
+        if need <= room:
             ctx.admitted.append(unit)
             for i in unit:
                 out.sizes[i] = by_id[i].procs if by_id[i].running and fixed else by_id[i].min_procs
             left -= need
+            if types is not None and typed is not None:
+                _take_typed(typed, sorted(types), need)
+        elif room < left and types is not None:
+            for i in unit:
+                out.waiting[i] = (f"needs {need} slots of GPU type {'/'.join(sorted(types)) or '(none in common)'}, "
+                                  f"{room} left after higher-priority jobs")
         else:
             for i in unit:
                 out.waiting[i] = f"needs {need} slots, {left} left after higher-priority jobs"
     ctx.left = left
+
+
+def _typed_slots(workers: list[WorkerState]) -> dict[str, int]:
+    """Slots per advertised GPU type (what typed units are admitted against)."""
+    out: dict[str, int] = {}
+    for w in workers:
+        out[w.gpu_type] = out.get(w.gpu_type, 0) + w.slots
+    return out
+
+
+def _take_typed(typed: dict[str, int], types: list[str], need: int) -> None:
+    """Count ``need`` slots as taken from these types, in name order (the unit's placement picks which later)."""
+    for t in types:
+        k = min(need, typed.get(t, 0))
+        if k:
+            typed[t] -= k
+            need -= k
+        if not need:
+            return
 
 
 def _size(ctx: _Context) -> None:
@@ -275,7 +308,7 @@ def _size(ctx: _Context) -> None:
 def _place(ctx: _Context) -> None:
     by_id, out = ctx.by_id, ctx.out
     ctx.free = {w.id: w.slots - ctx.state.used.get(w.id, 0) for w in ctx.workers}
-    _resize_in_place(out, ctx.order, by_id, ctx.free, ctx.workers)
+    resize_in_place(out, ctx.order, by_id, ctx.free, ctx.workers)
     free, workers = ctx.free, ctx.workers
     gpu_type = {w.id: w.gpu_type for w in workers}
     place = get_placement(ctx.request.options.placement)
@@ -311,11 +344,13 @@ def _place(ctx: _Context) -> None:
                 c = candidates[launchers, types] = _Candidates(
                     [w for w in workers if launchers <= set(w.launchers) and (types is None or w.gpu_type in types)])
             able = c.able
-            if first_fit and 0 < need <= ctx.gpn:  # what consolidated answers, without an O(workers) view per unit
-                k = c.first_fit(free, need)
-                got = None if k is None else [(k, need)]
-            else:
-                got = place(PlacementView(
+
+            def fit(need: int, c: _Candidates = c, pending: list[str] = pending) -> list[tuple[int, int]] | None:
+                if first_fit and 0 < need <= ctx.gpn:  # what consolidated answers, without an O(workers) view per unit
+                    k = c.first_fit(free, need)
+                    return None if k is None else [(k, need)]
+                able = c.able
+                return place(PlacementView(
                     need, tuple(free[w.id] for w in able), ctx.gpn,
                     c.nones if c.no_cpus else
                     tuple(None if w.cpus is None else w.cpus - cpus_used.get(w.id, 0.0) for w in able),
@@ -323,6 +358,16 @@ def _place(ctx: _Context) -> None:
                     tuple(None if w.mem_gb is None else w.mem_gb - mem_used.get(w.id, 0.0) for w in able),
                     max(by_id[i].cpus_per_proc for i in pending), max(by_id[i].mem_per_proc_gb for i in pending),
                     c.gpu_types, next((by_id[i].model for i in pending if by_id[i].model), None)))
+
+            got = fit(need)
+            if got is None and ctx.request.options.shrink_to_fit and len(unit) == 1:
+                # an elastic job grown past what fits in one place (2 slots wanted, 1 free on each of two workers)
+                # starts at the largest smaller size that fits rather than waiting with slots free
+                for smaller in range(need - 1, by_id[pending[0]].min_procs - 1, -1):
+                    got = fit(smaller)
+                    if got is not None:
+                        need = out.sizes[pending[0]] = smaller
+                        break
             if got is None:
                 typed = "" if types is None else f" of GPU type {'/'.join(sorted(types)) or '(none in common)'}"
                 if shown[0] != placed:  # made once per change of the free slots, not once per unit that does not fit
@@ -440,61 +485,3 @@ def _gpu_types(pending: list[str], by_id: dict[str, JobState]) -> frozenset[str]
 def _keeps_running(j: JobState, out: Plan) -> bool:
     """A running job that this decision neither preempts nor stops to resize (an in-place resize keeps it)."""
     return j.id in out.resizes or (j.id in out.sizes and out.sizes[j.id] == j.procs)
-
-
-def _resize_in_place(out: Plan, order: list[str], by_id: dict[str, JobState], free: dict[str, int],
-                     workers: list[WorkerState]) -> None:
-    """Resize in place the in-place-capable running jobs whose size changes (``_in_place_placement``).
-
-    A grow takes free slots (before pending jobs are placed: the job already runs, its growth was sized before
-    them). Slots a shrink frees are not handed out in this step: the ranks leave only when Horovod re-forms
-    (about 1 s).
-    """
-    for jid in order:  # running jobs admitted at another size, in priority order
-        j = by_id[jid]
-        if not j.running or jid not in out.sizes or out.sizes[jid] == j.procs or not j.in_place or not j.placement:
-            continue
-        where = _in_place_placement(j, out.sizes[jid], free, workers)
-        if where is None:
-            continue
-        out.resizes[jid] = where
-        held = dict(j.placement)
-        for wid, k in where:
-            free[wid] -= max(0, k - held.get(wid, 0))
-
-
-def _in_place_placement(j: JobState, size: int, free: dict[str, int], workers: list[WorkerState]
-                        ) -> list[tuple[str, int]] | None:
-    """Where a running elastic Horovod job goes at ``size`` without a restart, or None. Its first node stays
-    (it runs ``horovodrun``, whose discovery file is the host list); a shrink gives up slots from its last nodes
-    first; a grow tops up the nodes it runs on, then adds workers that have its launcher and a GPU type it
-    accepts, in id order (the worker's agent starts the new ranks there: no ssh). None when its first node is
-    no longer among ``workers`` or the growth does not fit in free slots."""
-    live = {w.id for w in workers}
-    if j.placement[0][0] not in live:
-        return None
-    cur = [(wid, k) for wid, k in j.placement if wid in live]
-    have = sum(k for _, k in cur)
-    if size <= have:
-        out, left = [], size
-        for wid, k in cur:
-            if left > 0:
-                out.append((wid, min(k, left)))
-                left -= min(k, left)
-        return out
-    add = size - have
-    out = []
-    for wid, k in cur:
-        more = min(add, max(0, free.get(wid, 0)))
-        out.append((wid, k + more))
-        add -= more
-    for w in workers:
-        if add == 0:
-            break
-        if w.id in dict(cur) or j.launcher not in w.launchers or (j.gpu_types and w.gpu_type not in j.gpu_types):
-            continue
-        more = min(add, max(0, free.get(w.id, 0)))
-        if more:
-            out.append((w.id, more))
-            add -= more
-    return out if add == 0 else None

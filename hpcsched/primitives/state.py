@@ -94,6 +94,10 @@ class DecideOptions:
     # their GPUs are free, the rest moved; ``hpcsched.core.replan``, the simulator's default mode)
     regroup: str = "keep"
     solver: str = "highs"  # sizes elastic jobs (one of ``hpcsched.milp.SOLVERS``); the exact DP if it is unavailable
+    # an elastic job that does not fit at the size it was given starts at the largest smaller size that fits (down to
+    # its minimum) instead of waiting: the runtime controller sets it (``runtime.scheduler.plan``); off by default so
+    # the simulator's decisions (and its published figures, ``--as-controller``) stay as they were
+    shrink_to_fit: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,5 +34,5 @@ def plan(state: ClusterState, policy_name: str | Policy = "fifo", min_runtime_s:
         return Plan()
     policy = resolve_policy(policy_name) if isinstance(policy_name, str) else policy_name
     options = DecideOptions(min_runtime_s=min_runtime_s, tfwd_s=tfwd_s, admission=admission,
-                            load_threshold=load_threshold, placement=placement, regroup=regroup)
+                            load_threshold=load_threshold, placement=placement, regroup=regroup, shrink_to_fit=True)
     return decide(DecideRequest(state, policy, options))
