@@ -46,8 +46,9 @@ def test_a_job_whose_type_has_no_room_waits_saying_which_type() -> None:
                                                                              gpu_types=("a100",)))
     plan = decide(DecideRequest(ClusterState(0, jobs, WORKERS), _fifo))
     assert plan.starts == {}
-    assert plan.waiting["big"].startswith("6 slots of GPU type v100 do not fit")
-    assert plan.waiting["none"].startswith("1 slots of GPU type a100 do not fit")
+    # not admitted at all: the v100 workers hold 4 slots, no worker is an a100 (admission counts a type's slots)
+    assert plan.waiting["big"] == "needs 6 slots of GPU type v100, 4 left after higher-priority jobs"
+    assert plan.waiting["none"] == "needs 1 slots of GPU type a100, 0 left after higher-priority jobs"
     # a worker that advertises no type ("": an older worker) takes no typed job, and any untyped one
     old = (WorkerState("old", 4),)
     plan = decide(DecideRequest(ClusterState(0, (jobs[1], JobState("u", 2, False, 0, 1, 1)), old), _fifo))
