@@ -42,8 +42,8 @@ order, into what is left.
 
 A resize normally stops the job (checkpoint) and places it again at its new size. An elastic Horovod job
 (``in_place``) whose first node stays and whose growth fits in free slots (on its nodes, then on other workers)
-is resized in place instead (``Plan.resizes``, over one worker or several; ``hpcsched.core.in_place``): the controller sends its workers the
-new host list and Horovod re-forms the ranks.
+is resized in place instead (``Plan.resizes``, over one worker or several; ``hpcsched.core.in_place``): the
+controller sends its workers the new host list and Horovod re-forms the ranks.
 """
 
 from __future__ import annotations
