@@ -207,3 +207,33 @@ def test_a_heartbeat_with_nothing_to_reconcile_does_not_wait_for_the_lock(contro
     reply = busy.beat([running], partial=True)
     assert not reply.kill and srv.ctl.store.job(launch.job_id).steps_done == 80
     assert srv.ctl.lease_only_beats == quick + 3
+
+
+def test_heartbeats_have_threads_of_their_own(controller) -> None:
+    """method_pools: with every thread of the default pool and of the Register pool waiting for the controller's
+    lock (held here, as by a long scheduling step), an idle worker's heartbeat is still answered at once: it runs
+    in the Heartbeat pool, not behind them in one queue; its wait for a thread is timed as "Heartbeat (queued)"."""
+    from hpcsched.runtime.method_pools import POOLS
+
+    srv, stub = controller
+    idle = FakeWorker(stub, "w-idle")
+    md = metadata(TOKEN)
+    with srv.ctl.lock:
+        blocked = [stub.Submit.future(pb.SubmitRequest(spec_yaml=JOB, source=f"j{i}.yaml"), metadata=md, timeout=60)
+                   for i in range(48 + 8)]  # more than the default pool's threads
+        blocked += [stub.Register.future(pb.RegisterRequest(worker_id=f"w-new{i}", host="127.0.0.1", slots=1,
+                                                            instance=f"i{i}"), metadata=md, timeout=60)
+                    for i in range(POOLS["Register"] + 4)]
+        deadline = time.time() + 30
+        while srv.timings.summary().get("Register (queued)", {}).get("calls", 0) < POOLS["Register"] + 1:
+            assert time.time() < deadline, "the blocked calls never reached their handlers"
+            time.sleep(0.05)
+        t0 = time.perf_counter()
+        reply = idle.beat([], partial=True, timeout=10)
+        took = time.perf_counter() - t0
+        assert not reply.reregister and not any(f.done() for f in blocked)  # the others still wait for the lock
+    assert took < 5, took
+    for f in blocked:
+        f.result(timeout=60)  # and every one of them is served once the lock is free
+    stats = srv.timings.summary()
+    assert stats["Heartbeat (queued)"]["calls"] >= 1 and stats["Submit (queued)"]["calls"] == 48 + 8

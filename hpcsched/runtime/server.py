@@ -44,6 +44,7 @@ from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.hostaddr import is_loopback_host
 from hpcsched.runtime.listing import Busy
+from hpcsched.runtime.method_pools import POOLS, MethodPools
 from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
@@ -257,8 +258,9 @@ class ControllerServer:
     """A running controller; ``start`` returns once it listens, ``stop`` ends it."""
 
     def __init__(self, cfg: ControllerConfig, max_workers: int = 48) -> None:
-        """``max_workers``: server threads. Queries hold at most QUERY_SLOTS + QUERY_QUEUE (16) of them, so at
-        least 32 are left for heartbeats and submits however many listings arrive."""
+        """``max_workers``: server threads for every method but Heartbeat and Register, which have pools of their
+        own (``method_pools.POOLS``). Queries hold at most QUERY_SLOTS + QUERY_QUEUE (16) of them, so at least 32
+        are left for submits, leaves and cancels however many listings arrive."""
         self.cfg = cfg
         self.roles = _roles(cfg)
         host, port = parse_address(cfg.listen, "listen")
@@ -269,9 +271,11 @@ class ControllerServer:
         self.auth = TokenInterceptor(tokens=self.roles, users=cfg.user_tokens) if self.roles else None
         self.credentials = WorkerCredentials()  # after the tokens: only an authenticated call gets this far
         self.disk = DiskGuard(cfg.state, floor)
-        interceptors = [i for i in (self.auth, self.credentials, self.disk) if i is not None]
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.timings = RpcTimings()
+        # first: it wraps what the others return (method_pools: heartbeats and registrations on threads of their own)
+        self.pools = MethodPools(POOLS, self.timings.add)
+        interceptors = [i for i in (self.pools, self.auth, self.credentials, self.disk) if i is not None]
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.service = _Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only)
         self.ctl.on_step = self.timings.add  # scheduling steps' durations beside the RPCs' (rpc_stats_file)
         pb_grpc.add_ControllerServicer_to_server(self.service, self.server)
@@ -363,6 +367,7 @@ class ControllerServer:
         self._stop.set()
         self.ctl.wakeup.set()
         self.server.stop(grace=1).wait()
+        self.pools.shutdown()
         self.orders.stop()
         self._loop.join(timeout=5)
         if self._backups is not None:
