@@ -207,15 +207,32 @@ def test_a_heartbeat_with_nothing_to_reconcile_does_not_wait_for_the_lock(contro
     reply = busy.beat([running], partial=True)
     assert not reply.kill and srv.ctl.store.job(launch.job_id).steps_done == 80
     assert srv.ctl.lease_only_beats == quick + 3
+    # every call's wait for a server thread is timed beside its handler's time (method_pools)
+    stats = srv.timings.summary()
+    assert stats["Heartbeat (queued)"]["calls"] >= stats["Heartbeat"]["calls"] > 3  # queued: timed first
 
 
-def test_heartbeats_have_threads_of_their_own(controller) -> None:
-    """method_pools: with every thread of the default pool and of the Register pool waiting for the controller's
-    lock (held here, as by a long scheduling step), an idle worker's heartbeat is still answered at once: it runs
-    in the Heartbeat pool, not behind them in one queue; its wait for a thread is timed as "Heartbeat (queued)"."""
+@pytest.fixture
+def pooled(tmp_path: Path):
     from hpcsched.runtime.method_pools import POOLS
 
-    srv, stub = controller
+    srv = ControllerServer(read_controller_config(controller_config(tmp_path)), method_pools=POOLS)
+    channel = open_channel(srv.start())
+    try:
+        yield srv, pb_grpc.ControllerStub(channel)
+    finally:
+        channel.close()
+        srv.stop()
+
+
+def test_heartbeats_can_have_threads_of_their_own(pooled) -> None:
+    """method_pools (an experiment, not the default): with every thread of the default pool and of the Register pool
+    waiting for the controller's lock (held here, as by a long scheduling step), an idle worker's heartbeat is still
+    answered at once: it runs in the Heartbeat pool, not behind them in one queue; its wait for a thread is timed
+    as "Heartbeat (queued)"."""
+    from hpcsched.runtime.method_pools import POOLS
+
+    srv, stub = pooled
     idle = FakeWorker(stub, "w-idle")
     md = metadata(TOKEN)
     with srv.ctl.lock:

@@ -1,18 +1,19 @@
-"""Server threads per method, and how long each call waited for one.
+"""How long each call waited for a server thread, and (optionally) thread pools of their own for some methods.
 
-Why: every call of the Controller service ran in one pool of 48 threads, first come first served. In a
-registration storm of 10,000 workers the heartbeats of the workers already registered queued behind thousands of
-Register calls (808 of them timed out), and after it, while a scheduling step held the controller's lock, the calls
-waiting for that lock (SubmitMany, Register, Leave, heartbeats with news) could take every thread, so a heartbeat
-whose handler takes 0.03 ms waited out the step in the queue (client p99 1.4 s, handler p99 117 ms). Heartbeats
-and registrations now have pools of their own (``POOLS``): neither waits behind the other nor behind the rest.
+Why: a heartbeat whose handler takes 0.03 ms was seen at 1.4 s p99 by its client at 10,000 workers (handler p99
+117 ms). Every call of the Controller service runs in one pool of 48 threads, first come first served, so the
+difference is the queue: behind a registration storm, or behind calls waiting for the controller's lock while a
+scheduling step holds it. ``MethodPools`` times that wait: it is the first interceptor, interceptors run on the
+server's polling thread when a call arrives (before any pool), so it stamps the arrival, and the call's start minus
+it is timed as ``<Method> (queued)`` beside the handler's own time (``rpc_stats_file``).
 
-How: gRPC Python runs a unary handler in the pool its behavior names in ``experimental_thread_pool`` (grpcio's
-``_server._select_thread_pool_for_behavior``, an experimental hook); a grpcio without it ignores the attribute and
-every call runs in the default pool, as before. ``MethodPools`` is the first interceptor, so it wraps the handler
-the others return. Interceptors run on the server's polling thread when a call arrives, before any pool, so it
-also stamps the arrival: a call's start minus it is its wait for a thread, timed as ``<Method> (queued)``
-beside the handler's own time (``rpc_stats_file``): the controller's queue, told apart from its client's.
+Pools per method (``pools``; none by default): gRPC Python runs a unary handler in the pool its behavior names in
+``experimental_thread_pool`` (grpcio's ``_server._select_thread_pool_for_behavior``, an experimental hook; a grpcio
+without it runs every call in the default pool). Tried at 10,000 workers + 100,000 queued jobs on this shared
+machine (bench/RESULTS.md, load 20-31): Heartbeat and Register pools of 32 + 16 threads, then 8 + 4, did not
+shorten the client-side heartbeat tail or the registration (every extra runnable thread competes for the GIL with
+the one polling thread that takes each arriving call, and the machine was CPU-starved), so they are not the
+default: a quiet machine has to decide (``ControllerServer(method_pools=...)``, ``POOLS``).
 """
 
 from __future__ import annotations
@@ -23,15 +24,13 @@ from concurrent import futures
 
 import grpc
 
-# method -> threads of its own pool. Heartbeat: lease-only ones take microseconds, the others wait for the lock;
-# Register: each holds the lock briefly, and more threads would only queue on it (a storm's excess waits in this
-# pool's own queue, and a call past its deadline is dropped there unhandled).
-POOLS = {"Heartbeat": 32, "Register": 16}
+# What was tried (module docstring): method -> threads of its own pool.
+POOLS = {"Heartbeat": 8, "Register": 4}
 
 
 class MethodPools(grpc.ServerInterceptor):
-    """Runs each method of ``pools`` in its own thread pool and times every call's wait for a thread
-    (``on_queued(method + " (queued)", seconds)``)."""
+    """Times every call's wait for a thread (``on_queued(method + " (queued)", seconds)``), and runs each method of
+    ``sizes`` (method -> threads) in a thread pool of its own."""
 
     def __init__(self, sizes: dict[str, int], on_queued: Callable[[str, float], None]) -> None:
         self.pools = {m: futures.ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"rpc-{m.lower()}")

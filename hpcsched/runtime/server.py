@@ -44,7 +44,7 @@ from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.hostaddr import is_loopback_host
 from hpcsched.runtime.listing import Busy
-from hpcsched.runtime.method_pools import POOLS, MethodPools
+from hpcsched.runtime.method_pools import MethodPools
 from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
@@ -257,10 +257,11 @@ def mark_pilot_jobs(jobs, view: SourceView) -> None:
 class ControllerServer:
     """A running controller; ``start`` returns once it listens, ``stop`` ends it."""
 
-    def __init__(self, cfg: ControllerConfig, max_workers: int = 48) -> None:
-        """``max_workers``: server threads for every method but Heartbeat and Register, which have pools of their
-        own (``method_pools.POOLS``). Queries hold at most QUERY_SLOTS + QUERY_QUEUE (16) of them, so at least 32
-        are left for submits, leaves and cancels however many listings arrive."""
+    def __init__(self, cfg: ControllerConfig, max_workers: int = 48, method_pools: dict[str, int] | None = None) \
+            -> None:
+        """``max_workers``: server threads. Queries hold at most QUERY_SLOTS + QUERY_QUEUE (16) of them, so at
+        least 32 are left for heartbeats and submits however many listings arrive. ``method_pools``: methods run in
+        thread pools of their own (method -> threads; an experiment, none by default: ``method_pools``)."""
         self.cfg = cfg
         self.roles = _roles(cfg)
         host, port = parse_address(cfg.listen, "listen")
@@ -272,8 +273,8 @@ class ControllerServer:
         self.credentials = WorkerCredentials()  # after the tokens: only an authenticated call gets this far
         self.disk = DiskGuard(cfg.state, floor)
         self.timings = RpcTimings()
-        # first: it wraps what the others return (method_pools: heartbeats and registrations on threads of their own)
-        self.pools = MethodPools(POOLS, self.timings.add)
+        # first: it wraps what the others return, and stamps each call's arrival (method_pools: "<Method> (queued)")
+        self.pools = MethodPools(method_pools or {}, self.timings.add)
         interceptors = [i for i in (self.pools, self.auth, self.credentials, self.disk) if i is not None]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
         self.service = _Service(self.ctl, self.timings, self.auth, cfg.own_jobs_only)
