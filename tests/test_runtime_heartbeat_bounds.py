@@ -245,11 +245,8 @@ def test_heartbeats_can_have_threads_of_their_own(pooled) -> None:
         while srv.timings.summary().get("Register (queued)", {}).get("calls", 0) < POOLS["Register"] + 1:
             assert time.time() < deadline, "the blocked calls never reached their handlers"
             time.sleep(0.05)
-        t0 = time.perf_counter()
-        reply = idle.beat([], partial=True, timeout=10)
-        took = time.perf_counter() - t0
+        reply = idle.beat([], partial=True, timeout=10)  # in one queue with them it would wait for the lock's release
         assert not reply.reregister and not any(f.done() for f in blocked)  # the others still wait for the lock
-    assert took < 5, took
     for f in blocked:
         f.result(timeout=60)  # and every one of them is served once the lock is free
     stats = srv.timings.summary()
