@@ -97,6 +97,49 @@ def _spec(d: Path, name: str, text: str) -> Path:
     return p
 
 
+def resize_scenario(d: Path, batch_key: str, steps: int = STEPS, lr: float = 0.2) -> tuple[pb.JobInfo, str, Path]:
+    """An elastic Horovod job (1..3 processes, ``workloads/adaptive_train.py``, ``batch_key``: its ``batch:`` line or
+    '' for a fixed batch of 64) resized 1 -> 3 -> 2 in place on one 3-slot worker: a 2-process job holds 2 slots
+    when it starts and ends by itself, then a 1-process job arrives once it has trained at 3. Real controller and
+    worker processes. Returns the job as listed at its end, its id and its rank 0's progress file (also run by
+    ``bench/bench_adaptive_inplace.py``)."""
+    ctl, addr = start_controller(d, controller_config(d, min_runtime_s=2))
+    w = start_worker(d, addr, "w1", slots=3)
+    c = client(addr)
+    # A horovodrun start, and a grow's new ranks (torch and Horovod imports), took 10-30 s each at load 13-33 here;
+    # Gloo's timeout is raised to 60 s for the same reason (rank 0 waits in it for the grow's new ranks).
+    wait_s = 120
+    try:
+        wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
+        # The blocker ends by itself (12 s of steps): a cancelled one still holds its slots while it stops, and a
+        # grow planned then does not fit in free slots, so it is made by stop and relaunch (hpcsched.core.decide).
+        blocker = submit(c, _spec(d, "blocker", f"name: blocker\nlauncher: direct\nprocs: 2\nworkdir: {ROOT}\n"
+                                  "steps: 120\ncommand: [tests/netns_job.py, --step-ms, '100']\n"))
+        wait_for("the blocker running", lambda: jobs_by_id(c)[blocker].state == "running", wait_s)
+        # 30 ms of emulated I/O per step paces the run so that each size trains for a while
+        e = submit(c, _spec(d, "adaptive", (
+            f"name: adaptive\nlauncher: horovodrun\nprocs: 1\nmin_procs: 1\nmax_procs: 3\nsteps: {steps}\n"
+            f"workdir: {ROOT}\nenv: {{HOROVOD_GLOO_TIMEOUT_SECONDS: '60'}}\n{batch_key}"
+            "command: [workloads/adaptive_train.py, --report-every, '2', --checkpoint-every, '100',"
+            f" --commit-every, '2', --io-latency-ms, '30', --lr, '{lr}', --batch, '64']\n")))
+        # the listing says 3 as soon as the resize is ordered; the program's own reports say when it trains at 3
+        progress = d / "run" / "w1" / f"{e}.g1.n0" / "progress.jsonl"
+        at3 = wait_for("training at 3", lambda: next((r["step"] for r in _reports(progress) if r["world_size"] == 3),
+                                                     None), wait_s)
+        wait_for("trained at 3", lambda: any(r["world_size"] == 3 and r["step"] >= at3 + 4
+                                             for r in _reports(progress)), wait_s)
+        small = submit(c, _spec(d, "small", f"name: small\nlauncher: direct\nprocs: 1\nworkdir: {ROOT}\n"
+                                "steps: 100000\ncommand: [tests/netns_job.py, --step-ms, '100']\n"))
+        wait_for("2 processes", lambda: jobs_by_id(c)[e].procs == 2, wait_s)
+        job = wait_for("the job finished", lambda: (j := jobs_by_id(c)[e]).state in FINAL and j, 2 * wait_s, poll=0.5)
+        c.cancel(small)
+    finally:
+        c.close()
+        stop(w)
+        stop(ctl)
+    return job, e, progress
+
+
 @pytest.mark.slow
 @pytest.mark.horovod
 @pytest.mark.skipif(horovod_missing, reason="needs Horovod with PyTorch (make horovod)")
@@ -108,43 +151,10 @@ def test_horovod_job_resized_1_3_2_in_place_changes_its_batch_and_converges(tmp_
     reports carry it with the gradient statistics, and the job converges."""
     from hpcsched.runtime.store import Store
 
-    ctl, addr = start_controller(tmp_path, controller_config(tmp_path, min_runtime_s=2))
-    w = start_worker(tmp_path, addr, "w1", slots=3)
-    c = client(addr)
-    # A horovodrun start, and a grow's new ranks (torch and Horovod imports), took 10-30 s each at load 13-33 here;
-    # Gloo's timeout is raised to 60 s for the same reason (rank 0 waits in it for the grow's new ranks).
-    wait_s = 120
-    try:
-        wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        # The blocker ends by itself (12 s of steps): a cancelled one still holds its slots while it stops, and a
-        # grow planned then does not fit in free slots, so it is made by stop and relaunch (hpcsched.core.decide).
-        blocker = submit(c, _spec(tmp_path, "blocker", f"name: blocker\nlauncher: direct\nprocs: 2\nworkdir: {ROOT}\n"
-                                  "steps: 120\ncommand: [tests/netns_job.py, --step-ms, '100']\n"))
-        wait_for("the blocker running", lambda: jobs_by_id(c)[blocker].state == "running", wait_s)
-        # 48-64 samples per process: the three sizes' batch ranges do not overlap, so every resize must change it.
-        # 30 ms of emulated I/O per step paces the run so that each size trains for a while; at lr 0.2 the loss is
-        # under 0.6x its first in 150 steps.
-        e = submit(c, _spec(tmp_path, "adaptive", (
-            f"name: adaptive\nlauncher: horovodrun\nprocs: 1\nmin_procs: 1\nmax_procs: 3\nsteps: {STEPS}\n"
-            f"workdir: {ROOT}\nenv: {{HOROVOD_GLOO_TIMEOUT_SECONDS: '60'}}\n"
-            "batch: {base: 64, max: 1024, min_per_proc: 48, max_per_proc: 64, lr_scaling: sqrt}\n"
-            "command: [workloads/adaptive_train.py, --report-every, '2', --checkpoint-every, '100',"
-            " --commit-every, '2', --io-latency-ms, '30', --lr, '0.2']\n")))
-        # the listing says 3 as soon as the resize is ordered; the program's own reports say when it trains at 3
-        progress = tmp_path / "run" / "w1" / f"{e}.g1.n0" / "progress.jsonl"
-        at3 = wait_for("training at 3", lambda: next((r["step"] for r in _reports(progress) if r["world_size"] == 3),
-                                                     None), wait_s)
-        wait_for("trained at 3", lambda: any(r["world_size"] == 3 and r["step"] >= at3 + 4
-                                             for r in _reports(progress)), wait_s)
-        small = submit(c, _spec(tmp_path, "small", f"name: small\nlauncher: direct\nprocs: 1\nworkdir: {ROOT}\n"
-                                "steps: 100000\ncommand: [tests/netns_job.py, --step-ms, '100']\n"))
-        wait_for("2 processes", lambda: jobs_by_id(c)[e].procs == 2, wait_s)
-        job = wait_for("the job finished", lambda: (j := jobs_by_id(c)[e]).state in FINAL and j, 2 * wait_s, poll=0.5)
-        c.cancel(small)
-    finally:
-        c.close()
-        stop(w)
-        stop(ctl)
+    # 48-64 samples per process: the three sizes' batch ranges do not overlap, so every resize must change it; at
+    # lr 0.2 the loss is under 0.6x its first in 150 steps
+    job, e, progress = resize_scenario(
+        tmp_path, "batch: {base: 64, max: 1024, min_per_proc: 48, max_per_proc: 64, lr_scaling: sqrt}\n")
     assert job.state == "completed" and job.generation == 1 and job.restarts == 0, job
     store = Store(tmp_path / "run" / "state.db")
     told = [(x["procs"], x["batch_size"]) for x in store.events(e, "batch")]
