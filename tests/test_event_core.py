@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 
 from hpcsched.primitives.event_core import ROUND, EventCore
@@ -82,3 +84,47 @@ def test_no_round_without_a_start() -> None:
     core = EventCore()
     core.start_rounds(None)
     assert core.run(Recorder(period=1.0, last=5.0)) == 0
+
+
+def test_stale_entries_are_dropped_never_handed_on() -> None:
+    armed = {"a": 3.0}  # the one live entry per name: re-arming leaves the old entry on the heap, stale
+    core = EventCore(live=lambda t, kind, name: armed.get(name) == t)
+    core.schedule(1.0, "a", order="a")
+    core.schedule(3.0, "a", order="a")
+    core.schedule(2.0, "b", order="b")
+    s = Recorder()
+    assert core.run(s) == 1
+    assert s.seen == [(3.0, "a")]
+
+
+class Instants:
+    """A strategy that takes a whole instant at once (as the DL engine): every entry due at ``t``, then one step."""
+
+    def __init__(self, core: EventCore) -> None:
+        self.core = core
+        self.steps: list[tuple[float, list[object]]] = []
+
+    def handle(self, t: float, event: object) -> None:
+        heap = self.core.heap
+        taken = []
+        while heap and heap[0][0] == t:
+            taken.append(heapq.heappop(heap)[3])
+        self.steps.append((t, taken))
+        if t == 1.0:
+            self.core.schedule(4.0, "scheduled at 1")
+
+    def next_round(self, t: float) -> float | None:
+        return None
+
+    def done(self) -> bool:
+        return False
+
+
+def test_by_instant_leaves_the_entry_for_the_strategy_and_skips_stale_ones() -> None:
+    core = EventCore(live=lambda t, kind, order: order != 99)
+    for t, ev, kind in ((1.0, "end", 0), (1.0, "arrival", 1), (2.0, "stale", 0), (3.0, "late", 0)):
+        core.schedule(t, ev, kind, order=99 if ev == "stale" else None)
+    s = Instants(core)
+    assert core.run(s, until=3.5, by_instant=True) == 2
+    assert s.steps == [(1.0, ["end", "arrival"]), (3.0, ["late"])]
+    assert core.peek() == 4.0 and core.now == 3.0

@@ -17,12 +17,17 @@ Rounds: a round-based mechanism is a periodic event. ``start_rounds(t)`` puts th
 after each round event is handled the core asks the strategy's ``next_round(t)`` for the next one (a fixed
 period for Blox, Pollux and Sia; the slowest micro-task's end or the next arrival for Gavel; None: no more), so a
 round's length may depend on what the round decided.
+
+Stale events: a mechanism that re-arms an event (a job's completion, predicted again after every decision)
+need not find and remove the old entry. Given ``live(time, kind, order)``, the core drops an entry that no
+longer holds when it reaches the top (lazy deletion, as SimPy's core keeps its one queue), never handing it on.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 ROUND = "round"
@@ -47,13 +52,15 @@ class Strategy(Protocol):
 
 
 class EventCore:
-    """One heap of ``(time, kind, order, event)`` entries and the clock ``now`` (the last event's time)."""
+    """One heap of ``(time, kind, order, event)`` entries and the clock ``now`` (the last event's time);
+    ``live(time, kind, order)``, if given, says whether an entry still holds (a stale one is dropped)."""
 
-    __slots__ = ("heap", "now", "handled", "_seq")
+    __slots__ = ("heap", "now", "handled", "live", "_seq")
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, live: Callable[[float, int, Any], bool] | None = None) -> None:
         self.heap: list[tuple[float, int, Any, Any]] = []
         self.now = start
+        self.live = live
         self.handled = 0  # events handed to the strategy so far
         self._seq = 0
 
@@ -73,23 +80,34 @@ class EventCore:
             self.schedule(t, ROUND, ROUND_KIND)
 
     def peek(self) -> float:
-        """The time of the next event (inf: none)."""
-        return self.heap[0][0] if self.heap else _INF
+        """The time of the next live event (inf: none), dropping the stale ones above it."""
+        heap, live = self.heap, self.live
+        while heap:
+            t, kind, order, _ = heap[0]
+            if live is None or live(t, kind, order):
+                return t
+            heapq.heappop(heap)
+        return _INF
 
-    def pop(self) -> tuple[float, int, Any, Any]:
-        """Take the next entry and move the clock to it (for a mechanism that drains an instant itself)."""
-        entry = heapq.heappop(self.heap)
-        self.now = entry[0]
-        return entry
-
-    def run(self, strategy: Strategy, until: float = _INF) -> int:
+    def run(self, strategy: Strategy, until: float = _INF, by_instant: bool = False) -> int:
         """Hand every event due at or before ``until`` to ``strategy``, in (time, kind, order), until the heap
-        empties or the strategy is done; returns the number of events handled by this call."""
-        heap = self.heap
+        empties or the strategy is done; returns the number of events handled by this call.
+
+        ``by_instant``: for a mechanism that takes a whole instant at once (the DL engine: every completion,
+        arrival and crossing due at ``t``, then one decision). The core finds the next live entry, moves the clock
+        to it and calls ``handle(t, event)`` leaving the entry on the heap: the strategy takes it, with whatever
+        else it handles at ``t``, or makes it stale (an entry left live is handed over again, at the same ``t``)."""
+        if by_instant:
+            n = self._run_instants(strategy, until)
+            self.handled += n
+            return n
+        heap, live, pop = self.heap, self.live, heapq.heappop
         handle, done = strategy.handle, strategy.done
         n = 0
         while heap and heap[0][0] <= until:
-            t, kind, _, event = heapq.heappop(heap)
+            t, kind, order, event = pop(heap)
+            if live is not None and not live(t, kind, order):
+                continue
             self.now = t
             handle(t, event)
             n += 1
@@ -102,3 +120,27 @@ class EventCore:
         self.handled += n
         return n
 
+    def _run_instants(self, strategy: Strategy, until: float) -> int:
+        """``run`` by instant: the entry found stays on the heap for the strategy. Its own loop: where most
+        entries go stale (the DL engine re-predicts every running job's completion at every decision) the
+        stale ones are dropped here at the cost of one ``live`` call each."""
+        heap, live, pop = self.heap, self.live, heapq.heappop
+        handle, done = strategy.handle, strategy.done
+        n = 0
+        while heap:
+            t, kind, order, event = heap[0]
+            if live is not None and not live(t, kind, order):
+                pop(heap)
+                continue
+            if t > until:
+                break
+            self.now = t
+            handle(t, event)
+            n += 1
+            if kind == ROUND_KIND and event is ROUND:
+                nt = strategy.next_round(t)
+                if nt is not None:
+                    self.schedule(nt, ROUND, ROUND_KIND)
+            if done():
+                break
+        return n

@@ -28,9 +28,10 @@ _INF = math.inf
 
 
 class DLEngine(Planner):
-    """One run: the event core (``sim.events``: one queue of arrivals, completions and crossings), an
-    accounting strategy (``sim.accounting``, lazy: a job is settled when looked at; or, under ``--compat
-    muri``, ``compat.accounting``: every running job settled and charged at every event), and the decisions
+    """One run, a strategy of the simulators' event core (``sim.events`` over ``primitives.event_core``: one
+    heap of arrivals, completions and crossings), an accounting strategy (``sim.accounting``, lazy: a job is
+    settled when looked at; or, under ``--compat muri``, ``compat.accounting``: every running job settled and
+    charged at every event), and the decisions
     (the policy, its shortcuts, re-planning from ``core.replan`` or the core itself, ``_apply``). The policy
     is skipped when every active job already runs or fits beside the running ones (``runs_every_job``), so
     an event costs O(jobs that change) on a lightly loaded cluster."""
@@ -127,32 +128,42 @@ class DLEngine(Planner):
             self.core = CoreDecider(as_controller, policy, cluster.nodes, self.gpn)
             self.fast, self.jkey, self.vorder, self.rsorted = False, None, None, None
 
-    # -- main loop ---------------------------------------------------------------------------
+    # -- main loop: a strategy of the event core -------------------------------------------------
     def run(self) -> None:
-        n = len(self.jobs)
-        queue, acct = self.queue, self.acct
+        """Run to the last event on the event core (``self.queue.core``), each instant handled once."""
         self._arm_arrival()
-        while True:
-            acct.before_step()
-            t = queue.peek()
-            if t == _INF:
-                break
-            acct.advance(t)
-            self.now = t
-            self.events += 1
-            ends, arrivals, woke = queue.due(t, acct.end_tol(t))
-            changed = self._complete(ends, t) if ends else False
-            arrived = self._arrive(t) if arrivals else False
-            if woke:
-                changed = True
-                acct.wake_up(t)
-            if not self.fast or not self._fits_all(t, changed or arrived):
-                self._reschedule(t)
-            self.timeline += (t, self.busy, len(self.running), len(self.active) - len(self.running))
-            if self.progress is not None and self.events % 256 == 0:
-                self.progress(self.finished, n)
+        self.acct.before_step()
+        self.queue.core.run(self, by_instant=True)
         if self.progress is not None:
-            self.progress(self.finished, n)
+            self.progress(self.finished, len(self.jobs))
+
+    def handle(self, t: float, event: None) -> None:
+        """One instant: every live entry due at ``t`` (the core found the first; completions within the
+        accounting's tolerance too) is taken, then one decision."""
+        queue, acct = self.queue, self.acct
+        acct.advance(t)
+        self.now = t
+        self.events += 1
+        ends, arrivals, woke = queue.due(t, acct.end_tol(t))
+        changed = self._complete(ends, t) if ends else False
+        arrived = self._arrive(t) if arrivals else False
+        if woke:
+            changed = True
+            acct.wake_up(t)
+        if not self.fast or not self._fits_all(t, changed or arrived):
+            self._reschedule(t)
+        self.timeline += (t, self.busy, len(self.running), len(self.active) - len(self.running))
+        if self.progress is not None and self.events % 256 == 0:
+            self.progress(self.finished, len(self.jobs))
+        acct.before_step()  # what the reference accounting arms before the next instant is looked for
+
+    def next_round(self, t: float) -> float | None:
+        """No rounds: every event is an arrival, a completion or a crossing."""
+        return None
+
+    def done(self) -> bool:
+        """The run ends when the heap holds no live entry."""
+        return False
 
     def _live_entry(self, t: float, kind: int, idx: int) -> bool:
         """Whether an event entry still holds: an arrival always; a completion or a crossing while its job
