@@ -57,11 +57,13 @@ from hpcsched.harvest.replay_config import (
     ReplayResult,
     Valuation,
 )
+from hpcsched.harvest.replay_progress import ReplayProgress
 from hpcsched.milp import MilpJob
 from hpcsched.milp.allocate import solve_counts_sized
 from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of
 from hpcsched.milp.problem import check_job, job_rate
 from hpcsched.model import ElasticJob
+from hpcsched.primitives.event_core import EventCore
 from hpcsched.results import JobResult
 
 __all__ = ["ACCOUNTING", "EVENT_COLUMNS", "NONOPTIMAL", "ReplayConfig", "ReplayResult", "Valuation", "replay"]
@@ -87,31 +89,25 @@ class _Run:
 
 
 
-class _Progress:
-    """``progress(done, total)`` in event units, at most four times a second.
+class PoolWalk:
+    """The replayer as a strategy of the event core: a pool event at a time (the replay's state decides)."""
 
-    The replay stops at the last event or once every elastic job is done, whichever comes first, so
-    ``done`` is the events replayed or, when further along, the share of the jobs' samples done scaled to
-    the events: an ETA from events alone said a minute for a replay that ended five seconds later.
-    """
+    def __init__(self, state: _Replay) -> None:
+        self.state = state
+        self.handle = state.handle
 
-    def __init__(self, progress: Callable[[int, int], None] | None, total: int, state: _Replay) -> None:
-        self.progress, self.total, self.state = progress, total, state
-        self.need = sum(j.total_samples for j in state.queue) or 1.0
-        self.shown = 0
-        self.last = -math.inf
+    def next_round(self, t: float) -> float | None:
+        """No rounds: the replayer decides at pool events (and, with ``exact_events``, the ones between)."""
+        return None
 
-    def __call__(self, k: int) -> None:
-        if self.progress is None or (now := time.monotonic()) - self.last < 0.25:
-            return
-        self.last = now
-        work = max(sum(r.samples for r in self.state.runs.values()), 0.0) / self.need
-        self.shown = max(self.shown, k, min(int(work * self.total), self.total))
-        self.progress(self.shown, self.total)
+    def done(self) -> bool:
+        """Every job done: the rest of the log is not replayed."""
+        return self.state.stopped_at is not None
 
 
 class _Replay:
-    """One replay's mutable state; ``run`` walks the events in the reference's per-event order."""
+    """One replay's mutable state; ``run`` walks the events in the reference's per-event order, as a strategy
+    of the simulators' event core (``hpcsched.primitives.event_core``: each pool event an event of its heap)."""
 
     def __init__(self, timeline: PoolTimeline, jobs: Sequence[ElasticJob], config: ReplayConfig,
                  valuation: Valuation | None = None) -> None:
@@ -136,6 +132,12 @@ class _Replay:
         self.used_ns = self.idle_ns = self.solve_s = self.overshoot = self.past_pmax_ns = 0.0
         self.lost_preempt = self.lost_restart = 0.0
         self.statuses: Counter[str] = Counter()  # status of every decision applied (cached ones included)
+        # the walk (``run``): the event core, the pool event read ahead, the last decision's time, the stop
+        self.core = EventCore(start=-math.inf)
+        self.ahead: tuple[list[Run], list[Run]] = ([], [])
+        self.t_prev = timeline.start
+        self.stopped_at: float | None = None
+        self.report: Callable[[int], None] = lambda k: None
 
     def _runs_of(self, nodes: Sequence[str]) -> list[Run]:
         """Node names as index runs in their order: free for ``NodeRuns`` of this machine; named nodes
@@ -364,32 +366,49 @@ class _Replay:
         size = self.pool.size
         self.events.append((tl.start, 0.0, size, size, 0, self._held(), len(self.active), 0, 0,
                             0.0, resc, loss, sum(r.rate for r in self.active), tfwd, secs, status))
-        t_prev = tl.start
-        total = len(tl.events)
-        report = _Progress(progress, total, self)
-        for k in range(total):
+        self.t_prev = tl.start
+        self.report = ReplayProgress(progress, len(tl.events), sum(j.total_samples for j in self.queue),
+                                     lambda: sum(r.samples for r in self.runs.values()))
+        # the pool's events on the event core, one read ahead (a 10^7-event log is never held at once); a
+        # timeline out of time order stops with the core's error (a clock does not go back)
+        self._arm(0)
+        self.core.run(PoolWalk(self))
+        return self.stopped_at
+
+    def _arm(self, k: int) -> None:
+        """Read pool event ``k`` (if any) and put it on the core's heap."""
+        if k < len(self.tl.events):
             now, joined, left = self._event(k)
-            if self.cfg.exact_events:
-                t_prev, done_at = self.internal_events(t_prev, now)
-                if done_at is not None:
-                    return done_at
-            dt = now - t_prev
-            self.progress(dt)
-            lost, preempt_loss = self.preempt(now, left)
-            self.complete(now, lost)
-            self.pool.add(joined, now, self.names)
-            self.admit(now)
-            head = (now, dt, self.pool.size, runs_len(joined), runs_len(left))
-            if not self.active and self.admitted == len(self.queue):
-                self.events.append((*head, 0, 0, self.done, len(lost), preempt_loss, 0, 0.0, 0.0, 0.0, 0.0,
-                                    "finished"))
-                return now
-            resc, loss, tfwd, status, secs = self.decide(now, lost, False)
-            self.events.append((*head, self._held(), len(self.active), self.done, len(lost), preempt_loss, resc,
-                                loss, sum(r.rate for r in self.active), tfwd, secs, status))
-            t_prev = now
-            report(k)
-        return None
+            self.ahead = (joined, left)
+            self.core.schedule(now, k)
+
+    def handle(self, now: float, k: int) -> None:
+        """Pool event ``k``: the completions and submits before it (``exact_events``), then its nodes leave and
+        join, the jobs progress to it, and the allocator decides."""
+        joined, left = self.ahead
+        if self.cfg.exact_events:
+            self.t_prev, done_at = self.internal_events(self.t_prev, now)
+            if done_at is not None:
+                self.stopped_at = done_at
+                return
+        dt = now - self.t_prev
+        self.progress(dt)
+        lost, preempt_loss = self.preempt(now, left)
+        self.complete(now, lost)
+        self.pool.add(joined, now, self.names)
+        self.admit(now)
+        head = (now, dt, self.pool.size, runs_len(joined), runs_len(left))
+        if not self.active and self.admitted == len(self.queue):
+            self.events.append((*head, 0, 0, self.done, len(lost), preempt_loss, 0, 0.0, 0.0, 0.0, 0.0,
+                                "finished"))
+            self.stopped_at = now
+            return
+        resc, loss, tfwd, status, secs = self.decide(now, lost, False)
+        self.events.append((*head, self._held(), len(self.active), self.done, len(lost), preempt_loss, resc,
+                            loss, sum(r.rate for r in self.active), tfwd, secs, status))
+        self.t_prev = now
+        self.report(k)
+        self._arm(k + 1)
 
     def _next_internal(self, after: float, before: float) -> float | None:
         """The first completion or admissible submit strictly between two pool events, if any."""
@@ -471,7 +490,8 @@ def replay(
     progress: Callable[[int, int], None] | None = None,
     valuation: Valuation | None = None,
 ) -> ReplayResult:
-    """Run the replay; ``progress(done, total)`` follows it in event units (``_Progress``), ending at (total, total).
+    """Run the replay; ``progress(done, total)`` follows it in event units (``ReplayProgress``), ending at (total,
+    total).
     ``valuation`` revalues the jobs it profiles at every decision (``hpcsched.harvest.goodput``); the jobs must be
     as its ``prepare`` returned them."""
     state = _Replay(timeline, jobs, config, valuation)
