@@ -150,12 +150,12 @@ def test_a_controller_harvests_pbs_nodes_runs_a_job_and_gives_a_node_back(tmp_pa
         assert done
         ws = {w.worker_id: w for w in c.workers() if w.worker_id.startswith("pilot-") and w.alive}
         pilots = set(ws)
-        assert len(pilots) == 2 and all(w.pilot and w.pilot_state == "RUNNING" and w.slurm_node in ("n1", "n2", "n3")
-                                        and w.worker_id == f"pilot-{w.slurm_job_id}" for w in ws.values())
+        assert len(pilots) == 2 and all(w.pilot and w.pilot_state == "RUNNING" and w.source_node in ("n1", "n2", "n3")
+                                        and w.worker_id == f"pilot-{w.source_job_id}" for w in ws.values())
         nodes = c.nodes()  # `hpcsched workers --nodes`: the PBS nodes as the source saw them at its last poll
         assert nodes.node_source == "pbs" and sorted(n.node for n in nodes.nodes) == ["n1", "n2", "n3"]
-        assert sorted(n.slurm_job_id for n in nodes.nodes if n.slurm_job_id) == sorted(
-            w.slurm_job_id for w in ws.values())
+        assert sorted(n.source_job_id for n in nodes.nodes if n.source_job_id) == sorted(
+            w.source_job_id for w in ws.values())
         long = c.submit("name: long\nlauncher: direct\nprocs: 2\ncommand: [sh, -c, 'sleep 600']\n", "long.yaml")
         wait_for("the long job to run", lambda: [j for j in c.jobs() if j.job_id == long and j.state == "running"],
                  budget)

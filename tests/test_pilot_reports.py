@@ -182,18 +182,22 @@ def test_workers_and_jobs_show_pilots_and_why_nodes_are_unused(tmp_path: Path) -
         wait_for("the job placed on the pilot", lambda: c.jobs()[0].workers == [f"pilot-{p1}"], 30, poll=0.1)
         m.step()
         rows = {w["worker_id"]: w for w in json.loads(_cli("workers", "--controller", addr, "--json"))}
-        assert (rows[f"pilot-{p1}"]["pilot"], rows[f"pilot-{p1}"]["slurm_job_id"], rows[f"pilot-{p1}"]["slurm_node"],
+        assert (rows[f"pilot-{p1}"]["pilot"], rows[f"pilot-{p1}"]["source_job_id"], rows[f"pilot-{p1}"]["source_node"],
                 rows[f"pilot-{p1}"]["pilot_state"]) == (True, p1, "n1", "RUNNING")
-        assert (rows["static1"]["pilot"], rows["static1"]["slurm_job_id"]) == (False, "")
+        # the keys of the first release stay, with the same values (a --json key is a contract)
+        assert (rows[f"pilot-{p1}"]["slurm_job_id"], rows[f"pilot-{p1}"]["slurm_node"]) == (p1, "n1")
+        assert (rows["static1"]["pilot"], rows["static1"]["source_job_id"], rows["static1"]["slurm_job_id"]) == (
+            False, "", "")
         table = _cli("workers", "--controller", addr)
         assert f"{p1}@n1 running" in table and "PILOT" in table  # Slurm job @ node, its state: one line
         nodes = json.loads(_cli("workers", "--controller", addr, "--nodes", "--json"))
         assert nodes["node_source"] == "slurm" and nodes["time"] > 0
         by_node = {n["node"]: n for n in nodes["nodes"]}
-        assert by_node["n1"]["slurm_job_id"] == p1 and by_node["n1"]["use"].startswith(f"pilot {p1} (running, worker")
+        assert by_node["n1"]["source_job_id"] == by_node["n1"]["slurm_job_id"] == p1
+        assert by_node["n1"]["use"].startswith(f"pilot {p1} (running, worker")
         # p2 pending: an array element Slurm has not placed yet holds no node; the idle ones say why not used
-        assert by_node["n2"]["slurm_job_id"] == "" and by_node["n2"]["use"].startswith("idle, not needed")
-        assert by_node["n3"]["use"].startswith("idle, not needed") and by_node["n3"]["slurm_job_id"] == ""
+        assert by_node["n2"]["source_job_id"] == "" and by_node["n2"]["use"].startswith("idle, not needed")
+        assert by_node["n3"]["use"].startswith("idle, not needed") and by_node["n3"]["source_job_id"] == ""
         assert "WHY NOT USED" in _cli("workers", "--controller", addr, "--nodes")
         (job,) = json.loads(_cli("jobs", "--controller", addr, "--json"))
         assert job["job_id"] == jid and job["pilot_jobs"] == [p1]

@@ -121,12 +121,12 @@ def test_controller_harvests_nodes_with_pilots_loses_them_to_preemption_and_gets
         assert len(pilots_listed()) == 2
         # Operable (issue 18): the listings say which workers are pilots, where, and what each node does
         ws = {w.worker_id: w for w in c.workers()}
-        assert all(ws[w].pilot and ws[w].slurm_job_id == w.removeprefix("pilot-") and ws[w].slurm_node in
+        assert all(ws[w].pilot and ws[w].source_job_id == w.removeprefix("pilot-") and ws[w].source_node in
                    ("n1", "n2", "n3", "n4") for w in j.workers), ws
         assert sorted(jobs_by_id(c)[jid].pilot_jobs) == sorted(w.removeprefix("pilot-") for w in j.workers)
         nodes = c.nodes()
         assert nodes.node_source == "slurm" and len(nodes.nodes) == 4
-        assert sorted(n.slurm_job_id for n in nodes.nodes if n.slurm_job_id) == sorted(pilots_listed())
+        assert sorted(n.source_job_id for n in nodes.nodes if n.source_job_id) == sorted(pilots_listed())
         # ... and so do /metrics and the status page (issue 31)
         url = "http://" + (tmp_path / "run" / "metrics.addr").read_text().strip()
         m = wait_for("two running pilots in /metrics", lambda: (m := scrape(url)).get(

@@ -374,13 +374,13 @@ def workers(
     output: str = _OUTPUT,
     sort: str = typer.Option("id", "--sort", help="id, state, used, host"),
     reverse: bool = typer.Option(False, "--reverse", help="sort the other way"),
-    nodes: bool = typer.Option(False, "--nodes", help="the Slurm nodes the controller sees instead (node_source "
-                               "slurm): what each does for it (a pilot) or why it is not used"),
+    nodes: bool = typer.Option(False, "--nodes", help="the nodes the controller's node source sees instead "
+                               "(node_source slurm, pbs): what each does for it (a pilot) or why it is not used"),
 ) -> None:
     """List the workers the controller knows: state, slots in use, GPUs and their type, pilot, host.
 
-    Which workers are harvested pilots (node_source slurm: their Slurm job, node and state, on one line);
-    ``--nodes``: the Slurm nodes the controller sees instead, with what each does for it or why it is not used."""
+    Which workers are harvested pilots (node_source slurm, pbs: their batch job, node and state, on one line);
+    ``--nodes``: the nodes the node source sees instead, with what each does for it or why it is not used."""
     from hpcsched.runtime.client import ClientError
     from hpcsched.runtime.tables import terminal_width
     from hpcsched.runtime.views import WORKER_SORTS, dump, nodes_table, sort_workers, workers_table
@@ -397,7 +397,8 @@ def workers(
     except ClientError as e:
         _fail(e)
     if nodes:
-        listed = [{"node": n.node, "use": n.use, "slurm_job_id": n.slurm_job_id} for n in reply.nodes]
+        listed = [{"node": n.node, "use": n.use, "source_job_id": n.source_job_id, "slurm_job_id": n.source_job_id}
+                  for n in reply.nodes]
         if output in ("json", "yaml"):
             data = {"node_source": reply.node_source, "time": reply.nodes_time, "nodes": listed}
             if output == "yaml":
@@ -407,16 +408,16 @@ def workers(
             else:
                 print(json.dumps(data, indent=1))
             return
-        if reply.node_source != "slurm":
-            print(f"node source {reply.node_source or 'static'}: workers register themselves; the controller "
-                  "watches no Slurm nodes")
+        source = reply.node_source or "static"
+        if source == "static":
+            print("node source static: workers register themselves; the controller watches no batch system's nodes")
             return
         if not reply.nodes_time:
-            print("node source slurm: the pilot manager has not polled Slurm yet")
+            print(f"node source {source}: the pilot manager has not polled its batch system yet")
             return
         import time
 
-        print(f"Slurm nodes as of {time.strftime('%H:%M:%S', time.localtime(reply.nodes_time))}")
+        print(f"{source} nodes as of {time.strftime('%H:%M:%S', time.localtime(reply.nodes_time))}")
         print(nodes_table(reply.nodes, None if output == "wide" else terminal_width()))
         return
     rows = sort_workers(list(rows), sort, reverse)

@@ -230,7 +230,7 @@ class _Service(pb_grpc.ControllerServicer):
             reply.node_source = view.name
             if view.nodes:
                 reply.nodes_time = view.time
-                reply.nodes.extend(pb.SlurmNode(node=n, use=use, slurm_job_id=job)
+                reply.nodes.extend(pb.SourceNode(node=n, use=use, source_job_id=job)
                                    for n, (use, job) in view.nodes.items())
         return reply
 
@@ -244,12 +244,12 @@ def mark_pilot_workers(workers, view: SourceView) -> None:
     left (state ``GONE``) that it or a predecessor on this state had."""
     for w in workers:
         if w.worker_id in view.workers:
-            w.slurm_job_id, w.slurm_node, w.pilot_state = view.workers[w.worker_id]
+            w.source_job_id, w.source_node, w.pilot_state = view.workers[w.worker_id]
             w.pilot = True
 
 
 def mark_pilot_jobs(jobs, view: SourceView) -> None:
-    """``JobInfo.pilot_jobs``: the external jobs (Slurm's) of the node source's workers among each job's workers."""
+    """``JobInfo.pilot_jobs``: the batch jobs (Slurm's, PBS's) of the node source's workers among each job's workers."""
     for j in jobs:
         j.pilot_jobs.extend(view.workers[w][0] for w in j.workers if w in view.workers)
 

@@ -19,11 +19,25 @@ JOB_SORTS = ("id", "name", "user", "state", "size", "progress", "age")
 WORKER_SORTS = ("id", "state", "used", "host")
 
 
+# Protocol fields renamed to names no batch system owns, and the ``--json`` keys they had: a key is a contract, so
+# the old one is still given, beside the new one and with the same value.
+FORMER_KEYS = {"source_job_id": "slurm_job_id", "source_node": "slurm_node"}
+
+
 def as_dicts(rows: Sequence) -> list[dict]:
-    """Every field of each message (set or not), repeated fields as lists: the ``--json`` keys."""
+    """Every field of each message (set or not), repeated fields as lists: the ``--json`` keys (a renamed field
+    under its former key too, ``FORMER_KEYS``)."""
     fields = [f.name for f in rows[0].DESCRIPTOR.fields] if rows else []
-    return [{k: v if isinstance(v, str | int | float) else list(v) for k in fields for v in [getattr(r, k)]}
-            for r in rows]
+    out = []
+    for r in rows:
+        d: dict = {}
+        for k in fields:
+            v = getattr(r, k)
+            d[k] = v if isinstance(v, str | int | float) else list(v)
+            if k in FORMER_KEYS:
+                d[FORMER_KEYS[k]] = d[k]
+        out.append(d)
+    return out
 
 
 def dump(rows: Sequence, output: str) -> str:
@@ -87,7 +101,7 @@ def jobs_table(rows: Sequence[pb.JobInfo], wide: bool, width: int | None, now: f
 
 
 def _pilot(w: pb.WorkerInfo) -> str:
-    return f"{w.slurm_job_id}@{w.slurm_node} {w.pilot_state.lower()}" if w.pilot else "-"
+    return f"{w.source_job_id}@{w.source_node} {w.pilot_state.lower()}" if w.pilot else "-"
 
 
 def sort_workers(rows: list[pb.WorkerInfo], key: str, reverse: bool = False) -> list[pb.WorkerInfo]:
@@ -98,7 +112,7 @@ def sort_workers(rows: list[pb.WorkerInfo], key: str, reverse: bool = False) -> 
 
 
 def workers_table(rows: Sequence[pb.WorkerInfo], wide: bool, width: int | None, now: float | None = None) -> str:
-    """The workers, one line each (a pilot too: its Slurm job, node and state in one cell)."""
+    """The workers, one line each (a pilot too: its batch job, node and state in one cell)."""
     now = time.time() if now is None else now
     cols = [Column("WORKER", elide=False), Column("STATE", elide=False), Column("USED", right=True),
             Column("GPUS", right=True), Column("GPU TYPE"), Column("PILOT"), Column("HOST")]
@@ -115,7 +129,7 @@ def workers_table(rows: Sequence[pb.WorkerInfo], wide: bool, width: int | None, 
     return render(cols, table, None if wide else width)
 
 
-def nodes_table(nodes: Sequence[pb.SlurmNode], width: int | None) -> str:
-    """``workers --nodes``: each Slurm node of the pilots' partition and what it does for the controller."""
+def nodes_table(nodes: Sequence[pb.SourceNode], width: int | None) -> str:
+    """``workers --nodes``: each node of the pilots' partition (queue) and what it does for the controller."""
     cols = [Column("NODE", elide=False), Column("PILOT", elide=False), Column("USE (OR WHY NOT USED)")]
-    return render(cols, [[n.node, n.slurm_job_id or "-", n.use] for n in nodes], width)
+    return render(cols, [[n.node, n.source_job_id or "-", n.use] for n in nodes], width)
