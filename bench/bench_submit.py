@@ -1,7 +1,9 @@
 """Submit throughput (issue 25): jobs stored per second from one client, for 1, 100 and 10,000 jobs, three ways.
 
-1. ``single``: one Submit RPC per job file (``Client.submit`` in a loop: what ``hpcsched submit FILE`` does for each
-   file, without a process start per file, which only makes it slower); each job is stored when its call returns.
+1. ``single``: one Submit RPC per job file, its text as written (``Client.submit`` in a loop: what a client that
+   sends the file's text does, without a process start per file); each job is stored when its call returns.
+   ``record``: the same, each file read and checked here and sent as its typed record (``JobRecord``: what
+   ``hpcsched submit FILE`` does for each file); the controller then reads no YAML.
 2. ``batch``: ``hpcsched submit F1 F2 ... FN`` as a user runs it (one process: start-up, reading and checking every
    file, SubmitMany calls of up to 500 files each).
 3. ``array``: ``hpcsched submit --array N FILE`` (one file, N instances).
@@ -12,7 +14,7 @@ last reply; the jobs stored are then counted through ListJobs and must equal N. 
 client in batches. Also the CPU seconds the client (the CLI process, or this one for ``single``) and the controller
 spent: on a shared machine the wall rate follows the load, the CPU per job does not.
 
-    .venv/bin/python bench/bench_submit.py [--sizes 1,100,10000] [--modes single,batch,array] [--json out.json]
+    .venv/bin/python bench/bench_submit.py [--sizes 1,100,10000] [--modes single,record,batch,array] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TOKEN = "bench-token-51b7"
+_CLI = ("batch", "array")  # modes run as a CLI process (its CPU is the child's); the others run in this one
 
 
 def _controller(d: Path) -> tuple[subprocess.Popen, str]:
@@ -62,6 +65,8 @@ def _files(d: Path, n: int) -> list[Path]:
 
 def measure(mode: str, n: int) -> dict:
     from hpcsched.runtime.client import Client
+    from hpcsched.runtime.jobfile import parse_job_spec, read_job_file
+    from hpcsched.runtime.jobrecord import to_record
 
     with tempfile.TemporaryDirectory(prefix="bench-submit-") as tmp:
         d = Path(tmp)
@@ -76,6 +81,9 @@ def measure(mode: str, n: int) -> dict:
             if mode == "single":
                 for f in files:
                     c.submit(f.read_text(), str(f))
+            elif mode == "record":
+                for f in files:
+                    c.submit(to_record(parse_job_spec(read_job_file(f), str(f))), str(f))
             else:
                 args = ["--array", str(n), str(files[0])] if mode == "array" else [str(f) for f in files]
                 done = subprocess.run([sys.executable, "-m", "hpcsched.runtime", "submit", *args], env=env,
@@ -85,7 +93,7 @@ def measure(mode: str, n: int) -> dict:
             wall = time.perf_counter() - t0
             ctl_cpu = _cpu(proc.pid) - ctl0
             me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-            client_cpu = (kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime) if mode != "single" else \
+            client_cpu = (kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime) if mode in _CLI else \
                 (me.ru_utime + me.ru_stime - me0.ru_utime - me0.ru_stime)
             stored = len(c.jobs())
             c.close()
@@ -110,7 +118,7 @@ def _cpu(pid: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1,100,10000")
-    ap.add_argument("--modes", default="single,batch,array")
+    ap.add_argument("--modes", default="single,record,batch,array")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     rows = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -473,7 +474,24 @@ def test_controller_colocates_a_muri_s_pair_on_one_slot(tmp_path: Path) -> None:
     assert sorted((t.job_id, t.group) for t in launched) == [(a, f"{a}+{b}"), (b, f"{a}+{b}")]
     used, groups, _ = c._slot_use()
     assert used == {"w0": 1} and groups == {a: f"{a}+{b}", b: f"{a}+{b}"}
+    # the key is stored with each job (the group column), not read back out of the tasks' LaunchTasks
+    assert (c.store.job(a).group, c.store.job(b).group) == (f"{a}+{b}", f"{a}+{b}")
+    assert {j.job_id: (j.group, list(j.interleaved_with)) for j in c.list_jobs()} == {
+        a: (f"{a}+{b}", [b]), b: (f"{a}+{b}", [a])}
     c.store.close()
+    # A state file from before the column (the shape of the last release): the controller opening it fills the key
+    # of the jobs with live tasks from their LaunchTasks, once, and still counts the group's slot once.
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.execute('ALTER TABLE jobs DROP COLUMN "group"')
+    db.commit()
+    db.close()
+    c = _ctl(tmp_path, policy="muri-s", min_runtime_s=0)
+    try:
+        assert (c.store.job(a).group, c.store.job(b).group) == (f"{a}+{b}", f"{a}+{b}")
+        used, groups, _ = c._slot_use()
+        assert used == {"w0": 1} and groups == {a: f"{a}+{b}", b: f"{a}+{b}"}
+    finally:
+        c.store.close()
 
 
 def test_step_planned_outside_the_lock_drops_a_plan_the_world_changed_under(tmp_path: Path) -> None:
@@ -529,7 +547,7 @@ def test_rpc_timings_quantiles() -> None:
 def test_wal_is_checkpointed_off_the_commit_path(tmp_path: Path) -> None:
     """Commits no longer run SQLite's automatic checkpoint; the background thread moves the log into the
     database file (read here with ``immutable=1``, which ignores the WAL) while the store keeps writing."""
-    import sqlite3
+
     import time
 
     s = Store(tmp_path / "s.db")

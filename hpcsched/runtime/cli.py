@@ -9,12 +9,16 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 # gRPC, yaml and rich are imported inside the commands: `hpcsched --help` and the daemons' start-up do not pay for
 # what they do not use.
 from hpcsched.errors import InputError
+
+if TYPE_CHECKING:
+    from hpcsched.runtime.rpc import pb
 
 # The client commands share how they find and authenticate to the controller.
 _CONTROLLER = typer.Option(None, "--controller",
@@ -206,9 +210,9 @@ def submit(
     from hpcsched.runtime.client import ClientError
 
     if len(job_files) == 1 and array is None:
-        text = _prepared(job_files[0], None)[0]
+        record = _prepared(job_files[0], None)[0]
         try:
-            job_id = _client(controller, address_file, token_file, tls_ca).submit(text, str(job_files[0]))
+            job_id = _client(controller, address_file, token_file, tls_ca).submit(record, str(job_files[0]))
         except ClientError as e:
             _fail(e)
         print(json.dumps({"job_id": job_id}) if as_json else job_id)
@@ -224,11 +228,11 @@ def submit(
     # Every file is checked here (file:line errors) before it is sent; a chunk is sent from a thread while the next
     # is checked, so the client's parsing and the controller's overlap (two processes, two cores).
     with ThreadPoolExecutor(1) as pool:
-        chunk: list[tuple[str, str, int]] = []
+        chunk: list[tuple[str | pb.JobRecord, str, int]] = []
         for k, f in enumerate(job_files):
             try:
-                text, n = _prepared(f, array, dirs)
-                chunk.append((text, str(f), n))
+                record, n = _prepared(f, array, dirs)
+                chunk.append((record, str(f), n))
             except InputError as e:
                 results[str(f)] = {"file": str(f), "job_ids": [], "duplicate": False, "error": str(e)}
             if chunk and (len(chunk) >= BATCH_FILES or k == len(job_files) - 1):
@@ -252,14 +256,16 @@ def submit(
         raise typer.Exit(1)
 
 
-def _prepared(job_file: Path, array: int | None, dirs: dict[tuple[str, str], str] | None = None) -> tuple[str, int]:
-    """A job file validated here (file:line errors) and normalised: its workdir resolved from the file's folder as
-    the user sees it, ``--array`` applied; the text parses back to this very spec, so the controller checks what
-    was checked here, not a re-reading of the user's YAML. With the jobs it makes (an array's N). ``dirs``: resolved
-    workdirs by (folder, workdir), shared by the files of one command (10,000 files in one folder resolve it once)."""
+def _prepared(job_file: Path, array: int | None, dirs: dict[tuple[str, str], str] | None = None
+              ) -> tuple[pb.JobRecord, int]:
+    """A job file read once, validated here (file:line errors) and normalised: its workdir resolved from the
+    file's folder as the user sees it, ``--array`` applied; as the typed record the controller receives (it checks
+    the values again, but reads no YAML). With the jobs it makes (an array's N). ``dirs``: resolved workdirs by
+    (folder, workdir), shared by the files of one command (10,000 files in one folder resolve it once)."""
     import dataclasses
 
-    from hpcsched.runtime.jobfile import MAX_PATH_CHARS, job_spec_yaml, parse_job_spec, read_job_file
+    from hpcsched.runtime.jobfile import MAX_PATH_CHARS, parse_job_spec, read_job_file
+    from hpcsched.runtime.jobrecord import to_record
 
     spec = parse_job_spec(read_job_file(job_file), str(job_file))
     # A symlinked job file's relative paths are from the folder of the file it points to.
@@ -269,13 +275,12 @@ def _prepared(job_file: Path, array: int | None, dirs: dict[tuple[str, str], str
     if workdir is None:
         workdir = cache[(folder, spec.workdir)] = str((Path(folder).resolve() / spec.workdir).resolve())
     spec = dataclasses.replace(spec, workdir=workdir, array=array if array is not None else spec.array)
-    # job_spec_yaml writes what parses back to the same spec; of what changed here only the resolved workdir can
-    # newly break a limit (its length; --array is bounded by its option). Checked directly: parsing every file a
-    # second time was a third of `hpcsched submit`'s time for 10,000 files (the controller parses it again anyway).
+    # Of what changed here only the resolved workdir can newly break a limit (its length; --array is bounded by its
+    # option): checked directly, as the controller would refuse it without a line to point to.
     if len(workdir) > MAX_PATH_CHARS:
         raise InputError(job_file, f"with its workdir resolved to {workdir[:80]!r}...: workdir: {len(workdir)} "
                                    f"characters; the limit is {MAX_PATH_CHARS}")
-    return job_spec_yaml(spec), spec.array or 1
+    return to_record(spec), spec.array or 1
 
 
 _OUTPUT = typer.Option("table", "--output", "-o", help="table (fits the terminal; 80 columns in a pipe), wide (every "

@@ -99,24 +99,24 @@ class Client:
             time.sleep(pause * random.uniform(0.5, 1.5))  # spread out the retries of many clients
             pause = min(pause * 2, 1.0)
 
-    def submit(self, spec_yaml: str, source: str, request_id: str | None = None) -> str:
-        """The job's id. Retried with the same ``request_id`` (a fresh one unless given) when the controller is
-        unreachable or slow: the controller stores one job per request id."""
-        req = pb.SubmitRequest(spec_yaml=spec_yaml, source=source, request_id=request_id or uuid.uuid4().hex)
+    def submit(self, job: str | pb.JobRecord, source: str, request_id: str | None = None) -> str:
+        """The job's id; ``job``: the job file's text, or its record as read here (``jobrecord.to_record``: the
+        controller then reads no YAML). Retried with the same ``request_id`` (a fresh one unless given) when the
+        controller is unreachable or slow: the controller stores one job per request id."""
+        req = _request(job, source, request_id or uuid.uuid4().hex)
         return self._call("Submit", req, retry=_RETRY, attempt_s=max(2.0, self.timeout / 3)).job_id
 
-    def submit_many(self, items: list[tuple[str, str, int]]) -> list[pb.SubmitResult]:
-        """Submit job files (spec YAML, source, jobs it makes: an array's N) in batches of at most BATCH_FILES files,
-        BATCH_JOBS jobs and BATCH_BYTES bytes, one SubmitMany call each; a result per item, in order. Each item has
-        its own request id, and a batch whose reply is lost is resent with the same ids (no job is made twice). A
-        batch over the controller's own cap (its max_submit_batch may be lower than BATCH_JOBS) is split in halves
-        and sent again; one it refuses otherwise gives each of its items that error; once it cannot be reached, the
-        items not sent (in this call and later ones: ``stopped``) say so. Safe to call from another thread than the
-        one preparing the next items (``hpcsched submit`` overlaps the two)."""
+    def submit_many(self, items: list[tuple[str | pb.JobRecord, str, int]]) -> list[pb.SubmitResult]:
+        """Submit job files (text or record as ``submit``, source, jobs it makes: an array's N) in batches of at
+        most BATCH_FILES files, BATCH_JOBS jobs and BATCH_BYTES bytes, one SubmitMany call each; a result per item,
+        in order. Each item has its own request id, and a batch whose reply is lost is resent with the same ids (no
+        job is made twice). A batch over the controller's own cap (its max_submit_batch may be lower than BATCH_JOBS)
+        is split in halves and sent again; one it refuses otherwise gives each of its items that error; once it
+        cannot be reached, the items not sent (in this call and later ones: ``stopped``) say so. Safe to call from
+        another thread than the one preparing the next items (``hpcsched submit`` overlaps the two)."""
         out: list[pb.SubmitResult] = []
         for batch in _batches(items):
-            out += self._send([pb.SubmitRequest(spec_yaml=y, source=src, request_id=uuid.uuid4().hex)
-                               for y, src, _ in batch])
+            out += self._send([_request(job, src, uuid.uuid4().hex) for job, src, _ in batch])
         return out
 
     def _send(self, batch: list[pb.SubmitRequest]) -> list[pb.SubmitResult]:
@@ -172,13 +172,23 @@ class Client:
         self.channel.close()
 
 
-def _batches(items: list[tuple[str, str, int]]) -> list[list[tuple[str, str, int]]]:
+def _request(job: str | pb.JobRecord, source: str, request_id: str) -> pb.SubmitRequest:
+    if isinstance(job, str):
+        return pb.SubmitRequest(spec_yaml=job, source=source, request_id=request_id)
+    return pb.SubmitRequest(job=job, source=source, request_id=request_id)
+
+
+_Item = tuple[str | pb.JobRecord, str, int]
+
+
+def _batches(items: list[_Item]) -> list[list[_Item]]:
     """Consecutive runs of ``items`` within the batch bounds (an item over them alone is a batch of its own)."""
-    out: list[list[tuple[str, str, int]]] = []
-    cur: list[tuple[str, str, int]] = []
+    out: list[list[_Item]] = []
+    cur: list[_Item] = []
     jobs = size = 0
     for it in items:
-        n, b = it[2], len(it[0]) + len(it[1]) + 48
+        job = it[0]
+        n, b = it[2], (len(job) if isinstance(job, str) else job.ByteSize()) + len(it[1]) + 48
         if cur and (len(cur) >= BATCH_FILES or jobs + n > BATCH_JOBS or size + b > BATCH_BYTES):
             out.append(cur)
             cur, jobs, size = [], 0, 0

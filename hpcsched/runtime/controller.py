@@ -109,7 +109,6 @@ class Controller(Membership, Stepping, JobLifecycle):
         self.retry_at: dict[str, float] = {}
         self._last_tick = self.mono()
         self._stale = 0  # consecutive plans dropped by tick()'s check
-        self._groups: dict[str, str] = {}  # task -> co-location key (parsed once from its LaunchTask)
         self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
         self.batches = BatchTracker(self.store)  # adaptive-batch jobs: their fits, batches told, goodput curves
         self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
@@ -167,16 +166,16 @@ class Controller(Membership, Stepping, JobLifecycle):
     def jobs_page(self, page_size: int = 0, page_token: str = "", owner: str | None = None,
                   filters: pb.ListJobsRequest | None = None) -> tuple[list[pb.JobInfo], str]:
         """One page of jobs (``listing.Listing.jobs_page``), read beside the lock: heartbeats never wait for it.
-        ``sizing`` and the group cache are replaced whole by the scheduling thread, never changed in place.
+        ``sizing`` is replaced whole by the scheduling thread, never changed in place.
         ``filters``: a request's states / owner / name (``listing.JobFilter``)."""
         with self.lock:
             batches = self.batches.shown()
-        return self.listing.jobs_page(page_size, page_token, owner, self.sizing, self._groups,
+        return self.listing.jobs_page(page_size, page_token, owner, self.sizing,
                                       JobFilter.of(filters) if filters is not None else None, batches)
 
     def workers_page(self, page_size: int = 0, page_token: str = "") -> tuple[list[pb.WorkerInfo], str]:
         """One page of workers (``listing.Listing.workers_page``); the lock is held only to copy who is alive."""
-        return self.listing.workers_page(page_size, page_token, self._groups, self._last_heard)
+        return self.listing.workers_page(page_size, page_token, self._last_heard)
 
     def _last_heard(self, ids: list[str]) -> dict[str, float]:
         """The live workers among ``ids`` -> when each was last heard (wall clock, for display)."""

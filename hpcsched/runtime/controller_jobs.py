@@ -9,7 +9,7 @@ import time
 
 from hpcsched.errors import InputError
 from hpcsched.runtime import launchers
-from hpcsched.runtime.jobfile import parse_job_spec
+from hpcsched.runtime.jobfile import JobSpec, parse_job_spec
 from hpcsched.runtime.launch import JOB_UID_ENV, launch_tasks
 from hpcsched.runtime.lifecycle import (
     IN_PLACE,
@@ -107,19 +107,21 @@ class JobLifecycle:
             self.store.update_job(job.id, state="pending", procs=0, **keep)
         self.store.event(job.id, "stopped", reason=reason)
 
-    def submit(self, spec_yaml: str, source: str, request_id: str = "", owner: str = "") -> str:
+    def submit(self, spec_yaml: str | JobSpec, source: str, request_id: str = "", owner: str = "") -> str:
         """The new (or, for a retried ``request_id``, the earlier) job's id; ``submit_once`` says which."""
         return self.submit_once(spec_yaml, source, request_id, owner)[0]
 
-    def submit_once(self, spec_yaml: str, source: str, request_id: str = "", owner: str = "") -> tuple[str, bool]:
-        """Validate a job file completely (``config.parse_job_spec``: types, ranges, lengths, names, encodings)
-        before anything is stored: the client checked it too, but a controller trusts no client. ``request_id``
+    def submit_once(self, spec_yaml: str | JobSpec, source: str, request_id: str = "", owner: str = ""
+                    ) -> tuple[str, bool]:
+        """Validate a job file completely (``jobfile.parse_job_spec``: types, ranges, lengths, names, encodings)
+        before anything is stored: the client checked it too, but a controller trusts no client. A ``JobSpec``
+        (built from a Submit's job record, ``jobrecord.submitted_spec``) was checked by its builder. ``request_id``
         is the client's key for this submit, the same on its retries: a submit whose reply was lost (a timeout)
         and is retried returns the job the first one made, with True (a duplicate), instead of a second job."""
         src = clip(source or "<submitted job>", 200)
         if len(request_id) > MAX_REQUEST_ID_CHARS or not request_id.isprintable():
             raise InputError(src, f"request id: at most {MAX_REQUEST_ID_CHARS} printable characters")
-        spec = parse_job_spec(spec_yaml, src)
+        spec = parse_job_spec(spec_yaml, src) if isinstance(spec_yaml, str) else spec_yaml
         if spec.array is not None:  # N jobs cannot answer as one id: a client that sends arrays uses SubmitMany
             raise InputError(src, "array: a job array is submitted with SubmitMany (`hpcsched submit` does)")
         with self.lock:
@@ -206,7 +208,7 @@ class JobLifecycle:
                                                None, msg.SerializeToString()))
         self.attempt_start[job.id] = time.time()
         self.store.update_job(job.id, state="running", procs=size, generation=gen, target_procs=size,
-                              start_time=job.start_time or time.time(), done=0)
+                              start_time=job.start_time or time.time(), done=0, group=group)
         self.store.event(job.id, "start", generation=gen, procs=size, workers=[w for w, _ in placement],
                          group=group)
         if self.nudge is not None:

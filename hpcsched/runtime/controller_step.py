@@ -334,8 +334,8 @@ class Stepping:
     def _slot_use(self) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
         """Slots held per worker (a co-located group counts once: its largest member), each job's
         co-location key and its placement (node-rank order), from the live allocations (``launch.slot_use``)."""
-        used, groups, where, self._groups = slot_use(self.store.live_allocations(), self._groups)
-        return used, groups, where
+        allocs = self.store.live_allocations()
+        return slot_use(allocs, self.store.groups({a.job_id for a in allocs}))
 
     def run_forever(self, stop: threading.Event) -> None:
         """The scheduling loop: every ``schedule_interval_s``, or soon when something changed. Steps are at

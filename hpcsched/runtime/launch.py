@@ -8,7 +8,7 @@ and tested without a controller: it picks the port (a worker's last reported fre
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,21 +178,16 @@ def group_key(launch: bytes, job_id: str) -> str:
     return pb.LaunchTask.FromString(launch).group or job_id
 
 
-def slot_use(allocations: Iterable[AllocRow], known: dict[str, str]
-             ) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]], dict[str, str]]:
-    """Slots held per worker (a co-located group counts once: its largest member), each job's co-location key,
-    its placement (node-rank order), and the task -> key cache to keep for the next call (live tasks only:
-    ``known`` is the previous one, so each LaunchTask is parsed once; a key never changes, an in-place resize
-    keeps it)."""
+def slot_use(allocations: Iterable[AllocRow], keys: Mapping[str, str]
+             ) -> tuple[dict[str, int], dict[str, str], dict[str, list[tuple[str, int]]]]:
+    """Slots held per worker (a co-located group counts once: its largest member), each job's co-location key and
+    its placement (node-rank order). ``keys``: job -> the co-location key stored with it (``Store.groups`` of the
+    allocations' jobs); a job without one is alone (its own id)."""
     peak: dict[tuple[str, str], int] = {}
     groups: dict[str, str] = {}
     where: dict[str, list[tuple[int, str, int]]] = {}
-    cache: dict[str, str] = {}
     for a in allocations:
-        key = known.get(a.task_id)
-        if key is None:
-            key = group_key(a.launch, a.job_id)
-        cache[a.task_id] = key
+        key = keys.get(a.job_id) or a.job_id
         groups[a.job_id] = key
         peak[a.worker_id, key] = max(peak.get((a.worker_id, key), 0), a.nprocs)
         if a.nprocs > 0:  # a task released by an in-place shrink holds nothing: not part of the job's placement
@@ -200,4 +195,4 @@ def slot_use(allocations: Iterable[AllocRow], known: dict[str, str]
     used: dict[str, int] = {}
     for (wid, _), k in peak.items():
         used[wid] = used.get(wid, 0) + k
-    return used, groups, {j: [(w, k) for _, w, k in sorted(v)] for j, v in where.items()}, cache
+    return used, groups, {j: [(w, k) for _, w, k in sorted(v)] for j, v in where.items()}

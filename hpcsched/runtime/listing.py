@@ -101,12 +101,12 @@ class Listing:
                 self._waiting -= 1
 
     def jobs_page(self, page_size: int, page_token: str, owner: str | None, sizing: dict[str, str],
-                  known_groups: dict[str, str], filters: JobFilter | None = None,
+                  filters: JobFilter | None = None,
                   batches: dict[str, tuple[int, float]] | None = None) -> tuple[list[pb.JobInfo], str]:
         """One page of jobs in submit order, and the token of the next page ('' after the last): at most
         ``page_size`` jobs (DEFAULT_PAGE when 0, at most MAX_PAGE) and MAX_REPLY_BYTES. ``owner``: the only owner
         this caller may see (None: all); ``filters``: what the caller asked to see. ``sizing``: how the MILP sized
-        each job last; ``known_groups``: the controller's task -> co-location key cache (read only)."""
+        each job last."""
         after = page_after(page_token, "j", int)
         limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
         f = filters or JobFilter()
@@ -118,7 +118,8 @@ class Listing:
             else:
                 jobs = rd.jobs_filtered(after, limit + 1, f.states, f.owner or owner, f.name, f.glob)
             allocs = rd.allocations()
-        _, groups, _, _ = slot_use(allocs, known_groups)
+            keys = rd.groups({a.job_id for a in allocs})
+        _, groups, _ = slot_use(allocs, keys)
         where: dict[str, list[str]] = {}
         for a in allocs:
             where.setdefault(a.job_id, []).append(a.worker_id)
@@ -148,7 +149,7 @@ class Listing:
         more = len(jobs) > limit
         return out, f"j{jobs[limit - 1].seq}" if more else ""
 
-    def workers_page(self, page_size: int, page_token: str, known_groups: dict[str, str],
+    def workers_page(self, page_size: int, page_token: str,
                      last_seen: Callable[[list[str]], dict[str, float]]) -> tuple[list[pb.WorkerInfo], str]:
         """One page of workers in id order (as ``jobs_page``). ``last_seen``: the listed workers that are alive ->
         when each was last heard, wall clock (the controller holds its lock only for that)."""
@@ -156,7 +157,8 @@ class Listing:
         limit = DEFAULT_PAGE if page_size <= 0 else min(page_size, MAX_PAGE)
         with self.query() as rd:
             rows = rd.workers_page(after, limit + 1)
-            used = slot_use(rd.allocations(), known_groups)[0]
+            allocs = rd.allocations()
+            used = slot_use(allocs, rd.groups({a.job_id for a in allocs}))[0]
         seen = last_seen([w.id for w in rows])
         out = [pb.WorkerInfo(worker_id=w.id, host=w.host, slots=w.slots, used=used.get(w.id, 0), alive=w.id in seen,
                              last_seen=seen.get(w.id, 0.0), gpus=w.gpus, gpu_type=w.gpu_type) for w in rows[:limit]]

@@ -24,6 +24,7 @@ jobs, not with the history; a read of a finished job goes to SQLite.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
 
@@ -118,6 +119,18 @@ class MemStore(Store):
             out = [self._rows[i] for s in states for i in self._by_state[s]]
         out.sort(key=lambda j: j.seq)
         return out
+
+    def groups(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """As ``Store.groups``, from memory for the active jobs (the jobs with live tasks are active)."""
+        out: dict[str, str] = {}
+        others = []
+        for jid in job_ids:
+            row = self._rows.get(jid)
+            if row is None:
+                others.append(jid)
+            elif row.group is not None:
+                out[jid] = row.group
+        return out | super().groups(others) if others else out
 
     def active_ids(self, state: str) -> dict[str, None]:
         """The ids of the active jobs in ``state`` (a live view: copy it to keep it)."""

@@ -59,9 +59,9 @@ class PoolSnapshot:
 
 
 class PoolReader:
-    """Reads ``PoolSnapshot`` s of one controller server; keeps the co-location key of each live task between reads
-    (``launch.slot_use``'s cache) so a task's LaunchTask is parsed once, not at every scrape. Not thread-safe: its
-    owner serialises reads.
+    """Reads ``PoolSnapshot`` s of one controller server (slots counted as the scheduling step counts them,
+    ``launch.slot_use``, with the co-location keys stored with the jobs). Not thread-safe: its owner serialises
+    reads.
 
     A controller so busy that its lock is not free within ``wait_s`` (a long scheduling step, a registration storm)
     is when an operator most needs its metrics: the read then answers with the previous snapshot, whose ``time``
@@ -71,7 +71,6 @@ class PoolReader:
         self.server = server
         self.wait_s = wait_s
         self.stale_reads = 0
-        self._groups: dict[str, str] = {}
         self._last: dict[bool, PoolSnapshot] = {}  # the previous snapshot, with and without worker lines
 
     def read(self, lines: bool = False) -> PoolSnapshot:
@@ -86,9 +85,10 @@ class PoolReader:
             leaving = set(ctl.leaving)
             rows = ctl.store.workers()
             allocs = ctl.store.live_allocations()
+            keys = ctl.store.groups({a.job_id for a in allocs})
         finally:
             ctl.lock.release()
-        used, _, _, self._groups = slot_use(allocs, self._groups)
+        used = slot_use(allocs, keys)[0]
         view = self.server.source.view()
         states: Counter[str] = Counter()
         total = busy = 0

@@ -43,12 +43,13 @@ from hpcsched.runtime.credentials import WorkerCredentials
 from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.hostaddr import is_loopback_host
+from hpcsched.runtime.jobrecord import submitted_spec
 from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.method_pools import MethodPools
 from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
 from hpcsched.runtime.rpc import pb, pb_grpc
-from hpcsched.runtime.submission import QUOTA_KEY, LimitExceeded
+from hpcsched.runtime.submission import QUOTA_KEY, LimitExceeded, clip
 from hpcsched.runtime.watch import OrdersHub
 
 log = logging.getLogger("hpcsched.runtime.server")
@@ -195,7 +196,8 @@ class _Service(pb_grpc.ControllerServicer):
 
     @_timed
     def Submit(self, request, context):
-        job_id, duplicate = self.ctl.submit_once(request.spec_yaml, request.source, request.request_id,
+        src = clip(request.source or "<submitted job>", 200)
+        job_id, duplicate = self.ctl.submit_once(submitted_spec(request, src), src, request.request_id,
                                                  owner=self._who(context)[1])
         return pb.SubmitReply(job_id=job_id, duplicate=duplicate)
 

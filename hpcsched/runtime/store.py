@@ -31,6 +31,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from hpcsched.runtime.jobfile import JobSpec
@@ -85,6 +86,7 @@ CREATE INDEX IF NOT EXISTS jobs_seq ON jobs(seq);
 """
 # Columns added after the first release: added to an older state file when its owner opens it.
 _ADDED_COLUMNS = (("jobs", "uid", "TEXT"), ("jobs", "request_id", "TEXT"), ("jobs", "owner", "TEXT"),
+                  ("jobs", "group", "TEXT"),  # filled from the live tasks' LaunchTasks when added (``_fill_groups``)
                   ("workers", "gpu_type", "TEXT NOT NULL DEFAULT ''"),  # '': registered before workers had types
                   # an adaptive-batch job's report: its batch and gradient statistics (NULL: none measured)
                   ("progress", "batch_size", "INTEGER"), ("progress", "grad_sqr", "REAL"),
@@ -147,9 +149,25 @@ class Store:
         for table, col, kind in _ADDED_COLUMNS:
             have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
             if col not in have:
-                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {kind}")
+                self.db.execute(f'ALTER TABLE {table} ADD COLUMN "{col}" {kind}')
+                if (table, col) == ("jobs", "group"):
+                    self._fill_groups()
         self.db.executescript(_ADDED_INDEXES)
         self.db.executescript(_FILTER_INDEXES)
+
+    def _fill_groups(self) -> None:
+        """A state file from before the ``group`` column: its jobs with live tasks get the key their LaunchTask
+        carries (once, here: every later read takes it from the column), so a controller restarted on it keeps
+        counting a co-located group's slots once."""
+        from hpcsched.runtime.rpc import pb  # only for this one-time upgrade: readers of the store need no gRPC
+
+        keys: dict[str, str] = {}
+        for job_id, launch in self.db.execute("SELECT job_id, launch FROM allocations WHERE state != 'exited'"):
+            keys[job_id] = pb.LaunchTask.FromString(launch).group or job_id
+        self.db.executemany('UPDATE jobs SET "group" = ? WHERE id = ?', [(k, j) for j, k in keys.items()])
+        if keys:
+            log.info("%s: the co-location key of %d jobs with live tasks filled in (state upgraded)", self.path,
+                     len(keys))
 
     def reader(self) -> Store:
         """A connection of its own that only reads (WAL: it sees the last commit and never blocks the owner's
@@ -339,8 +357,19 @@ class Store:
                         "WHERE state = 'running'", (seconds, seconds))
 
     def update_job(self, job_id: str, **fields: object) -> None:
-        sets = ", ".join(f"{k} = ?" for k in fields)
+        sets = ", ".join(f'"{k}" = ?' for k in fields)  # quoted: the column ``group`` is an SQL keyword
         self.db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+
+    def groups(self, job_ids: Iterable[str]) -> dict[str, str]:
+        """Job -> the co-location key of its latest attempt (the ``group`` column), for those of ``job_ids`` that
+        have one."""
+        ids = list(dict.fromkeys(job_ids))
+        out: dict[str, str] = {}
+        for k in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[k:k + _IN_CHUNK]
+            q = f'SELECT id, "group" FROM jobs WHERE "group" IS NOT NULL AND id IN ({",".join("?" * len(chunk))})'
+            out.update(self.db.execute(q, chunk).fetchall())
+        return out
 
     # allocations ----------------------------------------------------------------------------------
     def add_allocation(self, a: AllocRow) -> None:

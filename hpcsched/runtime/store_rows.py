@@ -48,9 +48,13 @@ class JobRow:
     done: int
     uid: str | None = None  # None: a job stored before uids existed (its checkpoints live under its id alone)
     owner: str | None = None  # who submitted it (the name of their token); None: stored before owners existed
+    # The co-location key of its latest attempt (jobs interleaved on the same slots share it; a job alone has its own
+    # id), set when the attempt starts. None: never started, or finished before the column existed.
+    group: str | None = None
 
 
-JOB_COLS = ", ".join(f.name for f in fields(JobRow))
+# Quoted: ``group`` is an SQL keyword.
+JOB_COLS = ", ".join(f'"{f.name}"' for f in fields(JobRow))
 SPEC_AT = [f.name for f in fields(JobRow)].index("spec")
 
 

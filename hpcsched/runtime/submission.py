@@ -1,6 +1,6 @@
 """Submitting many jobs at once: job arrays, batches (``SubmitMany``) and the per-user limits they are checked against.
 
-One ``SubmitMany`` call carries many job files; each is validated as a single submit is (``parse_job_spec``) and
+One ``SubmitMany`` call carries many job files; each is validated as a single submit is (``submitted_spec``) and
 answered on its own: a bad file is refused with its file and line and the others are still stored. Not all or
 nothing, because a batch is a convenience of the client (``hpcsched submit *.yaml`` sends 500 files per call), not
 a unit the user chose: one typo in 500 files must not cost the other 499, and retrying is safe (the request ids make
@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpcsched.errors import InputError
-from hpcsched.runtime.jobfile import JobSpec, job_spec_yaml, parse_job_spec
+from hpcsched.runtime.jobfile import JobSpec
+from hpcsched.runtime.jobrecord import check_spec, submitted_spec
 from hpcsched.runtime.store import MAX_REQUEST_ID_CHARS, Store
 
 ARRAY_INDEX_ENV = "HPCSCHED_ARRAY_INDEX"
@@ -80,7 +81,7 @@ class PendingCounts:
 
 def array_instances(spec: JobSpec, source: str) -> list[JobSpec]:
     """The jobs a spec stands for: itself, or for ``array: N`` its N instances (``name[i]``, the index and count in
-    the environment). The last instance (longest name, widest environment) is validated again, so every instance
+    the environment). The last instance (longest name, widest environment) is checked again, so every instance
     is within the job file limits (the name's length, the environment's size)."""
     n = spec.array
     if n is None:
@@ -92,7 +93,7 @@ def array_instances(spec: JobSpec, source: str) -> list[JobSpec]:
     out = [dataclasses.replace(base, name=f"{spec.name}[{i}]",
                                env={**spec.env, ARRAY_INDEX_ENV: str(i), ARRAY_COUNT_ENV: str(n)}) for i in range(n)]
     try:
-        parse_job_spec(job_spec_yaml(out[-1]), source)
+        check_spec(out[-1], source)
     except InputError as e:
         raise InputError(source, f"array: instance {n - 1} ({out[-1].name[:40]!r}...) is not a valid job: "
                                  f"{e.message}") from None
@@ -100,8 +101,9 @@ def array_instances(spec: JobSpec, source: str) -> list[JobSpec]:
 
 
 def parse_items(requests: list, max_batch: int) -> list[Item]:
-    """Validate each request item (``SubmitRequest``-like: spec_yaml, source, request_id) on its own; an item's
-    problem is its ``error``. More than ``max_batch`` jobs in all (arrays counted) is an InputError for the call."""
+    """Validate each request item (a ``SubmitRequest``: its job record or spec_yaml, source, request_id) on its
+    own; an item's problem is its ``error``. More than ``max_batch`` jobs in all (arrays counted) is an InputError
+    for the call."""
     if len(requests) > max_batch:
         raise InputError("SubmitMany", f"{len(requests)} job files in one call; this controller takes at most "
                                        f"{max_batch} jobs per call (max_submit_batch): send smaller batches")
@@ -112,7 +114,7 @@ def parse_items(requests: list, max_batch: int) -> list[Item]:
         try:
             if len(r.request_id) > MAX_REQUEST_ID_CHARS or not r.request_id.isprintable():
                 raise InputError(src, f"request id: at most {MAX_REQUEST_ID_CHARS} printable characters")
-            spec = parse_job_spec(r.spec_yaml, src)
+            spec = submitted_spec(r, src)
             item.specs, item.array = array_instances(spec, src), spec.array is not None
         except InputError as e:
             item.error = str(e)
