@@ -41,6 +41,7 @@ from _common import (
     StopFlag,
     atomic_write,
     checkpoint_dir,
+    exit_now,
     superseded,
     total_steps,
     training_args,
@@ -331,8 +332,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything durable is written and closed by now; skip the interpreter's slow teardown of torch (ddp_train).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())

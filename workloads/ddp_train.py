@@ -12,7 +12,6 @@ whose overlapped all-reduce is then counted in compute.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import torch
@@ -25,6 +24,7 @@ from _common import (
     StopFlag,
     atomic_write,
     checkpoint_dir,
+    exit_now,
     superseded,
     total_steps,
     training_args,
@@ -144,9 +144,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything durable (checkpoint, result, progress) is written and closed by now. Leave without the
-    # interpreter's teardown of torch and its communication threads: it took 6-9 s of a resize here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())

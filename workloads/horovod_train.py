@@ -18,7 +18,6 @@ without touching the disk checkpoint (which is still written, so a full stop and
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import horovod.torch as hvd
@@ -29,6 +28,7 @@ from _common import (
     StopFlag,
     atomic_write,
     checkpoint_dir,
+    exit_now,
     superseded,
     total_steps,
     training_args,
@@ -204,9 +204,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything durable (checkpoint, result, progress) is written and closed by now. Leave without the
-    # interpreter's teardown of torch and its communication threads: it took 6-9 s of a resize here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())
