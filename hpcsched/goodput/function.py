@@ -9,6 +9,7 @@ choices equal Pollux's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +39,8 @@ class GoodputFunction:
     """A job's goodput as a function of (nodes, replicas, micro-batch, accumulation) from its fitted step-time
     model and its current gradient statistics; ``init_batch_size`` is B0, the batch the statistics are for."""
 
-    def __init__(self, perf: PerfParams | ArrayLike, grad: GradParams | ArrayLike, init_batch_size: float) -> None:
+    def __init__(self, perf: Iterable[float], grad: Iterable[float], init_batch_size: float) -> None:
+        """``perf`` and ``grad``: a ``PerfParams`` and ``GradParams``, or their values in that order."""
         self.perf = PerfParams(*perf)
         self.grad = GradParams(*grad)
         self.init_batch_size = init_batch_size
@@ -153,8 +155,8 @@ class SpeedupFunction:
             keep = ur < self._mem_size
             self._memo[un[keep], ur[keep]] = goodput[keep] / self.base_goodput
             speedup[missing] = goodput[np.ravel(inverse)] / self.base_goodput
-        speedup = speedup.reshape(shape)
-        return speedup.item() if scalar else speedup
+        shaped = speedup.reshape(shape)
+        return shaped.item() if scalar else shaped
 
 
 def best_goodput(perf: np.ndarray, grad: np.ndarray, init_batch: np.ndarray, max_batch: np.ndarray,

@@ -122,4 +122,4 @@ class GoodputModel:
         rng = (p.min_local_bsz, p.max_local_bsz)
         base = self.function.optimize(1, 1, p.max_batch_size, rng, True)[0]
         g = self.function.optimize(nodes, gpus, p.max_batch_size, rng, True)[0]
-        return np.asarray(g) / base if not np.isscalar(g) else float(g) / base
+        return np.asarray(g) / base if not np.isscalar(g) else float(np.asarray(g)) / base

@@ -93,7 +93,7 @@ def replay_cmd(
         raise typer.BadParameter("--skip-warmup applies to --log only (idle intervals record the busy nodes)")
     if (log_format or columns or delimiter) and log is None:
         raise typer.BadParameter("--format, --columns and --delimiter apply to --log only")
-    log_options = {k: v for k, v in (("columns", columns), ("delimiter", delimiter)) if v}
+    log_options: dict[str, object] = {k: v for k, v in (("columns", columns), ("delimiter", delimiter)) if v}
     request = ReplayRequest(jobs_file, curves, idle=idle, log=log, nodes=nodes, node_order=node_order, start=start,
                             config=config, skip_warmup=skip_warmup, log_format=log_format, log_options=log_options,
                             goodput=goodput, value=value)

@@ -277,7 +277,7 @@ def _events_from_marks(marks: Sequence[tuple[float, int, int, int]], machine: in
     times: list[float] = []
     joined_all: list[list[Run]] = []
     left_all: list[list[Run]] = []
-    seconds = [(first, [(0, machine)], [])] if machine > 0 else []
+    seconds: list[tuple[float, list[Run], list[Run]]] = [(first, [(0, machine)], [])] if machine > 0 else []
     i = 0
     while i < len(marks):
         t = marks[i][0]

@@ -14,7 +14,8 @@ class Valuation(Protocol):
     """Revalues some jobs as they progress (``hpcsched.harvest.goodput.GoodputValuation``): ``at`` gives a job in
     ``profiles`` after ``samples`` as (the job to progress at, the job as the MILP values it, its phase)."""
 
-    profiles: Mapping[str, object]
+    @property
+    def profiles(self) -> Mapping[str, object]: ...
 
     def at(self, job: ElasticJob, samples: float) -> tuple[ElasticJob, ElasticJob, int]: ...
 

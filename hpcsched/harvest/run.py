@@ -277,6 +277,7 @@ def write_replay(out: Path, res: ReplayResult, meta: dict[str, object]) -> None:
         for row in res.events:
             w.writerow([_num(v) for v in row])
     with open(out / PROGRESS_FILE, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["job_id", "samples", "rescales", "preemptions", "node_seconds_past_pmax"])
-        w.writeheader()
-        w.writerows(res.per_job)
+        per_job = csv.DictWriter(f, fieldnames=["job_id", "samples", "rescales", "preemptions",
+                                                "node_seconds_past_pmax"])
+        per_job.writeheader()
+        per_job.writerows(res.per_job)

@@ -189,13 +189,13 @@ def fairness_metrics(
         by: dict[str, list[float]] = {}
         cost_by: dict[str, list[float]] = {}
         unknown = 0
-        for k, (n, h) in enumerate(zip(names, hours, strict=True)):
+        for i, (n, h) in enumerate(zip(names, hours, strict=True)):
             if n is None:
                 unknown += 1
                 continue
             by.setdefault(n, []).append(h)
             if cost_hours is not None:
-                cost_by.setdefault(n, []).append(cost_hours[k])
+                cost_by.setdefault(n, []).append(cost_hours[i])
         out["gpu_hours_by_entity"] = {n: math.fsum(v) for n, v in sorted(by.items())}
         out["entity_unknown_jobs"] = unknown
         if cost_hours is not None:

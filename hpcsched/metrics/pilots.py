@@ -22,7 +22,8 @@ _ATTEMPT_END = ("stopped", "completed")
 
 def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
     """Seconds of [lo, hi] covered by the union of ``intervals``."""
-    total, cur_a, cur_b = 0.0, None, None
+    total, cur_a = 0.0, 0.0
+    cur_b: float | None = None  # the end of the run being merged; None: none yet
     for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
         if b <= a:
             continue
@@ -119,7 +120,7 @@ def pilot_metrics(events: Sequence[Mapping[str, Any]], progress: Sequence[Mappin
     out["lost_steps"] = sum(lost)
     out["max_lost_steps"] = max(lost, default=0)
     # a pilot's batch job: "job" (node_source pbs) or "slurm_job" (node_source slurm, and states written before)
-    pilot_ev = [e | {"job": e.get("job") or e.get("slurm_job")} for e in events
+    pilot_ev = [{**e, "job": e.get("job") or e.get("slurm_job")} for e in events
                 if e["kind"] == "pilot" and (e.get("job") or e.get("slurm_job"))]
     runs: dict[str, dict[str, Any]] = {}
     for e in sorted(pilot_ev, key=lambda e: e["time"]):

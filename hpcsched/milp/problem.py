@@ -18,7 +18,7 @@ Two objectives (``Objective``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -43,8 +43,8 @@ class MilpJob:
     """
 
     job: ElasticJob
-    nodes: tuple[str, ...] = ()
-    lost: frozenset[str] = frozenset()
+    nodes: Sequence[str] = ()  # a tuple, or the runs of a pool's indices (``mapping.NodeRuns``)
+    lost: Collection[str] = frozenset()
 
     @property
     def count(self) -> int:

@@ -232,9 +232,9 @@ def read_elastic_jobs(bounds_path: str | Path, curves_path: str | Path) -> list[
     bounds = list(_read_bounds(bp, TraceReport(str(bp), BOUNDS_FORMAT.name, strict=True)))
     curves = {c.id: c for c in _read_curves(cp, TraceReport(str(cp), CURVES_FORMAT.name, strict=True))}
     bound_ids = {b.id for b in bounds}
-    for c in curves.values():
-        if c.id not in bound_ids:
-            raise InputError(cp, f"job {c.id} has a scaling curve but no bounds in {bp.name}", c.line)
+    for unbound in curves.values():
+        if unbound.id not in bound_ids:
+            raise InputError(cp, f"job {unbound.id} has a scaling curve but no bounds in {bp.name}", unbound.line)
     jobs: list[ElasticJob] = []
     for b in bounds:
         c = curves.get(b.id)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import math
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
 # numpy and rich are imported where used, so that `hpcsched --help` and the other commands do not pay for them.
-from hpcsched.progress import wanted
+from hpcsched.progress import Update, wanted
 from hpcsched.traces import FORMATS, generate_cli, open_trace
 
 trace_app = typer.Typer(help="Look inside trace files.", no_args_is_help=True)
@@ -52,6 +53,11 @@ def sparse_note(submits: array[float], span_s: float) -> str | None:
             "figures averaged over the span mostly describe time the log says nothing about")
 
 
+def _records_label(bar: Update, name: str) -> Callable[[int], None]:
+    """What the columnar reader calls every so many records: the bar's label says how many were read."""
+    return lambda k: bar(label=f"reading {name}: {k:,} records")
+
+
 def inspect_trace(
     path: Path, fmt: str | None = None, strict: bool = False, progress: bool = False,
     options: dict[str, Any] | None = None,
@@ -79,8 +85,7 @@ def inspect_trace(
         if trace.format.name == "swf" and not (options or {}).get("rows"):
             from hpcsched.traces.swf_columns import summarise
 
-            tick = None if bar is None else (lambda k: bar(label=f"reading {path.name}: {k:,} records"))  # type: ignore[misc]
-            cols = summarise(trace.path, trace.report, tick)
+            cols = summarise(trace.path, trace.report, None if bar is None else _records_label(bar, path.name))
         if cols is not None:  # a clean SWF log, summarised by columns (same figures, no Job per row)
             count, submits, sizes, durations, nodes_max = (cols.count, cols.submits, cols.sizes, cols.durations,
                                                            cols.nodes_max)
@@ -90,12 +95,12 @@ def inspect_trace(
             ends: array[float] = array("d")
             add_submit, add_size, add_duration, add_end = (submits.append, sizes.append, durations.append,
                                                            ends.append)
-            tick = 20000 if bar is not None else -1
+            label_at = 20000 if bar is not None else -1
             for rec in trace:
                 count += 1
-                if count == tick:
+                if count == label_at:
                     bar(label=f"reading {path.name}: {count:,} records")  # type: ignore[misc]
-                    tick += 20000
+                    label_at += 20000
                 add_submit(rec.submit)
                 n, g = rec.nodes, rec.gpus
                 add_size(g or n)

@@ -123,12 +123,12 @@ def compress_hostlist(names: Iterable[str]) -> str:
         if (prefix, 0) in groups:
             groups[(prefix, 0)] = [n for n in plain_nums if len(str(n)) != width]
     out: list[str] = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(key)
+    for entry in order:
+        if isinstance(entry, str):
+            out.append(entry)
             continue
-        prefix, width = key
-        nums = sorted(set(groups[key]))
+        prefix, width = entry
+        nums = sorted(set(groups[entry]))
         if not nums:
             continue
         runs: list[str] = []

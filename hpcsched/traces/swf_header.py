@@ -26,6 +26,15 @@ NOT_KEPT = {5: "average CPU time (field 6)", 6: "used memory (field 7)", 9: "req
             12: "group (field 13)", 13: "executable (field 14)", 15: "partition (field 16)",
             16: "preceding job (field 17)", 17: "think time (field 18)"}
 
+def _getter(indices: tuple[int, ...]) -> Callable[[list[str]], tuple[str, ...]]:
+    """The fields at ``indices`` of a row, as a tuple even for one index (the unknown value it is compared with is
+    one; ``itemgetter`` of one index gives the bare value)."""
+    if len(indices) > 1:
+        return itemgetter(*indices)
+    k = indices[0]
+    return lambda row: (row[k],)
+
+
 class NotKept:
     """Which of the ``NOT_KEPT`` fields a log fills, each with its first line. Only the fields not seen yet
     are looked at (one C-level ``itemgetter`` per row), so a log that fills them all costs nothing more."""
@@ -33,7 +42,7 @@ class NotKept:
     def __init__(self) -> None:
         self.first: dict[str, int] = {}
         self._pending: tuple[int, ...] = tuple(NOT_KEPT)
-        self._get: Callable[[list[str]], tuple[str, ...]] = itemgetter(*self._pending)  # type: ignore[assignment]
+        self._get = _getter(self._pending)
         self._none: tuple[str, ...] = ("-1",) * len(self._pending)
 
     def check(self, f: list[str], lineno: int) -> None:
@@ -44,9 +53,7 @@ class NotKept:
                 self.first[NOT_KEPT[i]] = lineno
         self._pending = tuple(i for i in self._pending if NOT_KEPT[i] not in self.first)
         if self._pending:
-            # a tuple even for one index, as the unknown value to compare it with is one
-            self._get = (itemgetter(*self._pending) if len(self._pending) > 1
-                         else (lambda row, k=self._pending[0]: (row[k],)))  # type: ignore[assignment]
+            self._get = _getter(self._pending)
             self._none = ("-1",) * len(self._pending)
 
 
@@ -86,8 +93,9 @@ class Header:
         value = value.strip()
         self.first.setdefault(name, value)
         if name in _REPEATED_FIELDS:
-            self.fields.setdefault(name, [])
-            self.fields[name].append(value)  # type: ignore[union-attr]
+            items = self.fields.setdefault(name, [])
+            if isinstance(items, list):  # always, for a repeated field
+                items.append(value)
         else:
             self.fields.setdefault(name, value)
         self._last = name
@@ -95,7 +103,8 @@ class Header:
     def _extend(self, name: str, more: str) -> None:
         if name in _REPEATED_FIELDS:
             items = self.fields[name]
-            items[-1] = f"{items[-1]}\n{more}" if items[-1] else more  # type: ignore[index]
+            if isinstance(items, list):  # always, for a repeated field
+                items[-1] = f"{items[-1]}\n{more}" if items[-1] else more
         elif isinstance(self.fields.get(name), str):
             self.fields[name] = f"{self.fields[name]}\n{more}" if self.fields[name] else more
             if self.first.get(name) == "":

@@ -292,8 +292,10 @@ class GenerateResult:
 
 def _open_out(path: Path) -> tuple[IO[bytes], IO[str]]:
     raw = path.open("wb")
-    binary: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else raw
-    return raw, io.TextIOWrapper(binary, encoding="utf-8", newline="\n", write_through=False)
+    if path.suffix == ".gz":
+        packed = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)
+        return raw, io.TextIOWrapper(packed, encoding="utf-8", newline="\n", write_through=False)
+    return raw, io.TextIOWrapper(raw, encoding="utf-8", newline="\n", write_through=False)
 
 
 PROGRESS_EVERY = 1000  # jobs between progress updates: a redraw per job would cost more than the job
