@@ -128,7 +128,7 @@ def controller(tmp_path: Path) -> Iterator[tuple[Path, Client]]:
 
 
 def _stored(d: Path) -> dict[str, JobSpec]:
-    st = Store(d / "run" / "state.db")
+    st = Store(d / "run" / "state.db", query_only=True)  # beside the running controller: read, never write
     try:
         return {j.id: j.spec for j in st.jobs()}
     finally:
@@ -142,10 +142,10 @@ def test_the_controller_stores_the_record_it_was_sent_and_reads_no_yaml(controll
     spec = parse_job_spec("name: rec\ncommand: [a.py, '0777']\nworkdir: /tmp\nsteps: 5\nenv: {A: 'yes'}\n", "r.yaml")
     stub, md = pb_grpc.ControllerStub(c.channel), metadata(TOKEN)
     one = stub.Submit(pb.SubmitRequest(spec_yaml="command: [unclosed", source="r.yaml", request_id="r1",
-                                       job=to_record(spec)), metadata=md, timeout=30).job_id
+                                       job=to_record(spec)), metadata=md, timeout=60).job_id
     bad = to_record(dataclasses.replace(spec, env={"A=B": "1"}))
     with pytest.raises(grpc.RpcError) as refused:
-        stub.Submit(pb.SubmitRequest(source="bad.yaml", request_id="r2", job=bad), metadata=md, timeout=30)
+        stub.Submit(pb.SubmitRequest(source="bad.yaml", request_id="r2", job=bad), metadata=md, timeout=60)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.value.details().startswith("bad.yaml: env: 'A=B' is not a valid variable name")
     arr = dataclasses.replace(spec, name="arr", array=2)
