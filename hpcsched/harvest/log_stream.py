@@ -1,0 +1,219 @@
+"""A job log turned into the replay pool's busy and idle changes in bounded memory: numbers in flat arrays, never
+one Python object per job or per change.
+
+A 10^7-job log kept as one tuple per job, one mark tuple per node-run change and one list per second needed
+~200 bytes a job (2 GB). Here the log is read into four arrays (a clean SWF by columns, at the parser's speed;
+any other log row by row into the same arrays), first fit walks it in chunks, and each second's changes are
+netted as they happen and written as runs into flat arrays: about 24 bytes a job for the log and 25 a second
+of changes. The placements and events are those of ``harvest.first_fit.place_ranges`` and
+``harvest.pool``'s marks netting (the tests compare them with the node-by-node reference).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcsched.harvest.first_fit import RangeFirstFit
+from hpcsched.milp.mapping import Run, Spans
+
+_CHUNK = 65_536  # jobs turned into Python numbers at a time
+
+
+@dataclass
+class LogRuns:
+    """Each job's start and end (NaN: unknown), nodes and procs, in file order."""
+
+    start: np.ndarray
+    end: np.ndarray
+    nodes: np.ndarray
+    procs: np.ndarray
+
+
+def read_log_runs(trace: Any, tick: Callable[[int], None] | None = None) -> LogRuns:
+    """The jobs of an opened job trace (``hpcsched.traces.open_trace``) as arrays; the trace's report is filled
+    as a pass over it would fill it. A clean SWF log is read by columns (``traces.swf_columns``), others by rows."""
+    if trace.format.name == "swf" and not trace.report.options.get("rows"):
+        from hpcsched.traces.swf_columns import summarise
+
+        cols = summarise(trace.path, trace.report, tick, keep_runs=True)
+        if cols is not None and cols.runs is not None:
+            s, e, n, p = cols.runs
+            return LogRuns(np.frombuffer(s, dtype=np.float64), np.frombuffer(e, dtype=np.float64),
+                           np.frombuffer(n, dtype=np.int64), np.frombuffer(p, dtype=np.int64))
+    st, en, nd, pr = array("d"), array("d"), array("q"), array("q")
+    nan = math.nan
+    count = 0
+    for j in trace:
+        st.append(nan if j.start is None else j.start)
+        en.append(nan if j.end is None else j.end)
+        nd.append(j.nodes)
+        pr.append(j.procs)
+        count += 1
+        if tick is not None and count % 50_000 == 0:
+            tick(count)
+    return LogRuns(np.frombuffer(st, dtype=np.float64), np.frombuffer(en, dtype=np.float64),
+                   np.frombuffer(nd, dtype=np.int64), np.frombuffer(pr, dtype=np.int64))
+
+
+def sized(log: LogRuns, cpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """(start, end, size) of the jobs that ran, sorted by start (stable), and the others counted by why.
+
+    ``harvest.first_fit.sized_runs`` as array operations: sizes in cores when nodes have several (so small jobs
+    share nodes), else in nodes."""
+    s, e = log.start, log.end
+    no_times = np.isnan(s) | np.isnan(e) | (e < s)
+    zero = ~no_times & (e == s)
+    if cpn > 1:
+        size = np.where(log.procs != 0, log.procs, log.nodes * cpn)
+    else:
+        size = np.where(log.nodes != 0, log.nodes, log.procs)
+    no_size = ~no_times & ~zero & (size <= 0)
+    keep = ~(no_times | zero | no_size)
+    skipped = {"no_times": int(no_times.sum()), "zero_run": int(zero.sum()), "no_size": int(no_size.sum()),
+               "no_room": 0, "truncated": 0}
+    s, e, size = s[keep], e[keep], size[keep]
+    order = np.argsort(s, kind="stable")
+    return s[order], e[order], size[order], skipped
+
+
+def peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:
+    """Most units in use at once, ends before starts at the same second (``first_fit.peak_use``), by sorting:
+    after every start at second t the level is the sizes started by t less those ended by t. ``start`` sorted."""
+    if len(start) == 0:
+        return 0
+    last = np.r_[start[1:] != start[:-1], True]
+    started = np.cumsum(size)[last]
+    o = np.argsort(end, kind="stable")
+    ended_cum = np.r_[0, np.cumsum(size[o])]
+    ended = ended_cum[np.searchsorted(end[o], start[last], side="right")]
+    return int(max(0, (started - ended).max()))
+
+
+@dataclass
+class Seconds:
+    """Every second at which the replayed machine changed, netted: joined and left runs per second as offsets
+    into flat run arrays (second k's joined runs are ``jlo/jhi[joff[k]:joff[k + 1]]``), and whether first fit
+    marked anything then (the all-idle start is not a mark)."""
+
+    t: np.ndarray
+    marked: np.ndarray
+    joff: np.ndarray
+    jlo: np.ndarray
+    jhi: np.ndarray
+    loff: np.ndarray
+    llo: np.ndarray
+    lhi: np.ndarray
+
+    def runs(self, k: int) -> tuple[list[Run], list[Run]]:
+        a, b, c, d = int(self.joff[k]), int(self.joff[k + 1]), int(self.loff[k]), int(self.loff[k + 1])
+        return (list(zip(self.jlo[a:b].tolist(), self.jhi[a:b].tolist(), strict=True)),
+                list(zip(self.llo[c:d].tolist(), self.lhi[c:d].tolist(), strict=True)))
+
+
+def _sums(lo: np.ndarray, hi: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """Nodes in each second's runs."""
+    cum = np.r_[0, np.cumsum(hi - lo)]
+    return cum[off[1:]] - cum[off[:-1]]
+
+
+def busy_of(sec: Seconds, machine: int) -> tuple[np.ndarray, np.ndarray]:
+    """Busy nodes as ``log_checks.busy_steps`` gives them from the marks: one step per marked second. The first
+    second's joined nodes include the whole machine's (the all-idle start), so busy = machine - idle."""
+    busy = machine - np.cumsum(_sums(sec.jlo, sec.jhi, sec.joff) - _sums(sec.llo, sec.lhi, sec.loff))
+    m = sec.marked.astype(bool)
+    return sec.t[m], busy[m].astype(np.int64)
+
+
+def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: int, cpn: int,
+                 skipped: dict[str, int], tick: Callable[[int], None] | None = None) -> Seconds:
+    """First fit of the sorted jobs (``first_fit.place_ranges``), each second's changes netted as they happen.
+
+    At one second a node may be released by one job and taken by the next: it never left. So per second the
+    joined nodes are the released runs less the taken ones, the left nodes the reverse (as ``pool``'s netting
+    of the marks). The first second also holds the whole machine joining (every node idle at the first start).
+    """
+    ff = RangeFirstFit(machine, cpn)
+    code = "i" if machine < 2**31 - 1 else "q"
+    t_out, marked = array("d"), array("b")
+    joff, loff = array("q", [0]), array("q", [0])
+    jlo, jhi, llo, lhi = array(code), array(code), array(code), array(code)
+    first = float(start[0]) if len(start) else 0.0
+    pending_up: list[Run] = [(0, machine)] if machine > 0 else []
+    cur = first
+
+    def flush(t: float) -> None:
+        marks = ff.marks
+        if not marks and not pending_up:
+            return
+        if len(marks) == 1 and not pending_up:  # the common second: one job's run starts or ends
+            _, sign, lo, hi = marks[0]
+            if sign > 0:
+                jlo.append(lo)
+                jhi.append(hi)
+            else:
+                llo.append(lo)
+                lhi.append(hi)
+        else:
+            up = pending_up + [(m[2], m[3]) for m in marks if m[1] > 0]
+            down = [(m[2], m[3]) for m in marks if m[1] < 0]
+            ups, downs = Spans(up), Spans(down)
+            if len(ups) != sum(b - a for a, b in up) or len(downs) != sum(b - a for a, b in down):
+                raise RuntimeError(f"first fit changed a node twice the same way at t={t}: a placement bug")
+            for a, b in ups.runs():
+                for lo, hi in downs.minus(a, b):
+                    jlo.append(lo)
+                    jhi.append(hi)
+            for a, b in downs.runs():
+                for lo, hi in ups.minus(a, b):
+                    llo.append(lo)
+                    lhi.append(hi)
+        t_out.append(t)
+        marked.append(1 if marks else 0)
+        joff.append(len(jlo))
+        loff.append(len(llo))
+        marks.clear()
+        pending_up.clear()
+
+    ending: list[tuple[float, int]] = []
+    held: dict[int, tuple[list[Run], tuple[int, int] | None]] = {}
+    release, place, push, pop = ff.release, ff.place, heapq.heappush, heapq.heappop
+    i = 0
+    for a in range(0, len(start), _CHUNK):
+        for s, e, k in zip(start[a:a + _CHUNK].tolist(), end[a:a + _CHUNK].tolist(), size[a:a + _CHUNK].tolist(),
+                           strict=True):
+            while ending and ending[0][0] <= s:
+                t_end, j = pop(ending)
+                if t_end != cur:
+                    flush(cur)
+                    cur = t_end
+                release(*held.pop(j), t_end)
+            if s != cur:
+                flush(cur)
+                cur = s
+            placed = place(k, s)
+            if placed is None:
+                skipped["no_room"] += 1
+            else:
+                held[i] = placed
+                push(ending, (e, i))
+            i += 1
+        if tick is not None:
+            tick(i)
+    while ending:
+        t_end, j = pop(ending)
+        if t_end != cur:
+            flush(cur)
+            cur = t_end
+        release(*held.pop(j), t_end)
+    flush(cur)
+    ints = np.int32 if code == "i" else np.int64
+    return Seconds(np.frombuffer(t_out, dtype=np.float64), np.frombuffer(marked, dtype=np.int8),
+                   np.frombuffer(joff, dtype=np.int64), np.frombuffer(jlo, dtype=ints), np.frombuffer(jhi, dtype=ints),
+                   np.frombuffer(loff, dtype=np.int64), np.frombuffer(llo, dtype=ints), np.frombuffer(lhi, dtype=ints))
