@@ -25,9 +25,10 @@ WARMUP_MIN_S = 3600.0  # shorter low-use stretches at the start are not worth a 
 
 
 def split_rows(anomalies: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """(dropped, flagged-but-kept) row counts by anomaly kind, from a reader's anomaly counts."""
-    dropped = {k: int(n) for k, n in anomalies.items() if k in DROPPING_KINDS and n}
-    flagged = {k: int(n) for k, n in anomalies.items() if k not in DROPPING_KINDS and n}
+    """(dropped, flagged-but-kept) row counts by anomaly kind, from a reader's anomaly counts, most first."""
+    ordered = sorted(anomalies.items(), key=lambda kn: (-kn[1], kn[0]))  # most first: not the reader's order
+    dropped = {k: int(n) for k, n in ordered if k in DROPPING_KINDS and n}
+    flagged = {k: int(n) for k, n in ordered if k not in DROPPING_KINDS and n}
     return dropped, flagged
 
 

@@ -66,21 +66,41 @@ def sized(log: LogRuns, cpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, d
     """(start, end, size) of the jobs that ran, sorted by start (stable), and the others counted by why.
 
     ``harvest.first_fit.sized_runs`` as array operations: sizes in cores when nodes have several (so small jobs
-    share nodes), else in nodes."""
+    share nodes), else in nodes. ``log`` is consumed (its arrays are reused and dropped as the sorted ones are
+    made), so a 10^7-job log never holds more than about 48 bytes a job here."""
+    for name in ("start", "nodes", "procs"):  # reused in place below
+        if not getattr(log, name).flags.writeable:
+            setattr(log, name, getattr(log, name).copy())
     s, e = log.start, log.end
     no_times = np.isnan(s) | np.isnan(e) | (e < s)
     zero = ~no_times & (e == s)
-    if cpn > 1:
-        size = np.where(log.procs != 0, log.procs, log.nodes * cpn)
-    else:
-        size = np.where(log.nodes != 0, log.nodes, log.procs)
+    if cpn > 1:  # procs, else whole nodes' cores
+        size, other = log.procs, log.nodes
+        np.multiply(other, cpn, out=other)
+    else:  # nodes, else procs
+        size, other = log.nodes, log.procs
+    np.copyto(size, other, where=size == 0)
     no_size = ~no_times & ~zero & (size <= 0)
-    keep = ~(no_times | zero | no_size)
     skipped = {"no_times": int(no_times.sum()), "zero_run": int(zero.sum()), "no_size": int(no_size.sum()),
                "no_room": 0, "truncated": 0}
-    s, e, size = s[keep], e[keep], size[keep]
-    order = np.argsort(s, kind="stable")
-    return s[order], e[order], size[order], skipped
+    drop = no_times | zero | no_size
+    del no_times, zero, no_size
+    kept = len(s) - int(drop.sum())
+    key = s
+    key[drop] = np.inf  # sorted after every real start, in file order among themselves
+    del drop
+    order = np.argsort(key, kind="stable")[:kept]
+    del key
+    empty = np.zeros(0)
+    start = s[order]  # the dropped rows' inf is not among them
+    log.start = empty
+    del s
+    end = e[order]
+    log.end = empty
+    del e
+    out = size[order]
+    log.nodes = log.procs = empty
+    return start, end, out, skipped
 
 
 def peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:

@@ -320,7 +320,7 @@ def _gather(off: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     return new_off, lo[idx], hi[idx]
 
 
-def _pool_after(sec: Seconds, start: float, names: Sequence[str]) -> tuple[NodeRuns, RangeEvents]:
+def pool_at(sec: Seconds, start: float, names: Sequence[str]) -> tuple[NodeRuns, RangeEvents]:
     """The idle pool at ``start`` (every change at or before it applied) and the changes after it."""
     k0 = int(np.searchsorted(sec.t, start, side="right"))
     idle = Spans()
@@ -398,7 +398,7 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
         warm["skipped_from"] = start
         start = float(warm["warmup_end"])  # type: ignore[arg-type]
     names = NumberedNodes(machine)
-    initial, events = _pool_after(sec, start, names)
+    initial, events = pool_at(sec, start, names)
     end = max(first, start, last_mark)
     tl = PoolTimeline(start, initial, events, names, end)
     dropped, flagged = split_rows(trace.report.anomalies)

@@ -36,6 +36,7 @@ from hpcsched.traces.swf_header import NOT_KEPT, Header
 __all__ = ["Columns", "summarise"]
 
 _CHUNK = 500_000  # rows per pandas chunk: ~70 MB of floats at a time
+_RUNS_CHUNK = 200_000  # a replay keeps the whole log's runs beside the chunk: smaller chunks, less at once
 _LIMIT = 2.0**53
 _NEEDED = ((2, "wait"), (3, "run_time"), (4, "allocated_procs"), (7, "requested_procs"), (8, "requested_time"),
            (10, "status"))
@@ -127,7 +128,8 @@ def _summarise(path: Path, report: TraceReport, tick: Callable[[int], None] | No
         gz = f.read(2) == b"\x1f\x8b"
     try:
         reader = pd.read_csv(path, sep=r"\s+", header=None, skiprows=skip, skip_blank_lines=False, dtype=np.float64,
-                             chunksize=_CHUNK, engine="c", compression="gzip" if gz else None)
+                             chunksize=_RUNS_CHUNK if keep_runs else _CHUNK, engine="c",
+                             compression="gzip" if gz else None)
         out = Columns(0, array("d"), array("d"), array("d"), array("d"), 0)
         if keep_runs:
             out.runs = (array("d"), array("d"), array("q"), array("q"))
