@@ -119,3 +119,48 @@ def test_a_large_log_costs_bytes_a_job_not_objects(tmp_path: Path, monkeypatch: 
     assert growth < 80, f"{growth:.0f} bytes a job"
     rows = timeline_from_log(log, options={"rows": True})
     assert rows.notes == tl.notes and len(rows.events) == len(tl.events)
+
+
+# sacct -P of a 3-node, 32-core machine: four 8-CPU jobs fill c1 for 2 h, a 64-CPU job holds c[2-3]; then one
+# 16-CPU job uses half of c2 for 2 h and one 8-CPU job a quarter of c3 for the first of those hours.
+SHARED = """JobID|Partition|Submit|Start|End|ElapsedRaw|NNodes|NCPUS|State|NodeList
+1|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+2|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+3|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+4|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|1|8|COMPLETED|c1
+5|p|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|7200|2|64|COMPLETED|c[2-3]
+6|p|2021-01-01T02:00:00|2021-01-01T02:00:00|2021-01-01T04:00:00|7200|1|16|COMPLETED|c2
+7|p|2021-01-01T02:00:00|2021-01-01T02:00:00|2021-01-01T03:00:00|3600|1|8|COMPLETED|c3
+"""
+
+
+def test_sacct_nodes_are_idle_partly_used_or_full_and_the_replay_says_so(tmp_path: Path) -> None:
+    """00:00-02:00 every node full; 02:00-03:00 jobs 6 and 7 share one node (first fit by cores: 24 of 32),
+    the two others idle; 03:00-04:00 job 6 alone: one node partly used, two idle; then all idle."""
+    import json
+    import subprocess
+
+    log = tmp_path / "shared.sacct"
+    log.write_text(SHARED)
+    tl = timeline_from_log(log)
+    assert (tl.notes["machine_nodes"], tl.notes["cores_per_node"]) == (3, 32)
+    partly = tl.notes["partly_used_nodes"]
+    assert partly["peak_nodes"] == 1 and partly["node_hours"] == pytest.approx(2.0)  # type: ignore[index]
+    assert partly["mean_nodes"] == pytest.approx(0.5)  # type: ignore[index]  # 2 node-h over the 4 h replayed
+    idle = set(tl.initial)
+    seen = []
+    for e in tl.events:
+        idle = (idle | set(e.joined)) - set(e.left)
+        seen.append((e.time - tl.start, len(idle)))
+    assert seen == [(7200.0, 2), (14400.0, 3)]  # the partly used node never joins the pool before 04:00
+    out = tmp_path / "r"
+    p = subprocess.run([sys.executable, "-m", "hpcsched.cli", "replay", "--log", str(log), "--jobs",
+                        str(ROOT / "trace-data/bftrainer/hps-shufflenet-Jbnd-10J.csv"), "--curves",
+                        str(ROOT / "trace-data/bftrainer/hps-shufflenet-JNPs-10J.csv"), "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    said = json.loads(p.stdout)
+    assert said["nodes"] == 3
+    assert any("partly used" in n and "up to 1 nodes" in n and "2.0 node-h" in n for n in said["notes"]), said["notes"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["partly_used_nodes"]["peak_nodes"] == 1

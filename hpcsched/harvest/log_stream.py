@@ -119,11 +119,13 @@ def peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:
 @dataclass
 class Seconds:
     """Every second at which the replayed machine changed, netted: joined and left runs per second as offsets
-    into flat run arrays (second k's joined runs are ``jlo/jhi[joff[k]:joff[k + 1]]``), and whether first fit
-    marked anything then (the all-idle start is not a mark)."""
+    into flat run arrays (second k's joined runs are ``jlo/jhi[joff[k]:joff[k + 1]]``), whether first fit
+    marked anything then (the all-idle start is not a mark), and the nodes partly used after it (some of their
+    cores held by jobs smaller than a node: neither idle nor full)."""
 
     t: np.ndarray
     marked: np.ndarray
+    partly: np.ndarray
     joff: np.ndarray
     jlo: np.ndarray
     jhi: np.ndarray
@@ -161,7 +163,7 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
     """
     ff = RangeFirstFit(machine, cpn)
     code = "i" if machine < 2**31 - 1 else "q"
-    t_out, marked = array("d"), array("b")
+    t_out, marked, partly = array("d"), array("b"), array("i")
     joff, loff = array("q", [0]), array("q", [0])
     jlo, jhi, llo, lhi = array(code), array(code), array(code), array(code)
     first = float(start[0]) if len(start) else 0.0
@@ -196,6 +198,7 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
                     lhi.append(hi)
         t_out.append(t)
         marked.append(1 if marks else 0)
+        partly.append(len(ff.partial))
         joff.append(len(jlo))
         loff.append(len(llo))
         marks.clear()
@@ -235,5 +238,20 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
     flush(cur)
     ints = np.int32 if code == "i" else np.int64
     return Seconds(np.frombuffer(t_out, dtype=np.float64), np.frombuffer(marked, dtype=np.int8),
+                   np.frombuffer(partly, dtype=np.int32),
                    np.frombuffer(joff, dtype=np.int64), np.frombuffer(jlo, dtype=ints), np.frombuffer(jhi, dtype=ints),
                    np.frombuffer(loff, dtype=np.int64), np.frombuffer(llo, dtype=ints), np.frombuffer(lhi, dtype=ints))
+
+
+def partly_used(sec: Seconds, start: float, end: float) -> dict[str, float]:
+    """Nodes partly used (some cores held, some free) over [start, end]: the most at once, the mean and the
+    node-hours. The idle pool holds wholly idle nodes only, so these are what a core-level harvester could add."""
+    t, n = sec.t, sec.partly.astype(np.float64)
+    if len(t) == 0 or end <= start:
+        return {"peak_nodes": 0, "mean_nodes": 0.0, "node_hours": 0.0}
+    k = max(int(np.searchsorted(t, start, side="right")) - 1, 0)
+    inside = (t > start) & (t < end)
+    edges = np.r_[start, t[inside], end]
+    level = np.r_[n[k] if t[k] <= start else 0.0, n[inside]]
+    area = float((level * np.diff(edges)).sum())
+    return {"peak_nodes": int(level.max()), "mean_nodes": area / (end - start), "node_hours": area / 3600.0}

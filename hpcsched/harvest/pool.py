@@ -27,7 +27,7 @@ import numpy as np
 
 from hpcsched.errors import InputError
 from hpcsched.harvest.log_checks import describe_rows, split_rows, warmup_check
-from hpcsched.harvest.log_stream import Seconds, busy_of, peak, place_stream, read_log_runs, sized
+from hpcsched.harvest.log_stream import Seconds, busy_of, partly_used, peak, place_stream, read_log_runs, sized
 from hpcsched.harvest.sparse import empty_stretches
 from hpcsched.milp.mapping import NodeRuns, Run, Spans
 from hpcsched.model import IdleInterval
@@ -404,6 +404,8 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     dropped, flagged = split_rows(trace.report.anomalies)
     tl.notes = {"machine_nodes": machine, "machine_nodes_source": source, "log_peak_nodes": peak_nodes,
                 "cores_per_node": cpn, "log_jobs": n_jobs, "log_jobs_placed": n_runs - skipped["no_room"]}
+    if cpn > 1:  # nodes shared by cores: partly used ones are busy for the pool, and said
+        tl.notes["partly_used_nodes"] = partly_used(sec, start, end)
     tl.notes.update({f"skipped_{k}": v for k, v in skipped.items() if k != "truncated"})
     tl.notes.update({"log_rows_dropped": dropped, "log_rows_flagged": flagged,
                      "log_rows_summary": describe_rows(n_jobs, trace.report.anomalies), "warmup": warm,

@@ -219,6 +219,13 @@ def explain(tl: PoolTimeline, res: ReplayResult, shift: float, cfg: ReplayConfig
             warnings.append(f"{left:,} of {total:,} log jobs ({100 * left / total:.1f}%) were not replayed, so their "
                             f"nodes count as idle: {'; '.join(parts)}")
         notes.extend(str(x) for x in n.get("log_notes", []))  # type: ignore[attr-defined]
+        partly = n.get("partly_used_nodes")
+        if isinstance(partly, dict) and partly["peak_nodes"]:
+            notes.append(f"nodes shared by cores ({int(_f(n['cores_per_node']))} a node): besides the idle and the "
+                         f"full ones, up to {int(_f(partly['peak_nodes'])):,} nodes "
+                         f"(mean {_f(partly['mean_nodes']):,.1f}, "
+                         f"{_f(partly['node_hours']):,.1f} node-h) were partly used by log jobs smaller than a node; "
+                         "the pool holds wholly idle nodes only, so their free cores are not harvested")
         empty = n.get("log_empty")
         if isinstance(empty, dict):
             warnings.append(f"sparse log: for {empty['empty_days']:,.1f} of the replayed "
