@@ -164,3 +164,23 @@ def test_sacct_nodes_are_idle_partly_used_or_full_and_the_replay_says_so(tmp_pat
     assert any("partly used" in n and "up to 1 nodes" in n and "2.0 node-h" in n for n in said["notes"]), said["notes"]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["partly_used_nodes"]["peak_nodes"] == 1
+
+
+def test_reading_a_gzipped_log_reports_its_compressed_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real gzipped KTH log, by columns (5,000-row chunks) and by rows: progress climbs through the
+    compressed file's bytes to its size (the uncompressed size is unknown), then first fit counts the jobs."""
+    from hpcsched.traces import swf_columns
+
+    monkeypatch.setattr(swf_columns, "_RUNS_CHUNK", 5_000)
+    size = KTH.stat().st_size
+    for options in ({}, {"rows": True}):
+        seen: list[tuple[int, int, str]] = []
+        tl = timeline_from_log(KTH, options=options, progress=lambda d, n, what, seen=seen: seen.append((d, n, what)))
+        read = [(d, n) for d, n, what in seen if what.startswith("reading KTH")]
+        placed = [(d, n) for d, n, what in seen if what.startswith("first fit")]
+        assert len(read) >= 3, options
+        assert all(n == size for _, n in read) and read[-1][0] == size and 0 < read[0][0] < size
+        assert [d for d, _ in read] == sorted(d for d, _ in read)
+        jobs = tl.notes["log_jobs"] - tl.notes["skipped_no_times"] - tl.notes["skipped_zero_run"]  # type: ignore[operator]
+        assert placed and placed[-1] == (jobs - tl.notes["skipped_no_size"], placed[-1][1])  # type: ignore[operator]
+        assert placed[-1][0] == placed[-1][1]

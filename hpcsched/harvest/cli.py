@@ -104,8 +104,10 @@ def replay_cmd(
     # replayed events with an ETA; the replay may stop early, once every elastic job is done
     with progress_bar(f"replay: reading {source.name}", None, wanted(as_json, quiet)) as update:
         progress = None if update is None else (lambda k, n: update(done=k, total=n, label="replay"))
+        # a log's read (bytes; a gzipped one by its compressed offset) and first fit (jobs) get a percentage too
+        log_progress = None if update is None else (lambda k, n, what: update(done=k, total=n, label=f"replay: {what}"))
         try:
-            run = run_replay(request, out, progress=progress)
+            run = run_replay(request, out, progress=progress, log_progress=log_progress)
         except SolverUnavailable as e:  # a missing extra or Gurobi's size-limited licence: say which
             err.print(f"error: {e}", markup=False, highlight=False)
             raise typer.Exit(2) from None

@@ -36,28 +36,25 @@ class LogRuns:
     procs: np.ndarray
 
 
-def read_log_runs(trace: Any, tick: Callable[[int], None] | None = None) -> LogRuns:
+def read_log_runs(trace: Any) -> LogRuns:
     """The jobs of an opened job trace (``hpcsched.traces.open_trace``) as arrays; the trace's report is filled
-    as a pass over it would fill it. A clean SWF log is read by columns (``traces.swf_columns``), others by rows."""
+    as a pass over it would fill it. A clean SWF log is read by columns (``traces.swf_columns``), others by rows;
+    either calls the report's ``progress`` with the bytes read."""
     if trace.format.name == "swf" and not trace.report.options.get("rows"):
         from hpcsched.traces.swf_columns import summarise
 
-        cols = summarise(trace.path, trace.report, tick, keep_runs=True)
+        cols = summarise(trace.path, trace.report, keep_runs=True)
         if cols is not None and cols.runs is not None:
             s, e, n, p = cols.runs
             return LogRuns(np.frombuffer(s, dtype=np.float64), np.frombuffer(e, dtype=np.float64),
                            np.frombuffer(n, dtype=np.int64), np.frombuffer(p, dtype=np.int64))
     st, en, nd, pr = array("d"), array("d"), array("q"), array("q")
     nan = math.nan
-    count = 0
     for j in trace:
         st.append(nan if j.start is None else j.start)
         en.append(nan if j.end is None else j.end)
         nd.append(j.nodes)
         pr.append(j.procs)
-        count += 1
-        if tick is not None and count % 50_000 == 0:
-            tick(count)
     return LogRuns(np.frombuffer(st, dtype=np.float64), np.frombuffer(en, dtype=np.float64),
                    np.frombuffer(nd, dtype=np.int64), np.frombuffer(pr, dtype=np.int64))
 

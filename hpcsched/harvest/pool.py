@@ -340,7 +340,7 @@ def pool_at(sec: Seconds, start: float, names: Sequence[str]) -> tuple[NodeRuns,
 def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | None = None, *,
                       start: float | None = None, skip_warmup: bool = False,
                       options: Mapping[str, object] | None = None,
-                      tick: Callable[[str, int], None] | None = None) -> PoolTimeline:
+                      progress: Callable[[int, int, str], None] | None = None) -> PoolTimeline:
     """Idle-pool events of a batch log replayed first-fit on a machine of ``machine`` nodes.
 
     The machine is ``machine`` (``--nodes``) when given, else the size the reader knows (an SWF header's
@@ -354,15 +354,18 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
 
     The log is read into arrays (a clean SWF by columns) and first fit streams through it, writing each
     second's netted changes as runs into flat arrays (``harvest.log_stream``): memory is about 24 bytes a
-    job and 25 a changed second, and neither time nor memory grows with the machine's size. ``tick``
-    (stage, count) reports progress.
+    job and 25 a changed second, and neither time nor memory grows with the machine's size. ``progress(done,
+    total, what)`` follows the read (bytes of the file: a gzipped log's compressed offset) and first fit (jobs).
     """
     from hpcsched.traces import open_trace
 
     trace = open_trace(path, fmt, options=dict(options or {}))
     if trace.format.kind != "jobs":
         raise InputError(path, f"--log needs a job log; {trace.format.name} holds {trace.format.kind} records")
-    log = read_log_runs(trace, None if tick is None else (lambda k: tick("read", k)))
+    if progress is not None:
+        name = Path(path).name
+        trace.report.progress = lambda done, total: progress(done, total, f"reading {name}")
+    log = read_log_runs(trace)
     n_jobs = len(log.start)
     meta = trace.report.meta
     cpn_raw = meta.get("cores_per_node")
@@ -384,7 +387,9 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
         machine, source = peak_nodes, "the log's peak concurrent use"
     first = float(st[0])
     n_runs = len(st)
-    sec = place_stream(st, en, size, machine, cpn, skipped, None if tick is None else (lambda k: tick("place", k)))
+    n_placed = len(st)
+    sec = place_stream(st, en, size, machine, cpn, skipped,
+                       None if progress is None else (lambda k: progress(k, n_placed, "first fit of the log's jobs")))
     del st, en, size
     bt, bl = busy_of(sec, machine)
     last_mark = float(bt[-1]) if len(bt) else first

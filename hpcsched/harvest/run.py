@@ -126,11 +126,13 @@ def run_replay(
     prepare_jobs: JobsHook | None = None,
     progress: Callable[[int, int], None] | None = None,
     meta_extra: Mapping[str, object] | None = None,
+    log_progress: Callable[[int, int, str], None] | None = None,
 ) -> ReplayRun:
     """Replay ``request`` and write its files into ``out``.
 
     ``prepare_jobs`` alters the jobs right after they are read (the sweep scales their arrivals);
-    ``progress(done, total)`` follows the replayer's events; ``meta_extra`` is merged into meta.json.
+    ``progress(done, total)`` follows the replayer's events, ``log_progress(done, total, what)`` the reading of
+    a ``--log`` (bytes) and its first fit (jobs); ``meta_extra`` is merged into meta.json.
     Bad input raises InputError; a solver that is not installed raises SolverUnavailable.
     """
     from hpcsched.traces.bftrainer import read_elastic_jobs
@@ -147,7 +149,7 @@ def run_replay(
     else:
         assert request.log is not None
         tl = timeline_from_log(request.log, request.nodes, request.log_format, start=request.start,
-                               skip_warmup=request.skip_warmup, options=request.log_options)
+                               skip_warmup=request.skip_warmup, options=request.log_options, progress=log_progress)
         jobs, shift = shift_into_log(jobs, tl.start, tl.end)
     valuation, described = None, {}
     if request.goodput is not None:

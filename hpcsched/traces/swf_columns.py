@@ -126,17 +126,22 @@ def _summarise(path: Path, report: TraceReport, tick: Callable[[int], None] | No
         mach[key] = int(report.meta.get(key) or 0)
     with path.open("rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
+    size = path.stat().st_size
     try:
-        reader = pd.read_csv(path, sep=r"\s+", header=None, skiprows=skip, skip_blank_lines=False, dtype=np.float64,
-                             chunksize=_RUNS_CHUNK if keep_runs else _CHUNK, engine="c",
-                             compression="gzip" if gz else None)
-        out = Columns(0, array("d"), array("d"), array("d"), array("d"), 0)
-        if keep_runs:
-            out.runs = (array("d"), array("d"), array("q"), array("q"))
-        for chunk in reader:
-            _chunk(chunk.to_numpy(), report, out, unknown, not_kept, skip, offset, cpn, wait_is_start, mach)
-            if tick is not None:
-                tick(out.count)
+        # the file is opened here, not by pandas, so that progress can say how far into it the parser is: the
+        # compressed offset of a gzipped log (its uncompressed size is unknown until the end)
+        with path.open("rb") as raw, (gzip.GzipFile(fileobj=raw) if gz else raw) as src:
+            reader = pd.read_csv(src, sep=r"\s+", header=None, skiprows=skip, skip_blank_lines=False,
+                                 dtype=np.float64, chunksize=_RUNS_CHUNK if keep_runs else _CHUNK, engine="c")
+            out = Columns(0, array("d"), array("d"), array("d"), array("d"), 0)
+            if keep_runs:
+                out.runs = (array("d"), array("d"), array("q"), array("q"))
+            for chunk in reader:
+                _chunk(chunk.to_numpy(), report, out, unknown, not_kept, skip, offset, cpn, wait_is_start, mach)
+                if report.progress is not None:
+                    report.progress(raw.tell(), size)
+                if tick is not None:
+                    tick(out.count)
     except (ValueError, pd.errors.ParserError, EOFError, OSError, gzip.BadGzipFile) as e:
         raise _Unclean from e
     if out.count == 0:
