@@ -235,7 +235,7 @@ def _options(cores_per_node: float | None, machine_nodes: int | None, delimiter:
 def convert_cmd(
     file: Path = typer.Argument(..., help="Job trace in any format hpcsched reads (.gz read transparently)."),
     to: str = typer.Option(..., "--to", help="Target format: swf, muri (the simulator's CSV), slurm-sacct, "
-                           "pbs-accounting."),
+                           "pbs-accounting, lsf-acct (LSF lsb.acct), sge-accounting (Grid Engine)."),
     out: Path | None = typer.Option(None, "--out", help="Output file (.gz compresses); default: stdout."),
     fmt: str | None = typer.Option(None, "--format", help="Input format (default: detected)."),
     allow_loss: bool = typer.Option(

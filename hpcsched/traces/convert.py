@@ -2,7 +2,8 @@
 
 Targets (``TARGETS``): ``swf`` (the batch replayer's and the Parallel Workloads Archive's format),
 ``muri`` (the simulator's DL trace CSV, milliseconds), ``slurm-sacct`` (``sacct -P`` layout, any
-delimiter, or its fixed-width table) and ``pbs-accounting`` (PBS Pro / OpenPBS records). Every writer
+delimiter, or its fixed-width table), ``pbs-accounting`` (PBS Pro / OpenPBS records), ``lsf-acct`` (LSF
+``lsb.acct`` JOB_FINISH records) and ``sge-accounting`` (Grid Engine accounting(5)). Every writer
 writes what the matching reader reads back into the same ``Job`` where the target has a field for it;
 what it has no field for is listed as a loss before anything is written.
 
@@ -39,12 +40,15 @@ from hpcsched.traces.writers import (
     write_sacct,
     write_swf,
 )
+from hpcsched.traces.writers_acct import acct_losses, write_lsf, write_sge
 
 __all__ = ["TARGETS", "ConvertResult", "Loss", "convert_trace", "losses", "write_jobs"]
 
-TARGETS = ("swf", "muri", "slurm-sacct", "pbs-accounting")
+TARGETS = ("swf", "muri", "slurm-sacct", "pbs-accounting", "lsf-acct", "sge-accounting")
 _TARGET_ALIASES = {"sacct": "slurm-sacct", "pbs": "pbs-accounting", "openpbs": "pbs-accounting",
-                   "pbspro": "pbs-accounting", "simulator": "muri", "tiresias": "muri"}
+                   "pbspro": "pbs-accounting", "simulator": "muri", "tiresias": "muri", "lsf": "lsf-acct",
+                   "lsb.acct": "lsf-acct", "sge": "sge-accounting", "uge": "sge-accounting",
+                   "grid-engine": "sge-accounting"}
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,10 @@ def target_name(name: str) -> str:
     return n
 
 
-def losses(jobs: Sequence[Job], target: str, gpus_per_node: int | None = None) -> list[Loss]:
-    """What ``target`` cannot hold of ``jobs``: required losses first, then the rest."""
+def losses(jobs: Sequence[Job], target: str, gpus_per_node: int | None = None,
+           meta: dict[str, Any] | None = None) -> list[Loss]:
+    """What ``target`` cannot hold of ``jobs``: required losses first, then the rest. ``meta``: the source
+    reader's (its cores per node decide how Grid Engine reads node counts back)."""
     target = target_name(target)
     out: list[Loss] = []
 
@@ -117,6 +123,9 @@ def losses(jobs: Sequence[Job], target: str, gpus_per_node: int | None = None) -
     else:
         add("an unknown wait (the source's start was taken as its submit time; this target has no 'unknown' "
             "for it, so the start is written as known)", wait_unknown)
+    if target in ("lsf-acct", "sge-accounting"):
+        for what, pred in acct_losses(jobs, target, meta or {}):
+            add(what, pred)
     if target != "muri":
         add("iterations, iteration time, stage profile and model (only Muri CSV has them)",
             lambda j: j.iterations is not None or j.profile is not None or j.model is not None)
@@ -148,6 +157,10 @@ def write_jobs(jobs: Sequence[Job], target: str, out: IO[str], meta: dict[str, A
         return write_muri(jobs, out, meta, source, gpus_per_node, rebase)
     if target == "slurm-sacct":
         return notes + write_sacct(jobs, out, delimiter, trailing)
+    if target == "lsf-acct":
+        return write_lsf(jobs, out)
+    if target == "sge-accounting":
+        return write_sge(jobs, out)
     return notes + write_pbs(jobs, out, meta, source)
 
 
@@ -177,7 +190,7 @@ def convert_trace(src: str | Path, to: str, out: str | Path | None = None, *, fm
     jobs = list(trace)
     meta = dict(trace.report.meta) | {"format": trace.format.name}
     result = ConvertResult(str(src), trace.format.name, target, anomalies=dict(trace.report.anomalies))
-    found = losses(jobs, target, gpus_per_node)
+    found = losses(jobs, target, gpus_per_node, meta)
     result.losses = found
     required = [loss for loss in found if loss.required]
     if required and not allow_loss:
