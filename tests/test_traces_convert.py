@@ -217,7 +217,7 @@ def test_losses_name_what_each_target_lacks() -> None:
     (need, *_) = losses([batch], "muri")
     assert (need.required, need.first_line, "GPU count" in need.what) == (True, 7, True)
     assert not any(x.required for x in losses([batch], "muri", gpus_per_node=4))
-    assert set(TARGETS) == {"swf", "muri", "slurm-sacct", "pbs-accounting"}
+    assert set(TARGETS) == {"swf", "muri", "slurm-sacct", "pbs-accounting", "lsf-acct", "sge-accounting"}
 
 
 def test_batch_log_to_simulator_needs_gpus(tmp_path: Path) -> None:
