@@ -43,7 +43,9 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     assert reg["reregistrations"] == 0 and reg["reregister_replies"] == 0
     # A Register may fail to connect on a loaded machine (a worker's connect floor, 200 ms until the fleet runs showed
     # it: bench/RESULTS.md); it is retried at once and is no re-registration. Any other failed call is a defect.
-    assert set(r["rpc_errors"]) <= {"Register UNAVAILABLE"}, r["rpc_error_examples"]
+    # A heartbeat with news may be shed while liveness.LOCK_WAITING_BEATS others wait for the lock (a slow step on a
+    # loaded machine): its lease is renewed and the worker, still registered, reports again after its back-off.
+    assert set(r["rpc_errors"]) <= {"Register UNAVAILABLE", "Heartbeat RESOURCE_EXHAUSTED"}, r["rpc_error_examples"]
     assert r["heartbeat"]["lease_lapses"] == 0
     # every worker heartbeats at the interval the controller gave it, not the harness's default
     assert r["heartbeat"]["intervals_s"] == {str(HEARTBEAT_S): 50}

@@ -251,3 +251,31 @@ def test_heartbeats_can_have_threads_of_their_own(pooled) -> None:
         f.result(timeout=60)  # and every one of them is served once the lock is free
     stats = srv.timings.summary()
     assert stats["Heartbeat (queued)"]["calls"] >= 1 and stats["Submit (queued)"]["calls"] == 48 + 8
+
+
+def test_heartbeats_with_news_past_the_waiting_bound_are_shed_with_the_lease_renewed(controller) -> None:
+    """At most liveness.LOCK_WAITING_BEATS heartbeats wait for the controller's lock at once (so a long step cannot
+    take every server thread); one more with news is refused RESOURCE_EXHAUSTED at once, counted, and its worker's
+    lease renewed (it is alive; a worker keeps its registration and sends the news after its back-off)."""
+    from hpcsched.runtime.liveness import LOCK_WAITING_BEATS
+
+    srv, stub = controller
+    workers = [FakeWorker(stub, f"w{i:02d}") for i in range(LOCK_WAITING_BEATS + 1)]
+    news = [pb.TaskStatus(task_id="t-unknown", job_id="j-unknown", running=False)]  # reconciled under the lock
+    with srv.ctl.lock:
+        waiting = [w.stub.Heartbeat.future(pb.HeartbeatRequest(worker_id=w.name, instance=f"i-{w.name}", tasks=news),
+                                           metadata=w.md, timeout=60) for w in workers[:-1]]
+        deadline = time.time() + 30
+        while srv.timings.summary().get("Heartbeat (queued)", {}).get("calls", 0) < LOCK_WAITING_BEATS:
+            assert time.time() < deadline, "the heartbeats never reached their handlers"
+            time.sleep(0.05)
+        before = srv.ctl.last_seen[workers[-1].name]
+        with pytest.raises(grpc.RpcError) as e:
+            workers[-1].beat(news, timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "lease was renewed" in e.value.details()
+        assert srv.ctl.last_seen[workers[-1].name] > before and srv.ctl.shed_beats == 1
+        assert not any(f.done() for f in waiting)
+    for f in waiting:
+        assert list(f.result(timeout=60).forget) == ["t-unknown"]  # served once the lock was free
+    assert srv.service.refusals() == {("Heartbeat", "shed"): 1}
+    assert not workers[-1].beat(news).reregister  # and the shed worker's next report is reconciled

@@ -45,6 +45,7 @@ from hpcsched.runtime.controller_step import Stepping
 from hpcsched.runtime.inplace_resize import InPlaceResizer
 from hpcsched.runtime.listing import JobFilter, Listing, every_page, wall
 from hpcsched.runtime.live_pool import LivePool
+from hpcsched.runtime.liveness import LOCK_WAITING_BEATS
 from hpcsched.runtime.memstore import MemStore
 from hpcsched.runtime.plan_set import PendingQueue
 from hpcsched.runtime.ratelimit import LogThrottle
@@ -117,6 +118,10 @@ class Controller(Membership, Stepping, JobLifecycle):
         # ``lock``, against the removal of a worker from ``last_seen``/``instance`` (reaped, left, registered anew)
         self.seen_lock = threading.Lock()
         self.lease_only_beats = 0  # heartbeats answered without the controller's lock (nothing to reconcile)
+        # heartbeats with news waiting for the lock now (at most liveness.LOCK_WAITING_BEATS), and those refused
+        # because that many already waited
+        self.beat_waiters = threading.BoundedSemaphore(LOCK_WAITING_BEATS)
+        self.shed_beats = 0
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
@@ -150,7 +155,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         """What the controller refused and how its steps went, for its summary (logged at stop, ``rpc_stats_file``)."""
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
-                "lease_only_heartbeats": self.lease_only_beats,
+                "lease_only_heartbeats": self.lease_only_beats, "shed_heartbeats": self.shed_beats,
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
                 "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,
                 "live_set_reads": self.pool.rebuilds}

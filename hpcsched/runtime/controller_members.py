@@ -28,7 +28,7 @@ from hpcsched.runtime.lifecycle import (
     next_state,
 )
 from hpcsched.runtime.listing import MAX_REPLY_BYTES
-from hpcsched.runtime.liveness import heartbeat_problem, interval_s
+from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, heartbeat_problem, interval_s
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store_rows import AllocRow, JobRow, WorkerRow
 from hpcsched.runtime.submission import (
@@ -48,6 +48,12 @@ _WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")
 class Refused(Exception):
     """A worker's request the controller will not carry out, with why (gRPC FAILED_PRECONDITION): another live
     daemon holds its name. The message is for the worker's log and its operator."""
+
+
+class Shed(Exception):
+    """A heartbeat with news refused at once because ``liveness.LOCK_WAITING_BEATS`` others already wait for the
+    controller's lock (gRPC RESOURCE_EXHAUSTED): the worker's lease was renewed, and it sends its news again after
+    its back-off, still registered (``liveness.keeps_registration``)."""
 
 
 class Membership:
@@ -121,6 +127,20 @@ class Membership:
         if self._lease_only(req):
             reply.heartbeat_interval_s = self.heartbeat_interval()
             return reply
+        if not self.beat_waiters.acquire(blocking=False):
+            if self._renew(req):  # it is alive; only its news waits
+                with self.seen_lock:
+                    self.shed_beats += 1
+                raise Shed(f"{LOCK_WAITING_BEATS} heartbeats already wait for the controller's lock (a scheduling step "
+                           "holds it): the lease was renewed; send this report again after a back-off")
+            self.beat_waiters.acquire()  # not registered or another daemon: the lock's path says which
+        try:
+            return self._reconcile_beat(req, reply)
+        finally:
+            self.beat_waiters.release()
+
+    def _reconcile_beat(self, req: pb.HeartbeatRequest, reply: pb.HeartbeatReply) -> pb.HeartbeatReply:
+        """The heartbeat's reconcile under the lock (``heartbeat``)."""
         with self.lock:
             wid = req.worker_id
             if wid not in self.last_seen:
@@ -178,13 +198,20 @@ class Membership:
             seen = _UNCHANGED if req.partial and a.state == "running" else None
             if job is None or reconcile.expected(a, job, seen, now, IN_PLACE_TIMEOUT_S) is not reconcile.Expected.OK:
                 return False
+        if not self._renew(req):
+            return False  # not registered (reregister), or another daemon's name (refused): the lock's path
         with self.seen_lock:
-            if wid not in self.last_seen or self.instance.get(wid) != req.instance:
-                return False  # not registered (reregister), or another daemon's name (refused): the lock's path
-            self.last_seen[wid] = self.mono()
             self.lease_only_beats += 1
         if req.spare_port:  # one key's value replaced: no reader iterates this dict
             self.spare_port[wid] = req.spare_port
+        return True
+
+    def _renew(self, req: pb.HeartbeatRequest) -> bool:
+        """Renew the lease of a registered worker's daemon without the lock; False (nothing done) for another."""
+        with self.seen_lock:
+            if req.worker_id not in self.last_seen or self.instance.get(req.worker_id) != req.instance:
+                return False
+            self.last_seen[req.worker_id] = self.mono()
         return True
 
     def leave(self, req: pb.LeaveRequest) -> pb.LeaveReply:

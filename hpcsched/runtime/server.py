@@ -38,7 +38,7 @@ from hpcsched.errors import InputError
 from hpcsched.runtime.auth import ADMIN, READONLY, USER, WORKER, TokenInterceptor, server_credentials
 from hpcsched.runtime.config import ControllerConfig, parse_address
 from hpcsched.runtime.controller import Controller
-from hpcsched.runtime.controller_members import Refused
+from hpcsched.runtime.controller_members import Refused, Shed
 from hpcsched.runtime.credentials import WorkerCredentials
 from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
@@ -127,6 +127,9 @@ def _timed(method):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Refused as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except Shed as e:  # too many heartbeats wait for the lock: this one's lease is renewed, its news comes again
+            self.count_refused(method.__name__, "shed")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except Busy as e:
             self.count_refused(method.__name__, "busy")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"controller busy with queries: {e}")
