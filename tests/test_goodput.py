@@ -187,3 +187,34 @@ def test_profiles_read_as_pandas_reads_them() -> None:
         for c in xs + ys:
             assert [float(v) for v in means[c]] == [float(v) for v in ours[c]], (name, c)
     assert checked > 40_000
+
+
+def test_linear_nd_equals_scipys_linear_nd_interpolator() -> None:
+    """Step times at unmeasured placements come from :class:`LinearND` (scipy.interpolate's import cost a run more
+    than its work): over every profile's (nodes, GPUs, per-GPU batch) grid, inside and outside the hull, each value
+    must be the double scipy's ``LinearNDInterpolator`` gives (NaN there: None here)."""
+    from scipy.interpolate import LinearNDInterpolator
+
+    from hpcsched.goodput.linear_nd import LinearND
+    from hpcsched.goodput.profiles import group_means
+
+    inside = outside = 0
+    for name in APPLICATIONS:
+        p = load_profile(name)
+        xs, ys = ["num_nodes", "num_replicas", "local_bsz"], ["step_time", "sync_time"]
+        means = group_means(p.placements, xs, ys)
+        table = {c: [float(v) for v in means[c] + p.scalability[c]] for c in xs + ys}
+        pts, vals = np.array([table[c] for c in xs]).T, np.array([table[c] for c in ys]).T
+        ref, ours = LinearNDInterpolator(pts, vals), LinearND(pts, vals)
+        lo, hi = p.min_local_bsz, p.max_local_bsz
+        grid = [(nodes, reps, b) for nodes in (1, 2, 3, 5, 8, 13, 16) for reps in range(nodes, 4 * nodes + 1, 3)
+                for b in (lo, (lo + hi) // 2, hi, lo + 0.5, (lo + hi) / 3, hi + 1)]
+        for x in grid:  # one point per call, as profiles query it (a batch walks from the last point's simplex)
+            r, got = ref(list(x))[0], ours(x)
+            if math.isnan(r[0]):
+                assert got is None, (name, x)
+                outside += 1
+            else:
+                assert got == (float(r[0]), float(r[1])), (name, x)
+                inside += 1
+    assert inside > 600 and outside > 200

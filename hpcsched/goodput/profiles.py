@@ -6,8 +6,9 @@ Reads a profile folder (``placements.csv``, ``scalability.csv``, ``validation-<B
 
 - the measured step time of a placement: linear in the per-GPU batch between measured batches when that
   placement (up to rotation) was measured, else linear over (nodes <= 16, replicas, batch) across the per-group
-  means of the placements plus the large-scale rows (scipy's Delaunay-based ``LinearNDInterpolator``, the same
-  triangulation and arithmetic, so the same values to the bit: the baselines' greedy choices compare them);
+  means of the placements plus the large-scale rows (the Delaunay-based interpolation of scipy's
+  ``LinearNDInterpolator``, :mod:`hpcsched.goodput.linear_nd`: the same triangulation and arithmetic, so the same
+  values to the bit: the baselines' greedy choices compare them);
 - gradient statistics and iterations per epoch, linear in the batch between validated batch sizes;
 - an epoch's progress threshold: the least progress any validated batch size had made by its end.
 """
@@ -220,16 +221,16 @@ class ApplicationProfile:
         else:
             interp = self._cache.get("nd")
             if interp is None:
-                from scipy.interpolate import LinearNDInterpolator
+                from hpcsched.goodput.linear_nd import LinearND
 
                 xs = ["num_nodes", "num_replicas", "local_bsz"]
                 ys = ["step_time", "sync_time"]
                 means = group_means(self.placements, xs, ys)
                 table = {c: [float(v) for v in means[c] + self.scalability[c]] for c in xs + ys}
-                interp = self._cache["nd"] = LinearNDInterpolator(np.array([table[c] for c in xs]).T,
-                                                                  np.array([table[c] for c in ys]).T)
-            ret = interp([min(len(placement), MAX_INTERP_NODES), sum(placement), local_bsz])[0]
-            out = (float(ret[0]), float(ret[1]))
+                interp = self._cache["nd"] = LinearND(np.array([table[c] for c in xs]).T,
+                                                      np.array([table[c] for c in ys]).T)
+            ret = interp([min(len(placement), MAX_INTERP_NODES), sum(placement), local_bsz])
+            out = (math.nan, math.nan) if ret is None else (ret[0], ret[1])
         if math.isnan(out[0]) or math.isnan(out[1]):
             raise ValueError(f"{self.name}: placement {placement} at per-GPU batch {local_bsz} is outside the "
                              "profiled range")
