@@ -36,6 +36,21 @@ REDRAWS = 5
 MAX_NODES_PER_JOB = 16
 MAX_REPLICAS = 64
 
+OPTIMISERS = ("ga", "ga:POPxGEN")
+"""``ga``: the artifact's budget, population 100 x 100 generations; ``ga:50x25``: a smaller search of the same
+objective (cheaper, reported apart: it is not the artifact's budget)."""
+
+
+def ga_budget(optimiser: str) -> tuple[int, int]:
+    """(population, generations) of ``--pollux-optimiser``; KeyError naming the forms otherwise."""
+    if optimiser == "ga":
+        return 100, 100
+    kind, _, budget = optimiser.partition(":")
+    pop, _, gen = budget.partition("x")
+    if kind == "ga" and pop.isdigit() and gen.isdigit() and int(pop) >= 2 and int(gen) >= 1:
+        return int(pop), int(gen)
+    raise KeyError(f"unknown --pollux-optimiser {optimiser!r}; known: {', '.join(OPTIMISERS)} (POP >= 2, GEN >= 1)")
+
 
 def max_replicas(job: SimJob, cap: int = MAX_REPLICAS) -> int:
     """At most twice what the job has been seen on (Pollux explores gradually), ``cap`` (64), and its largest

@@ -243,7 +243,7 @@ def simulate_command(trace: Path, cluster: Path, policy: str, out: Path | None, 
             raise InputError(None, "--solver is for --policy gavel's LP (Sia's integer program is always HiGHS)")
         if (seed != 0 or optimiser != "ga") and policy != "pollux":
             raise InputError(None, "--seed/--pollux-optimiser are for --policy pollux")
-        from hpcsched.sim.pollux_run import ga_budget
+        from hpcsched.compat.pollux_ga import ga_budget
 
         try:
             search = ga_budget(optimiser)

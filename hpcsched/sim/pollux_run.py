@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcsched.compat.pollux import PolluxPolicy, PolluxRun, simulate_pollux
+from hpcsched.compat.pollux_ga import ga_budget
 from hpcsched.results import JobResult, write_csv, write_results
 
 POLICIES = ("tiresias", "optimus", "pollux")
-OPTIMISERS = ("ga", "ga:POPxGEN")
-"""``ga``: the artifact's budget, population 100 x 100 generations; ``ga:50x25``: a smaller search of the same
-objective (cheaper, reported apart: it is not the artifact's budget)."""
 ROUNDS_FILE = "rounds.csv"
 
 
@@ -37,17 +35,6 @@ def make_policy(name: str, nodes: int, gpus_per_node: int, seed: int = 0, optimi
 
         return PolluxGAPolicy(nodes, gpus_per_node, seed, *ga_budget(optimiser))
     raise KeyError(f"unknown policy {name!r} for --compat pollux; known: {', '.join(POLICIES)}")
-
-
-def ga_budget(optimiser: str) -> tuple[int, int]:
-    """(population, generations) of ``--pollux-optimiser``; KeyError naming the forms otherwise."""
-    if optimiser == "ga":
-        return 100, 100
-    kind, _, budget = optimiser.partition(":")
-    pop, _, gen = budget.partition("x")
-    if kind == "ga" and pop.isdigit() and gen.isdigit() and int(pop) >= 2 and int(gen) >= 1:
-        return int(pop), int(gen)
-    raise KeyError(f"unknown --pollux-optimiser {optimiser!r}; known: {', '.join(OPTIMISERS)} (POP >= 2, GEN >= 1)")
 
 
 def results_of(run: PolluxRun) -> list[JobResult]:
