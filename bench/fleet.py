@@ -197,6 +197,8 @@ class Submitter:
         self.concurrency, self.batch = concurrency, batch
         self.sent_at: dict[str, float] = {}
         self.failed: dict[str, int] = {}
+        self.shed = 0  # SubmitMany calls the controller shed (others waited for its lock): their jobs sent again
+        self.jitter = random.Random(7)
         # SubmitMany when the controller's protocol has it and batches are asked for (batch > 1)
         self.many = batch > 1 and hasattr(self.stub, "SubmitMany") and hasattr(pb, "SubmitManyRequest")
 
@@ -234,6 +236,11 @@ class Submitter:
                         work.extend(chunk)
                         await one_by_one()
                         return
+                    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "busy" in (e.details() or ""):
+                        self.shed += 1  # shed while others waited for the controller's lock: sent again
+                        work.extend(chunk)
+                        await asyncio.sleep(self.jitter.uniform(0.05, 0.5))
+                        continue
                     self.failed[e.code().name] = self.failed.get(e.code().name, 0) + len(chunk)
                     continue
                 for jid in ids:
@@ -496,7 +503,8 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
         "rpc_errors": errors,
         "rpc_error_examples": examples,
         "submit": {"jobs": submitted, "seconds": round(submit_s, 2),
-                   "jobs_per_s": round(submitted / submit_s, 1) if submit_s > 0 else None, "failed": sub.failed},
+                   "jobs_per_s": round(submitted / submit_s, 1) if submit_s > 0 else None, "failed": sub.failed,
+                   "shed_calls": sub.shed},
         "submit_to_launch": _quantiles(lat) | {"never_launched": len(sub.sent_at) - len(lat)},
         "jobs_after": {"seconds": o.duration, "states": counts, "done": counts.get("completed", 0),
                        "pending_unrunnable": len(pending_ids),

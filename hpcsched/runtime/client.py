@@ -9,7 +9,9 @@ and is retried with the same id when the controller could not be reached or did 
 retry returns the job the first attempt made instead of a second one. A query the controller refuses as busy
 (RESOURCE_EXHAUSTED: many listings at once) is retried after a random pause for up to ``BUSY_RETRY_S``: the
 controller answered, it is only serving other queries first (40 concurrent listings of 10,000 jobs each take
-seconds in all on a 2-core node, and such a call waited rather than failing).
+seconds in all on a 2-core node, and such a call waited rather than failing). A submit the controller sheds because
+enough calls already wait for its lock (RESOURCE_EXHAUSTED, ``liveness.SHED_PREFIX``) is retried the same way; a
+refusal by the pending-jobs quota (also RESOURCE_EXHAUSTED) is not.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import grpc
 from hpcsched.errors import InputError
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.config import read_token
+from hpcsched.runtime.liveness import SHED_PREFIX
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 
@@ -92,9 +95,11 @@ class Client:
                 return getattr(self.stub, method)(request, timeout=min(left, attempt_s or left), metadata=self.md)
             except grpc.RpcError as e:
                 code = e.code()
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and code in retry:  # busy: a longer budget, a full
-                    deadline = max(deadline, start + max(self.timeout, BUSY_RETRY_S))  # timeout for the next try
-                if code not in retry or time.monotonic() + pause >= deadline:
+                # a call shed because others wait for the controller's lock (not a quota): retried like a busy query
+                shed = code == grpc.StatusCode.RESOURCE_EXHAUSTED and (e.details() or "").startswith(SHED_PREFIX)
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and (code in retry or shed):  # busy: a longer budget,
+                    deadline = max(deadline, start + max(self.timeout, BUSY_RETRY_S))  # a full timeout for the next
+                if (code not in retry and not shed) or time.monotonic() + pause >= deadline:
                     raise ClientError(f"controller {self.address}: {code.name}: {e.details()}", code.name) from None
             time.sleep(pause * random.uniform(0.5, 1.5))  # spread out the retries of many clients
             pause = min(pause * 2, 1.0)

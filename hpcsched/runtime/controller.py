@@ -45,11 +45,12 @@ from hpcsched.runtime.controller_step import Stepping
 from hpcsched.runtime.inplace_resize import InPlaceResizer
 from hpcsched.runtime.listing import JobFilter, Listing, every_page, wall
 from hpcsched.runtime.live_pool import LivePool
-from hpcsched.runtime.liveness import LOCK_WAITING_BEATS
+from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, LOCK_WAITING_CALLS
 from hpcsched.runtime.memstore import MemStore
 from hpcsched.runtime.plan_set import PendingQueue
 from hpcsched.runtime.ratelimit import LogThrottle
 from hpcsched.runtime.rpc import pb
+from hpcsched.runtime.steplock import StepFirstLock, WaitBound
 from hpcsched.runtime.submission import (
     PendingCounts,
 )
@@ -68,7 +69,8 @@ class Controller(Membership, Stepping, JobLifecycle):
         self.checkpoint_root = cfg.checkpoint_root.resolve()  # once: a resolve per start was a step's syscalls
         self.mono = clock
         self.store = MemStore(cfg.state)  # one controller per state file; its state in memory, written through
-        self.lock = threading.RLock()
+        # reentrant; the scheduling step takes it before handlers that came earlier (``steplock``)
+        self.lock = StepFirstLock()
         self.wakeup = threading.Event()
         policy = scheduler.resolve_policy(cfg.policy)  # an unknown policy fails at start-up, not at the first job
         self.queue = PendingQueue(policy)  # the pending jobs in the policy's order: a step plans over its head
@@ -122,6 +124,9 @@ class Controller(Membership, Stepping, JobLifecycle):
         # because that many already waited
         self.beat_waiters = threading.BoundedSemaphore(LOCK_WAITING_BEATS)
         self.shed_beats = 0
+        # Register / Leave / Submit / SubmitMany calls waiting for (or holding) the lock now: the next is refused
+        # RESOURCE_EXHAUSTED at once (``Shed``), so server threads stay free for lease-only heartbeats
+        self.call_waiters = WaitBound(LOCK_WAITING_CALLS)
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
@@ -156,6 +161,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
                 "lease_only_heartbeats": self.lease_only_beats, "shed_heartbeats": self.shed_beats,
+                "shed_calls": self.call_waiters.refused,
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
                 "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,
                 "live_set_reads": self.pool.rebuilds}

@@ -9,6 +9,7 @@ import time
 
 from hpcsched.errors import InputError
 from hpcsched.runtime import launchers
+from hpcsched.runtime.controller_members import shed_call
 from hpcsched.runtime.jobfile import JobSpec, parse_job_spec
 from hpcsched.runtime.launch import JOB_UID_ENV, launch_tasks
 from hpcsched.runtime.lifecycle import (
@@ -33,6 +34,9 @@ from hpcsched.runtime.submission import (
 )
 
 log = logging.getLogger("hpcsched.runtime.controller")
+
+# Jobs a SubmitMany stores per hold of the lock: 10,000 in one hold kept the scheduling step waiting for seconds.
+SUBMIT_CHUNK_JOBS = 500
 
 
 class JobLifecycle:
@@ -124,6 +128,15 @@ class JobLifecycle:
         spec = parse_job_spec(spec_yaml, src) if isinstance(spec_yaml, str) else spec_yaml
         if spec.array is not None:  # N jobs cannot answer as one id: a client that sends arrays uses SubmitMany
             raise InputError(src, "array: a job array is submitted with SubmitMany (`hpcsched submit` does)")
+        if not self.call_waiters.try_enter():
+            raise shed_call("the submit")
+        try:
+            return self._submit_locked(spec, request_id, owner)
+        finally:
+            self.call_waiters.leave()
+
+    def _submit_locked(self, spec: JobSpec, request_id: str, owner: str) -> tuple[str, bool]:
+        """``submit_once``'s store under the lock, once admitted by ``call_waiters``."""
         with self.lock:
             earlier = self.store.job_for_request(request_id) if request_id else None
             if earlier is not None:
@@ -144,15 +157,42 @@ class JobLifecycle:
         items = parse_items(requests, self.cfg.max_submit_batch)
         stored = 0
         if any(not i.error for i in items):
-            with self.lock:
-                stored = store_items(self.store, items, owner, self.cfg.max_pending_per_user, time.time(),
-                                     self.pending)
+            if not self.call_waiters.try_enter():
+                raise shed_call("this batch")
+            try:
+                stored = self._store_chunks(items, owner)
+            finally:
+                self.call_waiters.leave()
             if stored:
                 self.wakeup.set()
         bad = sum(1 for i in items if i.error)
         log.info("%d jobs submitted in one batch of %d files%s", stored, len(items),
                  f"; {bad} of them refused" if bad else "")
         return items
+
+    def _store_chunks(self, items: list[Item], owner: str) -> int:
+        """Store the valid items in chunks of about ``SUBMIT_CHUNK_JOBS`` jobs, one hold of the lock (and one
+        transaction) each, so a scheduling step waiting for the lock gets it between chunks. A request id repeated in
+        the call is refused here, over the whole call (``store_items`` sees one chunk)."""
+        seen: set[str] = set()
+        for item in items:
+            if not item.error and item.request_id:
+                if item.request_id in seen:
+                    item.error = f"{item.source}: request id {item.request_id[:40]!r} repeated in this call"
+                seen.add(item.request_id)
+        valid = [i for i in items if not i.error]
+        stored = 0
+        k = 0
+        while k < len(valid):
+            chunk, jobs = [], 0
+            while k < len(valid) and (not chunk or jobs + len(valid[k].specs) <= SUBMIT_CHUNK_JOBS):
+                chunk.append(valid[k])
+                jobs += len(valid[k].specs)
+                k += 1
+            with self.lock:
+                stored += store_items(self.store, chunk, owner, self.cfg.max_pending_per_user, time.time(),
+                                      self.pending)
+        return stored
 
     def cancel(self, job_id: str, owner: str | None = None) -> tuple[bool, str]:
         """Cancel a job; with ``owner``, only a job that user submitted (``own_jobs_only``: others' are not

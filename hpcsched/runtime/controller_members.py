@@ -28,7 +28,7 @@ from hpcsched.runtime.lifecycle import (
     next_state,
 )
 from hpcsched.runtime.listing import MAX_REPLY_BYTES
-from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, heartbeat_problem, interval_s
+from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, LOCK_WAITING_CALLS, SHED_PREFIX, heartbeat_problem, interval_s
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store_rows import AllocRow, JobRow, WorkerRow
 from hpcsched.runtime.submission import (
@@ -56,6 +56,12 @@ class Shed(Exception):
     its back-off, still registered (``liveness.keeps_registration``)."""
 
 
+def shed_call(what: str) -> Shed:
+    """Refuse a Register / Leave / Submit call: ``LOCK_WAITING_CALLS`` others already wait for the lock."""
+    return Shed(f"{SHED_PREFIX} {LOCK_WAITING_CALLS} calls already wait for the controller's lock; {what} was not "
+                "carried out: retry after a back-off")
+
+
 class Membership:
     """Workers joining, beating and leaving: the part of ``Controller`` the worker RPCs call."""
 
@@ -68,6 +74,15 @@ class Membership:
         problem = registration_problem(req)
         if problem:
             raise InputError(f"worker {clip(req.worker_id, 60)!r}", problem)
+        if not self.call_waiters.try_enter():
+            raise shed_call("the registration")
+        try:
+            return self._register(req)
+        finally:
+            self.call_waiters.leave()
+
+    def _register(self, req: pb.RegisterRequest) -> pb.RegisterReply:
+        """``register`` under the lock, once admitted by ``call_waiters``."""
         with self.lock, self.store.tx():
             holder = self.instance.get(req.worker_id)
             if req.worker_id in self.last_seen and holder is not None and holder != req.instance:
@@ -219,9 +234,19 @@ class Membership:
         counted) and the next step places them elsewhere. Final: it is gone now; whatever it did not report
         as exited counts as lost. Only the daemon that holds the name may say so."""
         wid = req.worker_id
-        stopping = 0
         if not _WORKER_ID.fullmatch(wid) or len(wid) > MAX_WORKER_ID_CHARS:  # it is logged: no forged lines
             raise InputError("worker id", "not a worker id (1 to 128 letters, digits and _.:@-)")
+        if not self.call_waiters.try_enter():
+            raise shed_call("the leave")
+        try:
+            return self._leave(req)
+        finally:
+            self.call_waiters.leave()
+
+    def _leave(self, req: pb.LeaveRequest) -> pb.LeaveReply:
+        """``leave`` under the lock, once admitted by ``call_waiters``."""
+        wid = req.worker_id
+        stopping = 0
         with self.lock:
             if self.instance.get(wid, req.instance) != req.instance:
                 raise Refused(f"worker name {wid!r} is held by another live daemon; this one cannot leave for it")

@@ -52,7 +52,7 @@ class Stepping:
         if self._hold_for_arrivals():
             return scheduler.Plan()
         if self._stale >= _MAX_STALE:
-            with self.lock, self.store.tx():
+            with self.lock.first(), self.store.tx():
                 seen = self._read()
                 if seen is None:
                     return scheduler.Plan()
@@ -67,7 +67,7 @@ class Stepping:
             self._stale = 0
             self._replan = False
             return plan
-        with self.lock, self.store.tx():
+        with self.lock.first(), self.store.tx():
             seen = self._read()
         if seen is None:
             return scheduler.Plan()
@@ -79,7 +79,7 @@ class Stepping:
             batch = starts[k:k + _START_BATCH]
             stops = plan.stops if k == 0 else {}
             resizes = plan.resizes if k == 0 else {}
-            with self.lock, self.store.tx():
+            with self.lock.first(), self.store.tx():
                 if not self._still_valid(stops | dict.fromkeys(resizes, "resize"),
                                          {j: plan.starts[j] for j in batch}, jobs):
                     self._stale += 1
@@ -95,7 +95,7 @@ class Stepping:
                     endpoints = self._endpoints(plan.starts)
                 self._apply(plan, state, workers, stops, batch, endpoints)
                 self._own.update(batch, stops, resizes)
-        with self.lock:
+        with self.lock.first():
             self._set_expiry()
         self._stale = 0
         self._replan = False
