@@ -405,14 +405,19 @@ class SimWorker:
         if await self._say_leave(final=True):
             self.stats.leaves_said += 1
 
-    async def _say_leave(self, final: bool, again: bool = True) -> bool:
+    async def _say_leave(self, final: bool, again: bool = True, shed_tries: int = 5) -> bool:
         """One Leave; refused as UNAUTHENTICATED (the controller dropped this worker, and its credential with it, while
-        it was unreachable), it registers again and repeats once, as the real worker's ``_say_leave``."""
+        it was unreachable), it registers again and repeats once, as the real worker's ``_say_leave``; shed
+        (RESOURCE_EXHAUSTED: enough calls waited for the controller's lock), it is sent again after a jittered pause,
+        ``shed_tries`` times at most, as the real worker's."""
         try:
             await self.stub.Leave(pb.LeaveRequest(worker_id=self.name, final=final, instance=self.instance),
                                   timeout=LEAVE_TIMEOUT_S, metadata=self.md)
             return True
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and shed_tries > 0:  # the controller counts it
+                await asyncio.sleep(self.jitter.uniform(0.05, 0.5))
+                return await self._say_leave(final, again, shed_tries - 1)
             if e.code() != grpc.StatusCode.UNAUTHENTICATED or not again:
                 self.stats.error("Leave", e)
                 return False

@@ -66,7 +66,9 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     assert r["harness"]["processes_reported"] == r["harness_processes"] == 1
     assert r["harness"]["leaves_said"] == 50  # every worker drained and said goodbye
     # and the controller heard it: two Leave calls per worker (draining, then gone), none of its workers alive after
-    assert r["controller"]["rpc_handler"]["Leave"]["calls"] == 100
+    # (a Leave shed while liveness.LOCK_WAITING_CALLS others waited for the lock is sent again: timed as shed too)
+    leaves = r["controller"]["rpc_handler"]
+    assert leaves["Leave"]["calls"] - leaves.get("Leave (shed)", {}).get("calls", 0) == 100
     assert r["harness"]["workers_alive_after_leave"] == 0
 
 

@@ -227,9 +227,11 @@ def pooled(tmp_path: Path):
 
 def test_heartbeats_can_have_threads_of_their_own(pooled) -> None:
     """method_pools (an experiment, not the default): with every thread of the default pool and of the Register pool
-    waiting for the controller's lock (held here, as by a long scheduling step), an idle worker's heartbeat is still
+    waiting for the controller's lock or refused at once (held here, as by a long scheduling step: at most
+    liveness.LOCK_WAITING_CALLS wait, the others are shed), an idle worker's heartbeat is still
     answered at once: it runs in the Heartbeat pool, not behind them in one queue; its wait for a thread is timed
     as "Heartbeat (queued)"."""
+    from hpcsched.runtime.liveness import LOCK_WAITING_CALLS, SHED_PREFIX
     from hpcsched.runtime.method_pools import POOLS
 
     srv, stub = pooled
@@ -246,9 +248,16 @@ def test_heartbeats_can_have_threads_of_their_own(pooled) -> None:
             assert time.time() < deadline, "the blocked calls never reached their handlers"
             time.sleep(0.05)
         reply = idle.beat([], partial=True, timeout=10)  # in one queue with them it would wait for the lock's release
-        assert not reply.reregister and not any(f.done() for f in blocked)  # the others still wait for the lock
-    for f in blocked:
-        f.result(timeout=60)  # and every one of them is served once the lock is free
+        assert not reply.reregister
+    served = 0
+    for f in blocked:  # those admitted to wait for the lock are served once it is free; the rest were shed at once
+        try:
+            f.result(timeout=60)
+            served += 1
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.details().startswith(SHED_PREFIX)
+    assert served >= LOCK_WAITING_CALLS
+    assert sum(n for (_, why), n in srv.service.refusals().items() if why == "shed") == len(blocked) - served
     stats = srv.timings.summary()
     assert stats["Heartbeat (queued)"]["calls"] >= 1 and stats["Submit (queued)"]["calls"] == 48 + 8
 

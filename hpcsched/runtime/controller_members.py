@@ -53,7 +53,8 @@ class Refused(Exception):
 class Shed(Exception):
     """A heartbeat with news refused at once because ``liveness.LOCK_WAITING_BEATS`` others already wait for the
     controller's lock (gRPC RESOURCE_EXHAUSTED): the worker's lease was renewed, and it sends its news again after
-    its back-off, still registered (``liveness.keeps_registration``)."""
+    its back-off, still registered (``liveness.keeps_registration``). Also a Register, Leave or Submit refused
+    because ``liveness.LOCK_WAITING_CALLS`` such calls already wait (``shed_call``): its caller retries."""
 
 
 def shed_call(what: str) -> Shed:

@@ -129,6 +129,7 @@ def _timed(method):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except Shed as e:  # too many heartbeats wait for the lock: this one's lease is renewed, its news comes again
             self.count_refused(method.__name__, "shed")
+            self.timings.add(method.__name__ + " (shed)", time.perf_counter() - t0)  # also in the method's own
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except Busy as e:
             self.count_refused(method.__name__, "busy")

@@ -96,14 +96,19 @@ class WaitBound:
         self._count = threading.Lock()
         self.n = n
         self.refused = 0
+        self.inside = 0  # admitted now
 
     def try_enter(self) -> bool:
         """True: admitted (call ``leave`` after); False: ``n`` are in already, counted in ``refused``."""
-        if self._slots.acquire(blocking=False):
-            return True
+        admitted = self._slots.acquire(blocking=False)
         with self._count:
-            self.refused += 1
-        return False
+            if admitted:
+                self.inside += 1
+            else:
+                self.refused += 1
+        return admitted
 
     def leave(self) -> None:
+        with self._count:
+            self.inside -= 1
         self._slots.release()

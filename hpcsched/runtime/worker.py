@@ -251,12 +251,16 @@ class Worker(TaskControl, ControllerLink):
                  time.monotonic() - t0, stopped - t0, told - stopped,
                  ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()))
 
-    def _say_leave(self, final: bool, timeout: float = 5.0, again: bool = True) -> bool:
-        """Whether the controller heard it."""
+    def _say_leave(self, final: bool, timeout: float = 5.0, again: bool = True, shed_tries: int = 5) -> bool:
+        """Whether the controller heard it. A Leave the controller shed (RESOURCE_EXHAUSTED: enough calls already
+        waited for its lock) is sent again after a jittered pause, ``shed_tries`` times at most."""
         try:
             reply = self.stub.Leave(pb.LeaveRequest(worker_id=self.cfg.name, final=final, instance=self.instance),
                                     timeout=timeout, metadata=self.md)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and shed_tries > 0:
+                time.sleep(self._jitter.uniform(0.05, 0.5))
+                return self._say_leave(final, timeout, again, shed_tries - 1)
             if e.code() != grpc.StatusCode.UNAUTHENTICATED or not again:
                 return False
             try:  # a restarted controller no longer knows this daemon's credential: register again, then repeat

@@ -1,0 +1,89 @@
+"""Register / Leave / Submit calls waiting for the controller's lock are bounded (``liveness.LOCK_WAITING_CALLS``):
+one more is refused RESOURCE_EXHAUSTED at once, counted (``/metrics``: hpcsched_refused_requests), and
+``hpcsched submit``'s client retries it; against a real gRPC controller, its lock held here as by a long step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from runtime_procs import TOKEN, controller_config
+
+from hpcsched.runtime.auth import metadata, open_channel
+from hpcsched.runtime.client import Client
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.credentials import credential_metadata
+from hpcsched.runtime.liveness import LOCK_WAITING_CALLS, SHED_PREFIX
+from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.server import ControllerServer
+
+JOB = "name: queued\ncommand: [train.py]\nlauncher: direct\nprocs: 1\nsteps: 10\n"
+WAIT_S = 60.0  # for calls to reach their handlers at load 8; polled, never slept whole
+
+
+@pytest.fixture
+def controller(tmp_path: Path):
+    srv = ControllerServer(read_controller_config(controller_config(tmp_path)))
+    addr = srv.start()
+    channel = open_channel(addr)
+    try:
+        yield srv, pb_grpc.ControllerStub(channel), addr
+    finally:
+        channel.close()
+        srv.stop()
+
+
+def _until(what: str, cond) -> None:  # noqa: ANN001 (a predicate)
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _register(stub: pb_grpc.ControllerStub, i: int) -> grpc.Future:
+    return stub.Register.future(pb.RegisterRequest(worker_id=f"w{i}", host="127.0.0.1", slots=1, instance=f"i{i}"),
+                                metadata=metadata(TOKEN), timeout=WAIT_S)
+
+
+def test_calls_past_the_bound_are_shed_at_once_and_counted(controller) -> None:
+    srv, stub, _ = controller
+    leaver = _register(stub, 50).result()  # registered before: its Leave carries its own credential
+    leaver_md = metadata(TOKEN) + credential_metadata(leaver.credential)
+    with srv.ctl.lock:
+        waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
+        _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+        for call in (lambda: stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="j.yaml"), metadata=metadata(TOKEN),
+                                         timeout=WAIT_S),
+                     lambda: stub.Leave(pb.LeaveRequest(worker_id="w50", instance="i50"), metadata=leaver_md,
+                                        timeout=WAIT_S),
+                     lambda: _register(stub, 99).result()):
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.details().startswith(SHED_PREFIX)
+        assert not any(f.done() for f in waiting)  # the admitted ones still wait for the lock
+    for f in waiting:
+        assert f.result(timeout=WAIT_S).heartbeat_interval_s > 0  # and are served once it is free
+    assert srv.service.refusals() == {("Submit", "shed"): 1, ("Leave", "shed"): 1, ("Register", "shed"): 1}
+    assert srv.ctl.counters()["shed_calls"] == 3 and srv.ctl.call_waiters.inside == 0
+
+
+def test_the_submit_client_retries_a_shed_submit(controller) -> None:
+    srv, stub, addr = controller
+    got: list[object] = []
+    with srv.ctl.lock:
+        waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
+        _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+        client = Client(addr, TOKEN, timeout=WAIT_S)
+        t = threading.Thread(target=lambda: got.append(client.submit_many([(JOB, "j.yaml", 1)])))
+        t.start()
+        _until("the submit was never shed", lambda: srv.service.refusals().get(("SubmitMany", "shed"), 0) >= 1)
+    t.join(WAIT_S)
+    assert not t.is_alive() and len(got) == 1
+    (result,) = got[0]
+    assert not result.error and len(result.job_ids) == 1  # retried after the lock was free, stored once
+    assert [j.job_id for j in srv.ctl.list_jobs()] == list(result.job_ids)
+    for f in waiting:
+        f.result(timeout=WAIT_S)
