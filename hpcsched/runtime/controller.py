@@ -161,7 +161,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
                 "lease_only_heartbeats": self.lease_only_beats, "shed_heartbeats": self.shed_beats,
-                "shed_calls": self.call_waiters.refused,
+                "shed_calls": self.call_waiters.refused, "step_lock_wait_s": round(self.lock.first_wait_s, 3),
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
                 "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,
                 "live_set_reads": self.pool.rebuilds}

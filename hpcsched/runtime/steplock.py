@@ -15,6 +15,7 @@ heartbeats that need no lock.
 from __future__ import annotations
 
 import threading
+import time
 from types import TracebackType
 
 
@@ -26,6 +27,7 @@ class StepFirstLock:
         self._owner: int | None = None
         self._depth = 0
         self._first_waiting = 0  # threads in acquire(first=True) that do not hold the lock yet
+        self.first_wait_s = 0.0  # seconds acquire(first=True) waited for the lock in all (the step's share of waiting)
 
     def acquire(self, blocking: bool = True, timeout: float = -1, first: bool = False) -> bool:
         """Take the lock (``threading.RLock.acquire``'s ``blocking`` and ``timeout``); ``first``: before any plain
@@ -41,8 +43,13 @@ class StepFirstLock:
                 if not blocking:
                     if not self._free(first):
                         return False
-                elif not self._cond.wait_for(lambda: self._free(first), None if timeout < 0 else timeout):
-                    return False
+                elif not self._free(first):
+                    t0 = time.perf_counter()
+                    got = self._cond.wait_for(lambda: self._free(first), None if timeout < 0 else timeout)
+                    if first:
+                        self.first_wait_s += time.perf_counter() - t0
+                    if not got:
+                        return False
                 self._owner, self._depth = me, 1
                 return True
             finally:
