@@ -94,3 +94,12 @@ def test_wait_bound_refuses_and_counts() -> None:
     bound.leave()
     assert bound.try_enter()
     assert bound.refused == 2
+
+
+def test_refuse_if_full_counts_only_when_full() -> None:
+    bound = WaitBound(1)
+    assert not bound.refuse_if_full()
+    assert bound.try_enter()
+    assert bound.refuse_if_full() and bound.refused == 1
+    bound.leave()
+    assert not bound.refuse_if_full() and bound.refused == 1 and bound.inside == 0

@@ -154,6 +154,8 @@ class JobLifecycle:
     def submit_many(self, requests: list, owner: str = "") -> list[Item]:
         """Many job files in one call (``submission``): each validated and answered on its own, the valid ones
         stored in one transaction under the lock; parsing (the costly part) is done before taking it."""
+        if self.call_waiters.refuse_if_full():  # shed before parsing: its parse (the costly part) would be wasted
+            raise shed_call("this batch")
         items = parse_items(requests, self.cfg.max_submit_batch)
         stored = 0
         if any(not i.error for i in items):

@@ -35,7 +35,7 @@ LOCK_WAITING_BEATS = 16
 # registration or submit storm they filled the pool and heartbeats waited up to 6.7 s for a server thread. The next
 # one is refused RESOURCE_EXHAUSTED at once with a message starting ``SHED_PREFIX``; the worker retries its Register
 # after a jittered back-off (``retry_after``), and the client (``hpcsched submit``) retries a refusal that says so.
-LOCK_WAITING_CALLS = 8
+LOCK_WAITING_CALLS = 16
 SHED_PREFIX = "controller busy:"
 
 BUSY_CODES = ("DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED")  # a call failed because the controller is busy

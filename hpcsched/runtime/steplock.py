@@ -115,6 +115,15 @@ class WaitBound:
                 self.refused += 1
         return admitted
 
+    def refuse_if_full(self) -> bool:
+        """True (counted in ``refused``) when ``n`` are in now: a caller skips costly work it would do before
+        ``try_enter``. A hint: a slot may free at once, and ``try_enter`` may still refuse."""
+        with self._count:
+            if self.inside < self.n:
+                return False
+            self.refused += 1
+            return True
+
     def leave(self) -> None:
         with self._count:
             self.inside -= 1
