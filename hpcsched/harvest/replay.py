@@ -18,7 +18,7 @@ Pmax (from the crossing instant within the step), ``useful_node_hours`` the rest
 used, where the two runs make the same decisions (e.g. one job on a fixed pool).
 
 Differences from the reference, all deliberate: no randomness (its first allocation is random and
-unseeded; ours is the allocator's, like every later one), and two optional extensions:
+unseeded; ours is the allocator's, like every later one), and three optional extensions:
 
 - ``accounting="restart"``: a job that is resized, started or preempted at an event restarts once
   and stalls for Tup (growth or start) or Tdw (shrink or preemption), losing that much time at its
@@ -49,14 +49,7 @@ from dataclasses import dataclass, field
 from hpcsched.harvest.idle_runs import IdleRuns
 from hpcsched.harvest.median_window import MedianWindow
 from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
-from hpcsched.harvest.replay_config import (
-    ACCOUNTING,
-    EVENT_COLUMNS,
-    NONOPTIMAL,
-    ReplayConfig,
-    ReplayResult,
-    Valuation,
-)
+from hpcsched.harvest.replay_config import ACCOUNTING, EVENT_COLUMNS, NONOPTIMAL, ReplayConfig, ReplayResult, Valuation
 from hpcsched.harvest.replay_progress import ReplayProgress
 from hpcsched.milp import MilpJob
 from hpcsched.milp.allocate import solve_counts_sized
