@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -211,7 +212,8 @@ def _chunk(a: np.ndarray, report: TraceReport, out: Columns, unknown: Counter[st
     _first(report, LARGER_THAN_MACHINE, big, lines)
     end = np.where(~np.isnan(start) & (run >= 0) & ~neg, start + run, np.nan)
     if out.runs is not None:
-        for arr, col in zip(out.runs, (start, end, nodes, procs), strict=True):
+        runs: tuple[array[Any], ...] = out.runs  # float and int columns alike: frombytes of their own typecode
+        for arr, col in zip(runs, (start, end, nodes, procs), strict=True):
             arr.frombytes(col.astype(np.float64 if arr.typecode == "d" else np.int64).tobytes())
     else:
         out.submits.frombytes(submit.astype(np.float64).tobytes())
