@@ -4,13 +4,16 @@ one more is refused RESOURCE_EXHAUSTED at once, counted (``/metrics``: hpcsched_
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import grpc
 import pytest
-from runtime_procs import TOKEN, controller_config
+from runtime_procs import TOKEN, controller_config, kill_tree
 
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import Client
@@ -41,6 +44,11 @@ def _until(what: str, cond) -> None:  # noqa: ANN001 (a predicate)
     while not cond():
         assert time.monotonic() < deadline, what
         time.sleep(0.02)
+
+
+def _alive(srv: ControllerServer, worker: str) -> bool:
+    with srv.ctl.lock:
+        return any(w.id == worker and w.alive for w in srv.ctl.store.workers())
 
 
 def _register(stub: pb_grpc.ControllerStub, i: int) -> grpc.Future:
@@ -85,5 +93,38 @@ def test_the_submit_client_retries_a_shed_submit(controller) -> None:
     (result,) = got[0]
     assert not result.error and len(result.job_ids) == 1  # retried after the lock was free, stored once
     assert [j.job_id for j in srv.ctl.list_jobs()] == list(result.job_ids)
+    for f in waiting:
+        f.result(timeout=WAIT_S)
+
+
+def test_a_worker_shed_by_a_busy_controller_is_not_an_orphan(controller, tmp_path: Path) -> None:
+    """A shed Register is an answer from a live controller: a pilot's worker (``--orphan-timeout``) refused that way
+    for longer than its orphan timeout stays, says the controller is busy, and registers once the lock is free."""
+    srv, stub, addr = controller
+    orphan_s = 1.0
+    log = tmp_path / "w.log"
+    with srv.ctl.lock:
+        waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
+        _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+        with log.open("ab") as out:
+            w = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", addr, "--name",
+                                  "p1", "--gpus", "0", "--orphan-timeout", str(orphan_s), "--stop-grace", "3",
+                                  "--work-dir", str(tmp_path / "p1")],
+                                 env=os.environ | {"HPCSCHED_TOKEN": TOKEN}, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _until("the worker was never shed", lambda: srv.service.refusals().get(("Register", "shed"), 0) >= 1)
+            first = time.monotonic()
+            _until("the worker stopped retrying", lambda: srv.service.refusals()[("Register", "shed")] >= 3
+                   and time.monotonic() - first > 2 * orphan_s)
+            assert w.poll() is None, log.read_text()  # still there, past twice its orphan timeout
+        except BaseException:
+            kill_tree(w)
+            raise
+    try:
+        _until("the worker never registered", lambda: _alive(srv, "p1"))
+        assert "controller busy (RESOURCE_EXHAUSTED)" in log.read_text()
+        assert "unreachable for" not in log.read_text()
+    finally:
+        kill_tree(w)
     for f in waiting:
         f.result(timeout=WAIT_S)

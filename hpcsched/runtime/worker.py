@@ -134,9 +134,7 @@ class Worker(TaskControl, ControllerLink):
         those are the steps of a resize (stopped -> replaced -> training again) and each one otherwise
         waited for the next beat. A beat that carried such news is followed up after ``_FOLLOW_UP_S`` to
         fetch what the controller decided on it (a relaunch) without another full interval."""
-        registered = False
-        backoff = 0.2
-        due = 0.0
+        registered, backoff, due = False, 0.2, 0.0
         reached = time.monotonic()  # the last heartbeat the controller answered (orphan_timeout_s)
         renewed = reached  # when the last answered call was sent: the lease runs from there
         self.sandbox.become_subreaper()
@@ -189,7 +187,9 @@ class Worker(TaskControl, ControllerLink):
                     if self._controller_down():  # nobody counts this silence: a restart starts a fresh timeout
                         renewed = time.monotonic()
                 wait, backoff = retry_after(backoff, e.code().name, self.interval, self._jitter)
-                log.info("controller unreachable (%s); retrying in %.1f s", e.code().name, wait)
+                busy = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # it answered, shedding load: not an orphan
+                reached = time.monotonic() if busy else reached
+                log.info("controller %s (%s); retry in %.1f s", "busy" if busy else "unreachable", e.code().name, wait)
                 orphan = self.cfg.orphan_timeout_s
                 if orphan is not None and time.monotonic() - reached > orphan:
                     # A pilot job must not hold a node for a controller that is gone (not restarted).
