@@ -135,8 +135,8 @@ SHARED = """JobID|Partition|Submit|Start|End|ElapsedRaw|NNodes|NCPUS|State|NodeL
 
 
 def test_sacct_nodes_are_idle_partly_used_or_full_and_the_replay_says_so(tmp_path: Path) -> None:
-    """00:00-02:00 every node full; 02:00-03:00 jobs 6 and 7 share one node (first fit by cores: 24 of 32),
-    the two others idle; 03:00-04:00 job 6 alone: one node partly used, two idle; then all idle."""
+    """00:00-02:00 every node full; 02:00-03:00 job 6 on c2 and job 7 on c3, as the log names them: two nodes
+    partly used, c1 idle; 03:00-04:00 job 6 alone: one node partly used, two idle; then all idle."""
     import json
     import subprocess
 
@@ -145,14 +145,14 @@ def test_sacct_nodes_are_idle_partly_used_or_full_and_the_replay_says_so(tmp_pat
     tl = timeline_from_log(log)
     assert (tl.notes["machine_nodes"], tl.notes["cores_per_node"]) == (3, 32)
     partly = tl.notes["partly_used_nodes"]
-    assert partly["peak_nodes"] == 1 and partly["node_hours"] == pytest.approx(2.0)  # type: ignore[index]
-    assert partly["mean_nodes"] == pytest.approx(0.5)  # type: ignore[index]  # 2 node-h over the 4 h replayed
+    assert partly["peak_nodes"] == 2 and partly["node_hours"] == pytest.approx(3.0)  # type: ignore[index]
+    assert partly["mean_nodes"] == pytest.approx(0.75)  # type: ignore[index]  # 3 node-h over the 4 h replayed
     idle = set(tl.initial)
     seen = []
     for e in tl.events:
         idle = (idle | set(e.joined)) - set(e.left)
         seen.append((e.time - tl.start, len(idle)))
-    assert seen == [(7200.0, 2), (14400.0, 3)]  # the partly used node never joins the pool before 04:00
+    assert seen == [(7200.0, 1), (10800.0, 2), (14400.0, 3)]  # a partly used node joins the pool once empty
     out = tmp_path / "r"
     p = subprocess.run([sys.executable, "-m", "hpcsched.cli", "replay", "--log", str(log), "--jobs",
                         str(ROOT / "trace-data/bftrainer/hps-shufflenet-Jbnd-10J.csv"), "--curves",
@@ -161,9 +161,9 @@ def test_sacct_nodes_are_idle_partly_used_or_full_and_the_replay_says_so(tmp_pat
     assert p.returncode == 0, p.stderr
     said = json.loads(p.stdout)
     assert said["nodes"] == 3
-    assert any("partly used" in n and "up to 1 nodes" in n and "2.0 node-h" in n for n in said["notes"]), said["notes"]
+    assert any("partly used" in n and "up to 2 nodes" in n and "3.0 node-h" in n for n in said["notes"]), said["notes"]
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["partly_used_nodes"]["peak_nodes"] == 1
+    assert meta["partly_used_nodes"]["peak_nodes"] == 2
 
 
 def test_reading_a_gzipped_log_reports_its_compressed_offset(monkeypatch: pytest.MonkeyPatch) -> None:

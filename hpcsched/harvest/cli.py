@@ -113,7 +113,9 @@ def replay_cmd(
             raise typer.Exit(2) from None
     s, tl = run.summary, run.timeline
     if as_json:
+        placed = {"log_placement": tl.notes["log_placement"]} if "log_placement" in tl.notes else {}
         print(json.dumps({**s, "nodes": len(tl.nodes), "machine_nodes_source": tl.notes.get("machine_nodes_source"),
+                          **placed,
                           "nonoptimal_by_status": run.result.nonoptimal_by_status, "notes": run.notes,
                           "warnings": run.warnings, "out": str(out)}))
     else:

@@ -27,7 +27,15 @@ import numpy as np
 
 from hpcsched.errors import InputError
 from hpcsched.harvest.log_checks import describe_rows, split_rows, warmup_check
-from hpcsched.harvest.log_stream import Seconds, busy_of, partly_used, peak, place_stream, read_log_runs, sized
+from hpcsched.harvest.log_stream import Seconds, busy_of, partly_used, peak, place_stream, sized
+from hpcsched.harvest.named_nodes import (
+    named_machine,
+    node_names,
+    place_by_name,
+    placement_note,
+    read_named_log,
+    sized_named,
+)
 from hpcsched.harvest.sparse import empty_stretches
 from hpcsched.milp.mapping import NodeRuns, Run, Spans
 from hpcsched.model import IdleInterval
@@ -365,12 +373,22 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     if progress is not None:
         name = Path(path).name
         trace.report.progress = lambda done, total: progress(done, total, f"reading {name}")
-    log = read_log_runs(trace)
+    log, lists = read_named_log(trace)
     n_jobs = len(log.start)
     meta = trace.report.meta
     cpn_raw = meta.get("cores_per_node")
     cpn = int(cpn_raw) if isinstance(cpn_raw, int | float) and cpn_raw >= 1 and cpn_raw == int(cpn_raw) else 1
-    st, en, size, skipped = sized(log, cpn)
+    why_not = ""  # why a log that names its nodes is placed first fit all the same
+    if lists is not None and (options or {}).get("placement") == "first-fit":
+        why_not = "placement=first-fit asked"
+    elif lists is not None and machine is not None and machine < len(lists.names):
+        why_not = f"--nodes {machine} is fewer than the {len(lists.names):,} nodes the log names"
+    by_name = lists is not None and not why_not
+    rows = None
+    if by_name:
+        st, en, size, rows, skipped = sized_named(log, cpn)
+    else:
+        st, en, size, skipped = sized(log, cpn)
     del log
     if not len(st):
         raise InputError(path, "no job in the log has a start, an end and a size: nothing to replay")
@@ -388,9 +406,19 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     first = float(st[0])
     n_runs = len(st)
     n_placed = len(st)
-    sec = place_stream(st, en, size, machine, cpn, skipped,
-                       None if progress is None else (lambda k: progress(k, n_placed, "first fit of the log's jobs")))
-    del st, en, size
+    if lists is not None and by_name:
+        machine, source = named_machine(None if source != "--nodes" else machine, header,
+                                        str(meta.get("machine_nodes_source") or "the log's header"), len(lists.names))
+        assert rows is not None
+        sec, placement = place_by_name(st, en, size, rows, lists, machine, cpn, skipped, None if progress is None else (
+            lambda k: progress(k, n_placed, "placing the log's jobs on their named nodes")))
+        names: Sequence[str] = node_names(lists, machine)
+    else:
+        sec = place_stream(st, en, size, machine, cpn, skipped, None if progress is None else (
+            lambda k: progress(k, n_placed, "first fit of the log's jobs")))
+        placement = {"by_name": 0, "first_fit": n_runs - skipped["no_room"], "over_capacity": 0}
+        names = NumberedNodes(machine)
+    del st, en, size, rows
     bt, bl = busy_of(sec, machine)
     last_mark = float(bt[-1]) if len(bt) else first
     if start is None:
@@ -402,13 +430,13 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     if skip_warmup:
         warm["skipped_from"] = start
         start = float(warm["warmup_end"])  # type: ignore[arg-type]
-    names = NumberedNodes(machine)
     initial, events = pool_at(sec, start, names)
     end = max(first, start, last_mark)
     tl = PoolTimeline(start, initial, events, names, end)
     dropped, flagged = split_rows(trace.report.anomalies)
     tl.notes = {"machine_nodes": machine, "machine_nodes_source": source, "log_peak_nodes": peak_nodes,
-                "cores_per_node": cpn, "log_jobs": n_jobs, "log_jobs_placed": n_runs - skipped["no_room"]}
+                "cores_per_node": cpn, "log_jobs": n_jobs, "log_jobs_placed": n_runs - skipped["no_room"],
+                "log_placement": {**placement, "note": placement_note(placement, cpn, why_not)}}
     if cpn > 1:  # nodes shared by cores: partly used ones are busy for the pool, and said
         tl.notes["partly_used_nodes"] = partly_used(sec, start, end)
     tl.notes.update({f"skipped_{k}": v for k, v in skipped.items() if k != "truncated"})

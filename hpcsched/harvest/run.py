@@ -221,6 +221,9 @@ def explain(tl: PoolTimeline, res: ReplayResult, shift: float, cfg: ReplayConfig
             warnings.append(f"{left:,} of {total:,} log jobs ({100 * left / total:.1f}%) were not replayed, so their "
                             f"nodes count as idle: {'; '.join(parts)}")
         notes.extend(str(x) for x in n.get("log_notes", []))  # type: ignore[attr-defined]
+        placed = n.get("log_placement")
+        if isinstance(placed, dict):  # which nodes are idle when depends on it: said beside the figures
+            notes.append(str(placed["note"]))
         partly = n.get("partly_used_nodes")
         if isinstance(partly, dict) and partly["peak_nodes"]:
             notes.append(f"nodes shared by cores ({int(_f(n['cores_per_node']))} a node): besides the idle and the "

@@ -1,0 +1,305 @@
+"""A job log replayed on the nodes it names: each job holds the nodes its row names (Slurm NodeList, PBS
+exec_host/exec_vnode, LSF execHosts, Grid Engine's host of a serial job), not the lowest-numbered free ones.
+
+First fit on anonymous nodes keeps the machine's busy count but not which nodes are busy: a 1-node job the log
+ran on ``c7`` lands on ``c1``, so the idle stretches of each node (what a harvester gets, and how fragmented it
+is) are not the real machine's. Here a node's use is the sum of the cores the jobs named on it hold (a job's
+cores spread evenly over its named nodes; a whole node each when cores are unknown), so a node is idle (nothing
+on it), partly used or full at every second as it was. Rows without names (a Grid Engine parallel job, a row
+whose NodeList was lost) are placed first fit on what the named jobs leave free, and counted.
+
+A log that names a node twice over its capacity (cores per node is an estimate: the most CPUs per node any job
+held) keeps both jobs on it, as the log says; the node is busy either way, and such rows are counted. Memory is
+arrays: the node lists as one flat index array with offsets (4 bytes a named node a job, 8 a job), per node one
+used-core count, and the netted changes per second in ``log_stream.Seconds``' flat arrays.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpcsched.harvest.log_stream import LogRuns, Seconds, read_log_runs
+from hpcsched.milp.mapping import Run, Spans, runs_of
+
+_CHUNK = 65_536  # jobs between progress ticks
+_DIGITS = re.compile(r"(\d+)")
+
+
+@dataclass
+class NodeLists:
+    """The nodes each job names: job k's node indices are ``idx[off[k]:off[k + 1]]`` (none: no names), indices
+    into ``names``, the distinct names in natural order (``c2`` before ``c10``, so a hostlist's nodes are runs)."""
+
+    names: list[str]
+    off: np.ndarray
+    idx: np.ndarray
+
+    def named(self) -> np.ndarray:
+        """Whether each job names its nodes."""
+        return np.diff(self.off) > 0
+
+
+def _natural(name: str) -> tuple[object, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in _DIGITS.split(name))
+
+
+def read_named_log(trace: Any) -> tuple[LogRuns, NodeLists | None]:
+    """The jobs of an opened job trace as ``log_stream.LogRuns`` and, when any job names its nodes
+    (``Job.extra['nodelist']``), their node lists; ``None`` for a log that names none (an SWF: read by columns)."""
+    if trace.format.name == "swf" and not trace.report.options.get("rows"):
+        return read_log_runs(trace), None
+    st, en, nd, pr = array("d"), array("d"), array("q"), array("q")
+    off, idx = array("q", [0]), array("i")
+    index: dict[str, int] = {}
+    nan = math.nan
+    for j in trace:
+        names = j.extra.get("nodelist") if j.extra else None
+        if names:
+            for name in dict.fromkeys(names):  # a node named twice in one job is one node
+                k = index.get(name)
+                if k is None:
+                    k = index[name] = len(index)
+                idx.append(k)
+        off.append(len(idx))
+        st.append(nan if j.start is None else j.start)
+        en.append(nan if j.end is None else j.end)
+        nd.append(j.nodes or (off[-1] - off[-2]))  # a job naming its nodes but not their count
+        pr.append(j.procs)
+    log = LogRuns(np.frombuffer(st, dtype=np.float64), np.frombuffer(en, dtype=np.float64),
+                  np.frombuffer(nd, dtype=np.int64), np.frombuffer(pr, dtype=np.int64))
+    if not index:
+        return log, None
+    first_seen = list(index)
+    order = sorted(range(len(first_seen)), key=lambda k: _natural(first_seen[k]))
+    remap = np.empty(len(order), dtype=np.int32)
+    remap[order] = np.arange(len(order), dtype=np.int32)
+    return log, NodeLists([first_seen[k] for k in order], np.frombuffer(off, dtype=np.int64),
+                          remap[np.frombuffer(idx, dtype=np.int32)])
+
+
+def sized_named(log: LogRuns, cpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """``log_stream.sized`` keeping each kept job's row index: (start, end, size, row, skipped), sorted by start
+    (stable). The same rules: sizes in cores when nodes have several, jobs without times, 0 s runs and sizes
+    counted, not kept."""
+    s, e = log.start, log.end
+    no_times = np.isnan(s) | np.isnan(e) | (e < s)
+    zero = ~no_times & (e == s)
+    if cpn > 1:
+        size = np.where(log.procs > 0, log.procs, log.nodes * cpn)
+    else:
+        size = np.where(log.nodes > 0, log.nodes, log.procs)
+    no_size = ~no_times & ~zero & (size <= 0)
+    skipped = {"no_times": int(no_times.sum()), "zero_run": int(zero.sum()), "no_size": int(no_size.sum()),
+               "no_room": 0, "truncated": 0}
+    rows = np.flatnonzero(~(no_times | zero | no_size))
+    rows = rows[np.argsort(s[rows], kind="stable")]
+    return s[rows], e[rows], size[rows], rows, skipped
+
+
+def named_machine(machine: int | None, header: object, header_source: str, distinct: int) -> tuple[int, str]:
+    """The machine for a replay by name: ``--nodes`` (at least the named nodes: the caller checks), else the
+    header's size where it holds every named node, else the named nodes."""
+    if machine is not None:
+        return machine, "--nodes"
+    if isinstance(header, int | float) and header >= distinct:
+        return int(header), header_source
+    said = f" (the header's {int(header):,} is fewer)" if isinstance(header, int | float) and header > 0 else ""
+    return distinct, f"the {distinct:,} distinct nodes its jobs name{said}"
+
+
+def node_names(lists: NodeLists, machine: int) -> tuple[str, ...]:
+    """The named nodes, then the machine's nodes no job named (``--nodes`` or a header larger than the log's)."""
+    extra = machine - len(lists.names)
+    return (*lists.names, *(f"unnamed-{k:05d}" for k in range(extra)))
+
+
+class _Machine:
+    """Per-node used cores, the wholly idle nodes as runs, the partly used ones, and this second's transitions."""
+
+    def __init__(self, machine: int, cpn: int) -> None:
+        self.cpn = cpn
+        self.used = [0] * machine
+        self.free = Spans([(0, machine)] if machine > 0 else [])  # nodes with nothing on them
+        self.partial: set[int] = set()  # 0 < used < cpn
+        self.flipped: dict[int, bool] = {}  # node -> idle at the start of this second, for nodes that flipped
+
+    def take(self, x: int, c: int) -> bool:
+        """Put c cores on node x; False when it had fewer than c free (kept anyway: the log says it ran there)."""
+        u = self.used[x]
+        if u == 0:
+            self.free.remove(x, x + 1)
+            self.flipped.setdefault(x, True)
+        v = u + c
+        self.used[x] = v
+        if 0 < v < self.cpn:
+            self.partial.add(x)
+        else:
+            self.partial.discard(x)
+        return v <= self.cpn
+
+    def give(self, x: int, c: int) -> None:
+        v = self.used[x] - c
+        self.used[x] = v
+        if v == 0:
+            self.free.add(x, x + 1)
+            self.flipped.setdefault(x, False)
+        if 0 < v < self.cpn:
+            self.partial.add(x)
+        else:
+            self.partial.discard(x)
+
+    def _nth_free(self, k: int) -> int | None:
+        for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
+            if k < hi - lo:
+                return lo + k
+            k -= hi - lo
+        return None
+
+    def first_fit(self, size: int) -> list[tuple[int, int]] | None:
+        """(node, cores) for a job without names: whole nodes from the lowest wholly idle ones, the remainder on
+        the lowest node with room for it (a partly used one or the next idle one); None when it does not fit."""
+        whole, rest = divmod(size, self.cpn)
+        if whole > len(self.free):
+            return None
+        nodes: list[int] = []
+        for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
+            nodes.extend(range(lo, min(hi, lo + whole - len(nodes))))
+            if len(nodes) == whole:
+                break
+        got = [(x, self.cpn) for x in nodes]
+        if rest:
+            best = min((x for x in self.partial if self.cpn - self.used[x] >= rest), default=None)
+            nxt = self._nth_free(whole)  # the lowest idle node after the whole ones
+            if nxt is not None and (best is None or nxt < best):
+                best = nxt
+            if best is None:
+                return None
+            got.append((best, rest))
+        for x, c in got:
+            self.take(x, c)
+        return got
+
+
+def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np.ndarray, lists: NodeLists,
+                  machine: int, cpn: int, skipped: dict[str, int],
+                  tick: Callable[[int], None] | None = None) -> tuple[Seconds, dict[str, int]]:
+    """Replay the sorted jobs (``sized_named``) on their named nodes, rows without names first fit, and net each
+    second's changes as ``log_stream.place_stream`` does (a node released and taken at one second never left;
+    the first second holds the whole machine joining). Returns the seconds and the placement counts."""
+    m = _Machine(machine, cpn)
+    off, idx = lists.off, lists.idx
+    code = "i" if machine < 2**31 - 1 else "q"
+    t_out, marked, partly = array("d"), array("b"), array("i")
+    joff, loff = array("q", [0]), array("q", [0])
+    jlo, jhi, llo, lhi = array(code), array(code), array(code), array(code)
+    counts = {"by_name": 0, "first_fit": 0, "over_capacity": 0}
+    first = [True]
+
+    def flush(t: float) -> None:
+        flipped = m.flipped
+        if not flipped and not first[0]:
+            return
+        used = m.used
+        if first[0]:  # every node joins at the first second, less those taken in it
+            joined: list[Run] = m.free.runs()
+            left: list[Run] = []
+            first[0] = False
+        else:
+            joined = runs_of(sorted(x for x, was in flipped.items() if not was and used[x] == 0))
+            left = runs_of(sorted(x for x, was in flipped.items() if was and used[x] > 0))
+        for lo, hi in joined:
+            jlo.append(lo)
+            jhi.append(hi)
+        for lo, hi in left:
+            llo.append(lo)
+            lhi.append(hi)
+        t_out.append(t)
+        marked.append(1 if flipped else 0)
+        partly.append(len(m.partial))
+        joff.append(len(jlo))
+        loff.append(len(llo))
+        flipped.clear()
+
+    def per_node(k: int, r: int) -> tuple[np.ndarray, int]:
+        nodes = idx[off[r]:off[r + 1]]
+        return nodes, (-(-k // len(nodes)) if cpn > 1 else 1)
+
+    ending: list[tuple[float, int]] = []
+    held: dict[int, list[tuple[int, int]]] = {}  # first-fit jobs running: their (node, cores)
+    sizes: dict[int, int] = {}  # named jobs running: their size (their nodes are in ``lists``)
+    cur = float(start[0]) if len(start) else 0.0
+
+    def release(t_end: float, i: int) -> None:
+        got = held.pop(i, None)
+        if got is None:
+            nodes, c = per_node(sizes.pop(i), int(rows[i]))
+            got = [(x, c) for x in nodes.tolist()]
+        for x, c in got:
+            m.give(x, c)
+
+    for a in range(0, len(start), _CHUNK):
+        for i, (s, e, k) in enumerate(zip(start[a:a + _CHUNK].tolist(), end[a:a + _CHUNK].tolist(),
+                                          size[a:a + _CHUNK].tolist(), strict=True), a):
+            while ending and ending[0][0] <= s:
+                t_end, j = heapq.heappop(ending)
+                if t_end != cur:
+                    flush(cur)
+                    cur = t_end
+                release(t_end, j)
+            if s != cur:
+                flush(cur)
+                cur = s
+            r = int(rows[i])
+            if off[r + 1] > off[r]:
+                nodes, c = per_node(k, r)
+                fits = True
+                for x in nodes.tolist():
+                    fits &= m.take(x, c)
+                counts["by_name"] += 1
+                counts["over_capacity"] += not fits
+                sizes[i] = k
+            else:
+                got = m.first_fit(k)
+                if got is None:
+                    skipped["no_room"] += 1
+                    continue
+                counts["first_fit"] += 1
+                held[i] = got
+            heapq.heappush(ending, (e, i))
+        if tick is not None:
+            tick(min(a + _CHUNK, len(start)))
+    while ending:
+        t_end, j = heapq.heappop(ending)
+        if t_end != cur:
+            flush(cur)
+            cur = t_end
+        release(t_end, j)
+    flush(cur)
+    ints = np.int32 if code == "i" else np.int64
+    sec = Seconds(np.frombuffer(t_out, dtype=np.float64), np.frombuffer(marked, dtype=np.int8),
+                  np.frombuffer(partly, dtype=np.int32),
+                  np.frombuffer(joff, dtype=np.int64), np.frombuffer(jlo, dtype=ints), np.frombuffer(jhi, dtype=ints),
+                  np.frombuffer(loff, dtype=np.int64), np.frombuffer(llo, dtype=ints), np.frombuffer(lhi, dtype=ints))
+    return sec, counts
+
+
+def placement_note(counts: dict[str, int], cpn: int, why_first_fit: str = "") -> str:
+    """One sentence on how the log's jobs were placed, for the replay's notes."""
+    by, ff, over = counts.get("by_name", 0), counts.get("first_fit", 0), counts.get("over_capacity", 0)
+    if not by:
+        return (f"log jobs placed first fit on the lowest-numbered free nodes ({ff:,} rows): "
+                + (why_first_fit or "the log names no nodes"))
+    text = (f"log jobs on the nodes their rows name: {by:,} placed by name, {ff:,} without names placed first fit "
+            "on what the named jobs left free")
+    if over:
+        text += (f"; {over:,} rows found a named node already full ({cpn} cores a node, the most any job held "
+                 "per node): kept there as the log says")
+    return text

@@ -1,0 +1,147 @@
+"""A log that names its nodes is replayed on them: a node the log says is busy is never in the idle pool then.
+
+Real logs with node names (the cedar sacct excerpt, Casper PBS records, an LSF lsb.acct and a Grid Engine
+accounting file from trace-data/) and a faithful synthetic sacct log of a shared machine
+(``bench/bench_nodelist.py``: small jobs spread over nodes with room, as a scheduler places them) are checked
+against the busy set computed here straight from the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcsched.harvest.pool import PoolTimeline, timeline_from_log
+from hpcsched.traces import open_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+DATA = ROOT / "trace-data"
+JOBS10 = (DATA / "bftrainer/hps-shufflenet-Jbnd-10J.csv", DATA / "bftrainer/hps-shufflenet-JNPs-10J.csv")
+
+
+def _idle_at(tl: PoolTimeline) -> list[tuple[float, set[str]]]:
+    """The idle set from the replay start and after each event."""
+    idle = set(tl.initial)
+    out = [(tl.start, set(idle))]
+    for e in tl.events:
+        idle = (idle | set(e.joined)) - set(e.left)
+        out.append((e.time, set(idle)))
+    return out
+
+
+def _busy(jobs: list[tuple[float, float, int, tuple[str, ...]]], t: float) -> set[str]:
+    """Nodes named by a job running over [t, t + dt): start <= t < end."""
+    return {n for s, e, _, names in jobs if s <= t < e for n in names}
+
+
+def test_synthetic_shared_machine_idle_nodes_are_exactly_those_no_job_names(tmp_path: Path) -> None:
+    """Every node not named by a running job is idle and every named one busy, at every change; the pool's
+    names are the log's; partial-node jobs make a node partly used, not idle; and first fit (asked for) gives
+    another busy set on the same log, which is what placing by name fixes."""
+    from bench_nodelist import write_shared_sacct
+
+    log = tmp_path / "shared.sacct"
+    jobs = write_shared_sacct(log, jobs=300, nodes=16, seed=3)
+    tl = timeline_from_log(log)
+    names = {f"c{k:03d}" for k in range(1, 17)}
+    assert set(tl.nodes) == names and tl.notes["machine_nodes"] == 16 and tl.notes["cores_per_node"] == 32
+    placed = tl.notes["log_placement"]
+    assert (placed["by_name"], placed["first_fit"], placed["over_capacity"]) == (300, 0, 0)  # type: ignore[index]
+    assert tl.notes["skipped_no_room"] == 0
+    states = _idle_at(tl)
+    assert len(states) > 100
+    for t, idle in states:
+        busy = _busy(jobs, t)
+        assert idle == names - busy, t
+    # partly used: some node with a job of fewer than 32 cores and nothing else, at some time
+    assert tl.notes["partly_used_nodes"]["peak_nodes"] > 0  # type: ignore[index]
+    ff = timeline_from_log(log, options={"placement": "first-fit"})
+    assert ff.notes["log_placement"]["by_name"] == 0  # type: ignore[index]
+    assert "placement=first-fit" in ff.notes["log_placement"]["note"]  # type: ignore[index]
+    # first fit packs small jobs onto the lowest nodes: more nodes wholly idle than the log's spread-out placement
+    area = [sum(len(a[1]) * (b[0] - a[0]) for a, b in zip(s, s[1:], strict=False)) for s in (states, _idle_at(ff))]
+    assert area[1] > area[0] * 1.2
+
+
+def test_rows_without_names_go_first_fit_and_are_counted(tmp_path: Path) -> None:
+    """Every 10th row's NodeList blanked: those 30 rows are placed first fit on what the named ones leave; a named
+    node is still never idle while its job runs."""
+    from bench_nodelist import write_shared_sacct
+
+    log = tmp_path / "mixed.sacct"
+    jobs = write_shared_sacct(log, jobs=300, nodes=16, seed=3, unnamed_every=10)
+    tl = timeline_from_log(log)
+    placed = tl.notes["log_placement"]
+    assert placed["by_name"] == 270  # type: ignore[index]
+    assert placed["first_fit"] + tl.notes["skipped_no_room"] == 30  # type: ignore[index,operator]
+    assert "270 placed by name" in placed["note"]  # type: ignore[index]
+    for t, idle in _idle_at(tl):
+        assert not idle & _busy(jobs, t), t
+
+
+def test_nodes_option_larger_adds_idle_nodes_smaller_falls_back_to_first_fit_and_says_so(tmp_path: Path) -> None:
+    from bench_nodelist import write_shared_sacct
+
+    log = tmp_path / "shared.sacct"
+    jobs = write_shared_sacct(log, jobs=120, nodes=8, seed=5)
+    big = timeline_from_log(log, 10)
+    assert len(big.nodes) == 10 and big.notes["machine_nodes_source"] == "--nodes"
+    extra = set(big.nodes) - {f"c{k:03d}" for k in range(1, 9)}
+    assert len(extra) == 2
+    for t, idle in _idle_at(big):
+        assert extra <= idle and not idle & _busy(jobs, t)
+    small = timeline_from_log(log, 6)
+    assert small.notes["log_placement"]["by_name"] == 0  # type: ignore[index]
+    assert "--nodes 6 is fewer than the 8 nodes" in small.notes["log_placement"]["note"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("path, named, nodes", [
+    ("slurm/sacct-allcols-cedar-2019.tsv", 1, 1),
+    ("pbs/casper-pbs-records.log", 4, 5),
+    ("lsf/apel-lsb.acct", 3, 4),
+    ("sge/apel-accounting", 4, 3),
+])
+def test_real_logs_busy_nodes_are_the_named_ones(path: str, named: int, nodes: int) -> None:
+    """The bundled real logs that name hosts: each job's named hosts are busy from its start to its end and
+    idle otherwise (these jobs never overlap on a host), the machine is the hosts they name."""
+    log = DATA / path
+    rows = [(j.start, j.end, 1, tuple(j.extra.get("nodelist") or ())) for j in open_trace(log)
+            if j.start is not None and j.end is not None and j.end > j.start]
+    tl = timeline_from_log(log)
+    assert tl.notes["log_placement"]["by_name"] == named  # type: ignore[index]
+    assert len(tl.nodes) == nodes == len({n for r in rows for n in r[3]})
+    every = set(tl.nodes)
+    for t, idle in _idle_at(tl):
+        assert idle == every - _busy([r for r in rows if r[3]], t), (path, t)
+
+
+def test_replay_json_and_meta_say_the_placement(tmp_path: Path) -> None:
+    """`replay --log --json` has `log_placement` (a new key), meta.json too, a note says it, and the idle
+    node-hours the harvester was offered are those of the named-idle nodes (the log's busy set, from the rows)."""
+    from bench_nodelist import write_shared_sacct
+
+    log = tmp_path / "shared.sacct"
+    jobs = write_shared_sacct(log, jobs=200, nodes=12, seed=11)
+    out = tmp_path / "r"
+    p = subprocess.run([sys.executable, "-m", "hpcsched.cli", "replay", "--log", str(log), "--jobs", str(JOBS10[0]),
+                        "--curves", str(JOBS10[1]), "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    said = json.loads(p.stdout)
+    assert said["nodes"] == 12
+    assert said["log_placement"]["by_name"] == 200 and said["log_placement"]["first_fit"] == 0
+    assert any("placed by name" in n for n in said["notes"])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["log_placement"] == said["log_placement"]
+    # the pool offered: idle node-seconds of the named-idle nodes from the replay's start to where it stopped
+    names = {f"c{k:03d}" for k in range(1, 13)}
+    start, stop = float(said["start"]), float(said["end"])
+    assert stop > start
+    cuts = sorted({start, stop, *(t for s, e, _, _ in jobs for t in (s, e) if start < t < stop)})
+    area = sum(len(names - _busy(jobs, a)) * (b - a) for a, b in zip(cuts, cuts[1:], strict=False))
+    assert said["idle_node_hours"] == pytest.approx(area / 3600, rel=1e-9)
