@@ -9,8 +9,10 @@ not the lowest-numbered ones), and the NodeList written as a compressed hostlist
 
     python bench/bench_nodelist.py [--jobs N] [--nodes N] [--seed S] [--out DIR]
 
-prints the harvested idle node-hours of `replay --log` on it placed by name and placed first fit
-(`placement=first-fit`), and the time and peak memory of building each pool.
+prints, placed by name and placed first fit (`placement=first-fit`): the idle node-hours of the pool over the
+log's span, the time and peak memory of building it, and a BFTrainer replay of the 1,000 elastic jobs of
+trace-data/bftrainer (hps-shufflenet) on it: idle node-hours offered up to its stop, node-hours harvested
+(held by the elastic jobs), utilisation, preemptions and jobs done.
 """
 
 from __future__ import annotations
@@ -99,12 +101,24 @@ def _pool(log: Path, options: dict[str, object]) -> tuple[float, float, float, d
     return area / 3600.0, took, peak, dict(tl.notes["log_placement"])  # type: ignore[call-overload]
 
 
+def _replay(log: Path, options: dict[str, object], out: Path, jobs: str) -> dict[str, object]:
+    """The summary of a BFTrainer replay of the elastic jobs on the log's idle nodes."""
+    from hpcsched.harvest.run import ReplayRequest, run_replay
+
+    data = ROOT / "trace-data/bftrainer"
+    req = ReplayRequest(data / f"hps-shufflenet-Jbnd-{jobs}.csv", data / f"hps-shufflenet-JNPs-{jobs}.csv", log=log,
+                        log_options=dict(options))
+    out.mkdir(parents=True, exist_ok=True)
+    return dict(run_replay(req, out).summary)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--nodes", type=int, default=24)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_nodelist"))
+    ap.add_argument("--elastic", default="1000J", help="which BFTrainer job set: 10J or 1000J")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / f"shared-{a.jobs}.sacct"
@@ -114,6 +128,12 @@ def main() -> None:
         print(f"{label:9s}: idle {hours:,.1f} node-h over the log's span; pool built in {took:.2f} s, "
               f"peak {peak:.1f} MB (tracemalloc); placed by name {placed['by_name']:,}, "
               f"first fit {placed['first_fit']:,}")
+        t0 = time.perf_counter()
+        r = _replay(log, options, a.out / label.replace(" ", "-"), a.elastic)
+        print(f"{'':9s}  replay ({time.perf_counter() - t0:.1f} s): idle offered {r['idle_node_hours']:,.1f} node-h, "
+              f"harvested {r['used_node_hours']:,.1f} node-h (useful {r['useful_node_hours']:,.1f}), utilisation "
+              f"{r['utilization']:.4f}, preemptions {r['preemptions']:,}, rescales {r['rescales']:,}, "
+              f"jobs done {r['jobs_done']}/{r['jobs']}")
 
 
 if __name__ == "__main__":

@@ -145,3 +145,66 @@ def test_replay_json_and_meta_say_the_placement(tmp_path: Path) -> None:
     cuts = sorted({start, stop, *(t for s, e, _, _ in jobs for t in (s, e) if start < t < stop)})
     area = sum(len(names - _busy(jobs, a)) * (b - a) for a, b in zip(cuts, cuts[1:], strict=False))
     assert said["idle_node_hours"] == pytest.approx(area / 3600, rel=1e-9)
+
+
+# sacct's fixed-width table cuts a long NodeList at the column width ('+'): job 2's four nodes show as two and a
+# half. Job 3 is written with -P but names fewer nodes (2) than its NNodes (3), as a hand-cut archive would.
+_WIDTHS = (12, 19, 19, 19, 8, 10, 9)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """rows in sacct's fixed-width layout: JobID left-aligned, the rest right-aligned, a space after each."""
+    def line(vals: tuple[str, ...]) -> str:
+        return "".join((v.ljust(w) if k == 0 else v.rjust(w)) + " " for k, (v, w) in enumerate(zip(vals, _WIDTHS,
+                                                                                                   strict=True)))
+    head = ("JobID", "Submit", "Start", "End", "NNodes", "State", "NodeList")
+    return "\n".join([line(head), " ".join("-" * w for w in _WIDTHS) + " ", *map(line, rows)]) + "\n"
+
+
+T0, T1, T2 = "2021-01-01T00:00:00", "2021-01-01T01:00:00", "2021-01-01T02:00:00"
+CUT_TABLE = _table([("1", T0, T0, T2, "1", "COMPLETED", "n007"), ("2", T0, T0, T1, "4", "COMPLETED", "n001,n00+")])
+SHORT = """JobID|Submit|Start|End|NNodes|State|NodeList
+1|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|1|COMPLETED|n7
+2|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T01:00:00|2|COMPLETED|n[1-2]
+3|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T01:00:00|3|COMPLETED|n[3-4]
+"""
+
+
+def test_a_cut_node_list_is_not_taken_for_the_jobs_nodes(tmp_path: Path) -> None:
+    """A NodeList cut short ('+' in a table, or fewer names than NNodes) names some of the job's nodes or a node
+    that does not exist: the row is placed first fit (counted), never on the part of a name it shows."""
+    table = tmp_path / "cut.txt"
+    table.write_text(CUT_TABLE)
+    trace = open_trace(table)
+    jobs = list(trace)
+    assert "nodelist" not in jobs[1].extra and trace.report.anomalies["truncated_field"] == 1
+    tl = timeline_from_log(table, 5)
+    assert tl.notes["log_placement"]["by_name"] == 1 and tl.notes["log_placement"]["first_fit"] == 1  # type: ignore[index]
+    assert "n001" not in tl.nodes and "n00" not in tl.nodes
+    short = tmp_path / "short.sacct"
+    short.write_text(SHORT)
+    tl = timeline_from_log(short, 6)
+    placed = tl.notes["log_placement"]
+    assert (placed["by_name"], placed["first_fit"], placed["names_short"]) == (2, 1, 1)  # type: ignore[index]
+    assert "1 rows named fewer nodes than they ran on" in placed["note"]  # type: ignore[index]
+    assert set(tl.nodes) >= {"n1", "n2", "n7"} and "n3" not in tl.nodes
+
+
+# A GPU partition: g3 once ran a 64-core job (so 64 cores a node) with 4 GPUs. Then job 2 holds 8 cores and all 4
+# GPUs of g1, job 3 8 cores and 1 GPU of g2: g1 is full (no GPU left), g2 partly used, g3 idle.
+GPU = """JobID|Submit|Start|End|NNodes|NCPUS|AllocTRES|State|NodeList
+1|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T01:00:00|1|64|cpu=64,gres/gpu=4,node=1|COMPLETED|g3
+2|2021-01-01T00:00:00|2021-01-01T01:00:00|2021-01-01T03:00:00|1|8|cpu=8,gres/gpu=4,node=1|COMPLETED|g1
+3|2021-01-01T00:00:00|2021-01-01T01:00:00|2021-01-01T03:00:00|1|8|cpu=8,gres/gpu=1,node=1|COMPLETED|g2
+"""
+
+
+def test_a_node_whose_gpus_are_all_taken_is_full_not_partly_used(tmp_path: Path) -> None:
+    log = tmp_path / "gpu.sacct"
+    log.write_text(GPU)
+    tl = timeline_from_log(log)
+    assert tl.notes["cores_per_node"] == 64
+    partly = tl.notes["partly_used_nodes"]
+    assert partly["peak_nodes"] == 1 and partly["node_hours"] == pytest.approx(2.0)  # type: ignore[index]
+    assert [(t - tl.start, sorted(i)) for t, i in _idle_at(tl)] == [(0.0, ["g1", "g2"]), (3600.0, ["g3"]),
+                                                                   (10800.0, ["g1", "g2", "g3"])]

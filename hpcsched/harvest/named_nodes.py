@@ -5,8 +5,10 @@ First fit on anonymous nodes keeps the machine's busy count but not which nodes 
 ran on ``c7`` lands on ``c1``, so the idle stretches of each node (what a harvester gets, and how fragmented it
 is) are not the real machine's. Here a node's use is the sum of the cores the jobs named on it hold (a job's
 cores spread evenly over its named nodes; a whole node each when cores are unknown), so a node is idle (nothing
-on it), partly used or full at every second as it was. Rows without names (a Grid Engine parallel job, a row
-whose NodeList was lost) are placed first fit on what the named jobs leave free, and counted.
+on it), partly used or full at every second as it was; a node whose GPUs are all taken (``gres/gpu``, spread
+the same way, against the most GPUs per node any job held) is full whatever cores are left. Rows without names
+(a Grid Engine parallel job, a row whose NodeList was lost or cut short) are placed first fit by cores on what
+the named jobs leave free, and counted.
 
 A log that names a node twice over its capacity (cores per node is an estimate: the most CPUs per node any job
 held) keeps both jobs on it, as the log says; the node is busy either way, and such rows are counted. Memory is
@@ -41,6 +43,8 @@ class NodeLists:
     names: list[str]
     off: np.ndarray
     idx: np.ndarray
+    gpus: np.ndarray  # each job's GPUs (0: none or unknown), so a node whose GPUs are all taken counts as full
+    short: int = 0  # jobs naming fewer nodes than their node count: placed first fit, their names not kept
 
     def named(self) -> np.ndarray:
         """Whether each job names its nodes."""
@@ -57,13 +61,18 @@ def read_named_log(trace: Any) -> tuple[LogRuns, NodeLists | None]:
     if trace.format.name == "swf" and not trace.report.options.get("rows"):
         return read_log_runs(trace), None
     st, en, nd, pr = array("d"), array("d"), array("q"), array("q")
-    off, idx = array("q", [0]), array("i")
+    off, idx, gp = array("q", [0]), array("i"), array("q")
     index: dict[str, int] = {}
     nan = math.nan
+    short = 0
     for j in trace:
         names = j.extra.get("nodelist") if j.extra else None
         if names:
-            for name in dict.fromkeys(names):  # a node named twice in one job is one node
+            distinct = dict.fromkeys(names)  # a node named twice in one job is one node
+            if j.nodes > len(distinct):
+                short += 1
+                distinct = {}
+            for name in distinct:
                 k = index.get(name)
                 if k is None:
                     k = index[name] = len(index)
@@ -73,6 +82,7 @@ def read_named_log(trace: Any) -> tuple[LogRuns, NodeLists | None]:
         en.append(nan if j.end is None else j.end)
         nd.append(j.nodes or (off[-1] - off[-2]))  # a job naming its nodes but not their count
         pr.append(j.procs)
+        gp.append(j.gpus)
     log = LogRuns(np.frombuffer(st, dtype=np.float64), np.frombuffer(en, dtype=np.float64),
                   np.frombuffer(nd, dtype=np.int64), np.frombuffer(pr, dtype=np.int64))
     if not index:
@@ -82,7 +92,7 @@ def read_named_log(trace: Any) -> tuple[LogRuns, NodeLists | None]:
     remap = np.empty(len(order), dtype=np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
     return log, NodeLists([first_seen[k] for k in order], np.frombuffer(off, dtype=np.int64),
-                          remap[np.frombuffer(idx, dtype=np.int32)])
+                          remap[np.frombuffer(idx, dtype=np.int32)], np.frombuffer(gp, dtype=np.int64), short)
 
 
 def sized_named(log: LogRuns, cpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
@@ -122,39 +132,47 @@ def node_names(lists: NodeLists, machine: int) -> tuple[str, ...]:
 
 
 class _Machine:
-    """Per-node used cores, the wholly idle nodes as runs, the partly used ones, and this second's transitions."""
+    """Per-node used cores (and GPUs), the wholly idle nodes as runs, the partly used ones, and this second's
+    transitions between idle and busy."""
 
-    def __init__(self, machine: int, cpn: int) -> None:
-        self.cpn = cpn
+    def __init__(self, machine: int, cpn: int, gpn: int) -> None:
+        self.cpn, self.gpn = cpn, gpn
         self.used = [0] * machine
+        self.used_g = [0] * machine if gpn else []
         self.free = Spans([(0, machine)] if machine > 0 else [])  # nodes with nothing on them
-        self.partial: set[int] = set()  # 0 < used < cpn
+        self.partial: set[int] = set()  # something on them, neither their cores nor their GPUs all taken
         self.flipped: dict[int, bool] = {}  # node -> idle at the start of this second, for nodes that flipped
 
-    def take(self, x: int, c: int) -> bool:
-        """Put c cores on node x; False when it had fewer than c free (kept anyway: the log says it ran there)."""
+    def _sort(self, x: int, v: int) -> None:
+        if 0 < v < self.cpn and not (self.gpn and self.used_g[x] >= self.gpn):
+            self.partial.add(x)
+        else:
+            self.partial.discard(x)
+
+    def take(self, x: int, c: int, g: int = 0) -> bool:
+        """Put c cores and g GPUs on node x; False when it had fewer free (kept anyway: the log says it ran there)."""
         u = self.used[x]
         if u == 0:
             self.free.remove(x, x + 1)
             self.flipped.setdefault(x, True)
         v = u + c
         self.used[x] = v
-        if 0 < v < self.cpn:
-            self.partial.add(x)
-        else:
-            self.partial.discard(x)
-        return v <= self.cpn
+        ok = v <= self.cpn
+        if g and self.gpn:
+            self.used_g[x] += g
+            ok = ok and self.used_g[x] <= self.gpn
+        self._sort(x, v)
+        return ok
 
-    def give(self, x: int, c: int) -> None:
+    def give(self, x: int, c: int, g: int = 0) -> None:
         v = self.used[x] - c
         self.used[x] = v
+        if g and self.gpn:
+            self.used_g[x] -= g
         if v == 0:
             self.free.add(x, x + 1)
             self.flipped.setdefault(x, False)
-        if 0 < v < self.cpn:
-            self.partial.add(x)
-        else:
-            self.partial.discard(x)
+        self._sort(x, v)
 
     def _nth_free(self, k: int) -> int | None:
         for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
@@ -194,13 +212,16 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
     """Replay the sorted jobs (``sized_named``) on their named nodes, rows without names first fit, and net each
     second's changes as ``log_stream.place_stream`` does (a node released and taken at one second never left;
     the first second holds the whole machine joining). Returns the seconds and the placement counts."""
-    m = _Machine(machine, cpn)
-    off, idx = lists.off, lists.idx
+    off, idx, gpus = lists.off, lists.idx, lists.gpus
+    counts_per_job = np.diff(off)
+    has = counts_per_job > 0
+    gpn = int((-(-gpus[has] // counts_per_job[has])).max()) if has.any() else 0  # GPUs a node: the most any job held
+    m = _Machine(machine, cpn, gpn)
     code = "i" if machine < 2**31 - 1 else "q"
     t_out, marked, partly = array("d"), array("b"), array("i")
     joff, loff = array("q", [0]), array("q", [0])
     jlo, jhi, llo, lhi = array(code), array(code), array(code), array(code)
-    counts = {"by_name": 0, "first_fit": 0, "over_capacity": 0}
+    counts = {"by_name": 0, "first_fit": 0, "over_capacity": 0, "names_short": lists.short}
     first = [True]
 
     def flush(t: float) -> None:
@@ -228,22 +249,25 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
         loff.append(len(llo))
         flipped.clear()
 
-    def per_node(k: int, r: int) -> tuple[np.ndarray, int]:
-        nodes = idx[off[r]:off[r + 1]]
-        return nodes, (-(-k // len(nodes)) if cpn > 1 else 1)
+    def per_node(k: int, r: int) -> tuple[list[int], int, int]:
+        """A named job's nodes, and the cores and GPUs it holds on each (spread evenly, rounded up)."""
+        nodes = idx[off[r]:off[r + 1]].tolist()
+        return nodes, (-(-k // len(nodes)) if cpn > 1 else 1), -(-int(gpus[r]) // len(nodes))
 
     ending: list[tuple[float, int]] = []
-    held: dict[int, list[tuple[int, int]]] = {}  # first-fit jobs running: their (node, cores)
+    held: dict[int, list[tuple[int, int]]] = {}  # first-fit jobs running: their (node, cores); GPUs not counted
     sizes: dict[int, int] = {}  # named jobs running: their size (their nodes are in ``lists``)
     cur = float(start[0]) if len(start) else 0.0
 
     def release(t_end: float, i: int) -> None:
         got = held.pop(i, None)
-        if got is None:
-            nodes, c = per_node(sizes.pop(i), int(rows[i]))
-            got = [(x, c) for x in nodes.tolist()]
-        for x, c in got:
-            m.give(x, c)
+        if got is not None:
+            for x, c in got:
+                m.give(x, c)
+            return
+        nodes, c, g = per_node(sizes.pop(i), int(rows[i]))
+        for x in nodes:
+            m.give(x, c, g)
 
     for a in range(0, len(start), _CHUNK):
         for i, (s, e, k) in enumerate(zip(start[a:a + _CHUNK].tolist(), end[a:a + _CHUNK].tolist(),
@@ -259,10 +283,10 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
                 cur = s
             r = int(rows[i])
             if off[r + 1] > off[r]:
-                nodes, c = per_node(k, r)
+                nodes, c, g = per_node(k, r)
                 fits = True
-                for x in nodes.tolist():
-                    fits &= m.take(x, c)
+                for x in nodes:
+                    fits &= m.take(x, c, g)
                 counts["by_name"] += 1
                 counts["over_capacity"] += not fits
                 sizes[i] = k
@@ -299,6 +323,9 @@ def placement_note(counts: dict[str, int], cpn: int, why_first_fit: str = "") ->
                 + (why_first_fit or "the log names no nodes"))
     text = (f"log jobs on the nodes their rows name: {by:,} placed by name, {ff:,} without names placed first fit "
             "on what the named jobs left free")
+    if counts.get("names_short"):
+        text += (f" ({counts['names_short']:,} rows named fewer nodes than they ran on, a cut node list: placed "
+                 "first fit)")
     if over:
         text += (f"; {over:,} rows found a named node already full ({cpn} cores a node, the most any job held "
                  "per node): kept there as the log says")

@@ -416,7 +416,8 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     else:
         sec = place_stream(st, en, size, machine, cpn, skipped, None if progress is None else (
             lambda k: progress(k, n_placed, "first fit of the log's jobs")))
-        placement = {"by_name": 0, "first_fit": n_runs - skipped["no_room"], "over_capacity": 0}
+        placement = {"by_name": 0, "first_fit": n_runs - skipped["no_room"], "over_capacity": 0,
+                     "names_short": 0}
         names = NumberedNodes(machine)
     del st, en, size, rows
     bt, bl = busy_of(sec, machine)

@@ -383,7 +383,8 @@ def _read_sacct(path: Path, report: TraceReport) -> Iterator[Job]:
                 a, b = layout.spans[j]  # type: ignore[index]
                 if j != state_col and values[j].endswith("+") and len(values[j]) >= b - a:
                     report.anomaly(TRUNCATED_FIELD, lineno, f"{layout.names[j]} {values[j]!r}")
-                    values[j] = values[j][:-1]
+                    # a cut node list names some of the job's nodes, or a node that does not exist: none kept
+                    values[j] = "" if layout.names[j] == cols.get("nodelist") else values[j][:-1]
         row = dict(zip(layout.names, values, strict=True))
         job = _job(row, cols, lineno, report, jobcomp=False)
         if job is None:
