@@ -43,7 +43,8 @@ order, into what is left.
 A resize normally stops the job (checkpoint) and places it again at its new size. An elastic Horovod job
 (``in_place``) whose first node stays and whose growth fits in free slots (on its nodes, then on other workers)
 is resized in place instead (``Plan.resizes``, over one worker or several; ``hpcsched.core.in_place``): the
-controller sends its workers the new host list and Horovod re-forms the ranks.
+controller sends its workers the new host list and Horovod re-forms the ranks. A grow that fits only once slots
+held by stopping jobs are free waits for them at its current size (``Plan.grow_waits``) rather than relaunching.
 """
 
 from __future__ import annotations
@@ -308,7 +309,7 @@ def _size(ctx: _Context) -> None:
 def _place(ctx: _Context) -> None:
     by_id, out = ctx.by_id, ctx.out
     ctx.free = {w.id: w.slots - ctx.state.used.get(w.id, 0) for w in ctx.workers}
-    resize_in_place(out, ctx.order, by_id, ctx.free, ctx.workers)
+    resize_in_place(out, ctx.order, by_id, ctx.free, ctx.workers, ctx.state.used)
     free, workers = ctx.free, ctx.workers
     gpu_type = {w.id: w.gpu_type for w in workers}
     place = get_placement(ctx.request.options.placement)
@@ -366,6 +367,7 @@ def _place(ctx: _Context) -> None:
                 for smaller in range(need - 1, by_id[pending[0]].min_procs - 1, -1):
                     got = fit(smaller)
                     if got is not None:
+                        out.shrunk_to_fit[pending[0]] = need
                         need = out.sizes[pending[0]] = smaller
                         break
             if got is None:

@@ -78,6 +78,12 @@ class Plan:
     # the MILP's status for the jobs it sized this round ("optimal", "time_limit", "fallback", ...); anything
     # but "optimal" is a decision the controller must report (it counts and logs it, `hpcsched jobs` shows it)
     sizing: dict[str, str] = field(default_factory=dict)
+    # running elastic job -> the size it grows to in place once slots that stopping jobs still hold are free; it keeps
+    # its size meanwhile instead of a stop and relaunch (``hpcsched.core.in_place``)
+    grow_waits: dict[str, int] = field(default_factory=dict)
+    # started job -> the larger size it was given, where no placement fitted that and it starts smaller
+    # (``DecideOptions.shrink_to_fit``): the controller counts and logs each
+    shrunk_to_fit: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

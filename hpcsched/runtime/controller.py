@@ -115,6 +115,9 @@ class Controller(Membership, Stepping, JobLifecycle):
         self.sizing: dict[str, str] = {}  # job -> how the MILP sized it last (shown by `hpcsched jobs`)
         self.batches = BatchTracker(self.store)  # adaptive-batch jobs: their fits, batches told, goodput curves
         self.nonoptimal_decisions = 0  # scheduling steps whose MILP sizing was not optimal
+        self.shrunk_to_fit = 0  # elastic jobs started below the size they were given (no placement fitted it)
+        self.grow_waits: dict[str, int] = {}  # job -> size its in-place grow waits for (stopping jobs' slots)
+        self.grows_waited = 0  # in-place grows that waited for such slots instead of a stop and relaunch
         self.instance: dict[str, str] = {}  # worker -> the daemon (RegisterRequest.instance) that holds the name
         # Guards the check-and-renew of a lease-only heartbeat (``Membership.heartbeat``), which runs without
         # ``lock``, against the removal of a worker from ``last_seen``/``instance`` (reaped, left, registered anew)
@@ -164,7 +167,8 @@ class Controller(Membership, Stepping, JobLifecycle):
                 "shed_calls": self.call_waiters.refused, "step_lock_wait_s": round(self.lock.first_wait_s, 3),
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
                 "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,
-                "live_set_reads": self.pool.rebuilds}
+                "live_set_reads": self.pool.rebuilds, "shrunk_to_fit": self.shrunk_to_fit,
+                "grows_waited": self.grows_waited}
 
     def list_jobs(self) -> list[pb.JobInfo]:
         """Every job (all pages of ``jobs_page``): for callers in this process; the RPC serves one page."""

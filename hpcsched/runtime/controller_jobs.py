@@ -218,14 +218,16 @@ class JobLifecycle:
         return True, "cancelling"
 
     def _start(self, job: JobRow, placement: list[tuple[str, int]], hosts: dict[str, str], group: str,
-               agents: dict[str, str] | None = None) -> None:
+               agents: dict[str, str] | None = None) -> bool:
+        """Launch an attempt of ``job`` on ``placement``; False when it waits for a worker's port (a later step
+        starts it)."""
         master = placement[0][0]
         port = self.spare_port.pop(master, 0)
         if not port:  # no fresh free port from that node yet: start at the next heartbeat, which it sends now
             self._wanted.add(master)
             if self.nudge is not None:
                 self.nudge([master], "port")
-            return
+            return False
         if (launchers.get(job.spec.launcher).via_agents and len(placement) > 1 and agents is not None
                 and any(w not in agents for w, _ in placement)):
             # a worker whose agent's port is not known yet (it comes with its registration or first heartbeat): the
@@ -237,7 +239,7 @@ class JobLifecycle:
             self._wanted.update(w for w, _ in placement if w not in agents)
             if self.nudge is not None:
                 self.nudge([w for w, _ in placement if w not in agents], "port")
-            return
+            return False
         gen = job.generation + 1
         size = sum(k for _, k in placement)
         ckpt = self.checkpoint_root / job.id
@@ -256,4 +258,5 @@ class JobLifecycle:
         if self.nudge is not None:
             self.nudge([w for w, _ in placement], "launch")
         log.info("job %s generation %d on %s", job.id, gen, placement)
+        return True
 

@@ -271,7 +271,19 @@ class Stepping:
                               placement=self.cfg.placement, regroup=self.cfg.regroup)
         if plan.sizing:
             self._note_sizing(plan.sizing)
+        if plan.grow_waits or self.grow_waits:
+            self._note_grow_waits(plan.grow_waits)
         return plan
+
+    def _note_grow_waits(self, waits: dict[str, int]) -> None:
+        """Say (once per job and size, not at every step while it waits) an elastic job kept at its size until the
+        slots of stopping jobs are free, to grow in place then (``Plan.grow_waits``), and count it."""
+        for jid, size in waits.items():
+            if self.grow_waits.get(jid) != size:
+                self.grows_waited += 1
+                log.info("job %s grows in place to %d procs once slots that stopping jobs hold are free (kept "
+                         "running meanwhile, not relaunched)", jid, size)
+        self.grow_waits = dict(waits)
 
     def _note_sizing(self, sizing: dict[str, str]) -> None:
         """Count a step whose MILP sizing was not optimal, and log it when a job's sizing turns so (once, not
@@ -317,7 +329,13 @@ class Stepping:
             return
         hosts, agents = endpoints or self._endpoints(plan.starts)
         for jid in starts:
-            self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid), agents)  # its row now
+            started = self._start(self.store.job(jid), plan.starts[jid], hosts, plan.groups.get(jid, jid),
+                                  agents)  # its row now
+            if started and jid in plan.shrunk_to_fit:  # nothing degrades silently: counted, and said once
+                self.shrunk_to_fit += 1
+                log.info("job %s starts at %d procs, below the %d it was sized to: no placement fits that "
+                         "(shrink_to_fit; %d such starts so far)", jid, plan.sizes[jid], plan.shrunk_to_fit[jid],
+                         self.shrunk_to_fit)
 
     def _endpoints(self, starts: dict[str, list[tuple[str, int]]]) -> tuple[dict[str, str], dict[str, str]]:
         """The hosts and agents of the workers these starts go to (a launch names only its own workers): not a map of

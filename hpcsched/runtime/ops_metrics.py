@@ -175,6 +175,10 @@ class ControllerCollector(Collector):
                  "life)"),
                 ("hpcsched_nonoptimal_decisions", ctl.nonoptimal_decisions, "Scheduling steps whose MILP sizing was "
                  "not optimal (since this controller started)"),
+                ("hpcsched_shrunk_to_fit", ctl.shrunk_to_fit, "Elastic jobs started below the size they were "
+                 "sized to, no placement fitting that size (shrink_to_fit; since start)"),
+                ("hpcsched_grows_waited", ctl.grows_waited, "In-place grows of elastic jobs that waited for slots "
+                 "stopping jobs held instead of a stop and relaunch (since start)"),
                 ("hpcsched_refused_heartbeats", ctl.refused_heartbeats, "Heartbeats refused unprocessed (more "
                  "entries than the worker's slots allow; since start)"),
                 ("hpcsched_refused_task_reports", ctl.refused_reports, "Task reports refused: not placed on the "
