@@ -105,7 +105,8 @@ def test_metrics_and_page_need_a_reading_token(ops) -> None:
     assert got["hpcsched_heartbeat_seconds_count", ()] == 0  # registered, never beat
     assert got["hpcsched_decision_seconds_count", ()] >= 1  # the submit woke a scheduling step that planned
     for name in ("hpcsched_preemptions_total", "hpcsched_lost_steps_total", "hpcsched_harvested_node_hours_total",
-                 "hpcsched_nonoptimal_decisions_total", "hpcsched_refused_heartbeats_total"):
+                 "hpcsched_nonoptimal_decisions_total", "hpcsched_refused_heartbeats_total",
+                 "hpcsched_shrunk_to_fit_total", "hpcsched_grows_waited_total"):
         assert got[name, ()] == 0, name
 
     status, page, _ = _get(url + "/", READONLY)

@@ -145,8 +145,8 @@ def test_cancelled_blocker_grows_the_elastic_job_in_place(tmp_path: Path, caplog
 
 def test_shrink_to_fit_is_counted_and_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """An elastic job sized 2 when no worker has 2 free slots (1 on each of two) starts at 1 (``shrink_to_fit``):
-    the controller counts it (``counters()['shrunk_to_fit']``, also the ``hpcsched_shrunk_to_fit`` metric) and logs
-    it once, with the size it was given and the one it got."""
+    the controller counts it (``counters()['shrunk_to_fit']``; ``/metrics`` exports it, ``test_ops``) and logs it
+    once, with the size it was given and the one it got."""
     p = _InProcess(tmp_path)
     c = p.c
     for w in ("w1", "w2"):
