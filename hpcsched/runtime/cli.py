@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,13 +42,6 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(1)
 
 
-def _until_signal() -> threading.Event:
-    stop = threading.Event()
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, lambda *_: stop.set())
-    return stop
-
-
 def controller(
     config: Path = typer.Option(..., "--config", "-c", help="controller YAML (listen, state, token_file, policy...)"),
     verbose: bool = typer.Option(False, "--verbose", "-v"),
@@ -63,11 +54,12 @@ def controller(
 
     from hpcsched.runtime.config import read_controller_config
     from hpcsched.runtime.server import ControllerServer
+    from hpcsched.runtime.stop_signal import until_signal
 
     _logging(verbose)
     cfg = dataclasses.replace(read_controller_config(config), insecure=insecure)
     srv = ControllerServer(cfg)
-    stopping = _until_signal()  # before start: a SIGTERM while starting stops it cleanly, its log said
+    stopping = until_signal()  # before start: a SIGTERM while starting stops it cleanly, its log said
     print(srv.start(), flush=True)  # the bound address: with port 0, this is how a script learns it
     stopping.wait()
     srv.stop()
@@ -152,7 +144,9 @@ def worker(
         raise InputError(config or "worker", str(e)) from None
     except OSError as e:  # its work dir, its agent's port
         raise InputError(cfg.work_dir, f"cannot start the worker: {e.strerror or e}") from None
-    daemon.run(_until_signal())
+    from hpcsched.runtime.stop_signal import until_signal
+
+    daemon.run(until_signal())
     # Everything is said and every task has stopped (Worker.leave): skip the interpreter's teardown (thread joins,
     # gRPC's, the collector), 0.2-0.9 s on a loaded node. A pilot's node is free only once this process is gone:
     # that time is added to the start of the batch job that preempted it.
