@@ -3,7 +3,8 @@
 A pilot's worker gets SIGTERM from the batch system's signal to its process group and again from ``timeout``; with
 ``Event.set`` in the handler, the second handler could run inside the first's ``set`` and wait on its lock forever
 (seen in CI: the worker never left and the PBS batch job waiting for its node never started). With that handler
-about one process in ten hangs under the stream below, so 64 processes all stopping is a real check (it caught that handler in 9 of 10 runs).
+4 to 7 processes in 64 hung under the stream below
+(3 runs of 3), so 64 processes all stopping is a real check.
 """
 
 from __future__ import annotations
