@@ -3,8 +3,7 @@
 A pilot's worker gets SIGTERM from the batch system's signal to its process group and again from ``timeout``; with
 ``Event.set`` in the handler, the second handler could run inside the first's ``set`` and wait on its lock forever
 (seen in CI: the worker never left and the PBS batch job waiting for its node never started). With that handler
-4 to 7 processes in 64 hung under the stream below
-(3 runs of 3), so 64 processes all stopping is a real check.
+4 to 7 processes in 64 hung under the stream below (3 runs of 3), so 64 processes all stopping is a real check.
 """
 
 from __future__ import annotations
