@@ -111,9 +111,9 @@ def resize_scenario(d: Path, batch_key: str, steps: int = STEPS, lr: float = 0.1
     wait_s = 120
     try:
         wait_for("the worker", lambda: any(x.alive for x in c.workers()), 60)
-        # The blocker ends by itself (6 s of steps; the grow then waits for the job's first report if need be): a
-        # cancelled one still holds its slots while it stops, and a grow planned then does not fit in free slots,
-        # so it is made by stop and relaunch (hpcsched.core.decide).
+        # The blocker ends by itself (6 s of steps; the grow then waits for the job's first report if need be). A
+        # cancelled one would do too: the grow waits for the slots it holds while it stops, then is made in place
+        # (hpcsched.core.in_place, tests/test_runtime_grow_in_place.py).
         blocker = submit(c, _spec(d, "blocker", f"name: blocker\nlauncher: direct\nprocs: 2\nworkdir: {ROOT}\n"
                                   "steps: 60\ncommand: [tests/netns_job.py, --step-ms, '100']\n"))
         wait_for("the blocker running", lambda: jobs_by_id(c)[blocker].state == "running", wait_s)
