@@ -5,9 +5,10 @@ interval ends at the same second another begins never left (the reference's node
 change there either), so deltas are netted per node and instants with no net change are dropped.
 
 From a job log (SWF, Slurm, Cobalt, ... via ``hpcsched.traces.open_trace``) the log is replayed on a
-machine of its size: each job takes the lowest-numbered free nodes (first fit) from its recorded
-start to its recorded end; every node not running a log job is idle. Ends are applied before starts
-at the same second, so a node handed from one job to the next never shows as idle.
+machine of its size: each job holds, from its recorded start to its recorded end, the nodes its row
+names where the log names them (``harvest.named_nodes``), else the lowest-numbered free nodes (first
+fit); every node not running a log job is idle. Ends are applied before starts at the same second, so a
+node handed from one job to the next never shows as idle.
 
 Node sets are runs of node indices (``hpcsched.milp.mapping.NodeRuns``), never one object per node:
 first fit keeps the free nodes as runs (``harvest.first_fit.RangeFirstFit``), an event holds the runs that joined and
@@ -354,8 +355,11 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     The machine is ``machine`` (``--nodes``) when given, else the size the reader knows (an SWF header's
     MaxNodes, a known Cobalt machine named in the file name), else the log's peak concurrent use; the
     size and where it came from are in ``notes`` (``machine_nodes``, ``machine_nodes_source``), since a
-    wrong size silently skips jobs (too small) or invents idle nodes (too large). Jobs smaller than a
-    node share nodes by cores. Jobs without start/end or size, or that find the machine full, are
+    wrong size silently skips jobs (too small) or invents idle nodes (too large). A log that names its
+    jobs' nodes is replayed on them, on a machine of at least the named nodes, rows without names first
+    fit (``log_placement`` in ``notes`` counts each; ``options['placement'] = 'first-fit'`` places every
+    row first fit). Jobs smaller than a node share nodes by cores. Jobs without start/end or size, or
+    that find the machine full, are
     counted in ``notes``, as are the reader's dropped and flagged rows and the warm-up check
     (``warmup_check``). The replay starts at ``start`` (default: the log's first job start), or with
     ``skip_warmup`` where the log's use first reaches its typical level.
