@@ -208,3 +208,45 @@ def test_a_node_whose_gpus_are_all_taken_is_full_not_partly_used(tmp_path: Path)
     assert partly["peak_nodes"] == 1 and partly["node_hours"] == pytest.approx(2.0)  # type: ignore[index]
     assert [(t - tl.start, sorted(i)) for t, i in _idle_at(tl)] == [(0.0, ["g1", "g2"]), (3600.0, ["g3"]),
                                                                    (10800.0, ["g1", "g2", "g3"])]
+
+
+def test_rows_without_names_get_the_same_nodes_as_first_fit() -> None:
+    """With no row naming a node, placement by name is first fit: the same seconds, runs and partly used counts
+    as ``log_stream.place_stream`` (checked against the node-by-node reference elsewhere), on random logs with
+    and without cores per node."""
+    import numpy as np
+
+    from hpcsched.harvest.log_stream import place_stream
+    from hpcsched.harvest.named_nodes import NodeLists, place_by_name
+
+    rng = np.random.default_rng(29)
+    for cpn, machine in ((1, 12), (8, 6), (32, 9)):
+        n = 400
+        start = np.sort(rng.integers(0, 20_000, n)).astype(float)
+        end = start + rng.integers(1, 3_000, n)
+        size = rng.integers(1, cpn * 3 + 1, n)
+        lists = NodeLists([], np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(n, np.int64))
+        skip_a = {"no_room": 0}
+        skip_b = {"no_room": 0}
+        a = place_stream(start, end, size, machine, cpn, skip_a)
+        b, counts = place_by_name(start, end, size, np.arange(n), lists, machine, cpn, skip_b)
+        assert skip_a == skip_b and counts["first_fit"] == n - skip_a["no_room"] and counts["by_name"] == 0
+        assert skip_a["no_room"] > 0  # the machine is small enough to refuse some jobs
+        for field in ("t", "marked", "partly", "joff", "jlo", "jhi", "loff", "llo", "lhi"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), (cpn, field)
+
+
+def test_a_node_named_beyond_its_cores_stays_busy_and_is_counted(tmp_path: Path) -> None:
+    """Two 32-core jobs the log ran on c1 at once (an oversubscribed partition): both kept there, c1 busy until
+    the later ends, counted as over_capacity and said."""
+    log = tmp_path / "over.sacct"
+    log.write_text("JobID|Submit|Start|End|NNodes|NCPUS|State|NodeList\n"
+                   "1|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T01:00:00|1|32|COMPLETED|c1\n"
+                   "2|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T02:00:00|1|32|COMPLETED|c1\n"
+                   "3|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T00:30:00|1|32|COMPLETED|c2\n")
+    tl = timeline_from_log(log)
+    placed = tl.notes["log_placement"]
+    assert (placed["by_name"], placed["over_capacity"]) == (3, 1)  # type: ignore[index]
+    assert "1 rows found a named node already full" in placed["note"]  # type: ignore[index]
+    assert [(t - tl.start, sorted(i)) for t, i in _idle_at(tl)] == [(0.0, []), (1800.0, ["c2"]),
+                                                                   (7200.0, ["c1", "c2"])]
