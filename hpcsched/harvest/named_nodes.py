@@ -327,6 +327,7 @@ def placement_note(counts: dict[str, int], cpn: int, why_first_fit: str = "") ->
         text += (f" ({counts['names_short']:,} rows named fewer nodes than they ran on, a cut node list: placed "
                  "first fit)")
     if over:
-        text += (f"; {over:,} rows found a named node already full ({cpn} cores a node, the most any job held "
-                 "per node): kept there as the log says")
+        text += (f"; {over:,} rows found a named node already full (a row without names placed there first fit, "
+                 f"or more than the {cpn} cores a node estimated as the most any job held per node): kept there as "
+                 "the log says, the node busy")
     return text
