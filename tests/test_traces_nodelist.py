@@ -250,3 +250,19 @@ def test_a_node_named_beyond_its_cores_stays_busy_and_is_counted(tmp_path: Path)
     assert "1 rows found a named node already full" in placed["note"]  # type: ignore[index]
     assert [(t - tl.start, sorted(i)) for t, i in _idle_at(tl)] == [(0.0, []), (1800.0, ["c2"]),
                                                                    (7200.0, ["c1", "c2"])]
+
+
+def test_a_row_without_names_keeps_off_a_node_the_log_fills_during_its_run(tmp_path: Path) -> None:
+    """Job 2 (no NodeList) runs 00:00-03:00; the log puts job 1 on c1 at 01:00. Plain first fit would put job 2 on
+    c1 too and c2 would look idle all along; it goes to c2, so at 01:00-02:00 both are busy, as on the machine."""
+    log = tmp_path / "avoid.sacct"
+    log.write_text("JobID|Submit|Start|End|NNodes|NCPUS|State|NodeList\n"
+                   "1|2021-01-01T00:00:00|2021-01-01T01:00:00|2021-01-01T02:00:00|1|32|COMPLETED|c1\n"
+                   "2|2021-01-01T00:00:00|2021-01-01T00:00:00|2021-01-01T03:00:00|1|32|COMPLETED|\n"
+                   "3|2021-01-01T00:00:00|2021-01-01T04:00:00|2021-01-01T05:00:00|1|32|COMPLETED|c2\n")
+    tl = timeline_from_log(log)
+    placed = tl.notes["log_placement"]
+    assert (placed["by_name"], placed["first_fit"], placed["over_capacity"]) == (2, 1, 0)  # type: ignore[index]
+    assert [(t - tl.start, sorted(i)) for t, i in _idle_at(tl)] == [
+        (0.0, ["c1"]), (3600.0, []), (7200.0, ["c1"]), (10800.0, ["c1", "c2"]), (14400.0, ["c1"]),
+        (18000.0, ["c1", "c2"])]

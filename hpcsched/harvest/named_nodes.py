@@ -8,7 +8,8 @@ cores spread evenly over its named nodes; a whole node each when cores are unkno
 on it), partly used or full at every second as it was; a node whose GPUs are all taken (``gres/gpu``, spread
 the same way, against the most GPUs per node any job held) is full whatever cores are left. Rows without names
 (a Grid Engine parallel job, a row whose NodeList was lost or cut short) are placed first fit by cores on what
-the named jobs leave free, and counted.
+the named jobs leave free, preferring nodes no named job starts on during the row's run (else the row would sit
+where the log puts a job next, and a node busy on the machine would look idle), and counted.
 
 A log that names a node twice over its capacity (cores per node is an estimate: the most CPUs per node any job
 held) keeps both jobs on it, as the log says; the node is busy either way, and such rows are counted. Memory is
@@ -18,6 +19,7 @@ used-core count, and the netted changes per second in ``log_stream.Seconds``' fl
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import re
@@ -181,21 +183,36 @@ class _Machine:
             k -= hi - lo
         return None
 
-    def first_fit(self, size: int) -> list[tuple[int, int]] | None:
+    def first_fit(self, size: int, ok: Callable[[int], bool] | None = None) -> list[tuple[int, int]] | None:
         """(node, cores) for a job without names: whole nodes from the lowest wholly idle ones, the remainder on
-        the lowest node with room for it (a partly used one or the next idle one); None when it does not fit."""
+        the lowest node with room for it (a partly used one or the next idle one); None when it does not fit.
+        ``ok`` (when given) must accept each node chosen."""
         whole, rest = divmod(size, self.cpn)
         if whole > len(self.free):
             return None
         nodes: list[int] = []
+        spare: int | None = None  # the lowest acceptable idle node after the whole ones
         for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
-            nodes.extend(range(lo, min(hi, lo + whole - len(nodes))))
-            if len(nodes) == whole:
+            if ok is None:
+                nodes.extend(range(lo, min(hi, lo + whole - len(nodes))))
+            else:
+                for x in range(lo, hi):
+                    if len(nodes) == whole and (spare is not None or not rest):
+                        break
+                    if ok(x):
+                        if len(nodes) < whole:
+                            nodes.append(x)
+                        else:
+                            spare = x
+            if len(nodes) == whole and (ok is None or spare is not None or not rest):
                 break
+        if len(nodes) < whole:
+            return None
         got = [(x, self.cpn) for x in nodes]
         if rest:
-            best = min((x for x in self.partial if self.cpn - self.used[x] >= rest), default=None)
-            nxt = self._nth_free(whole)  # the lowest idle node after the whole ones
+            best = min((x for x in self.partial if self.cpn - self.used[x] >= rest and (ok is None or ok(x))),
+                       default=None)
+            nxt = self._nth_free(whole) if ok is None else spare
             if nxt is not None and (best is None or nxt < best):
                 best = nxt
             if best is None:
@@ -204,6 +221,20 @@ class _Machine:
         for x, c in got:
             self.take(x, c)
         return got
+
+
+def _named_starts(start: np.ndarray, rows: np.ndarray, lists: NodeLists,
+                  machine: int) -> tuple[np.ndarray, list[float]]:
+    """Per node the starts of the named jobs on it, ascending: node x's are ``starts[at[x]:at[x + 1]]``."""
+    lengths = np.diff(lists.off)[rows]
+    total = int(lengths.sum())
+    first = np.repeat(lists.off[rows], lengths)
+    within = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    node = lists.idx[first + within]
+    when = np.repeat(start, lengths)
+    o = np.lexsort((when, node))
+    at = np.searchsorted(node[o], np.arange(machine + 1), side="left")
+    return at, when[o].tolist()
 
 
 def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np.ndarray, lists: NodeLists,
@@ -217,6 +248,15 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
     has = counts_per_job > 0
     gpn = int((-(-gpus[has] // counts_per_job[has])).max()) if has.any() else 0  # GPUs a node: the most any job held
     m = _Machine(machine, cpn, gpn)
+    unnamed_rows = bool((~has[rows]).any()) and bool(has.any())
+    at, starts = _named_starts(start, rows, lists, machine) if unnamed_rows else (np.zeros(1, np.int64), [])
+
+    def _clear(x: int, s: float, e: float) -> bool:
+        """No named job starts on node x during [s, e)."""
+        a, b = int(at[x]), int(at[x + 1])
+        k = bisect.bisect_left(starts, s, a, b)
+        return k == b or starts[k] >= e
+
     code = "i" if machine < 2**31 - 1 else "q"
     t_out, marked, partly = array("d"), array("b"), array("i")
     joff, loff = array("q", [0]), array("q", [0])
@@ -291,7 +331,10 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
                 counts["over_capacity"] += not fits
                 sizes[i] = k
             else:
-                got = m.first_fit(k)
+                # nodes no named job starts on during its run, so it does not sit where the log puts a job next;
+                # plain first fit when there are none (a collision the named job then counts as over_capacity)
+                got = m.first_fit(k, lambda x, s=s, e=e: _clear(x, s, e)) if unnamed_rows else None
+                got = got or m.first_fit(k)
                 if got is None:
                     skipped["no_room"] += 1
                     continue
