@@ -20,6 +20,7 @@ used-core count, and the netted changes per second in ``log_stream.Seconds``' fl
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import re
@@ -333,7 +334,7 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
             else:
                 # nodes no named job starts on during its run, so it does not sit where the log puts a job next;
                 # plain first fit when there are none (a collision the named job then counts as over_capacity)
-                got = m.first_fit(k, lambda x, s=s, e=e: _clear(x, s, e)) if unnamed_rows else None
+                got = m.first_fit(k, functools.partial(_clear, s=s, e=e)) if unnamed_rows else None
                 got = got or m.first_fit(k)
                 if got is None:
                     skipped["no_room"] += 1
