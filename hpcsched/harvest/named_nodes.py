@@ -124,7 +124,7 @@ def named_machine(machine: int | None, header: object, header_source: str, disti
         return machine, "--nodes"
     if isinstance(header, int | float) and header >= distinct:
         return int(header), header_source
-    said = f" (the header's {int(header):,} is fewer)" if isinstance(header, int | float) and header > 0 else ""
+    said = f" (not {int(header):,}: {header_source})" if isinstance(header, int | float) and header > 0 else ""
     return distinct, f"the {distinct:,} distinct nodes its jobs name{said}"
 
 
