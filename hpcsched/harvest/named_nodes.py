@@ -19,7 +19,6 @@ used-core count, and the netted changes per second in ``log_stream.Seconds``' fl
 
 from __future__ import annotations
 
-import bisect
 import functools
 import heapq
 import math
@@ -225,7 +224,7 @@ class _Machine:
 
 
 def _named_starts(start: np.ndarray, rows: np.ndarray, lists: NodeLists,
-                  machine: int) -> tuple[np.ndarray, list[float]]:
+                  machine: int) -> tuple[np.ndarray, np.ndarray]:
     """Per node the starts of the named jobs on it, ascending: node x's are ``starts[at[x]:at[x + 1]]``."""
     lengths = np.diff(lists.off)[rows]
     total = int(lengths.sum())
@@ -235,7 +234,7 @@ def _named_starts(start: np.ndarray, rows: np.ndarray, lists: NodeLists,
     when = np.repeat(start, lengths)
     o = np.lexsort((when, node))
     at = np.searchsorted(node[o], np.arange(machine + 1), side="left")
-    return at, when[o].tolist()
+    return at, when[o]
 
 
 def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np.ndarray, lists: NodeLists,
@@ -250,13 +249,13 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
     gpn = int((-(-gpus[has] // counts_per_job[has])).max()) if has.any() else 0  # GPUs a node: the most any job held
     m = _Machine(machine, cpn, gpn)
     unnamed_rows = bool((~has[rows]).any()) and bool(has.any())
-    at, starts = _named_starts(start, rows, lists, machine) if unnamed_rows else (np.zeros(1, np.int64), [])
+    at, starts = _named_starts(start, rows, lists, machine) if unnamed_rows else (np.zeros(1, np.int64), start[:0])
 
     def _clear(x: int, s: float, e: float) -> bool:
         """No named job starts on node x during [s, e)."""
         a, b = int(at[x]), int(at[x + 1])
-        k = bisect.bisect_left(starts, s, a, b)
-        return k == b or starts[k] >= e
+        k = a + int(np.searchsorted(starts[a:b], s, side="left"))
+        return k == b or float(starts[k]) >= e
 
     code = "i" if machine < 2**31 - 1 else "q"
     t_out, marked, partly = array("d"), array("b"), array("i")
