@@ -62,6 +62,10 @@ try:  # as the real worker: jittered, and longer while the controller is busy
 except ImportError:  # a checkout from before: doubling up to two intervals
     def retry_after(backoff: float, code: str, interval: float, rng: random.Random) -> tuple[float, float]:
         return backoff, min(backoff * 2, interval * 2)
+try:  # as the real worker: a shed call comes back when the controller says (a checkout from before: its back-off)
+    from hpcsched.runtime.liveness import told_retry_after
+except ImportError:
+    told_retry_after = None
 try:  # as the real worker: a heartbeat that timed out on a busy controller does not register again
     from hpcsched.runtime.liveness import keeps_registration
 except ImportError:  # a checkout from before: every failed call registers again
@@ -131,6 +135,7 @@ class ProcStats:
     loop_lag: array = field(default_factory=lambda: array("d"))
     watch_opened: int = 0  # Watch streams opened (one per worker, again after a re-registration or a break)
     watch_events: int = 0  # events received on them (each: heartbeat now)
+    retry_after_told: int = 0  # failed calls whose controller said when to come back (a shed Register)
 
     error_examples: dict = field(default_factory=dict)  # "Method CODE" -> the first such error's details
 
@@ -215,10 +220,16 @@ class SimWorker:
                 except grpc.RpcError as e:
                     self.registered = self.registered and keeps_registration(method, e.code().name)
                     self.stats.error(method, e)
+                    due = 0.0  # as the real worker: tried again after the back-off, not at the next interval
                     if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                         await asyncio.sleep(REFUSED_RETRY_S)
                         continue
                     wait, backoff = retry_after(backoff, e.code().name, self.interval, self.jitter)
+                    told = told_retry_after(e.trailing_metadata() if isinstance(e, grpc.aio.AioRpcError)
+                                            else None) if told_retry_after is not None else None
+                    if told is not None:  # as the real worker: a shed Register comes back when the controller said
+                        wait = told
+                        self.stats.retry_after_told += 1
                     await asyncio.sleep(wait)
         finally:
             self.stats.intervals_seen[self.interval] = self.stats.intervals_seen.get(self.interval, 0) + 1

@@ -16,7 +16,9 @@ declared lost meanwhile): the check reads only the worker's registered slots.
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Iterable
 
 from hpcsched.interleave.period import MAX_GROUP
 from hpcsched.runtime.rpc import pb
@@ -37,6 +39,12 @@ LOCK_WAITING_BEATS = 16
 # after a jittered back-off (``retry_after``), and the client (``hpcsched submit``) retries a refusal that says so.
 LOCK_WAITING_CALLS = 16
 SHED_PREFIX = "controller busy:"
+
+# A shed call may say when to come back: milliseconds in this trailing metadata key. The controller's registration
+# queue (``registrar``) sets it from its length and how fast it drains, so a storm is paced by the controller
+# instead of each worker guessing with its own back-off (``told_retry_after``).
+RETRY_AFTER_HEADER = "x-hpcsched-retry-after-ms"
+MAX_RETRY_AFTER_S = 30.0  # the most a worker takes from it (a larger or broken value is clamped)
 
 BUSY_CODES = ("DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED")  # a call failed because the controller is busy
 BUSY_BACKOFF_S = 10.0  # the most a worker waits before trying a busy controller again (else: two intervals)
@@ -59,6 +67,20 @@ def retry_after(backoff: float, code: str, interval: float, rng: random.Random) 
     and timed out again)."""
     cap = max(interval * 2, BUSY_BACKOFF_S) if code in BUSY_CODES else interval * 2
     return backoff * rng.uniform(0.5, 1.0), min(backoff * 2, cap)
+
+
+def told_retry_after(trailing: Iterable[tuple[str, str | bytes]] | None) -> float | None:
+    """The seconds a refusal's trailing metadata told the caller to wait (``RETRY_AFTER_HEADER``), clamped to
+    ``0..MAX_RETRY_AFTER_S``; None when it told nothing (or nothing readable)."""
+    for key, value in trailing or ():
+        if key != RETRY_AFTER_HEADER:
+            continue
+        try:
+            ms = float(value.decode() if isinstance(value, bytes) else value)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return min(max(ms / 1e3, 0.0), MAX_RETRY_AFTER_S) if math.isfinite(ms) else None
+    return None
 
 
 def interval_s(workers: int, base_s: float, rate: float, timeout_s: float) -> tuple[float, bool]:

@@ -50,7 +50,7 @@ from hpcsched.runtime.checkpoint_quota import CheckpointQuota
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.launchers.common import torch_importable
-from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after
+from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after, told_retry_after
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
 from hpcsched.runtime.task_dirs import (
@@ -175,6 +175,9 @@ class Worker(TaskControl, ControllerLink):
                 stop.wait(min(_POLL_S, self.interval))
             except grpc.RpcError as e:
                 registered = keeps_registration(method, e.code().name)  # a late heartbeat: beat again, no Register
+                # tried again after the back-off, not at the next interval: a heartbeat the controller shed or did not
+                # answer in time may be the one a pushed order woke (up to 20 s more for a launch at 10,000 workers)
+                due = 0.0
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     self._refused(e)
                     stop.wait(_REFUSED_RETRY_S)
@@ -187,6 +190,8 @@ class Worker(TaskControl, ControllerLink):
                     if self._controller_down():  # nobody counts this silence: a restart starts a fresh timeout
                         renewed = time.monotonic()
                 wait, backoff = retry_after(backoff, e.code().name, self.interval, self._jitter)
+                told = told_retry_after(e.trailing_metadata() if isinstance(e, grpc.Call) else None)
+                wait = wait if told is None else told  # a shed Register: when the controller's queue has room
                 busy = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # it answered, shedding load: not an orphan
                 reached = time.monotonic() if busy else reached
                 log.info("controller %s (%s); retry in %.1f s", "busy" if busy else "unreachable", e.code().name, wait)
