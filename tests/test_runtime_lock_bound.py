@@ -5,6 +5,7 @@ one more is refused RESOURCE_EXHAUSTED at once, counted (``/metrics``: hpcsched_
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -19,7 +20,8 @@ from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import Client
 from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.credentials import credential_metadata
-from hpcsched.runtime.liveness import LOCK_WAITING_CALLS, SHED_PREFIX
+from hpcsched.runtime.liveness import BUSY_BACKOFF_S, LOCK_WAITING_CALLS, SHED_PREFIX, told_retry_after
+from hpcsched.runtime.pacing import FORGET_S, MIN_RETRY_S, PRIOR_RATE, WINDOW_S, RegisterPacer
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 
@@ -60,6 +62,7 @@ def test_calls_past_the_bound_are_shed_at_once_and_counted(controller) -> None:
     srv, stub, _ = controller
     leaver = _register(stub, 50).result()  # registered before: its Leave carries its own credential
     leaver_md = metadata(TOKEN) + credential_metadata(leaver.credential)
+    told: list[float | None] = []
     with srv.ctl.lock:
         waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
         _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
@@ -71,7 +74,10 @@ def test_calls_past_the_bound_are_shed_at_once_and_counted(controller) -> None:
             with pytest.raises(grpc.RpcError) as e:
                 call()
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.value.details().startswith(SHED_PREFIX)
+            told.append(told_retry_after(e.value.trailing_metadata()))
         assert not any(f.done() for f in waiting)  # the admitted ones still wait for the lock
+        # only the Register is told when to come back (the worker's storm is paced): the backlog of one drains at once
+        assert told[:2] == [None, None] and told[2] is not None and MIN_RETRY_S <= told[2] < MIN_RETRY_S + 0.1
     for f in waiting:
         assert f.result(timeout=WAIT_S).heartbeat_interval_s > 0  # and are served once it is free
     assert srv.service.refusals() == {("Submit", "shed"): 1, ("Leave", "shed"): 1, ("Register", "shed"): 1}
@@ -128,3 +134,25 @@ def test_a_worker_shed_by_a_busy_controller_is_not_an_orphan(controller, tmp_pat
         kill_tree(w)
     for f in waiting:
         f.result(timeout=WAIT_S)
+
+
+def test_shed_registrations_come_back_spread_over_the_backlogs_drain_time() -> None:
+    """``pacing.RegisterPacer``: a shed worker is told a moment within the backlog's drain time (backlog / the rate
+    of registrations), at least MIN_RETRY_S and at most BUSY_BACKOFF_S; a worker that registered leaves the backlog,
+    and one not heard of for FORGET_S is forgotten."""
+    now = [0.0]
+    pacer = RegisterPacer(random.Random(1), clock=lambda: now[0])
+    told = [pacer.retry_after(f"w{i}") for i in range(600)]  # no rate seen yet: the prior
+    assert pacer.backlog() == 600 and all(MIN_RETRY_S <= t <= MIN_RETRY_S + 600 / PRIOR_RATE for t in told)
+    assert max(told) > MIN_RETRY_S + 0.8 * 600 / PRIOR_RATE  # spread over the drain, not bunched
+    for i in range(500):  # 500 registrations within the window: 250 a second
+        now[0] += WINDOW_S / 1000
+        pacer.registered(f"w{i}")
+    assert pacer.backlog() == 100
+    later = [pacer.retry_after(f"w{i}") for i in range(500, 600)]
+    assert all(MIN_RETRY_S <= t <= MIN_RETRY_S + 100 / 250 for t in later)
+    for i in range(5000):  # a backlog far past what drains in BUSY_BACKOFF_S: capped
+        pacer.retry_after(f"x{i}")
+    assert pacer.retry_after("x0") <= BUSY_BACKOFF_S
+    now[0] += FORGET_S + 1
+    assert pacer.backlog() == 0 and pacer.told == 600 + 100 + 5000 + 1

@@ -31,6 +31,7 @@ one step of it) and ``controller_jobs`` (submit, cancel, a job attempt's start a
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Container, Iterable
@@ -47,6 +48,7 @@ from hpcsched.runtime.listing import JobFilter, Listing, every_page, wall
 from hpcsched.runtime.live_pool import LivePool
 from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, LOCK_WAITING_CALLS
 from hpcsched.runtime.memstore import MemStore
+from hpcsched.runtime.pacing import RegisterPacer
 from hpcsched.runtime.plan_set import PendingQueue
 from hpcsched.runtime.ratelimit import LogThrottle
 from hpcsched.runtime.rpc import pb
@@ -130,6 +132,7 @@ class Controller(Membership, Stepping, JobLifecycle):
         # Register / Leave / Submit / SubmitMany calls waiting for (or holding) the lock now: the next is refused
         # RESOURCE_EXHAUSTED at once (``Shed``), so server threads stay free for lease-only heartbeats
         self.call_waiters = WaitBound(LOCK_WAITING_CALLS)
+        self.register_pacer = RegisterPacer(random.Random(0))  # when a shed Register comes back (``pacing``)
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
@@ -164,7 +167,8 @@ class Controller(Membership, Stepping, JobLifecycle):
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
                 "lease_only_heartbeats": self.lease_only_beats, "shed_heartbeats": self.shed_beats,
-                "shed_calls": self.call_waiters.refused, "step_lock_wait_s": round(self.lock.first_wait_s, 3),
+                "shed_calls": self.call_waiters.refused, "register_retry_after_told": self.register_pacer.told,
+                "step_lock_wait_s": round(self.lock.first_wait_s, 3),
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
                 "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,
                 "live_set_reads": self.pool.rebuilds, "shrunk_to_fit": self.shrunk_to_fit,

@@ -54,13 +54,19 @@ class Shed(Exception):
     """A heartbeat with news refused at once because ``liveness.LOCK_WAITING_BEATS`` others already wait for the
     controller's lock (gRPC RESOURCE_EXHAUSTED): the worker's lease was renewed, and it sends its news again after
     its back-off, still registered (``liveness.keeps_registration``). Also a Register, Leave or Submit refused
-    because ``liveness.LOCK_WAITING_CALLS`` such calls already wait (``shed_call``): its caller retries."""
+    because ``liveness.LOCK_WAITING_CALLS`` such calls already wait (``shed_call``): its caller retries, a worker's
+    Register after ``retry_after_s`` (``pacing``: sent as ``liveness.RETRY_AFTER_HEADER``)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
-def shed_call(what: str) -> Shed:
+def shed_call(what: str, retry_after_s: float | None = None) -> Shed:
     """Refuse a Register / Leave / Submit call: ``LOCK_WAITING_CALLS`` others already wait for the lock."""
+    when = f"retry in {retry_after_s:.1f} s" if retry_after_s is not None else "retry after a back-off"
     return Shed(f"{SHED_PREFIX} {LOCK_WAITING_CALLS} calls already wait for the controller's lock; {what} was not "
-                "carried out: retry after a back-off")
+                f"carried out: {when}", retry_after_s)
 
 
 class Membership:
@@ -75,12 +81,14 @@ class Membership:
         problem = registration_problem(req)
         if problem:
             raise InputError(f"worker {clip(req.worker_id, 60)!r}", problem)
-        if not self.call_waiters.try_enter():
-            raise shed_call("the registration")
+        if not self.call_waiters.try_enter():  # told when to come back: the storm is paced (``pacing``)
+            raise shed_call("the registration", self.register_pacer.retry_after(req.worker_id))
         try:
-            return self._register(req)
+            reply = self._register(req)
         finally:
             self.call_waiters.leave()
+        self.register_pacer.registered(req.worker_id)
+        return reply
 
     def _register(self, req: pb.RegisterRequest) -> pb.RegisterReply:
         """``register`` under the lock, once admitted by ``call_waiters``."""

@@ -40,9 +40,9 @@ LOCK_WAITING_BEATS = 16
 LOCK_WAITING_CALLS = 16
 SHED_PREFIX = "controller busy:"
 
-# A shed call may say when to come back: milliseconds in this trailing metadata key. The controller's registration
-# queue (``registrar``) sets it from its length and how fast it drains, so a storm is paced by the controller
-# instead of each worker guessing with its own back-off (``told_retry_after``).
+# A shed call may say when to come back: milliseconds in this trailing metadata key. The controller sets it on a shed
+# Register from how many shed workers wait and how fast it registers (``pacing.RegisterPacer``), so a storm is paced
+# by the controller instead of each worker guessing with its own back-off (``told_retry_after``).
 RETRY_AFTER_HEADER = "x-hpcsched-retry-after-ms"
 MAX_RETRY_AFTER_S = 30.0  # the most a worker takes from it (a larger or broken value is clamped)
 

@@ -45,6 +45,7 @@ from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.hostaddr import is_loopback_host
 from hpcsched.runtime.jobrecord import submitted_spec
 from hpcsched.runtime.listing import Busy
+from hpcsched.runtime.liveness import RETRY_AFTER_HEADER
 from hpcsched.runtime.method_pools import MethodPools
 from hpcsched.runtime.node_source import ControllerDemand, NodeSource, SourceView, StaticNodeSource, build, reachable
 from hpcsched.runtime.ratelimit import LogThrottle, cause
@@ -130,6 +131,8 @@ def _timed(method):
         except Shed as e:  # too many heartbeats wait for the lock: this one's lease is renewed, its news comes again
             self.count_refused(method.__name__, "shed")
             self.timings.add(method.__name__ + " (shed)", time.perf_counter() - t0)  # also in the method's own
+            if e.retry_after_s is not None:  # a shed Register: when to come back (``pacing``)
+                context.set_trailing_metadata(((RETRY_AFTER_HEADER, str(round(e.retry_after_s * 1e3))),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except Busy as e:
             self.count_refused(method.__name__, "busy")
