@@ -4,6 +4,7 @@ one more is refused RESOURCE_EXHAUSTED at once, counted (``/metrics``: hpcsched_
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -14,13 +15,19 @@ from pathlib import Path
 
 import grpc
 import pytest
-from runtime_procs import TOKEN, controller_config, kill_tree
+from runtime_procs import TOKEN, controller_config, kill_tree, start_worker, stop
 
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.client import Client
 from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.credentials import credential_metadata
-from hpcsched.runtime.liveness import BUSY_BACKOFF_S, LOCK_WAITING_CALLS, SHED_PREFIX, told_retry_after
+from hpcsched.runtime.liveness import (
+    BUSY_BACKOFF_S,
+    LOCK_WAITING_BEATS,
+    LOCK_WAITING_CALLS,
+    SHED_PREFIX,
+    told_retry_after,
+)
 from hpcsched.runtime.pacing import FORGET_S, MIN_RETRY_S, PRIOR_RATE, WINDOW_S, RegisterPacer
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
@@ -156,3 +163,42 @@ def test_shed_registrations_come_back_spread_over_the_backlogs_drain_time() -> N
     assert pacer.retry_after("x0") <= BUSY_BACKOFF_S
     now[0] += FORGET_S + 1
     assert pacer.backlog() == 0 and pacer.told == 600 + 100 + 5000 + 1
+
+
+INTERVAL_S = 30.0  # the worker's heartbeat interval: an order that waited for the next beat would take this long
+PROGRAM = 'echo "{\\"step\\": 0, \\"first\\": true}" >> "$HPCSCHED_PROGRESS_FILE"; while true; do sleep 0.1; done'
+
+
+def test_a_shed_heartbeat_woken_by_an_order_is_retried_after_its_back_off(tmp_path: Path) -> None:
+    """A worker woken by a pushed launch order whose heartbeat is shed (every ``beat_waiters`` slot taken here, as
+    by LOCK_WAITING_BEATS heartbeats waiting out a step) sends it again after its back-off (0.1-0.2 s, doubling),
+    not at its next interval (30 s): once the slots are free the launch reaches it within a third of the interval."""
+    srv = ControllerServer(read_controller_config(controller_config(
+        tmp_path, heartbeat_interval_s=INTERVAL_S, worker_timeout_s=4 * INTERVAL_S)))
+    addr = srv.start()
+    w = start_worker(tmp_path, addr, "a", slots=1)
+    held = 0
+    try:
+        _until("the worker never registered", lambda: _alive(srv, "a"))
+        _until("the worker never watched", lambda: srv.orders.counters()["watching"] == 1)
+        srv.orders.nudge(["a"], "port")  # a beat now: its port is known, so the launch is one order, not two
+        _until("the worker's port never came", lambda: "a" in srv.ctl.spare_port)
+        for _ in range(LOCK_WAITING_BEATS):  # no heartbeat with news gets in: each is shed, its lease renewed
+            srv.ctl.beat_waiters.acquire()
+            held += 1
+        spec = f"name: idle\nlauncher: direct\nprocs: 1\nsteps: 10\ncommand: {json.dumps(['sh', '-c', PROGRAM])}\n"
+        Client(addr, TOKEN, timeout=WAIT_S).submit(spec, "idle.yaml")
+        _until("the worker's heartbeat was never shed", lambda: srv.ctl.shed_beats >= 1)
+        for _ in range(held):
+            srv.ctl.beat_waiters.release()
+        held, freed = 0, time.monotonic()
+        deadline = freed + INTERVAL_S / 3
+        while not any(a.state == "running" for a in srv.ctl.store.allocations(worker_id="a")):
+            assert time.monotonic() < deadline, (tmp_path / "a.log").read_text()[-3000:]
+            time.sleep(0.05)
+        print(f"launched {time.monotonic() - freed:.2f} s after the slots were freed (interval {INTERVAL_S:g} s)")
+    finally:
+        for _ in range(held):
+            srv.ctl.beat_waiters.release()
+        stop(w)
+        srv.stop()
