@@ -495,6 +495,8 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
                          "last_registered_s": round(max(first_reg) - t0, 2) if first_reg else None,
                          "registrations": registrations, "reregistrations": registrations - len(first_reg),
                          "reregister_replies": sum(s["reregister_replies"] for s in stats.values()),
+                         # shed calls whose controller said when to come back (``liveness.RETRY_AFTER_HEADER``)
+                         "retry_after_told": sum(s.get("retry_after_told", 0) for s in stats.values()),
                          "register_latency": _quantiles([x for s in stats.values() for x in s["reg_lat"]])},
         "heartbeat": _quantiles(steady) | {"all_calls": len(hb),
                                            "per_s": round(len(steady) / max(1e-9, t_end - t_reg_done), 1),

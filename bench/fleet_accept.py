@@ -1,0 +1,98 @@
+"""How many calls a second the controller's gRPC server takes: registered workers beating lease-only heartbeats.
+
+A real ``hpcsched controller`` process (the fleet harness's config, ``fleet.controller_config``), WORKERS workers
+registered through the real Register RPC, then INFLIGHT heartbeats kept in flight for SECONDS from one asyncio
+client process over CHANNELS channels; every heartbeat is lease-only (nothing to reconcile), so the controller's own
+work per call is ~20 us and what is measured is the server's per-call cost: calls answered a second and their
+latency. Used to choose between gRPC's thread-pool and asyncio servers (bench/RESULTS.md, "the gRPC server as the
+limit"): run it against two checkouts, interleaved, and say the load::
+
+    PYTHONPATH=$PWD .venv/bin/python bench/fleet_accept.py 2000 400 10 100
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from fleet import TOKEN, FleetOptions, controller_config, loadavg, stop_controller
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's process helpers
+from runtime_procs import start_controller  # noqa: E402
+
+from hpcsched.runtime.auth import metadata
+from hpcsched.runtime.credentials import credential_metadata
+from hpcsched.runtime.rpc import pb, pb_grpc
+
+
+async def measure(address: str, workers: int, inflight: int, seconds: float, channels: int) -> dict:
+    chans = [grpc.aio.insecure_channel(address, options=(("grpc.use_local_subchannel_pool", 1), ("k", k)))
+             for k in range(channels)]
+    stubs = [pb_grpc.ControllerStub(c) for c in chans]
+    md = metadata(TOKEN)
+    mds: dict[int, tuple] = {}
+    gate = asyncio.Semaphore(200)
+    t0 = time.perf_counter()
+
+    async def register(i: int) -> None:
+        async with gate:
+            while True:
+                try:
+                    reply = await stubs[i % channels].Register(pb.RegisterRequest(
+                        worker_id=f"w{i}", host="127.0.0.1", slots=4, cpus=4, launchers=["direct"], instance=f"i{i}"),
+                        metadata=md, timeout=30)
+                    mds[i] = md + credential_metadata(reply.credential)
+                    return
+                except grpc.RpcError:  # shed or slow: again shortly (the figure is the heartbeats', not this)
+                    await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(register(i) for i in range(workers)))
+    registered_s = time.perf_counter() - t0
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    end = time.perf_counter() + seconds
+
+    async def beat(k: int) -> None:
+        i = k
+        while time.perf_counter() < end:
+            i = (i + inflight) % workers
+            sent = time.perf_counter()
+            try:
+                await stubs[i % channels].Heartbeat(pb.HeartbeatRequest(worker_id=f"w{i}", instance=f"i{i}",
+                                                                        partial=True), metadata=mds[i], timeout=10)
+                lat.append(time.perf_counter() - sent)
+            except grpc.RpcError as e:
+                errors[e.code().name] = errors.get(e.code().name, 0) + 1
+
+    await asyncio.gather(*(beat(k) for k in range(inflight)))
+    for c in chans:
+        await c.close()
+    lat.sort()
+
+    def q(p: float) -> float | None:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3, 1) if lat else None
+
+    return {"registered_s": round(registered_s, 2), "heartbeats_per_s": round(len(lat) / seconds),
+            "p50_ms": q(0.5), "p99_ms": q(0.99), "errors": errors}
+
+
+def main() -> None:
+    workers, inflight, seconds, channels = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    d = Path(tempfile.mkdtemp(prefix="hpcsched-accept-"))
+    load = loadavg()
+    ctl, address = start_controller(d, controller_config(d, FleetOptions(workers=workers, worker_timeout_s=60)),
+                                    timeout_s=120)
+    try:
+        out = asyncio.run(measure(address, workers, inflight, seconds, channels))
+    finally:
+        stop_controller(ctl)
+    print(json.dumps(out | {"load_start": load, "load_end": loadavg()}))
+
+
+if __name__ == "__main__":
+    main()
