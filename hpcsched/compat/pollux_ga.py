@@ -35,6 +35,8 @@ RESTART_S = 30.0
 REDRAWS = 5
 MAX_NODES_PER_JOB = 16
 MAX_REPLICAS = 64
+STATE = np.int8
+"""dtype of the states (GPUs of a job on a node): small, so the population's arrays stay in cache."""
 
 OPTIMISERS = ("ga", "ga:POPxGEN")
 """``ga``: the artifact's budget, population 100 x 100 generations; ``ga:50x25``: a smaller search of the same
@@ -139,7 +141,7 @@ class PolluxGAPolicy:
         order = sorted(jobs, key=lambda k: (jobs[k].attained_service, jobs[k].submission_time))
         js = [jobs[k] for k in order]
         n_jobs = len(js)
-        base = np.zeros((n_jobs, self.nodes), dtype=int)
+        base = np.zeros((n_jobs, self.nodes), dtype=STATE)
         for i, k in enumerate(order):
             for node in prev.get(k, []):
                 base[i, node] += 1
@@ -176,7 +178,7 @@ class PolluxGAPolicy:
         if self._prev_states is None:
             return self.base[None].copy()
         index = {k: i for i, k in enumerate(self._prev_jobs)}
-        states = np.zeros((len(self._prev_states), len(order), self.nodes), dtype=int)
+        states = np.zeros((len(self._prev_states), len(order), self.nodes), dtype=STATE)
         for i, k in enumerate(order):
             if k in index:
                 states[:, i, :] = self._prev_states[:, index[k], :]
@@ -203,28 +205,26 @@ class PolluxGAPolicy:
     def _offspring(self, pop: np.ndarray, ranks: np.ndarray, crowd: np.ndarray) -> np.ndarray:
         want = self.pop_size
         out: list[np.ndarray] = []
-        seen = {s.tobytes() for s in pop}
+        seen = _row_keys(pop)
+        got = 0
         for _ in range(REDRAWS):
-            need = want - sum(len(o) for o in out)
+            need = want - got
             if need <= 0:
                 break
             n_mat = math.ceil(need / 2)
             a = _tournament(ranks, crowd, n_mat, self.rng)
             b = _tournament(ranks, crowd, n_mat, self.rng)
             kids = self._repair(self._mutate(self._crossover(pop[a], pop[b])))
-            fresh = []
-            for kid in kids:
-                key = kid.tobytes()
-                if key not in seen:
-                    seen.add(key)
-                    fresh.append(kid)
-            if fresh:
-                out.append(np.array(fresh[:need]))
+            keys = _row_keys(kids)
+            fresh = _unseen(seen, keys)
+            if len(fresh):
+                out.append(kids[fresh[:need]])
+                got += len(out[-1])
+                seen = np.concatenate([seen, keys[fresh]])
             if len(fresh) < len(kids) // 10:  # the neighbourhood is nearly exhausted: more draws find little
                 break
-        got = sum(len(o) for o in out)
         self.duplicates_left += want - got
-        return np.concatenate(out) if out else np.zeros((0, *pop.shape[1:]), dtype=int)
+        return np.concatenate(out) if out else np.zeros((0, *pop.shape[1:]), dtype=STATE)
 
     def _crossover(self, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
         n_jobs = pa.shape[1]
@@ -239,33 +239,57 @@ class PolluxGAPolicy:
         states = np.where(reset[:, :, None], self.base[None], states)
         prob = np.where(rng.random(shape[:2]) < 0.1, 0.1, 0.0)
         states = np.where(rng.random(shape) < prob[:, :, None], 0, states)
-        free = self.gpus_per_node - states.sum(axis=1)  # (pop, nodes)
-        has_free = np.broadcast_to((free >= 1)[:, None, :], shape)
+        has_free = (self.gpus_per_node - states.sum(axis=1) >= 1)[:, None, :]  # (pop, 1, nodes)
         n_jobs = shape[1]
         prob1 = has_free / max(n_jobs, 1)
         on = (states > 0) & has_free
         prob2 = on / np.maximum(on.sum(axis=1, keepdims=True), 1)
         m = rng.random(shape) < prob1 + prob2 - prob1 * prob2
         r = rng.integers(states, self.gpus_per_node + 1)
-        return np.where(m, r, states)
+        return np.where(m, r, states).astype(STATE)
 
     def _repair(self, states: np.ndarray) -> np.ndarray:
-        states = states.copy()
+        """The constraints, in order; each pass touches only the (state, job) rows or states that break it, the
+        rest are already feasible (the random keys of the trim are drawn for every entry all the same, so the
+        random stream does not depend on how many rows needed it)."""
         # at most one multi-node job per node: the first (in job order) keeps it
         distributed = np.count_nonzero(states, axis=2) > 1
-        mask = (states * distributed[:, :, None]) > 0
-        states[np.cumsum(mask, axis=1) > 1] = 0
+        clash = np.cumsum((states > 0) & distributed[:, :, None], axis=1) > 1
+        states = np.where(clash, 0, states).astype(STATE)
         # at most max_replicas GPUs per job, trimmed over the nodes in random order
-        shuffle = np.argsort(self.rng.random(states.shape), axis=2)
-        s = np.take_along_axis(states, shuffle, axis=2)
-        s = np.diff(np.minimum(np.cumsum(s, axis=2), self.max_rep[None, :, None]), axis=2, prepend=0)
-        states = np.take_along_axis(s, np.argsort(shuffle, axis=2), axis=2)
+        keys = self.rng.random(states.shape)
+        over_p, over_j = np.nonzero(states.sum(axis=2) > self.max_rep[None, :])
+        if len(over_p):
+            shuffle = np.argsort(keys[over_p, over_j], axis=1)
+            s = np.take_along_axis(states[over_p, over_j], shuffle, axis=1)
+            s = np.diff(np.minimum(np.cumsum(s, axis=1), self.max_rep[over_j, None]), axis=1, prepend=0)
+            states[over_p, over_j] = np.take_along_axis(s, np.argsort(shuffle, axis=1), axis=1)
         # node capacity: earlier jobs keep their GPUs
-        return np.diff(np.minimum(np.cumsum(states, axis=1), self.gpus_per_node), axis=1, prepend=0)
+        full = np.flatnonzero((states.sum(axis=1) > self.gpus_per_node).any(axis=1))
+        if len(full):
+            s = np.minimum(np.cumsum(states[full], axis=1), self.gpus_per_node)
+            states[full] = np.diff(s, axis=1, prepend=0)
+        return states
 
     def _dedupe(self, states: np.ndarray) -> np.ndarray:
         _, idx = np.unique(states.reshape(len(states), -1), axis=0, return_index=True)
         return states[np.sort(idx)]
+
+
+def _row_keys(states: np.ndarray) -> np.ndarray:
+    """One opaque value per state (its bytes), so sets of states compare as a 1-D array."""
+    flat = np.ascontiguousarray(states.reshape(len(states), -1), dtype=STATE)
+    return flat.view(np.dtype((np.void, max(flat.shape[1], 1) * flat.itemsize))).ravel()
+
+
+def _unseen(seen: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Indices (ascending) of the ``keys`` equal to none of ``seen`` and to no earlier key: np.unique's
+    ``return_index`` gives each distinct value's first occurrence (a stable sort)."""
+    both = np.concatenate([seen, keys])
+    _, first = np.unique(both, return_index=True)
+    is_first = np.zeros(len(both), dtype=bool)
+    is_first[first] = True
+    return np.flatnonzero(is_first[len(seen):])
 
 
 def _fronts(f: np.ndarray) -> list[np.ndarray]:
