@@ -77,6 +77,8 @@ class _Speedups:
         self.table[~self.learned, :, :] = np.where(np.arange(MAX_NODES_PER_JOB + 1)[:, None] <= np.arange(
             MAX_REPLICAS + 1)[None, :], r[None, :], -1.0)
         self.table[~self.learned, 0, 0] = 0.0
+        self.flat = self.table.reshape(-1)  # a view: entries filled through it land in the table
+        self.first_row = np.arange(self.k) * (MAX_NODES_PER_JOB + 1)
         idx = np.flatnonzero(self.learned)
         self.params = None
         if len(idx):
@@ -104,15 +106,16 @@ class _Speedups:
 
     def __call__(self, nodes: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """nodes, reps: (pop, jobs) -> speedups (pop, jobs)."""
-        jobs = np.broadcast_to(np.arange(self.k), nodes.shape)
-        out = self.table[jobs, nodes, reps]
+        index = (self.first_row[:nodes.shape[1]] + nodes) * (MAX_REPLICAS + 1) + reps  # into the flat table
+        out = self.flat[index]
         missing = out < 0
         if missing.any():
-            mj, mn, mr = jobs[missing], nodes[missing], reps[missing]
-            key = np.unique(np.stack([mj, mn, mr]), axis=1)
-            good = self._goodput(key[0], key[1], key[2])
-            self.table[key[0], key[1], key[2]] = good / self.base[key[0]]
-            out = self.table[jobs, nodes, reps]
+            key = np.unique(index[missing])
+            mj, rest = np.divmod(key, (MAX_NODES_PER_JOB + 1) * (MAX_REPLICAS + 1))
+            mn, mr = np.divmod(rest, MAX_REPLICAS + 1)
+            good = self._goodput(mj, mn, mr)
+            self.flat[key] = good / self.base[mj]
+            out = self.flat[index]
         return out
 
 
@@ -295,20 +298,25 @@ def _unseen(seen: np.ndarray, keys: np.ndarray) -> np.ndarray:
 def _fronts(f: np.ndarray) -> list[np.ndarray]:
     """Non-dominated fronts of (n, 2) objective values, minimised. Two objectives allow the sort-and-sweep
     algorithm: in (f0, f1) order a point is dominated by an earlier one exactly when that one's f1 is <= its own
-    (unless the two are equal), so each point joins the first front whose smallest f1 is above its f1."""
-    uniq, inverse = np.unique(f, axis=0, return_inverse=True)  # equal points share a front: rank each value once
-    inverse = np.ravel(inverse)
-    order = np.lexsort((uniq[:, 1], uniq[:, 0]))
+    (unless the two are equal), so each point joins the first front whose smallest f1 is above its f1; equal
+    points (adjacent in that order) share a front."""
+    order = np.lexsort((f[:, 1], f[:, 0]))
     mins: list[float] = []  # per front, its smallest f1 (fronts' minima increase with rank)
-    rank = np.empty(len(uniq), dtype=int)
-    for i, b in zip(order.tolist(), uniq[order, 1].tolist(), strict=True):
-        k = bisect.bisect_right(mins, b)  # first front whose minimum is > b
-        if k == len(mins):
-            mins.append(b)
-        else:
-            mins[k] = b  # sorted by f0 then f1: b is below the front's minimum so far
-        rank[i] = k
-    point_rank = rank[inverse]
+    ranks: list[int] = []
+    prev: tuple[float, float] | None = None
+    k = -1
+    for point in zip(f[order, 0].tolist(), f[order, 1].tolist(), strict=True):
+        if point != prev:
+            b = point[1]
+            k = bisect.bisect_right(mins, b)  # first front whose minimum is > b
+            if k == len(mins):
+                mins.append(b)
+            else:
+                mins[k] = b  # sorted by f0 then f1: b is below the front's minimum so far
+            prev = point
+        ranks.append(k)
+    point_rank = np.empty(len(f), dtype=int)
+    point_rank[order] = ranks
     by_rank = np.argsort(point_rank, kind="stable")
     bounds = np.searchsorted(point_rank[by_rank], np.arange(len(mins) + 1))
     return [by_rank[bounds[k]:bounds[k + 1]] for k in range(len(mins))]
