@@ -130,6 +130,9 @@ class PolluxGAPolicy:
                  n_gen: int = 100, max_replicas_cap: int = MAX_REPLICAS) -> None:
         """``max_replicas_cap``: the most GPUs any job may get (the Sia artifact caps its unaware Pollux at the
         smallest GPU type's count)."""
+        if gpus_per_node > np.iinfo(STATE).max:
+            raise ValueError(f"the Pollux search holds GPUs per node in {np.dtype(STATE).name}: at most "
+                             f"{np.iinfo(STATE).max}, got {gpus_per_node}")
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.max_replicas_cap = min(max_replicas_cap, MAX_REPLICAS)
         self.rng = np.random.default_rng(seed)
@@ -281,7 +284,7 @@ class PolluxGAPolicy:
 
 def _row_keys(states: np.ndarray) -> np.ndarray:
     """One opaque value per state (its bytes), so sets of states compare as a 1-D array."""
-    flat = np.ascontiguousarray(states.reshape(len(states), -1), dtype=STATE)
+    flat = np.ascontiguousarray(states.reshape(len(states), math.prod(states.shape[1:])), dtype=STATE)
     return flat.view(np.dtype((np.void, max(flat.shape[1], 1) * flat.itemsize))).ravel()
 
 
