@@ -269,14 +269,21 @@ def preempted_busy(jobs: list[dict], drains: dict[str, list[float]]) -> list[tup
     """The batch jobs' node time as harvesting lost it: on each node from when its pilot's worker was told to leave
     for the job (Slurm preempted the pilot once the job was submitted: a drain between its submit and its start, not
     one an earlier job took), else from its start. The pilots' grace time is node time the batch job took from the
-    pool before it started."""
+    pool before it started. The nodes whose pilots one job preempted leave together, at the first of their drains:
+    Slurm preempts them at once and the controller stops the jobs on them in one step, where the replay, given each
+    drain's own time (milliseconds apart), decided at each and charged a job every resize and preemption between
+    (14 relaunches of the torch job against 4 live, +33 % JCT when a relaunch cost 19 s at load 15-19)."""
     out, used = [], set()
     for j in sorted(jobs, key=lambda j: j["start"]):
+        drained = {}
         for n in j["nodes"]:
-            left = min((t for t in drains.get(n, ()) if j["submit"] - 1.0 <= t <= j["start"] and (n, t) not in used),
-                       default=j["start"])
-            used.add((n, left))
-            out.append((left, j["end"], [n]))
+            t = min((t for t in drains.get(n, ()) if j["submit"] - 1.0 <= t <= j["start"] and (n, t) not in used),
+                    default=None)
+            if t is not None:
+                drained[n] = t
+                used.add((n, t))
+        together = min(drained.values(), default=j["start"])
+        out.extend(((together if n in drained else j["start"]), j["end"], [n]) for n in j["nodes"])
     return out
 
 
