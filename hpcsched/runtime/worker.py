@@ -80,11 +80,11 @@ _REFUSED_RETRY_S = 3.0  # a daemon refused its name asks again this often (the h
 
 
 def spare_port(host: str) -> int:
-    """A port free on this node right now (the kernel's choice), for the next job's rendezvous."""
+    """A port free on every address of this node (torchrun's store listens on all: one free on ``host`` alone could
+    be a client connection's on 127.0.0.1, EADDRINUSE at the launch), for the next job's rendezvous."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
+        s.bind(("::" if ":" in host else "", 0))
         return s.getsockname()[1]
-
 
 
 class Worker(TaskControl, ControllerLink):
