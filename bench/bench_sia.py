@@ -8,7 +8,7 @@ logs are read (``--reference-logs DIR`` with ``{policy}_w{N}_{T}.log``, as /work
     python bench/bench_sia.py --artifact /work/ref/sia/sia-simulator --reference-logs /work/ref/sia-runs
     python bench/bench_sia.py --artifact ... --reference-python /work/ref/venv-sia/bin/python --run-reference
     python bench/bench_sia.py --artifact ... --tie-breaks prev-high,high,low   # Sia's tie sensitivity (in-process)
-    python bench/bench_sia.py --policies sia,pollux,gavel --seeds 0,1,2 --cuts 1:1e9   # Table 3: a whole workload
+    python bench/bench_sia.py --policies sia,pollux,gavel --seeds 0 --cuts 1:1e9,2:1e9 --optimiser ga:20x10  # Table 3
 
 ``pollux`` is Pollux as the Sia paper ran it (heterogeneity-unaware, ``hpcsched.sia.pollux_unaware``; the
 artifact's ``multi_simulator_unaware.py --policy=pollux --policy_p_val=-1 --interval=60``); ours is seeded, so
@@ -60,13 +60,14 @@ def reference_avg(log: Path) -> float:
     return sum(jct) / len(jct)
 
 
-def run_ours(cut: Path, policy: str, artifact: Path, seed: int = 0) -> tuple[dict, float]:
+def run_ours(cut: Path, policy: str, artifact: Path, seed: int = 0, optimiser: str = "ga") -> tuple[dict, float]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "hpcsched.cli", "simulate", "--compat", "sia", "--policy", policy,
                         "--trace", str(cut), "--cluster", str(ROOT / "cluster_spec" / "saturn.csv"),
                         "--profiles", str(artifact / "traces"), "--json",
-                        *(["--seed", str(seed)] if policy == "pollux" else [])], capture_output=True, text=True,
+                        *(["--seed", str(seed), "--pollux-optimiser", optimiser] if policy == "pollux" else [])],
+                       capture_output=True, text=True,
                        env=env)
     wall = time.perf_counter() - t0
     if r.returncode:
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--cuts", default=DEFAULT_CUTS, help="workload:seconds, comma-separated")
     ap.add_argument("--policies", default="gavel,sia", help="of gavel, sia, pollux")
     ap.add_argument("--seeds", default="0", help="pollux: its search's seeds (the row is their mean)")
+    ap.add_argument("--optimiser", default="ga", help="pollux: --pollux-optimiser (ga = the artifact's 100 x 100)")
     ap.add_argument("--reference-logs", type=Path, help="the artifact's logs of earlier runs ({policy}_wN_T.log)")
     ap.add_argument("--run-reference", action="store_true", help="run the artifact now (minutes per cut)")
     ap.add_argument("--reference-python", default=os.environ.get("SIA_PYTHON", "/work/ref/venv-sia/bin/python"))
@@ -117,6 +119,7 @@ def main() -> None:
             return
         print("| cut | policy | jobs | artifact avg JCT (s) | ours (s) | diff | artifact wall (s) | ours wall (s) "
               "| load start / end |\n|---|---|---|---|---|---|---|---|---|")
+        means: dict[str, list[float]] = {}
         for w, t in cuts:
             cut = write_cut(args.artifact, w, t, tmpd)
             for policy in args.policies.split(","):
@@ -130,8 +133,9 @@ def main() -> None:
                 else:
                     ref = None
                 seeds = [int(x) for x in args.seeds.split(",")] if policy == "pollux" else [0]
-                runs = [run_ours(cut, policy, args.artifact, seed) for seed in seeds]
+                runs = [run_ours(cut, policy, args.artifact, seed, args.optimiser) for seed in seeds]
                 avg = sum(r["avg_jct"] for r, _ in runs) / len(runs)
+                means.setdefault(policy, []).append(avg)
                 wall = sum(x for _, x in runs) / len(runs)
                 each = ", ".join(f"{r['avg_jct']:.1f}" for r, _ in runs)
                 label = policy if len(runs) == 1 else f"{policy} (seeds {args.seeds}: {each})"
@@ -139,6 +143,13 @@ def main() -> None:
                 print(f"| w{w} < {t:.0f} s | {label} | {runs[0][0]['jobs']} | {f'{ref:.2f}' if ref else '-'} | "
                       f"{avg:.2f} | {diff} | {f'{ref_wall:.1f}' if ref_wall else '-'} | {wall:.1f} | "
                       f"{start} / {load()} |", flush=True)
+        if len(cuts) > 1:  # Table 3's form: mean +- std over the workloads (cuts), and the policies' order
+            print()
+            for policy, v in means.items():
+                m = sum(v) / len(v)
+                sd = (sum((x - m) ** 2 for x in v) / (len(v) - 1)) ** 0.5
+                print(f"{policy}: avg JCT {m / 3600:.3f} +- {sd / 3600:.3f} h over {len(v)}")
+            print("order (lowest mean first):", " < ".join(sorted(means, key=lambda k: sum(means[k]))))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ Each 60 s round:
 3. virtual nodes map back to real nodes; the job trains on that type's real profile (a change of type is a
    migration), and what it sees goes into its one model.
 
-Differences from the artifact, said where figures are reported: the search is our seeded NSGA-II-like one,
-not pymoo's (as for ``--compat pollux``), and goodput is scored in float64 (Sia's copy of Pollux's goodput
-code computes parts in float32).
+The one difference from the artifact, said where figures are reported: the search is our seeded NSGA-II-like
+one, not pymoo's (as for ``--compat pollux``). Its objective is the artifact's to the bit (its search scores
+integer allocations in float64, as ours does) and both reach the same optimum on the rounds compared
+(``bench/bench_sia_pollux_check.py``, docs/sia.md).
 """
 
 from __future__ import annotations
