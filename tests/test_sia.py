@@ -289,3 +289,19 @@ def test_unaware_job_learns_one_model_across_gpu_types(toy: Path) -> None:
     job.step(40.0)
     assert set(job.profiles) == {"*"} and {k[1] for k in job.profiles["*"]} == {4, 8}
     assert job.goodput_fn("slow") is not None and job.max_profiled_replicas("fast") == 8
+
+
+@needs_artifact
+@pytest.mark.slow
+def test_table3_order_on_the_first_two_hours_of_a_helios_like_workload() -> None:
+    """Table 3's order (Sia < Pollux < Gavel, avg JCT) on the smallest cut of a saturn (Helios-like) workload
+    where jobs contend: the jobs submitted in its first 2 h (36 of 160) on the 64-GPU cluster. On 10-20 job cuts
+    nothing queues and the order does not hold (docs/sia.md says why); on whole workloads it does
+    (bench/RESULTS.md). Pollux with the 20 x 10 search (the artifact's is 100 x 100: same objective, same order
+    on the whole workloads measured); ~21 CPU s in all."""
+    jobs = [w for w in read_workload(ARTIFACT / "workloads" / "saturn" / "workload-1.csv") if w.time < 7200]
+    nodes, gpn = {t: v[0] for t, v in SATURN.items()}, {t: v[1] for t, v in SATURN.items()}
+    avg = {p: run(jobs, nodes, gpn, p, str(ARTIFACT / "traces"), seed=0, pollux_search=(20, 10))["avg_jct"]
+           for p in ("sia", "pollux", "gavel")}
+    assert len(jobs) == 36
+    assert avg["sia"] < avg["pollux"] < avg["gavel"], avg
