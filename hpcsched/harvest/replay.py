@@ -51,8 +51,9 @@ from hpcsched.harvest.median_window import MedianWindow
 from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
 from hpcsched.harvest.replay_config import ACCOUNTING, EVENT_COLUMNS, NONOPTIMAL, ReplayConfig, ReplayResult, Valuation
 from hpcsched.harvest.replay_progress import ReplayProgress
-from hpcsched.milp import MilpJob
+from hpcsched.milp import MilpJob, Objective
 from hpcsched.milp.allocate import solve_counts_sized
+from hpcsched.milp.formulation import PER_JOB_UP_TO
 from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of
 from hpcsched.milp.problem import check_job, job_rate
 from hpcsched.model import ElasticJob
@@ -258,15 +259,20 @@ class _Replay:
             if not all(self.pool.covers(lo, hi) for lo, hi in r.held):
                 raise RuntimeError(f"replay state broken: job {r.job.id} holds nodes that are not idle at {now}")
         # counts depend only on who holds how many, who was preempted, the pool size and Tfwd (and, for jobs a
-        # valuation revalues as they progress, on the phase each is in)
-        key = (tuple((r.job.id, r.n, r.job.id in lost) for r in self.active), self.pool.size, tfwd,
-               self._revalue())
+        # valuation revalues as they progress, on the phase each is in). Who was preempted reaches the model only
+        # through the window objective's values and the job classes of a large decision (milp.formulation): left
+        # out otherwise, a replay on a busy log sees ~40% fewer distinct decisions, with the same answers
+        if cfg.objective is Objective.REFERENCE and len(self.active) <= PER_JOB_UP_TO:
+            jobs_key = tuple((r.job.id, r.n) for r in self.active)
+        else:
+            jobs_key = tuple((r.job.id, r.n, r.job.id in lost) for r in self.active)
+        key = (jobs_key, self.pool.size, tfwd, self._revalue())
         hit = self.cache.get(key)
         if hit is None:
             states = tuple(MilpJob(r.valued or r.job, NodeRuns(r.held, self.names),
                                     NodeRuns(lost.get(r.job.id, ()), self.names)) for r in self.active)
             counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
-                                                   cfg.time_limit)
+                                                   cfg.time_limit, unique_shortcut=True)
             held = 0
             if cfg.no_pause:
                 counts, status, held = self._held_at_minimum(states, counts, status, tfwd)
@@ -326,7 +332,7 @@ class _Replay:
         while free:
             pool_n = left + sum(sizes[i] for i in free)
             sub, status, _ = solve_counts_sized(tuple(states[i] for i in free), pool_n, tfwd, cfg.objective,
-                                                cfg.solver, cfg.time_limit)
+                                                cfg.solver, cfg.time_limit, unique_shortcut=True)
             paused = [i for i, c in zip(free, sub, strict=True) if c < sizes[i]]
             if not paused:
                 sizes.update(zip(free, sub, strict=True))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hpcsched.milp.backends import BACKENDS, SolverUnavailable
 from hpcsched.milp.baselines import equal_share, greedy
-from hpcsched.milp.dp import solve_dp
+from hpcsched.milp.dp import solve_dp, solve_dp_unique
 from hpcsched.milp.formulation import build
 from hpcsched.milp.mapping import map_nodes
 from hpcsched.milp.problem import JobValue, MilpJob, Objective, Problem, job_values, objective_value
@@ -48,12 +48,16 @@ def solve_counts(problem: Problem, solver: str = "highs", time_limit: float = 10
 
 def solve_counts_sized(jobs: Sequence[MilpJob], pool_size: int, tfwd: float = 10.0,
                        objective: Objective = Objective.REFERENCE, solver: str = "highs",
-                       time_limit: float = 10.0) -> tuple[list[int], str, int]:
+                       time_limit: float = 10.0, *, unique_shortcut: bool = False) -> tuple[list[int], str, int]:
     """``solve_counts`` from the pool's size alone, without naming its nodes.
 
     The decision needs only counts (each ``MilpJob``'s ``count`` and ``preempted``), so a caller that
     keeps the pool as runs of node indices (the replayer on a 49,152-node machine) decides without
     listing, hashing or validating every idle node; it is the same code path as ``solve_counts``.
+
+    ``unique_shortcut`` (a MILP backend only): first try the DP of ``dp.solve_dp_unique``; where it proves the
+    optimum unique, that is the backend's answer too (status ``optimal``, 0 variables), found in a fraction of
+    a MILP solve. A replay of millions of decisions asks for it; its figures are unchanged by it.
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose from {', '.join(SOLVERS)}")
@@ -71,6 +75,10 @@ def solve_counts_sized(jobs: Sequence[MilpJob], pool_size: int, tfwd: float = 10
         # no job takes more than its cap, so capacity past the caps' sum changes nothing (the DP's picks at
         # every saturated capacity are the same floats): without this the DP's arrays grow with the pool
         return solve_dp(values, min(size, sum(v.cap for v in values))), "optimal", 0
+    if unique_shortcut:
+        counts = solve_dp_unique(values, size)
+        if counts is not None:
+            return counts, "optimal", 0
     model = build(values, size)
     g = greedy(values, size, from_current=True)  # warm start, and the answer if the solver has none
     sol = BACKENDS[solver](model, time_limit, model.vector(g))
