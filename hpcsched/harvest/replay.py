@@ -46,10 +46,19 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hpcsched.harvest.event_rows import EventRows
 from hpcsched.harvest.idle_runs import IdleRuns
 from hpcsched.harvest.median_window import MedianWindow
 from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
-from hpcsched.harvest.replay_config import ACCOUNTING, EVENT_COLUMNS, NONOPTIMAL, ReplayConfig, ReplayResult, Valuation
+from hpcsched.harvest.replay_config import (
+    ACCOUNTING,
+    EVENT_COLUMNS,
+    EVENT_KINDS,
+    NONOPTIMAL,
+    ReplayConfig,
+    ReplayResult,
+    Valuation,
+)
 from hpcsched.harvest.replay_progress import ReplayProgress
 from hpcsched.milp import MilpJob, Objective
 from hpcsched.milp.allocate import solve_counts_sized
@@ -122,7 +131,7 @@ class _Replay:
         self.admitted = self.done = self.rescales = self.preemptions = self.hits = 0
         self.held_at_minimum = 0  # no_pause: jobs the allocator would have paused, held at their minimum (per decision)
         self.cache: dict[tuple[object, ...], tuple[list[int], str, int]] = {}
-        self.events: list[tuple[object, ...]] = []
+        self.events = EventRows(EVENT_KINDS)
         self.used_ns = self.idle_ns = self.solve_s = self.overshoot = self.past_pmax_ns = 0.0
         self.lost_preempt = self.lost_restart = 0.0
         self.statuses: Counter[str] = Counter()  # status of every decision applied (cached ones included)

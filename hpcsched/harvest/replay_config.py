@@ -1,7 +1,7 @@
 """What a replay is asked to do and what it gives back: its options, its result and its events' columns."""
 
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +26,7 @@ EVENT_COLUMNS = (
     "time", "dt", "pool", "joined", "left", "used", "active", "done", "preempted_jobs", "preempt_loss",
     "rescales", "rescale_loss", "rate", "tfwd", "solve_s", "status",
 )
+EVENT_KINDS = "ddiiiiiiididdddds"  # each column's type (``harvest.event_rows``): float, int, str
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class ReplayConfig:
 @dataclass(slots=True)
 class ReplayResult:
     summary: dict[str, object]
-    events: list[tuple[object, ...]]
+    events: Sequence[tuple[object, ...]]  # ``harvest.event_rows.EventRows``: one tuple a row, kept as columns
     jobs: list[JobResult]
     per_job: list[dict[str, object]] = field(default_factory=list)
     nonoptimal_by_status: dict[str, int] = field(default_factory=dict)  # time_limit / fallback / heuristic counts
