@@ -44,7 +44,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from hpcsched.harvest.event_rows import EventRows
 from hpcsched.harvest.idle_runs import IdleRuns
@@ -59,37 +58,18 @@ from hpcsched.harvest.replay_config import (
     ReplayResult,
     Valuation,
 )
+from hpcsched.harvest.replay_job import JobRun
 from hpcsched.harvest.replay_progress import ReplayProgress
 from hpcsched.milp import MilpJob, Objective
 from hpcsched.milp.allocate import solve_counts_sized
 from hpcsched.milp.formulation import PER_JOB_UP_TO
-from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of
-from hpcsched.milp.problem import check_job, job_rate
+from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of, split_runs
+from hpcsched.milp.problem import check_job
 from hpcsched.model import ElasticJob
 from hpcsched.primitives.event_core import EventCore
 from hpcsched.results import JobResult
 
 __all__ = ["ACCOUNTING", "EVENT_COLUMNS", "NONOPTIMAL", "ReplayConfig", "ReplayResult", "Valuation", "replay"]
-
-
-@dataclass(slots=True)
-class _Run:
-    job: ElasticJob
-    held: list[Run] = field(default_factory=list)  # node index runs, oldest first (shrinking drops the newest)
-    n: int = 0  # nodes held
-    samples: float = 0.0
-    rate: float = 0.0
-    pending_loss: float = 0.0  # samples lost to the last decision's restart, charged at the next event
-    start: float | None = None
-    end: float | None = None
-    node_seconds: float = 0.0
-    max_nodes: int = 0
-    rescales: int = 0
-    preemptions: int = 0
-    past_pmax_ns: float = 0.0  # node-seconds held after reaching Pmax, before an event saw it
-    step_past_ns: float = 0.0  # the last step's share of that, kept only if the job completes at the event
-    valued: ElasticJob | None = None  # the job as the MILP values it, when a valuation revalues it (else ``job``)
-
 
 
 class PoolWalk:
@@ -123,11 +103,11 @@ class _Replay:
         self.names = timeline.nodes
         self._index: dict[str, int] | None = None
         self.queue = sorted(jobs, key=lambda j: j.submit)  # stable: file order among equal submits
-        self.runs = {j.id: _Run(j) for j in self.queue}
+        self.runs = {j.id: JobRun(j) for j in self.queue}
         self.pool = IdleRuns()
         self.pool.add(self._runs_of(timeline.initial), None, self.names)
         self.history = MedianWindow(config.history)
-        self.active: list[_Run] = []
+        self.active: list[JobRun] = []
         self.admitted = self.done = self.rescales = self.preemptions = self.hits = 0
         self.held_at_minimum = 0  # no_pause: jobs the allocator would have paused, held at their minimum (per decision)
         self.cache: dict[tuple[object, ...], tuple[list[int], str, int]] = {}
@@ -216,7 +196,7 @@ class _Replay:
             a, p = order[bisect.bisect_right(firsts, x) - 1]
             return p + x - a
 
-        hit: list[tuple[int, _Run, list[Run]]] = []
+        hit: list[tuple[int, JobRun, list[Run]]] = []
         for r in self.active:
             mine = [p for lo, hi in r.held for p in where.intersect(lo, hi)]
             if mine:
@@ -264,9 +244,6 @@ class _Replay:
         cfg = self.cfg
         t0 = time.perf_counter()
         tfwd = (self.history.median() or cfg.tfwd) if cfg.predict_tfwd else cfg.tfwd
-        for r in self.active:  # what Problem checked per node, per run: held nodes are idle nodes
-            if not all(self.pool.covers(lo, hi) for lo, hi in r.held):
-                raise RuntimeError(f"replay state broken: job {r.job.id} holds nodes that are not idle at {now}")
         # counts depend only on who holds how many, who was preempted, the pool size and Tfwd (and, for jobs a
         # valuation revalues as they progress, on the phase each is in). Who was preempted reaches the model only
         # through the window objective's values and the job classes of a large decision (milp.formulation): left
@@ -278,6 +255,8 @@ class _Replay:
         key = (jobs_key, self.pool.size, tfwd, self._revalue())
         hit = self.cache.get(key)
         if hit is None:
+            for r in self.active:  # what Problem checked per node, here per run, at every solve (and below for the
+                self._check_idle(r, r.held, now)  # runs a decision hands out): held nodes are idle nodes
             states = tuple(MilpJob(r.valued or r.job, NodeRuns(r.held, self.names),
                                     NodeRuns(lost.get(r.job.id, ()), self.names)) for r in self.active)
             counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
@@ -292,19 +271,28 @@ class _Replay:
             counts, status, held = hit
             self.hits += 1
         self.held_at_minimum += held
-        new_runs = map_runs([r.held for r in self.active], [lost.get(r.job.id, []) for r in self.active],
-                            [r.job.jmin for r in self.active], counts, self.pool.walk())
+        if all(c <= r.n for c, r in zip(counts, self.active, strict=True)):
+            # no job grows: map_runs would only keep each job's oldest nodes, without walking the pool
+            new_runs = [r.held if c == r.n else split_runs(r.held, c)[0]
+                        for c, r in zip(counts, self.active, strict=True)]
+        else:
+            new_runs = map_runs([r.held for r in self.active], [lost.get(r.job.id, []) for r in self.active],
+                                [r.job.jmin for r in self.active], counts, self.pool.walk())
         secs = time.perf_counter() - t0
         self.statuses[status] += 1
         self.solve_s += secs
         rescales, loss = 0, 0.0
         for r, new in zip(self.active, new_runs, strict=True):
-            c, n = r.n, runs_len(new)
-            new_rate = job_rate(r.job, n)
+            if new is r.held:
+                c = n = r.n
+            else:
+                self._check_idle(r, new, now)
+                c, n = r.n, runs_len(new)
+            new_rate = r.rate_at(n)
             if n != c:
                 rescales += 1
                 r.rescales += 1
-            r.pending_loss = self._restart_loss(r.job, r.job.id in lost, c, n, new_rate, first)
+            r.pending_loss = r.restart_loss(cfg.accounting, r.job.id in lost, c, n, new_rate, first)
             loss += r.pending_loss
             r.held, r.n, r.rate, r.max_nodes = new, n, new_rate, max(r.max_nodes, n)
             if n > 0 and r.start is None:
@@ -350,18 +338,9 @@ class _Replay:
             free = [i for i in free if i not in paused]  # held at their minimum; the others sized again
         return [sizes.get(i, 0) for i in range(len(states))], status, held
 
-    def _restart_loss(self, job: ElasticJob, preempted: bool, c: int, n: int, new_rate: float, first: bool) -> float:
-        if self.cfg.accounting == "reference":  # T x old rate (a start is free but the very first)
-            if first and n > 0:
-                return job.scale_up_s * new_rate
-            if n > c:
-                return job.scale_up_s * job_rate(job, c)
-            if n < c:
-                return job.scale_down_s * job_rate(job, c)
-            return 0.0
-        if n > 0 and (preempted or n != c):  # one stall per restart, at the new rate
-            return (job.scale_down_s if preempted or n < c else job.scale_up_s) * new_rate
-        return 0.0
+    def _check_idle(self, r: JobRun, runs: list[Run], now: float) -> None:
+        if not all(self.pool.covers(lo, hi) for lo, hi in runs):
+            raise RuntimeError(f"replay state broken: job {r.job.id} holds nodes that are not idle at {now}")
 
     def _held(self) -> int:
         return sum(r.n for r in self.active)
