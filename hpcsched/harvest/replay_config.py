@@ -26,7 +26,7 @@ EVENT_COLUMNS = (
     "time", "dt", "pool", "joined", "left", "used", "active", "done", "preempted_jobs", "preempt_loss",
     "rescales", "rescale_loss", "rate", "tfwd", "solve_s", "status",
 )
-EVENT_KINDS = "ddiiiiiiididdddds"  # each column's type (``harvest.event_rows``): float, int, str
+EVENT_KINDS = "ddiiiiiiididddds"  # each column's type (``harvest.event_rows``): float, int, str
 
 
 @dataclass(frozen=True, slots=True)
