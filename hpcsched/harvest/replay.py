@@ -176,11 +176,11 @@ class _Replay:
         lost: dict[str, list[Run]] = {}
         if not left:
             return lost, 0.0
-        gone = 0
+        gone, predict = 0, self.cfg.predict_tfwd  # idle stretches are remembered only for the Tfwd predictor
         for a, b in left:
             for lo, hi, joined in self.pool.remove(a, b):
                 gone += hi - lo
-                if joined is not None:
+                if predict and joined is not None:
                     self.history.add(now - joined, hi - lo)
         if gone != runs_len(left):
             raise ValueError(f"{runs_len(left) - gone} node(s) leave the idle pool at {now} but were not in it")
