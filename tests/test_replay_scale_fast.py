@@ -94,3 +94,32 @@ def test_event_rows_read_back_the_same_tuples_and_types(monkeypatch: pytest.Monk
     assert repr(list(ev)) == repr(rows)  # types too: the replay digests hash the rows' repr
     with pytest.raises(IndexError):
         ev[11]
+
+
+def test_event_rows_csv_is_what_csv_writer_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import csv
+    import io
+
+    import hpcsched.harvest.event_rows as er
+    from hpcsched.harvest.run import _num
+
+    monkeypatch.setattr(er, "_CHUNK", 4)
+    rng = random.Random(3)
+    rows = []
+    for k in range(23):  # five stored chunks and three pending rows; odd types inside stored chunks
+        rows.append((0 if k == 5 else 1_600_000_000.0 + rng.random() * 1e4, rng.choice([0.0, -0.0, 1e-7, 3.25]),
+                     rng.randint(0, 5000), k, 1, 12, 3, 2, 1, rng.random() * 1e9, 2, 1e-9 * k,
+                     0 if k in (6, 21) else rng.random() * 1e6, 10.0, rng.random(), rng.choice(["optimal", "empty"])))
+    ev = er.EventRows(EVENT_KINDS)
+    for r in rows:
+        ev.append(r)
+    want, got = io.StringIO(), io.StringIO()
+    w = csv.writer(want)
+    for r in rows:
+        w.writerow([_num(v) for v in r])
+    ev.write_csv(got, lambda v: str(_num(v)))
+    assert got.getvalue() == want.getvalue()
+    ev.names[0] = "a,b"  # a status that needs quoting goes through csv.writer
+    quoted = io.StringIO()
+    ev.write_csv(quoted, lambda v: str(_num(v)))
+    assert '"a,b"' in quoted.getvalue()

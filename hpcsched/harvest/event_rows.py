@@ -10,9 +10,10 @@ summed over no jobs: ``0``) is kept aside as it was, so every row reads back equ
 
 from __future__ import annotations
 
+import csv
 from array import array
-from collections.abc import Iterator, Sequence
-from typing import overload
+from collections.abc import Callable, Iterator, Sequence
+from typing import TextIO, overload
 
 _CHUNK = 65_536  # rows held as tuples before they move into the columns
 
@@ -60,6 +61,39 @@ class EventRows(Sequence[tuple[object, ...]]):
 
     def __len__(self) -> int:
         return self.stored + len(self.chunk)
+
+    def write_csv(self, f: TextIO, fmt: Callable[[float], str]) -> None:
+        """Every row as ``csv.writer`` writes it with floats shown by ``fmt`` and other values by ``str``, the
+        stored rows a column at a time: formatting 3.3 million rows one by one took longer than the replay's
+        decisions. The result is byte for byte that of ``writerow`` (numbers and plain words need no quoting;
+        a status that would is written by ``csv.writer``)."""
+        w = csv.writer(f)
+
+        def text(v: object) -> str:
+            return fmt(v) if isinstance(v, float) else str(v)
+
+        plain = not any(set(x) & set(',"\r\n') or not x for x in self.names)
+        by_chunk: dict[int, list[tuple[int, int, object]]] = {}
+        for (k, c), v in self.odd.items():
+            by_chunk.setdefault(k // _CHUNK, []).append((k, c, v))
+        for a in range(0, self.stored, _CHUNK):
+            b = min(a + _CHUNK, self.stored)
+            if not plain:
+                w.writerows([text(v) for v in self._row(k)] for k in range(a, b))
+                continue
+            cols: list[list[str]] = []
+            for kind, col in zip(self.kinds, self.cols, strict=True):
+                part = col[a:b]
+                if kind == "d":
+                    cols.append([fmt(v) for v in part])
+                elif kind == "s":
+                    cols.append([self.names[int(v)] for v in part])
+                else:
+                    cols.append(list(map(str, part)))
+            for k, c, v in by_chunk.get(a // _CHUNK, ()):
+                cols[c][k - a] = text(v)
+            f.write("".join([",".join(r) + "\r\n" for r in zip(*cols, strict=True)]))  # csv.writer's line end
+        w.writerows([text(v) for v in row] for row in self.chunk)
 
     def _row(self, k: int) -> tuple[object, ...]:
         if k >= self.stored:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcsched.errors import InputError
+from hpcsched.harvest.event_rows import EventRows
 from hpcsched.harvest.pool import PoolTimeline, timeline_from_intervals, timeline_from_log
 from hpcsched.harvest.replay import EVENT_COLUMNS, ReplayConfig, ReplayResult, replay
 from hpcsched.model import ElasticJob
@@ -276,8 +277,12 @@ def explain(tl: PoolTimeline, res: ReplayResult, shift: float, cfg: ReplayConfig
     return notes, warnings
 
 
+def _float_text(v: float) -> str:
+    return f"{v:.6f}".rstrip("0").rstrip(".") or "0"
+
+
 def _num(v: object) -> object:
-    return (f"{v:.6f}".rstrip("0").rstrip(".") or "0") if isinstance(v, float) else v
+    return _float_text(v) if isinstance(v, float) else v
 
 
 def write_replay(out: Path, res: ReplayResult, meta: dict[str, object]) -> None:
@@ -286,8 +291,11 @@ def write_replay(out: Path, res: ReplayResult, meta: dict[str, object]) -> None:
     with open(out / EVENTS_FILE, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(EVENT_COLUMNS)
-        for row in res.events:
-            w.writerow([_num(v) for v in row])
+        if isinstance(res.events, EventRows):
+            res.events.write_csv(f, _float_text)
+        else:
+            for row in res.events:
+                w.writerow([_num(v) for v in row])
     with open(out / PROGRESS_FILE, "w", newline="") as f:
         per_job = csv.DictWriter(f, fieldnames=["job_id", "samples", "rescales", "preemptions",
                                                 "node_seconds_past_pmax"])
