@@ -11,6 +11,7 @@ of changes. The placements and events are those of ``harvest.first_fit.place_ran
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import math
 from array import array
@@ -252,3 +253,17 @@ def partly_used(sec: Seconds, start: float, end: float) -> dict[str, float]:
     level = np.r_[n[k] if t[k] <= start else 0.0, n[inside]]
     area = float((level * np.diff(edges)).sum())
     return {"peak_nodes": int(level.max()), "mean_nodes": area / (end - start), "node_hours": area / 3600.0}
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap pages the pool build freed to the OS (glibc's ``malloc_trim``).
+
+    glibc keeps freed heap memory for reuse, so after a 10^7-row build (770 MB at its peak) the process stayed at
+    ~550 MB resident with ~320 MB of it free, and the replay's own memory came on top of that. Elsewhere (no
+    glibc) nothing is trimmed: the figures are the same, only the resident size is larger.
+    """
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

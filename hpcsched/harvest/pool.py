@@ -28,7 +28,15 @@ import numpy as np
 
 from hpcsched.errors import InputError
 from hpcsched.harvest.log_checks import describe_rows, split_rows, warmup_check
-from hpcsched.harvest.log_stream import Seconds, busy_of, partly_used, peak, place_stream, sized
+from hpcsched.harvest.log_stream import (
+    Seconds,
+    busy_of,
+    give_back_freed_memory,
+    partly_used,
+    peak,
+    place_stream,
+    sized,
+)
 from hpcsched.harvest.named_nodes import (
     named_machine,
     node_names,
@@ -451,4 +459,6 @@ def timeline_from_log(path: str | Path, machine: int | None = None, fmt: str | N
     empty = empty_stretches(bt, bl, start, end)
     if empty is not None:
         tl.notes["log_empty"] = empty
+    del sec, bt, bl
+    give_back_freed_memory()
     return tl
