@@ -101,7 +101,7 @@ class EventRows(Sequence[tuple[object, ...]]):
         out: list[object] = [col[k] for col in self.cols]
         for c, kind in enumerate(self.kinds):
             if kind == "s":
-                out[c] = self.names[out[c]]  # type: ignore[index]
+                out[c] = self.names[int(col_k)] if isinstance(col_k := out[c], int) else col_k
         if self.odd:
             for c in range(len(self.kinds)):
                 v = self.odd.get((k, c), self)
