@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from hpcsched.runtime import horovod_elastic, launchers
+from hpcsched.runtime.hostaddr import spare_port
 from hpcsched.runtime.rpc import pb
-from hpcsched.runtime.worker import Worker, spare_port
+from hpcsched.runtime.worker import Worker
 from hpcsched.runtime.worker_config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hpcsched.runtime import worker
+from hpcsched.runtime import hostaddr
 
 
 @pytest.fixture
@@ -45,8 +45,8 @@ def test_spare_port_checks_every_address(monkeypatch: pytest.MonkeyPatch, client
             bound.append(address)
             super().bind(address)
 
-    monkeypatch.setattr(worker.socket, "socket", Recording)
-    port = worker.spare_port("127.0.0.11")
+    monkeypatch.setattr(hostaddr.socket, "socket", Recording)
+    port = hostaddr.spare_port("127.0.0.11")
     assert bound == [("", 0)]
     assert port != client_port
     with real() as s:  # and a listener on every address can have it

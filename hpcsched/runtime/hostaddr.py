@@ -95,3 +95,11 @@ def is_loopback_host(host: str) -> bool:
     except OSError:
         return False
     return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
+def spare_port(host: str) -> int:
+    """A port free on every address of this node (torchrun's store listens on all: one free on ``host`` alone could
+    be a client connection's on 127.0.0.1, EADDRINUSE at the launch), for the next job's rendezvous."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind(("::" if ":" in host else "", 0))
+        return s.getsockname()[1]

@@ -35,7 +35,6 @@ import dataclasses
 import logging
 import os
 import random
-import socket
 import sys
 import threading
 import time
@@ -48,6 +47,7 @@ from hpcsched.runtime import horovod_elastic, launchers, rsh_agent, worker_agent
 from hpcsched.runtime.auth import metadata, open_channel
 from hpcsched.runtime.checkpoint_quota import CheckpointQuota
 from hpcsched.runtime.credentials import credential_metadata
+from hpcsched.runtime.hostaddr import spare_port
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.launchers.common import torch_importable
 from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after, told_retry_after
@@ -70,21 +70,13 @@ from hpcsched.runtime.worker_link import ControllerLink
 from hpcsched.runtime.worker_tasks import DEFAULT_GRACE_S, Task, TaskControl, spawn
 from hpcsched.runtime.worker_watch import OrdersWatch
 
-__all__ = ["CREDENTIAL_ENV", "MAX_PENDING", "Task", "WarmRanks", "Worker", "spare_port", "spawn"]
+__all__ = ["CREDENTIAL_ENV", "MAX_PENDING", "Task", "WarmRanks", "Worker", "spawn"]
 
 log = logging.getLogger("hpcsched.runtime.worker")
 
 _POLL_S = 0.1  # how often tasks are checked between heartbeats (exits, first reports)
 _FOLLOW_UP_S = 0.1  # a heartbeat after one that carried news: fetches the controller's reaction
 _REFUSED_RETRY_S = 3.0  # a daemon refused its name asks again this often (the holder may go silent)
-
-
-def spare_port(host: str) -> int:
-    """A port free on every address of this node (torchrun's store listens on all: one free on ``host`` alone could
-    be a client connection's on 127.0.0.1, EADDRINUSE at the launch), for the next job's rendezvous."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind(("::" if ":" in host else "", 0))
-        return s.getsockname()[1]
 
 
 class Worker(TaskControl, ControllerLink):
