@@ -92,6 +92,7 @@ def test_event_rows_read_back_the_same_tuples_and_types(monkeypatch: pytest.Monk
     assert ev.stored == 8 and len(ev) == 11
     assert list(ev) == rows and ev[-1] == rows[-1] and ev[2:5] == rows[2:5]
     assert repr(list(ev)) == repr(rows)  # types too: the replay digests hash the rows' repr
+    assert set(ev.ints) == {0, 12} and not ev.odd  # an int time or rate is kept as a row index: 8 bytes
     with pytest.raises(IndexError):
         ev[11]
 
@@ -109,7 +110,8 @@ def test_event_rows_csv_is_what_csv_writer_writes(monkeypatch: pytest.MonkeyPatc
     for k in range(23):  # five stored chunks and three pending rows; odd types inside stored chunks
         rows.append((0 if k == 5 else 1_600_000_000.0 + rng.random() * 1e4, rng.choice([0.0, -0.0, 1e-7, 3.25]),
                      rng.randint(0, 5000), k, 1, 12, 3, 2, 1, rng.random() * 1e9, 2, 1e-9 * k,
-                     0 if k in (6, 21) else rng.random() * 1e6, 10.0, rng.random(), rng.choice(["optimal", "empty"])))
+                     0 if k in (6, 7, 9, 21) else rng.random() * 1e6, 10.0, rng.random(),
+                     rng.choice(["optimal", "empty"])))
     ev = er.EventRows(EVENT_KINDS)
     for r in rows:
         ev.append(r)
