@@ -74,14 +74,6 @@ class RangeFirstFit:
             heapq.heappop(h)
         return h[0] if h else None
 
-    def _nth_free(self, k: int) -> int | None:
-        """The k-th (0-based) wholly free node, lowest first."""
-        for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
-            if k < hi - lo:
-                return lo + k
-            k -= hi - lo
-        return None
-
     def place(self, cores: int, now: float) -> tuple[list[Run], tuple[int, int] | None] | None:
         """(whole-node runs, (node, cores) of the remainder or None), or None when the job does not fit."""
         whole, rest = divmod(cores, self.cpn)
@@ -93,7 +85,7 @@ class RangeFirstFit:
                 n = self._top(f)
                 if n is not None and (best is None or n < best):
                     best = n
-            nxt = self._nth_free(whole)
+            nxt = self.free.nth(whole)
             if nxt is not None and (best is None or nxt < best):
                 best = nxt
             if best is None:

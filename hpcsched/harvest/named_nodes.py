@@ -176,13 +176,6 @@ class _Machine:
             self.flipped.setdefault(x, False)
         self._sort(x, v)
 
-    def _nth_free(self, k: int) -> int | None:
-        for lo, hi in zip(self.free.lo, self.free.hi, strict=True):
-            if k < hi - lo:
-                return lo + k
-            k -= hi - lo
-        return None
-
     def first_fit(self, size: int, ok: Callable[[int], bool] | None = None) -> list[tuple[int, int]] | None:
         """(node, cores) for a job without names: whole nodes from the lowest wholly idle ones, the remainder on
         the lowest node with room for it (a partly used one or the next idle one); None when it does not fit.
@@ -212,7 +205,7 @@ class _Machine:
         if rest:
             best = min((x for x in self.partial if self.cpn - self.used[x] >= rest and (ok is None or ok(x))),
                        default=None)
-            nxt = self._nth_free(whole) if ok is None else spare
+            nxt = self.free.nth(whole) if ok is None else spare
             if nxt is not None and (best is None or nxt < best):
                 best = nxt
             if best is None:

@@ -158,6 +158,14 @@ class Spans:
                 yield lo, hi
             i += 1
 
+    def nth(self, k: int) -> int | None:
+        """The k-th (0-based) member, lowest first; None when the set has no more than k."""
+        for lo, hi in zip(self.lo, self.hi, strict=True):
+            if k < hi - lo:
+                return lo + k
+            k -= hi - lo
+        return None
+
 
 class _Free:
     """Free nodes in hand-out order: the pool's runs not held by a job, then runs appended at the end.
