@@ -138,3 +138,14 @@ def submit(c: Client, path: Path) -> str:
 
 def jobs_by_id(c: Client) -> dict:
     return {j.job_id: j for j in c.jobs()}
+
+
+def no_horovod() -> bool:
+    """Whether the Horovod tests cannot run here: they need Horovod with PyTorch and the runtime's horovodrun
+    launcher (``make horovod``)."""
+    import importlib.util
+
+    from hpcsched.runtime import launchers
+
+    return importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
+        or "horovodrun" not in launchers.available()

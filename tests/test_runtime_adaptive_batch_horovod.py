@@ -5,7 +5,6 @@ workloads/adaptive_train.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from runtime_procs import (
     client,
     controller_config,
     jobs_by_id,
+    no_horovod,
     start_controller,
     start_worker,
     stop,
@@ -22,12 +22,11 @@ from runtime_procs import (
     wait_for,
 )
 
-from hpcsched.runtime import horovod_elastic, launchers
+from hpcsched.runtime import horovod_elastic
 from hpcsched.runtime.launch import InPlaceChange
 from hpcsched.runtime.rpc import pb
 
-horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
-    or "horovodrun" not in launchers.available()
+horovod_missing = no_horovod()
 FINAL = ("completed", "failed", "cancelled")
 STEPS = 200
 

@@ -5,7 +5,6 @@ Also the controller's count of ``shrink_to_fit`` starts (an elastic job started 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -16,6 +15,7 @@ from runtime_procs import (
     client,
     controller_config,
     jobs_by_id,
+    no_horovod,
     start_controller,
     start_worker,
     stop,
@@ -23,12 +23,11 @@ from runtime_procs import (
     wait_for,
 )
 
-from hpcsched.runtime import launchers, scheduler
+from hpcsched.runtime import scheduler
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState
 
-horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
-    or "horovodrun" not in launchers.available()
+horovod_missing = no_horovod()
 
 
 def _hvd(procs: int, where: tuple[tuple[str, int], ...], max_procs: int = 2) -> JobState:

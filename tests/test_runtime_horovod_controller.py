@@ -4,7 +4,6 @@ the whole path end to end (real controller and worker processes, real gRPC, real
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from runtime_procs import (
     client,
     controller_config,
     jobs_by_id,
+    no_horovod,
     start_controller,
     start_worker,
     stop,
@@ -21,14 +21,13 @@ from runtime_procs import (
     wait_for,
 )
 
-from hpcsched.runtime import launch, launchers, reconcile, scheduler
+from hpcsched.runtime import launch, reconcile, scheduler
 from hpcsched.runtime.jobfile import parse_job_spec
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.scheduler import ClusterState, JobState, WorkerState
 from hpcsched.runtime.store_rows import AllocRow, JobRow
 
-horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
-    or "horovodrun" not in launchers.available()
+horovod_missing = no_horovod()
 
 
 def _running(jid: str, procs: int, where: tuple[tuple[str, int], ...], in_place: bool = True) -> JobState:

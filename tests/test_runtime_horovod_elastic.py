@@ -3,7 +3,6 @@ shrinks when the worker rewrites its host list, without restarting the surviving
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import time
@@ -11,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from runtime_procs import no_horovod
 
 from hpcsched.runtime import horovod_elastic, launchers
 from hpcsched.runtime.hostaddr import spare_port
@@ -21,8 +21,7 @@ from hpcsched.runtime.worker_config import WorkerConfig
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 160  # enough that the grow lands before the end; few enough to finish soon after it
 
-horovod_missing = importlib.util.find_spec("horovod") is None or importlib.util.find_spec("torch") is None \
-    or "horovodrun" not in launchers.available()
+horovod_missing = no_horovod()
 
 
 def elastic_task(tmp: Path, lo: int = 1, hi: int = 2, world: int = 2, generation: int = 1,
