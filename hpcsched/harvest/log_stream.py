@@ -137,6 +137,34 @@ class Seconds:
                 list(zip(self.llo[c:d].tolist(), self.lhi[c:d].tolist(), strict=True)))
 
 
+class SecondsWriter:
+    """A ``Seconds`` as it is made: a builder appends a second's joined runs to ``jlo``/``jhi`` and its left runs
+    to ``llo``/``lhi`` (bound to locals on its hot path), then ``close``s the second; ``seconds`` gives the arrays.
+    Node numbers are 32-bit unless the machine needs more."""
+
+    def __init__(self, machine: int) -> None:
+        self._code = "i" if machine < 2**31 - 1 else "q"
+        self.t, self.marked, self.partly = array("d"), array("b"), array("i")
+        self.joff, self.loff = array("q", [0]), array("q", [0])
+        self.jlo, self.jhi, self.llo, self.lhi = (array(self._code) for _ in range(4))
+
+    def close(self, t: float, marked: bool, partly: int) -> None:
+        """End the second ``t``: whether a placement marked anything in it, and the nodes partly used after it."""
+        self.t.append(t)
+        self.marked.append(1 if marked else 0)
+        self.partly.append(partly)
+        self.joff.append(len(self.jlo))
+        self.loff.append(len(self.llo))
+
+    def seconds(self) -> Seconds:
+        ints = np.int32 if self._code == "i" else np.int64
+        return Seconds(np.frombuffer(self.t, dtype=np.float64), np.frombuffer(self.marked, dtype=np.int8),
+                       np.frombuffer(self.partly, dtype=np.int32), np.frombuffer(self.joff, dtype=np.int64),
+                       np.frombuffer(self.jlo, dtype=ints), np.frombuffer(self.jhi, dtype=ints),
+                       np.frombuffer(self.loff, dtype=np.int64), np.frombuffer(self.llo, dtype=ints),
+                       np.frombuffer(self.lhi, dtype=ints))
+
+
 def _sums(lo: np.ndarray, hi: np.ndarray, off: np.ndarray) -> np.ndarray:
     """Nodes in each second's runs."""
     cum = np.r_[0, np.cumsum(hi - lo)]
@@ -160,10 +188,8 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
     of the marks). The first second also holds the whole machine joining (every node idle at the first start).
     """
     ff = RangeFirstFit(machine, cpn)
-    code = "i" if machine < 2**31 - 1 else "q"
-    t_out, marked, partly = array("d"), array("b"), array("i")
-    joff, loff = array("q", [0]), array("q", [0])
-    jlo, jhi, llo, lhi = array(code), array(code), array(code), array(code)
+    out = SecondsWriter(machine)
+    jlo, jhi, llo, lhi = out.jlo, out.jhi, out.llo, out.lhi
     first = float(start[0]) if len(start) else 0.0
     pending_up: list[Run] = [(0, machine)] if machine > 0 else []
     cur = first
@@ -194,11 +220,7 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
                 for lo, hi in ups.minus(a, b):
                     llo.append(lo)
                     lhi.append(hi)
-        t_out.append(t)
-        marked.append(1 if marks else 0)
-        partly.append(len(ff.partial))
-        joff.append(len(jlo))
-        loff.append(len(llo))
+        out.close(t, bool(marks), len(ff.partial))
         marks.clear()
         pending_up.clear()
 
@@ -234,11 +256,7 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
             cur = t_end
         release(*held.pop(j), t_end)
     flush(cur)
-    ints = np.int32 if code == "i" else np.int64
-    return Seconds(np.frombuffer(t_out, dtype=np.float64), np.frombuffer(marked, dtype=np.int8),
-                   np.frombuffer(partly, dtype=np.int32),
-                   np.frombuffer(joff, dtype=np.int64), np.frombuffer(jlo, dtype=ints), np.frombuffer(jhi, dtype=ints),
-                   np.frombuffer(loff, dtype=np.int64), np.frombuffer(llo, dtype=ints), np.frombuffer(lhi, dtype=ints))
+    return out.seconds()
 
 
 def partly_used(sec: Seconds, start: float, end: float) -> dict[str, float]:

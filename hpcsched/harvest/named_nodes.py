@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcsched.harvest.log_stream import LogRuns, Seconds, read_log_runs
+from hpcsched.harvest.log_stream import LogRuns, Seconds, SecondsWriter, read_log_runs
 from hpcsched.milp.mapping import Run, Spans, runs_of
 
 _CHUNK = 65_536  # jobs between progress ticks
@@ -250,10 +250,8 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
         k = a + int(np.searchsorted(starts[a:b], s, side="left"))
         return k == b or float(starts[k]) >= e
 
-    code = "i" if machine < 2**31 - 1 else "q"
-    t_out, marked, partly = array("d"), array("b"), array("i")
-    joff, loff = array("q", [0]), array("q", [0])
-    jlo, jhi, llo, lhi = array(code), array(code), array(code), array(code)
+    out = SecondsWriter(machine)
+    jlo, jhi, llo, lhi = out.jlo, out.jhi, out.llo, out.lhi
     counts = {"by_name": 0, "first_fit": 0, "over_capacity": 0, "names_short": lists.short}
     first = [True]
 
@@ -275,11 +273,7 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
         for lo, hi in left:
             llo.append(lo)
             lhi.append(hi)
-        t_out.append(t)
-        marked.append(1 if flipped else 0)
-        partly.append(len(m.partial))
-        joff.append(len(jlo))
-        loff.append(len(llo))
+        out.close(t, bool(flipped), len(m.partial))
         flipped.clear()
 
     def per_node(k: int, r: int) -> tuple[list[int], int, int]:
@@ -343,12 +337,7 @@ def place_by_name(start: np.ndarray, end: np.ndarray, size: np.ndarray, rows: np
             cur = t_end
         release(t_end, j)
     flush(cur)
-    ints = np.int32 if code == "i" else np.int64
-    sec = Seconds(np.frombuffer(t_out, dtype=np.float64), np.frombuffer(marked, dtype=np.int8),
-                  np.frombuffer(partly, dtype=np.int32),
-                  np.frombuffer(joff, dtype=np.int64), np.frombuffer(jlo, dtype=ints), np.frombuffer(jhi, dtype=ints),
-                  np.frombuffer(loff, dtype=np.int64), np.frombuffer(llo, dtype=ints), np.frombuffer(lhi, dtype=ints))
-    return sec, counts
+    return out.seconds(), counts
 
 
 def placement_note(counts: dict[str, int], cpn: int, why_first_fit: str = "") -> str:
