@@ -1,6 +1,8 @@
-"""Register / Leave / Submit calls waiting for the controller's lock are bounded (``liveness.LOCK_WAITING_CALLS``):
-one more is refused RESOURCE_EXHAUSTED at once, counted (``/metrics``: hpcsched_refused_requests), and
-``hpcsched submit``'s client retries it; against a real gRPC controller, its lock held here as by a long step."""
+"""Leave / Submit calls waiting for the controller's lock are bounded (``liveness.LOCK_WAITING_CALLS``), and so are
+Registers waiting for their group's commit (``register_queue.REGISTER_WAITING``): one more is refused
+RESOURCE_EXHAUSTED at once, counted (``/metrics``: hpcsched_refused_requests), and ``hpcsched submit``'s client (a
+worker: after the retry-after it was told) retries it; against a real gRPC controller, its lock held here as by a
+long step."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from hpcsched.runtime.liveness import (
     told_retry_after,
 )
 from hpcsched.runtime.pacing import FORGET_S, MIN_RETRY_S, PRIOR_RATE, WINDOW_S, RegisterPacer
+from hpcsched.runtime.register_queue import REGISTER_WAITING
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.server import ControllerServer
 
@@ -65,14 +68,31 @@ def _register(stub: pb_grpc.ControllerStub, i: int) -> grpc.Future:
                                 metadata=metadata(TOKEN), timeout=WAIT_S)
 
 
+def _submit(stub: pb_grpc.ControllerStub, i: int) -> grpc.Future:
+    return stub.Submit.future(pb.SubmitRequest(spec_yaml=JOB, source=f"j{i}.yaml"), metadata=metadata(TOKEN),
+                              timeout=WAIT_S)
+
+
+def _fill(srv: ControllerServer, stub: pb_grpc.ControllerStub, submits: bool = True,
+          registers: bool = True) -> list[grpc.Future]:
+    """Calls waiting for the held lock up to both bounds: Submits (``LOCK_WAITING_CALLS``), Registers
+    (``REGISTER_WAITING``)."""
+    waiting = [_submit(stub, i) for i in range(LOCK_WAITING_CALLS)] if submits else []
+    if submits:
+        _until("the submits never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+    if registers:
+        waiting += [_register(stub, i) for i in range(REGISTER_WAITING)]
+        _until("the registrations never queued", lambda: srv.ctl.registrations.waiting() == REGISTER_WAITING)
+    return waiting
+
+
 def test_calls_past_the_bound_are_shed_at_once_and_counted(controller) -> None:
     srv, stub, _ = controller
     leaver = _register(stub, 50).result()  # registered before: its Leave carries its own credential
     leaver_md = metadata(TOKEN) + credential_metadata(leaver.credential)
     told: list[float | None] = []
     with srv.ctl.lock:
-        waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
-        _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+        waiting = _fill(srv, stub)
         for call in (lambda: stub.Submit(pb.SubmitRequest(spec_yaml=JOB, source="j.yaml"), metadata=metadata(TOKEN),
                                          timeout=WAIT_S),
                      lambda: stub.Leave(pb.LeaveRequest(worker_id="w50", instance="i50"), metadata=leaver_md,
@@ -85,18 +105,19 @@ def test_calls_past_the_bound_are_shed_at_once_and_counted(controller) -> None:
         assert not any(f.done() for f in waiting)  # the admitted ones still wait for the lock
         # only the Register is told when to come back (the worker's storm is paced): the backlog of one drains at once
         assert told[:2] == [None, None] and told[2] is not None and MIN_RETRY_S <= told[2] < MIN_RETRY_S + 0.1
-    for f in waiting:
+    for f in waiting[LOCK_WAITING_CALLS:]:
         assert f.result(timeout=WAIT_S).heartbeat_interval_s > 0  # and are served once it is free
+    assert all(f.result(timeout=WAIT_S).job_id for f in waiting[:LOCK_WAITING_CALLS])
     assert srv.service.refusals() == {("Submit", "shed"): 1, ("Leave", "shed"): 1, ("Register", "shed"): 1}
     assert srv.ctl.counters()["shed_calls"] == 3 and srv.ctl.call_waiters.inside == 0
+    assert srv.ctl.registrations.waiting() == 0
 
 
 def test_the_submit_client_retries_a_shed_submit(controller) -> None:
     srv, stub, addr = controller
     got: list[object] = []
     with srv.ctl.lock:
-        waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
-        _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+        waiting = _fill(srv, stub, registers=False)
         client = Client(addr, TOKEN, timeout=WAIT_S)
         t = threading.Thread(target=lambda: got.append(client.submit_many([(JOB, "j.yaml", 1)])))
         t.start()
@@ -105,9 +126,8 @@ def test_the_submit_client_retries_a_shed_submit(controller) -> None:
     assert not t.is_alive() and len(got) == 1
     (result,) = got[0]
     assert not result.error and len(result.job_ids) == 1  # retried after the lock was free, stored once
-    assert [j.job_id for j in srv.ctl.list_jobs()] == list(result.job_ids)
-    for f in waiting:
-        f.result(timeout=WAIT_S)
+    waited = [f.result(timeout=WAIT_S).job_id for f in waiting]
+    assert sorted(j.job_id for j in srv.ctl.list_jobs()) == sorted(waited + list(result.job_ids))
 
 
 def test_a_worker_shed_by_a_busy_controller_is_not_an_orphan(controller, tmp_path: Path) -> None:
@@ -117,8 +137,7 @@ def test_a_worker_shed_by_a_busy_controller_is_not_an_orphan(controller, tmp_pat
     orphan_s = 1.0
     log = tmp_path / "w.log"
     with srv.ctl.lock:
-        waiting = [_register(stub, i) for i in range(LOCK_WAITING_CALLS)]
-        _until("the registrations never reached the lock", lambda: srv.ctl.call_waiters.inside == LOCK_WAITING_CALLS)
+        waiting = _fill(srv, stub, submits=False)
         with log.open("ab") as out:
             w = subprocess.Popen([sys.executable, "-m", "hpcsched.runtime", "worker", "--controller", addr, "--name",
                                   "p1", "--gpus", "0", "--orphan-timeout", str(orphan_s), "--stop-grace", "3",

@@ -51,6 +51,7 @@ from hpcsched.runtime.memstore import MemStore
 from hpcsched.runtime.pacing import RegisterPacer
 from hpcsched.runtime.plan_set import PendingQueue
 from hpcsched.runtime.ratelimit import LogThrottle
+from hpcsched.runtime.register_queue import GroupCommit
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.steplock import StepFirstLock, WaitBound
 from hpcsched.runtime.submission import (
@@ -133,6 +134,8 @@ class Controller(Membership, Stepping, JobLifecycle):
         # RESOURCE_EXHAUSTED at once (``Shed``), so server threads stay free for lease-only heartbeats
         self.call_waiters = WaitBound(LOCK_WAITING_CALLS)
         self.register_pacer = RegisterPacer(random.Random(0))  # when a shed Register comes back (``pacing``)
+        # Registers committed in groups, one lock hold and one transaction each; at most REGISTER_WAITING queued
+        self.registrations = GroupCommit(self._register_group)
         # node_source slurm: the workers of pilots about to register (PilotManager.arriving); decisions wait for them
         self.arriving: Callable[[Container[str]], list[str]] | None = None
         self.held_steps = 0  # scheduling steps held for arriving pilots' workers
@@ -167,7 +170,10 @@ class Controller(Membership, Stepping, JobLifecycle):
         return {"refused_task_reports": self.refused_reports, "refused_heartbeats": self.refused_heartbeats,
                 "planned_steps": self.plans, "quiet_steps": self.quiet_steps, "workers": len(self.last_seen),
                 "lease_only_heartbeats": self.lease_only_beats, "shed_heartbeats": self.shed_beats,
-                "shed_calls": self.call_waiters.refused, "register_retry_after_told": self.register_pacer.told,
+                "shed_calls": self.call_waiters.refused + self.registrations.refused,
+                "register_retry_after_told": self.register_pacer.told,
+                "register_groups": self.registrations.groups, "registers_grouped": self.registrations.committed,
+                "register_largest_group": self.registrations.largest,
                 "step_lock_wait_s": round(self.lock.first_wait_s, 3),
                 "heartbeat_interval_s": self.heartbeat_interval(), "pending_jobs": len(self.queue),
                 "notes_due": len(self._notes_due), "notes_deferred_steps": self.notes_deferred,

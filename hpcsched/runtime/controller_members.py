@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Sequence
 
 from hpcsched.errors import InputError
 from hpcsched.runtime import reconcile
@@ -53,17 +54,24 @@ class Refused(Exception):
 class Shed(Exception):
     """A heartbeat with news refused at once because ``liveness.LOCK_WAITING_BEATS`` others already wait for the
     controller's lock (gRPC RESOURCE_EXHAUSTED): the worker's lease was renewed, and it sends its news again after
-    its back-off, still registered (``liveness.keeps_registration``). Also a Register, Leave or Submit refused
-    because ``liveness.LOCK_WAITING_CALLS`` such calls already wait (``shed_call``): its caller retries, a worker's
-    Register after ``retry_after_s`` (``pacing``: sent as ``liveness.RETRY_AFTER_HEADER``)."""
+    its back-off, still registered (``liveness.keeps_registration``). Also a Leave or Submit refused because
+    ``liveness.LOCK_WAITING_CALLS`` such calls already wait (``shed_call``), and a Register refused because the
+    registration queue is full (``shed_register``): its caller retries, a worker's Register after
+    ``retry_after_s`` (``pacing``: sent as ``liveness.RETRY_AFTER_HEADER``)."""
 
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
 
+def shed_register(waiting: int, retry_after_s: float) -> Shed:
+    """Refuse a Register: ``waiting`` others already wait for their group's commit (``register_queue``)."""
+    return Shed(f"{SHED_PREFIX} {waiting} registrations already wait for the controller; the registration was not "
+                f"carried out: retry in {retry_after_s:.1f} s", retry_after_s)
+
+
 def shed_call(what: str, retry_after_s: float | None = None) -> Shed:
-    """Refuse a Register / Leave / Submit call: ``LOCK_WAITING_CALLS`` others already wait for the lock."""
+    """Refuse a Leave / Submit call: ``LOCK_WAITING_CALLS`` others already wait for the lock."""
     when = f"retry in {retry_after_s:.1f} s" if retry_after_s is not None else "retry after a back-off"
     return Shed(f"{SHED_PREFIX} {LOCK_WAITING_CALLS} calls already wait for the controller's lock; {what} was not "
                 f"carried out: {when}", retry_after_s)
@@ -77,48 +85,64 @@ class Membership:
         """Admit a worker daemon. Its id, slots and host are bounded (``registration_problem``: InputError), and a
         name is held by one live daemon at a time: a second daemon with a live holder's name is ``Refused``
         (two such daemons flapped, each re-registering over the other, and a job ended at 115 of 400 steps).
-        A holder silent for ``worker_timeout_s`` is lost, and then the name is free again."""
+        A holder silent for ``worker_timeout_s`` is lost, and then the name is free again. Committed with the
+        Registers queued beside it in one lock hold and one transaction (``register_queue``), answered after the
+        commit; refused at once with a retry-after when the queue is full (``pacing``)."""
         problem = registration_problem(req)
         if problem:
             raise InputError(f"worker {clip(req.worker_id, 60)!r}", problem)
-        if not self.call_waiters.try_enter():  # told when to come back: the storm is paced (``pacing``)
-            raise shed_call("the registration", self.register_pacer.retry_after(req.worker_id))
-        try:
-            reply = self._register(req)
-        finally:
-            self.call_waiters.leave()
-        self.register_pacer.registered(req.worker_id)
+        reply = self.registrations.submit(req)
+        if reply is None:  # told when to come back: the storm is paced (``pacing``)
+            raise shed_register(self.registrations.bound, self.register_pacer.retry_after(req.worker_id))
         return reply
 
-    def _register(self, req: pb.RegisterRequest) -> pb.RegisterReply:
-        """``register`` under the lock, once admitted by ``call_waiters``."""
+    def _register_group(self, reqs: Sequence[pb.RegisterRequest]) -> list[pb.RegisterReply | Exception]:
+        """Register a group of checked requests in one lock hold and one transaction (``register_queue``): each
+        request's reply, or the ``Refused`` it is answered with. In order, so of two daemons of one name in one
+        group the first holds it and the second is refused, as if they had come one after the other."""
+        outcomes: list[pb.RegisterReply | Exception] = []
+        done: list[pb.RegisterRequest] = []
         with self.lock, self.store.tx():
-            holder = self.instance.get(req.worker_id)
-            if req.worker_id in self.last_seen and holder is not None and holder != req.instance:
-                silent = self.mono() - self.last_seen[req.worker_id]
-                log.warning("refused a second daemon for worker %s (the holder was heard %.1f s ago)",
-                            req.worker_id, silent)
-                raise Refused(f"worker name {req.worker_id!r} is held by another live daemon; give this one "
-                              "another --name, or stop the other one (its name is free "
-                              f"{self.cfg.worker_timeout_s:g} s after it goes silent)")
-            with self.seen_lock:
-                self.instance[req.worker_id] = req.instance
-                self.last_seen[req.worker_id] = self.mono()
-            w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers),
-                          time.time(), True, req.gpu_type.lower())
-            self.store.upsert_worker(w)
-            self.leaving.discard(w.id)
-            self._workers_changed = True
-            if req.agent_port:  # a job placed on it at once may need it (mpirun's daemons, horovodrun's ranks)
-                self.agent_port[w.id] = req.agent_port
-            else:  # a new daemon's agent listens elsewhere: known at its first heartbeat
-                self.agent_port.pop(w.id, None)
-            self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots, gpu_type=w.gpu_type)
-        log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
-                 req.gpus, req.gpu_type.lower() or "(not advertised)")
-        self.wakeup.set()
-        return pb.RegisterReply(heartbeat_interval_s=self.heartbeat_interval(),
-                                worker_timeout_s=self.cfg.worker_timeout_s)
+            now = time.time()
+            for req in reqs:
+                holder = self.instance.get(req.worker_id)
+                if req.worker_id in self.last_seen and holder is not None and holder != req.instance:
+                    silent = self.mono() - self.last_seen[req.worker_id]
+                    log.warning("refused a second daemon for worker %s (the holder was heard %.1f s ago)",
+                                req.worker_id, silent)
+                    outcomes.append(Refused(f"worker name {req.worker_id!r} is held by another live daemon; give "
+                                            "this one another --name, or stop the other one (its name is free "
+                                            f"{self.cfg.worker_timeout_s:g} s after it goes silent)"))
+                    continue
+                with self.seen_lock:
+                    self.instance[req.worker_id] = req.instance
+                    self.last_seen[req.worker_id] = self.mono()
+                w = WorkerRow(req.worker_id, req.host, req.slots, req.gpus, req.cpus, tuple(req.launchers), now,
+                              True, req.gpu_type.lower())
+                self.store.upsert_worker(w)
+                self.leaving.discard(w.id)
+                if req.agent_port:  # a job placed on it at once may need it (mpirun's daemons, horovodrun's ranks)
+                    self.agent_port[w.id] = req.agent_port
+                else:  # a new daemon's agent listens elsewhere: known at its first heartbeat
+                    self.agent_port.pop(w.id, None)
+                self.store.event(None, "register", worker=w.id, host=w.host, slots=w.slots, gpu_type=w.gpu_type)
+                outcomes.append(None)  # replaced below, once the transaction has committed
+                done.append(req)
+            if done:
+                self._workers_changed = True
+            interval = self.heartbeat_interval()  # the group's: the fleet with all of them
+        # committed: only now is any of them answered (a kill -9 before this loses none that was acknowledged)
+        for k, outcome in enumerate(outcomes):
+            if outcome is None:  # one message each: the server adds the worker's own fields to it
+                outcomes[k] = pb.RegisterReply(heartbeat_interval_s=interval,
+                                               worker_timeout_s=self.cfg.worker_timeout_s)
+        for req in done:
+            log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
+                     req.gpus, req.gpu_type.lower() or "(not advertised)")
+        if done:
+            self.register_pacer.registered_many([r.worker_id for r in done])
+            self.wakeup.set()
+        return outcomes
 
     def heartbeat_interval(self) -> float:
         """The interval workers are told to beat at now (``liveness.interval_s``: it grows with the fleet so the

@@ -49,6 +49,15 @@ class RegisterPacer:
             self._prune(now)
             self._waiting.pop(worker_id, None)
 
+    def registered_many(self, worker_ids: list[str]) -> None:
+        """A group of registrations went through (``register_queue``): ``registered`` for each, one lock hold."""
+        with self._lock:
+            now = self._clock()
+            for wid in worker_ids:
+                self._done.append(now)
+                self._waiting.pop(wid, None)
+            self._prune(now)
+
     def retry_after(self, worker_id: str) -> float:
         """Seconds the shed ``worker_id`` should wait before registering again (module docstring)."""
         with self._lock:
