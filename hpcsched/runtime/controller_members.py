@@ -136,9 +136,14 @@ class Membership:
             if outcome is None:  # one message each: the server adds the worker's own fields to it
                 outcomes[k] = pb.RegisterReply(heartbeat_interval_s=interval,
                                                worker_timeout_s=self.cfg.worker_timeout_s)
-        for req in done:
+        if len(done) == 1:
+            req = done[0]
             log.info("worker %s registered (%s, %d slots, %d GPUs of type %s)", req.worker_id, req.host, req.slots,
                      req.gpus, req.gpu_type.lower() or "(not advertised)")
+        elif done:  # one line (one write) for the group: in a storm a line each was a write each
+            log.info("%d workers registered in one commit: %s", len(done), "; ".join(
+                f"worker {r.worker_id} ({r.host}, {r.slots} slots, {r.gpus} GPUs of type "
+                f"{r.gpu_type.lower() or '(not advertised)'})" for r in done))
         if done:
             self.register_pacer.registered_many([r.worker_id for r in done])
             self.wakeup.set()
