@@ -1,7 +1,7 @@
 """When a shed registration should come back (``RegisterPacer``): a registration storm paced by the controller.
 
-Why: when thousands of pilots start together, at most ``liveness.LOCK_WAITING_CALLS`` Registers wait for the
-controller's lock and the others are shed (RESOURCE_EXHAUSTED). Each shed worker used to guess its own wait: an
+Why: when thousands of pilots start together, at most ``register_queue.REGISTER_WAITING`` Registers wait for their
+group's commit and the others are shed (RESOURCE_EXHAUSTED). Each shed worker used to guess its own wait: an
 exponential back-off from 0.1 s up to ``liveness.BUSY_BACKOFF_S``. Early on that is thousands of retries a second,
 each a whole RPC for the server to take and refuse (16,841 Registers ended CANCELLED and 8,784 were shed at 10,000
 workers), and late it is workers asleep for up to 10 s while the controller has room: 10,000 workers took 50 s to
