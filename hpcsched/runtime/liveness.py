@@ -33,10 +33,11 @@ FULL_EVERY = 10  # a worker sends every task (not only those with news) at least
 # second through a 2 s step), and the lease-only ones then queued behind them; past this many, a heartbeat with
 # news renews the lease and is refused RESOURCE_EXHAUSTED at once, and the worker sends its news after a back-off.
 LOCK_WAITING_BEATS = 16
-# Register, Leave, Submit and SubmitMany calls that may wait for (or hold) the lock at once, for the same reason: in a
+# Leave, Submit and SubmitMany calls that may wait for (or hold) the lock at once, for the same reason: in a
 # registration or submit storm they filled the pool and heartbeats waited up to 6.7 s for a server thread. The next
-# one is refused RESOURCE_EXHAUSTED at once with a message starting ``SHED_PREFIX``; the worker retries its Register
-# after a jittered back-off (``retry_after``), and the client (``hpcsched submit``) retries a refusal that says so.
+# one is refused RESOURCE_EXHAUSTED at once with a message starting ``SHED_PREFIX``, and the client (``hpcsched
+# submit``) retries a refusal that says so. Registers are bounded apart, as they wait for their group's commit
+# (``register_queue.REGISTER_WAITING``), and a shed one is told when to come back.
 LOCK_WAITING_CALLS = 16
 SHED_PREFIX = "controller busy:"
 
