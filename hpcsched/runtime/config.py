@@ -105,7 +105,8 @@ class ControllerConfig:
     round_reset_s: float = 1920.0  # rounds: least time between two allocations (Gavel's minimum between resets)
     throughputs: Path | None = None  # rounds: Gavel-format throughput table (None: the bundled one)
     # node_source: static (workers register themselves), slurm or pbs (pilot jobs: hpcsched.slurm.pilots,
-    # hpcsched.pbs.pilots); ``pilots`` is that source's section as it reads it (``node_source.read_section``)
+    # hpcsched.pbs.pilots) or any other registered source; ``pilots`` is that source's section as it reads it
+    # (``node_source.read_section``); each source's name is a key of the file (its section)
     node_source: str = "static"
     pilots: Any = None
     # free space kept on the state's filesystem (diskspace.py): under it the controller does not start and refuses
@@ -134,7 +135,8 @@ CONTROLLER_KEYS = {
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
-    "node_source", "slurm", "pbs", "executor", "hetero_policy", "round_s", "round_reset_s", "throughputs",
+    "node_source", *(s for s in NODE_SOURCES if s != "static"), "executor", "hetero_policy", "round_s",
+    "round_reset_s", "throughputs",
     "state_min_free", "retry_backoff_s", "retry_backoff_max_s",
     "max_pending_per_user", "max_submit_batch",
     "metrics_listen", "metrics_address_file", "readonly_token", "readonly_token_file",

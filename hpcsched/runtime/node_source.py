@@ -7,9 +7,11 @@ controller file's ``node_source:`` key and drives without knowing what is behind
 - ``slurm``: the controller claims a Slurm cluster's idle nodes with pilot jobs (``hpcsched.slurm.pilots``).
 - ``pbs``: the same on a PBS Pro cluster (``hpcsched.pbs.pilots``).
 
-Adding a source (a cloud API, another batch system) is one module defining the protocol, a line in ``SOURCES``
-below and, when the controller file gives it a section of its own (``pbs:``), a line in ``SECTIONS`` naming the
-function that reads it; ``tests/test_node_sources.py`` runs every registered source through the same contract.
+Adding a source (a cloud API, another batch system) is one module: ``hpcsched/NAME/node_source.py`` defining
+``make`` (the ``Factory`` below) and, when the controller file gives the source a section of its own (``NAME:``),
+``read_section`` (its reader). The source is called after its package (``pbs`` is ``hpcsched/pbs/node_source.py``)
+and found by looking for that file (nothing is imported until a controller file names it), so nothing else is
+edited; ``tests/test_node_sources.py`` runs every registered source through the same contract.
 
 The contract, for every source:
 
@@ -30,21 +32,33 @@ import importlib
 import socket
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 # name -> "module:factory". Imported only when a controller file names it: a static controller never loads Slurm.
 SOURCES: dict[str, str] = {
     "static": "hpcsched.runtime.node_source:StaticNodeSource",
     "slurm": "hpcsched.slurm.pilots:PilotManager",
-    "pbs": "hpcsched.pbs.pilots:PbsPilots",
 }
-NODE_SOURCES = tuple(SOURCES)
 # name -> "module:reader" of its controller-file section (``read(data, source, line, base)``: the config the factory
 # is given, InputError naming the file and line when it is wrong); a source without one gets None
 SECTIONS: dict[str, str] = {
     "slurm": "hpcsched.slurm.pilot_config:read_pilot_config",
-    "pbs": "hpcsched.pbs.config:read_pbs_config",
 }
+PLUGIN_MODULE = "node_source"
+"""The module name that makes a package of ``hpcsched/`` a node source (``make`` and optionally ``read_section``)."""
+
+
+def _discover(root: Path) -> list[str]:
+    """The packages under ``root`` holding a ``node_source.py``, by name: a directory listing, no import."""
+    return sorted(d.name for d in root.iterdir()
+                  if (d / f"{PLUGIN_MODULE}.py").is_file() and d.name not in SOURCES and d.name != "runtime")
+
+
+PLUGINS = tuple(_discover(Path(__file__).resolve().parents[1]))
+SOURCES |= {name: f"hpcsched.{name}.{PLUGIN_MODULE}:make" for name in PLUGINS}
+SECTIONS |= {name: f"hpcsched.{name}.{PLUGIN_MODULE}:read_section" for name in PLUGINS}
+NODE_SOURCES = tuple(SOURCES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +145,10 @@ def read_section(name: str, data: Any, source: str, line: int | None, base: Any)
     if name not in SECTIONS:
         return None
     module, _, attr = SECTIONS[name].partition(":")
-    return getattr(importlib.import_module(module), attr)(data, source, line, base)
+    reader = getattr(importlib.import_module(module), attr, None)
+    if reader is None:  # a plug-in module without ``read_section``: its source takes no section
+        return None
+    return reader(data, source, line, base)
 
 
 def build(name: str, cfg: Any, view: ControllerView, address: str, token: str | None, state: Any) -> NodeSource:

@@ -9,11 +9,18 @@ its times to the calendar (SWF with ``UnixStartTime``, PBS/wagap, PBS accounting
 datetimes read as UTC), otherwise as the log gives them (Muri: relative); ``report.meta['time_base']``
 says which. Sizes are nodes, processors and GPUs; every conversion is listed in
 ``report.conversions``. Each ``Job.extra['line']`` is the line it came from.
+
+A new format is one module of this package defining ``FORMAT`` (or ``FORMATS``, a tuple): any module that is
+neither one of the shipped formats imported below nor one of ``HELPERS`` is imported when this package is and its
+formats are added after the shipped ones (so sniffed after them: a shipped sniffer never loses its files to a new
+one; ``--format NAME`` picks any).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -220,3 +227,34 @@ class _SeenIds:
 def _line(job: Job) -> int | None:
     line = job.extra.get("line") if job.extra else None
     return line if isinstance(line, int) else None
+
+
+# Modules of this package that define no format (readers' helpers, writers, generators, commands): not imported by
+# the discovery below, which would otherwise cost every reader their start-up (``cli`` imports typer).
+HELPERS = frozenset({"base", "blox", "cli", "convert", "duplicates", "generate_cli", "hostlist", "nodeuse", "pollux",
+                     "recognise", "sacct_layout", "swf_columns", "swf_header", "synth", "writers", "writers_acct"})
+
+
+def _discovered() -> list[str]:
+    """This package's modules that are neither shipped formats nor helpers: format modules added by dropping them
+    here, by name (a directory listing)."""
+    shipped = {f.read.__module__.rpartition(".")[2] for f in FORMATS.values()}
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if m.name not in shipped and m.name not in HELPERS and not m.name.startswith("_"))
+
+
+def _formats_of(name: str) -> tuple[TraceFormat, ...]:
+    """The formats a discovered module defines; a module that defines none is a helper that should be listed."""
+    module = importlib.import_module(f"{__name__}.{name}")
+    found = tuple(getattr(module, "FORMATS", ())) or ((module.FORMAT,) if hasattr(module, "FORMAT") else ())
+    if not found:
+        raise ImportError(f"{module.__name__} defines no FORMAT or FORMATS: a helper module of hpcsched.traces is "
+                          f"listed in HELPERS there")
+    for fmt in found:
+        if fmt.name in FORMATS:
+            raise ImportError(f"{module.__name__} defines format {fmt.name!r}, a name already taken")
+    return found
+
+
+DISCOVERED = tuple(_discovered())
+FORMATS |= {f.name: f for name in DISCOVERED for f in _formats_of(name)}

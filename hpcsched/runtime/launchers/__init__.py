@@ -3,9 +3,11 @@
 A launcher is one module of this package defining ``LAUNCHER``, a ``base.Launcher``: its name, the function that
 builds a node's command and environment from a ``LaunchTask``, whether it can run on this node, and its traits
 (``one_command``, ``via_agents``, ``agent_as_ssh``, ``elastic_in_place``, ``warm_start``). The worker, the
-controller and the job-file reader ask a launcher's traits, never its name. Registered in ``REGISTRY`` below by
-``module:attribute`` and imported only when first asked for; ``tests/test_launchers.py`` runs every registered
-launcher through the same contract.
+controller and the job-file reader ask a launcher's traits, never its name. ``REGISTRY`` below maps each name to
+``module:attribute``; a module is imported only when its launcher is first asked for. The four shipped launchers
+are listed by hand (their order is the job file's error message's); any other module of this package is a
+launcher named after its module, found by listing the package (no import), so adding one is adding its module.
+``tests/test_launchers.py`` runs every registered launcher through the same contract.
 
 - ``torchrun`` (default): one agent per node with a static rendezvous at the master node's port.
 - ``direct``: the worker starts the node's ranks itself (``ranks.py``), from a warm supervisor when it can.
@@ -17,6 +19,7 @@ launcher through the same contract.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import TYPE_CHECKING
 
 from hpcsched.runtime.launchers.base import Launch, Launcher
@@ -33,6 +36,10 @@ REGISTRY: dict[str, str] = {
     "mpirun": "hpcsched.runtime.launchers.mpirun:LAUNCHER",
     "horovodrun": "hpcsched.runtime.launchers.horovodrun:LAUNCHER",
 }
+# modules of this package that are not launchers
+HELPERS = frozenset({"base", "common"})
+REGISTRY |= {name: f"{__name__}.{name}:LAUNCHER" for name in sorted(m.name for m in pkgutil.iter_modules(__path__))
+             if name not in HELPERS and name not in REGISTRY and not name.startswith("_")}
 
 
 def names() -> tuple[str, ...]:
