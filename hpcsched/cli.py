@@ -176,6 +176,8 @@ def _fast_simulate(args: list[str]) -> int | None:
     opts, as_json = line
     if not {"trace", "cluster", "policy", "out"} <= set(opts) or opts.get("compat", "muri") not in ("muri", "blox"):
         return None
+    if opts.get("compat") == "blox":
+        return _fast_blox(opts) if as_json else None
     import typer
 
     from hpcsched.sim.cli import simulate_cmd
@@ -190,6 +192,30 @@ def _fast_simulate(args: list[str]) -> int | None:
         return None
     except typer.Exit as e:
         return e.exit_code
+    return 0
+
+
+def _fast_blox(opts: dict[str, str]) -> int | None:
+    """``simulate --compat blox ... --json`` (the contract line other tools call) straight to Blox's loop: neither
+    Typer nor the DL engine is imported (half this command's start-up; its run is a fraction of a second). None
+    for what Typer should say in its own words (a bad --window, an unknown policy), which then parses again."""
+    from hpcsched.compat.blox import POLICIES
+    from hpcsched.window import parse_window
+
+    try:
+        window = parse_window(opts["window"]) if "window" in opts else None
+    except ValueError:
+        return None
+    if opts["policy"] not in POLICIES:
+        return None
+    from hpcsched.sim.blox_run import run_blox_command
+
+    try:
+        run_blox_command(Path(opts["trace"]), Path(opts["cluster"]), opts["policy"], Path(opts["out"]), True, window,
+                         300.0, None)
+    except (ValueError, InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

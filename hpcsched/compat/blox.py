@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from hpcsched.model import ClusterSpec, Job
@@ -51,9 +52,12 @@ OPTIMUS_SPEEDUP = {1: 5.0, 2: 3.0, 3: 1.4, 4: 1.2, 5: 1.1, 6: 1.0, 7: 1.0, 8: 1.
 class _Run:
     """One admitted job's state, as Blox's active-job dict holds it."""
 
+    k: int  # index in the trace (the GPUs' holder mark)
     job: Job
     total: float  # iterations (Blox: the duration, at 1 s per iteration)
     it: float
+    submit: float
+    remaining: float  # srtf/optimus's key, ``it x total - attained``, kept with ``attained``
     attained: float = 0.0
     executed: float = 0.0
     running: bool = False
@@ -82,15 +86,12 @@ class BloxResult:
     events: int
 
 
-def _key(policy: str, r: _Run) -> float:
-    if policy == "fifo":
-        return r.job.submit
-    if policy in ("srtf", "optimus"):
-        return r.it * r.total - r.attained
-    return r.attained  # las, tiresias
+# The sort key of each policy, after the priority: the field of ``_Run`` it reads (read in C by attrgetter: the sort
+# is the loop's largest cost, every round over every active job)
+SORT_FIELD = {"fifo": "submit", "srtf": "remaining", "optimus": "remaining", "las": "attained", "tiresias": "attained"}
 
 
-def _iterations(job: Job) -> tuple[float, float]:
+def iterations(job: Job) -> tuple[float, float]:
     """(iterations, seconds per iteration): Blox's jobs run duration-many 1-second iterations."""
     if job.duration is not None:
         return float(job.duration), 1
@@ -100,26 +101,41 @@ def _iterations(job: Job) -> tuple[float, float]:
 
 
 class _Cluster:
-    """GPU ids 0..N-1, node by node, as Blox registers its nodes; which job holds each."""
+    """GPU ids 0..N-1, node by node, as Blox registers its nodes; which job holds each, and the free count of each
+    node and in all (kept by ``take`` and ``release``, so a placement that cannot succeed costs nothing)."""
 
     def __init__(self, spec: ClusterSpec) -> None:
         self.per_node = spec.gpus_per_node
         self.holder: list[int | None] = [None] * spec.gpus
+        nodes = len(self.holder) // self.per_node if self.per_node else 0
+        self.free_n = [self.per_node] * nodes
+        self.free = self.per_node * nodes
 
-    def free_by_node(self) -> list[list[int]]:
-        nodes: list[list[int]] = []
-        for n in range(len(self.holder) // self.per_node if self.per_node else 0):
-            free = [g for g in range(n * self.per_node, (n + 1) * self.per_node) if self.holder[g] is None]
-            if free:
-                nodes.append(free)
-        return nodes
+    def take(self, gpus: list[int], k: int) -> None:
+        for g in gpus:
+            self.holder[g] = k
+            self.free_n[g // self.per_node] -= 1
+        self.free -= len(gpus)
+
+    def release(self, gpus: list[int]) -> None:
+        for g in gpus:
+            self.holder[g] = None
+            self.free_n[g // self.per_node] += 1
+        self.free += len(gpus)
 
     def scattered(self, need: int) -> list[int] | None:
+        """Blox's walk: up to ``need`` free GPUs from EACH node in order, succeeding only when the running total
+        equals ``need`` exactly (it can overshoot and then never succeed). Fewer free GPUs than ``need`` in all
+        can never sum to it."""
+        if need > self.free:
+            return None
         taken: list[int] = []
-        for free in self.free_by_node():
-            taken.extend(free[:need])
-            if len(taken) == need:
-                return taken
+        holder, per = self.holder, self.per_node
+        for n, count in enumerate(self.free_n):
+            if count:
+                taken.extend([g for g in range(n * per, (n + 1) * per) if holder[g] is None][:need])
+                if len(taken) == need:
+                    return taken
         return None
 
 
@@ -132,6 +148,7 @@ class BloxRounds:
                  policy: str, round_s: float, speedup: float) -> None:
         self.jobs, self.stream, self.tracked, self.gpus = jobs, stream, tracked, gpus
         self.policy, self.round_s, self.speedup = policy, round_s, speedup
+        self.sort_key = attrgetter("priority", SORT_FIELD[policy])
         self.runs: dict[int, _Run] = {}  # admission order = Blox's job_counter order
         self.active: dict[int, _Run] = {}
         self.finished: set[str] = set()
@@ -148,7 +165,7 @@ class BloxRounds:
         return self.over
 
     def handle(self, t: float, event: object) -> None:
-        jobs, stream, tracked, gpus, policy = self.jobs, self.stream, self.tracked, self.gpus, self.policy
+        jobs, stream, tracked, gpus = self.jobs, self.stream, self.tracked, self.gpus
         round_s, speedup, active, finished = self.round_s, self.speedup, self.active, self.finished
         # 1. metrics and completions (Blox's update_metrics)
         done = []
@@ -158,6 +175,7 @@ class BloxRounds:
             if not r.metered:
                 r.metered, r.first_metered = True, t
             r.attained += round_s
+            r.remaining = r.it * r.total - r.attained
             r.rounds_run += 1
             r.executed = (round_s / r.it) * speedup + r.executed
             if r.executed >= r.total:
@@ -165,8 +183,7 @@ class BloxRounds:
         for k in done:
             r = active.pop(k)
             r.end, r.running = t, False
-            for g in r.gpus_held:
-                gpus.holder[g] = None
+            gpus.release(r.gpus_held)
             r.gpus_held = []
             finished.add(r.job.id)
         if tracked is not None and tracked <= finished:
@@ -179,32 +196,35 @@ class BloxRounds:
         # 2. admission
         while self.next_arrival < len(stream) and jobs[stream[self.next_arrival]].submit <= t:
             i = stream[self.next_arrival]
-            total, it = _iterations(jobs[i])
-            self.runs[i] = active[i] = _Run(jobs[i], total, it)
+            job = jobs[i]
+            total, it = iterations(job)
+            self.runs[i] = active[i] = _Run(i, job, total, it, job.submit, it * total)
             self.next_arrival += 1
         # 3. scheduling: a stable sort over admission order
-        order = sorted(active, key=lambda k: (active[k].priority, _key(policy, active[k])))
+        order = sorted(active.values(), key=self.sort_key)
         # 4. placement
-        preempted, launched = _place(order, active, gpus)
+        preempted, launched = _place(order, gpus)
         # 5. launch / preempt, waiting time
-        for k in preempted:
-            active[k].preemptions += 1
-        for k, placement in launched.items():
-            r = active[k]
+        for r in preempted:
+            r.preemptions += 1
+        for r, placement in launched:
             r.running, r.gpus_held = True, placement  # its GPUs were marked by the walk
             if r.first_start is None:
                 r.first_start = t
             r.nodes = len({g // gpus.per_node for g in placement})
-        for k, r in active.items():
-            if k in launched or r.running or k in preempted:
+        reset = {id(r) for r in preempted} | {id(r) for r, _ in launched}
+        running = 0
+        for r in active.values():
+            if r.running:
+                running += 1
+                r.waited = 0.0
+            elif id(r) in reset:
                 r.waited = 0.0
             else:
                 r.waited += round_s
                 if r.waited >= PROMOTE_S:
                     r.priority = PROMOTED_PRIORITY
-        running = sum(1 for r in active.values() if r.running)
-        self.rounds.append((t, len(preempted), sum(1 for h in gpus.holder if h is not None), running,
-                            len(active) - running))
+        self.rounds.append((t, len(preempted), len(gpus.holder) - gpus.free, running, len(active) - running))
         self.n_rounds += 1
 
 
@@ -259,35 +279,32 @@ def simulate_blox(
     return BloxResult(results, meta, rounds, responsiveness, window_ids, time.perf_counter() - t0, n_rounds)
 
 
-def _place(order: list[int], active: dict[int, _Run], gpus: _Cluster) -> tuple[list[int], dict[int, list[int]]]:
-    """Blox's ``Place`` walk; returns (preempted, launched -> GPUs). Preempted jobs stop at once, so a later
-    waiting job may use their GPUs (and a preempted job may be placed again further down the order)."""
-    preempted: list[int] = []
-    launched: dict[int, list[int]] = {}
+def _place(order: list[_Run], gpus: _Cluster) -> tuple[list[_Run], list[tuple[_Run, list[int]]]]:
+    """Blox's ``Place`` walk; returns (preempted, launched with their GPUs). Preempted jobs stop at once, so a later
+    waiting job may use their GPUs (and a preempted job may be placed again further down the order, or be
+    preempted twice in one round: each counts)."""
+    preempted: list[_Run] = []
+    launched: list[tuple[_Run, list[int]]] = []
     n = len(order)
-    for idx, k in enumerate(order):
-        r = active[k]
+    for idx, r in enumerate(order):
         if r.running:
             continue
         placement = gpus.scattered(r.job.gpus)
         if placement is None:
             for rev in range(1, n - idx):
-                victim_k = order[-rev]
-                victim = active[victim_k]
+                victim = order[-rev]
                 if victim.running:
-                    preempted.append(victim_k)
+                    preempted.append(victim)
                     victim.running = False
-                    for g in victim.gpus_held:
-                        gpus.holder[g] = None
+                    gpus.release(victim.gpus_held)
                     victim.gpus_held = []
                     placement = gpus.scattered(r.job.gpus)
                     if placement is not None:
                         break
         if placement is None:
             break
-        launched[k] = placement
-        for g in placement:
-            gpus.holder[g] = k
+        launched.append((r, placement))
+        gpus.take(placement, r.k)
     return preempted, launched
 
 
