@@ -124,8 +124,9 @@ def _env(copy: Path) -> dict[str, str]:
 def found(copy: Path) -> dict:
     work = copy / "work"
     work.mkdir()
-    r = subprocess.run([sys.executable, "-c", CHECK, str(work), str(ROOT / "cluster_spec" / "n8g8.csv")], cwd=copy, env=_env(copy), capture_output=True,
-                       text=True, timeout=300)
+    cluster = ROOT / "cluster_spec" / "n8g8.csv"
+    r = subprocess.run([sys.executable, "-c", CHECK, str(work), str(cluster)], cwd=copy, env=_env(copy),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

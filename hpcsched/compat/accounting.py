@@ -4,7 +4,7 @@ engine (the engine holds one accounting; the default one is ``hpcsched.sim.accou
 What the reference does, and this reproduces (its published numbers depend on it):
 
 - every running job is settled at EVERY event, for the whole interval since the last one, and each interval
-  costs every running job its restart charge (``JobRun.charge``: its own, or its group's sum);
+  costs every running job its restart charge (``EngineJob.charge``: its own, or its group's sum);
 - a completion is predicted from what is left at its period ("iterations"), or, in Tiresias' loop, after its
   duration of wall time truncated to whole seconds ("wall"); no round-off is forgiven;
 - the next wake-up for a service threshold is recomputed at every event as ceil(limit / gpus) - executed + now

@@ -100,7 +100,7 @@ def iterations(job: Job) -> tuple[float, float]:
     raise ValueError(f"job {job.id}: neither a duration nor iterations with an iteration time")
 
 
-class _Cluster:
+class _GpuHolders:
     """GPU ids 0..N-1, node by node, as Blox registers its nodes; which job holds each, and the free count of each
     node and in all (kept by ``take`` and ``release``, so a placement that cannot succeed costs nothing)."""
 
@@ -144,7 +144,7 @@ class BloxRounds:
     ``round_s`` (steps 1-5 of this module's docstring at each); done when the window's jobs finished, or the
     trace ran out and nothing is active."""
 
-    def __init__(self, jobs: Sequence[Job], stream: list[int], tracked: set[str] | None, gpus: _Cluster,
+    def __init__(self, jobs: Sequence[Job], stream: list[int], tracked: set[str] | None, gpus: _GpuHolders,
                  policy: str, round_s: float, speedup: float) -> None:
         self.jobs, self.stream, self.tracked, self.gpus = jobs, stream, tracked, gpus
         self.policy, self.round_s, self.speedup = policy, round_s, speedup
@@ -254,7 +254,7 @@ def simulate_blox(
     if too_big:
         raise ValueError(f"{len(too_big)} jobs need more GPUs than the cluster's {cluster.gpus} (e.g. job "
                          f"{too_big[0]}): Blox would wait on them forever")
-    loop = BloxRounds(jobs, stream, tracked, _Cluster(cluster), policy, round_s, speedup)
+    loop = BloxRounds(jobs, stream, tracked, _GpuHolders(cluster), policy, round_s, speedup)
     core = EventCore()
     core.start_rounds(0.0)
     core.run(loop)
@@ -279,7 +279,7 @@ def simulate_blox(
     return BloxResult(results, meta, rounds, responsiveness, window_ids, time.perf_counter() - t0, n_rounds)
 
 
-def _place(order: list[_Run], gpus: _Cluster) -> tuple[list[_Run], list[tuple[_Run, list[int]]]]:
+def _place(order: list[_Run], gpus: _GpuHolders) -> tuple[list[_Run], list[tuple[_Run, list[int]]]]:
     """Blox's ``Place`` walk; returns (preempted, launched with their GPUs). Preempted jobs stop at once, so a later
     waiting job may use their GPUs (and a preempted job may be placed again further down the order, or be
     preempted twice in one round: each counts)."""

@@ -29,7 +29,7 @@ _INF = float("inf")
 
 
 class Member(Protocol):
-    """What re-planning reads of a job (the simulator's ``JobRun`` is one)."""
+    """What re-planning reads of a job (the simulator's ``EngineJob`` is one)."""
 
     id: str
     gpus: int

@@ -7,12 +7,12 @@ Usage::
     d.counts[job.id], d.nodes[job.id], d.objective, d.status
 """
 
-from hpcsched.milp.allocate import SOLVERS, Allocation, SolverUnavailable, allocate, solve_counts
+from hpcsched.milp.allocate import SOLVERS, MilpAllocation, SolverUnavailable, allocate, solve_counts
 from hpcsched.milp.problem import JobValue, MilpJob, Objective, Problem, check_job, job_values, objective_value
 
 __all__ = [
     "SOLVERS",
-    "Allocation",
+    "MilpAllocation",
     "MilpJob",
     "JobValue",
     "Objective",

@@ -25,7 +25,7 @@ SOLVERS = (*BACKENDS, "dp", "greedy", "equal")  # the MILP backends, then the so
 
 
 @dataclass(frozen=True, slots=True)
-class Allocation:
+class MilpAllocation:
     """The new allocation: count and node ids per job id, its objective, and how it was reached."""
 
     counts: dict[str, int]
@@ -92,13 +92,13 @@ def solve_counts_sized(jobs: Sequence[MilpJob], pool_size: int, tfwd: float = 10
     return counts, "time_limit", model.n_vars
 
 
-def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> Allocation:
+def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) -> MilpAllocation:
     """One decision: counts from ``solver``, then node ids keeping jobs on the nodes they hold."""
     t0 = time.perf_counter()
     counts, status, n_vars = solve_counts(problem, solver, time_limit)
     nodes = map_nodes(problem.jobs, problem.pool, counts)
     final = [len(nodes[s.job.id]) for s in problem.jobs]
-    return Allocation(
+    return MilpAllocation(
         counts={s.job.id: n for s, n in zip(problem.jobs, final, strict=True)},
         nodes=nodes,
         objective=objective_value(job_values(problem), final),
@@ -109,4 +109,4 @@ def allocate(problem: Problem, solver: str = "highs", time_limit: float = 10.0) 
     )
 
 
-__all__ = ["Allocation", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts", "solve_counts_sized"]
+__all__ = ["MilpAllocation", "SOLVERS", "SolverUnavailable", "allocate", "solve_counts", "solve_counts_sized"]

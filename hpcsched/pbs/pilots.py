@@ -42,7 +42,7 @@ log = logging.getLogger("hpcsched.pbs.pilots")
 
 
 @dataclass(slots=True)
-class Pilot:
+class PbsPilot:
     job_id: str
     node: str
     state: str = "PENDING"
@@ -66,7 +66,7 @@ class PbsPilots:
         self.cfg, self.demand_view, self.controller, self.clock, self.run = cfg, view, controller, clock, run
         self.tag = hashlib.sha256(str(Path(state).resolve()).encode()).hexdigest()[:8]  # one per state file
         self.job_name = f"hpcsched-{self.tag}"  # short: PBS Pro before 19 refused names over 15 characters
-        self.pilots: dict[str, Pilot] = {}
+        self.pilots: dict[str, PbsPilot] = {}
         self.errors = 0  # polls that failed (PBS down, a command refused)
         self.token_file: Path | None = None
         cfg.work_dir.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ class PbsPilots:
         for jid, j in read.pilots.items():
             p = self.pilots.get(jid)
             if p is None:  # a predecessor's (same state file), or one submitted and already listed
-                p = self.pilots[jid] = Pilot(jid, j.nodes[0] if j.nodes else "", seen=now)
+                p = self.pilots[jid] = PbsPilot(jid, j.nodes[0] if j.nodes else "", seen=now)
                 self._event("adopt", p, "found in qstat")
             if j.state == "RUNNING" and p.state != "RUNNING":
                 p.running_since = now
@@ -155,7 +155,7 @@ class PbsPilots:
                         cancelled=ours)
             self._deleted.discard(jid)
 
-    def _check(self, p: Pilot, now: float, workers: dict[str, tuple[bool, int, int]]) -> None:
+    def _check(self, p: PbsPilot, now: float, workers: dict[str, tuple[bool, int, int]]) -> None:
         if p.job_id in self._doomed or p.job_id in self._deleted:
             return
         w = workers.get(p.worker)
@@ -202,7 +202,7 @@ class PbsPilots:
         jid = self.run([*argv, *c.qsub_args, str(self.script)]).strip()
         if not jid:
             raise PbsError("qsub printed no job id")
-        p = self.pilots[jid] = Pilot(jid, node, seen=self.clock())
+        p = self.pilots[jid] = PbsPilot(jid, node, seen=self.clock())
         self._event("submit", p, f"on {node}: {why}")
 
     def _release_idle(self, now: float, workers: dict[str, tuple[bool, int, int]], demand: int, live: int) -> None:
@@ -239,7 +239,7 @@ class PbsPilots:
                 out[p.node] = (f"pilot {p.job_id} ({p.state.lower()}, {serving})", p.job_id)
         return out
 
-    def _event(self, kind: str, p: Pilot, detail: str, cancelled: bool = False) -> None:
+    def _event(self, kind: str, p: PbsPilot, detail: str, cancelled: bool = False) -> None:
         log.info("pilot %s: %s %s", p.job_id, kind, detail)
         record = getattr(self.demand_view, "record", None)
         if record is None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpcsched.sim.events import END, WAKE
 
 if TYPE_CHECKING:
-    from hpcsched.sim.jobrun import JobRun
+    from hpcsched.sim.jobrun import EngineJob
 
 _INF = float("inf")
 
@@ -38,7 +38,7 @@ class LazyAccounting:
     def end_tol(self, t: float) -> float:
         return 1e-9 * max(1.0, abs(t))
 
-    def settle(self, j: JobRun, t: float) -> None:
+    def settle(self, j: EngineJob, t: float) -> None:
         """Settle one running job's progress up to ``t``: its restart cost first, then iterations at its period."""
         dt = t - j.since
         if dt > 0:
@@ -56,11 +56,11 @@ class LazyAccounting:
         for j in self.e.running.values():
             settle(j, t)
 
-    def remaining(self, j: JobRun) -> float:
+    def remaining(self, j: EngineJob) -> float:
         """Solo seconds left as a policy sees them (``JobView.remaining_s``)."""
         return max(j.total - j.done, 0.0) * j.it * j.slow
 
-    def ended(self, j: JobRun, t: float) -> None:
+    def ended(self, j: EngineJob, t: float) -> None:
         """A job whose completion is due: settled, with the round-off of its last iterations forgiven."""
         self.settle(j, t)
         if abs(j.done - j.total) <= 1e-6 * max(1.0, j.total):
@@ -81,7 +81,7 @@ class LazyAccounting:
                         j.attained = thr
                 self.push_wake(j)
 
-    def push_wake(self, j: JobRun) -> None:
+    def push_wake(self, j: EngineJob) -> None:
         j.wake = _INF
         for thr in self.e.thresholds:
             if j.attained < thr:
@@ -89,7 +89,7 @@ class LazyAccounting:
                 self.e.queue.schedule(j.wake, WAKE, j.idx)
                 return
 
-    def arm(self, now_running: Iterable[JobRun], before: dict[int, Any], t: float) -> None:
+    def arm(self, now_running: Iterable[EngineJob], before: dict[int, Any], t: float) -> None:
         """After a decision: every running job's completion (re)predicted from ``t``, a new one's first crossing.
         Inline: it runs for every running job at every decision."""
         schedule, thresholds = self.e.queue.schedule, self.e.thresholds
@@ -102,6 +102,6 @@ class LazyAccounting:
             if thresholds and j.idx not in before:
                 self.push_wake(j)
 
-    def arm_started(self, j: JobRun, t: float) -> None:
+    def arm_started(self, j: EngineJob, t: float) -> None:
         """A job started outside a decision (every job fits): its completion and first crossing."""
         self.arm((j,), {}, t)

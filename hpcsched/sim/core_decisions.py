@@ -35,7 +35,7 @@ from hpcsched.model import ResourceProfile
 
 if TYPE_CHECKING:
     from hpcsched.core.replan import Planned
-    from hpcsched.sim.jobrun import JobRun
+    from hpcsched.sim.jobrun import EngineJob
 
 MAX_ROUNDS = 16
 """Decisions at one instant before the engine gives up: each round after the first follows stops, and a
@@ -84,7 +84,7 @@ class CoreDecider:
         self.log: list[DecisionEvent] = []
         self.untimed: set[str] = set()  # co-located jobs without a stage profile, timed as compute-only
 
-    def state(self, active: Iterable[JobRun], free: list[int], t: float) -> ClusterState:
+    def state(self, active: Iterable[EngineJob], free: list[int], t: float) -> ClusterState:
         """What the controller would see now: the active jobs as it knows them, the workers and their use."""
         used = {self.names[i]: self.gpn - f for i, f in enumerate(free) if f < self.gpn}
         return ClusterState(now=t, jobs=tuple(self._job(j) for j in active), workers=self.workers, used=used)
@@ -92,10 +92,10 @@ class CoreDecider:
     def plan(self, state: ClusterState) -> Plan:
         return decide(DecideRequest(state, self.policy, self.spec.options))
 
-    def apply(self, plan: Plan, active: Sequence[JobRun], t: float) -> list[Planned]:
+    def apply(self, plan: Plan, active: Sequence[EngineJob], t: float) -> list[Planned]:
         """The engine's plan (every group that runs from now on, with its GPUs) for the core's ``plan``; logs
         its stops and starts and keeps the co-location keys and attempt starts up to date."""
-        by_key: dict[str, list[JobRun]] = {}
+        by_key: dict[str, list[EngineJob]] = {}
         for j in active:
             if j.running and j.id not in plan.stops:
                 by_key.setdefault(self.keys[j.id], []).append(j)
@@ -122,7 +122,7 @@ class CoreDecider:
                 out.append((Group(ids, _period(members)), tuple(members), need, place))
         return out
 
-    def _job(self, j: JobRun) -> JobState:
+    def _job(self, j: EngineJob) -> JobState:
         declared = self.spec.declared.get(j.id)
         if j.ever_ran:
             it, profile = j.it, j.job.profile
@@ -144,19 +144,19 @@ class CoreDecider:
         return tuple((self.index[w], k) for w, k in where)
 
     @staticmethod
-    def _procs(jid: str, active: Sequence[JobRun]) -> int:
+    def _procs(jid: str, active: Sequence[EngineJob]) -> int:
         return next((j.gpus for j in active if j.id == jid), 0)
 
 
-def _gpus(j: JobRun) -> int:
+def _gpus(j: EngineJob) -> int:
     return j.gpus
 
 
-def _profiled(m: JobRun) -> bool:
+def _profiled(m: EngineJob) -> bool:
     return m.job.profile is not None and m.job.profile.total_s > 0
 
 
-def _period(members: list[JobRun]) -> float:
+def _period(members: list[EngineJob]) -> float:
     """Raw pipeline period of co-located jobs from their stage profiles (compute-only where unknown; the
     engine counts those jobs in ``meta.json`` as ``untimed_colocated_jobs``)."""
     import numpy as np

@@ -68,7 +68,7 @@ from hpcsched.compat import MODES as COMPAT_MODES
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.primitives.speed import SOLO_FACTOR
 from hpcsched.results import JobResult
-from hpcsched.sim.jobrun import JobRun
+from hpcsched.sim.jobrun import EngineJob
 from hpcsched.sim.loop import DLEngine
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ def simulate(
     )
 
 
-def _result(j: JobRun) -> JobResult:
+def _result(j: EngineJob) -> JobResult:
     status = "completed" if j.end is not None else ("rejected" if j.status == "rejected" else "unfinished")
     return JobResult(j.id, j.submit, j.first_start, j.end, j.gpus, 0, j.gpu_s, 0.0, status)
 

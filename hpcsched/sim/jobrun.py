@@ -13,7 +13,7 @@ from hpcsched.primitives.speed import SOLO_FACTOR, restart_cost
 _INF = math.inf
 
 
-class JobRun:
+class EngineJob:
     """Mutable per-run state of one job (the Job record itself stays frozen)."""
 
     __slots__ = (

@@ -18,7 +18,7 @@ from hpcsched.primitives import placement as pl
 from hpcsched.primitives.speed import SOLO_FACTOR, group_factor, restart_cost
 from hpcsched.sim.accounting import LazyAccounting
 from hpcsched.sim.events import ARRIVAL, END, EventQueue
-from hpcsched.sim.jobrun import JobRun
+from hpcsched.sim.jobrun import EngineJob
 from hpcsched.sim.orders import COLS, LiveView, merge_order, vector_order
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class DLEngine(Planner):
         self.rules: CompatRules = hints.compat.get(compat, CompatRules()) if compat else CompatRules()
         self.cluster, self.policy, self.name, self.progress = cluster, policy, name, progress
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)  # stable: file order on ties
-        self.jobs = [JobRun(jobs[i], k, self.compat, restart_s, slowdown) for k, i in enumerate(order)]
+        self.jobs = [EngineJob(jobs[i], k, self.compat, restart_s, slowdown) for k, i in enumerate(order)]
         self.gpn = cluster.gpus_per_node
         self.capacity = [self.gpn] * cluster.nodes  # re-planning's view of the nodes (``core.replan``)
         self.total = cluster.gpus
@@ -79,7 +79,7 @@ class DLEngine(Planner):
             self.acct = ReferenceAccounting(self, self.rules)
         self.next_arrival = 0  # the arrival cursor: jobs in submit order, one ARRIVAL entry ahead
         okey = hints.order_key
-        self.jkey: Callable[[JobRun], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
+        self.jkey: Callable[[EngineJob], Any] | None = None  # order_key policies: a job's sort key (contract item 9)
         if okey is not None and (not self.compat or not hints.compat_rank_order):
             self.jkey = lambda j: okey(j.live or self._live(j))
         elif okey is not None and self.queued:  # compat Tiresias: its answer is the lists' order
@@ -93,15 +93,15 @@ class DLEngine(Planner):
         self.wsorted: dict[int, list[tuple[Any, int]]] = {}  # order_key policies: GPU demand -> waiting
         # jobs of that demand by (order key, idx); split by demand so a full cluster skips whole sizes
         self.wsizes: dict[int, int] = {}  # GPU demand -> number of waiting jobs asking that many
-        self.active: dict[int, JobRun] = {}  # arrival order
-        self.running: dict[int, JobRun] = {}
+        self.active: dict[int, EngineJob] = {}  # arrival order
+        self.running: dict[int, EngineJob] = {}
         self.free = [self.gpn] * cluster.nodes  # GPUs not held by running placements
         self.busy = 0.0
         self.active_gpus = 0
         self.now = 0.0
         self.events = 0
         self.timeline: list[float] = []
-        self.by_id: dict[str, JobRun] = {}
+        self.by_id: dict[str, EngineJob] = {}
         self.finished = 0
         # vector_keys policies only (numpy is imported for them alone: a baseline run starts faster without):
         self.vmask: Any = None  # active jobs, a bool per job
@@ -223,14 +223,14 @@ class DLEngine(Planner):
         self.finished += len(ends)
         return bool(ends)
 
-    def _wait(self, j: JobRun) -> None:
+    def _wait(self, j: EngineJob) -> None:
         """Book-keep a job that starts waiting (arrived or preempted): its GPU demand, and its key."""
         self.wsizes[j.gpus] = self.wsizes.get(j.gpus, 0) + 1
         if self.jkey is not None:
             j.wkey = (self.jkey(j), j.idx)
             insort(self.wsorted.setdefault(j.gpus, []), j.wkey)
 
-    def _unwait(self, j: JobRun) -> None:
+    def _unwait(self, j: EngineJob) -> None:
         """Undo ``_wait`` for a job that starts running."""
         c = self.wsizes[j.gpus] - 1
         if c:
@@ -242,7 +242,7 @@ class DLEngine(Planner):
             del lst[bisect_left(lst, j.wkey)]
             j.wkey = None
 
-    def _release(self, j: JobRun, finished: bool = False) -> None:
+    def _release(self, j: EngineJob, finished: bool = False) -> None:
         """Stop a job; its GPUs go back unless another member of its group still runs on them."""
         j.running = False
         if self.rsorted is not None:
@@ -297,7 +297,7 @@ class DLEngine(Planner):
             self.acct.arm_started(j, t)
         return True
 
-    def _view(self, j: JobRun) -> JobView:
+    def _view(self, j: EngineJob) -> JobView:
         v = j.view
         if v is None:
             remaining = self.acct.remaining(j)
@@ -308,7 +308,7 @@ class DLEngine(Planner):
             j.view = v
         return v
 
-    def _live(self, j: JobRun) -> LiveView:
+    def _live(self, j: EngineJob) -> LiveView:
         """The job's ``LiveView`` (made once): what an order key reads, without building a JobView."""
         j.live = LiveView(j, self.acct)
         return j.live
@@ -373,14 +373,14 @@ class DLEngine(Planner):
             self._fill(j)
         return vector_order(self.vorder, t, self.cluster, self.mode, self.table, self.vmask)
 
-    def _fill(self, j: JobRun) -> None:
+    def _fill(self, j: EngineJob) -> None:
         """Write one job's changing columns (the numbers its JobView would show), without the view."""
         i, cols = j.idx, self.cols
         cols["remaining_s"][i] = self.acct.remaining(j)
         cols["iterations_done"][i] = j.done
         cols["executed_s"][i] = j.executed
 
-    def _start(self, m: JobRun, t: float) -> None:
+    def _start(self, m: EngineJob, t: float) -> None:
         if not m.running:
             self._unwait(m)
             if self.rsorted is not None:
@@ -400,7 +400,7 @@ class DLEngine(Planner):
         counted per placement without a call (a group's shared placement once); completions are re-armed inline.
         Each shortcut gives exactly the numbers of the general path."""
         compat = self.compat
-        now_running: list[JobRun] = []
+        now_running: list[EngineJob] = []
         append = now_running.append
         for g, members, need, p in plan:
             k = len(members)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpcsched.allocator import Group
     from hpcsched.model import ClusterSpec
-    from hpcsched.sim.jobrun import JobRun
+    from hpcsched.sim.jobrun import EngineJob
 
 COLS = ("submit", "gpus", "iterations_total", "iteration_time", "remaining_s", "iterations_done", "executed_s")
 """The per-job columns a ``vector_keys`` policy reads (contract item 10)."""
@@ -28,7 +28,7 @@ class LiveView:
 
     __slots__ = ("_j", "_a")
 
-    def __init__(self, j: JobRun, acct: Any) -> None:
+    def __init__(self, j: EngineJob, acct: Any) -> None:
         self._j, self._a = j, acct  # acct: the run's accounting, which settles remaining_s
 
     id = property(lambda self: self._j.id)
@@ -47,7 +47,7 @@ class LiveView:
     rank_hint = property(lambda self: self._j.hint)
 
 
-def merge_order(jobs: Sequence[JobRun], run: list[tuple[Any, int]], wsorted: Mapping[int, list[tuple[Any, int]]],
+def merge_order(jobs: Sequence[EngineJob], run: list[tuple[Any, int]], wsorted: Mapping[int, list[tuple[Any, int]]],
                 dead: set[int]) -> Iterator[Group]:
     """An ``order_key`` policy's answer, lazily: the running jobs keyed now (``run``, sorted), merged with the
     waiting ones (``wsorted``: GPU demand -> sorted (key, idx); their keys cannot have changed since they
