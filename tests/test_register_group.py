@@ -209,3 +209,34 @@ def test_group_commit_gives_each_its_own_outcome_and_bounds_the_waiters() -> Non
     with pytest.raises(OSError):
         q.submit(99)
     assert q.submit(6) == 60  # the queue goes on after a failed group
+
+
+def test_a_register_from_a_thread_holding_the_lock_does_not_wait_for_the_queue(tmp_path: Path) -> None:
+    """In-process callers may register while holding the controller's lock: queued behind a leader that waits for
+    that lock, the call would never return; it is committed at once instead, and the queued one after the lock."""
+    from hpcsched.runtime.config import ControllerConfig
+    from hpcsched.runtime.controller import Controller
+
+    ctl = Controller(ControllerConfig(state=tmp_path / "s.db", checkpoint_root=tmp_path / "ck", worker_timeout_s=600))
+    ctl.started()
+    got: list[str] = []
+    holding = threading.Event()
+
+    def queued() -> None:
+        holding.wait(WAIT_S)
+        got.append(ctl.register(_req("queued")) and "queued")
+
+    def inline() -> None:  # holds the lock while the other registration queues, then registers itself
+        with ctl.lock:
+            holding.set()
+            _until("the other registration never queued", lambda: ctl.registrations.waiting() == 1)
+            got.append(ctl.register(_req("inline")) and "inline")
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (queued, inline)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in threads), "a registration under the lock waited for the queue: deadlock"
+    assert got == ["inline", "queued"] and {w.id for w in ctl.store.workers()} == {"inline", "queued"}
+    ctl.store.close()

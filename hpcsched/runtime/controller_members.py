@@ -91,6 +91,11 @@ class Membership:
         problem = registration_problem(req)
         if problem:
             raise InputError(f"worker {clip(req.worker_id, 60)!r}", problem)
+        if self.lock.held():  # queued, it would wait for a leader that waits for this thread's lock: at once
+            outcome = self._register_group([req])[0]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         reply = self.registrations.submit(req)
         if reply is None:  # told when to come back: the storm is paced (``pacing``)
             raise shed_register(self.registrations.bound, self.register_pacer.retry_after(req.worker_id))

@@ -58,6 +58,11 @@ class StepFirstLock:
                     if not self._first_waiting:
                         self._cond.notify_all()  # plain waiters held back only by this one may go now
 
+    def held(self) -> bool:
+        """Whether the calling thread holds the lock."""
+        with self._cond:
+            return self._owner == threading.get_ident()
+
     def _free(self, first: bool) -> bool:
         return self._owner is None and (first or not self._first_waiting)
 
