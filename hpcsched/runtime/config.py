@@ -88,6 +88,9 @@ class ControllerConfig:
     # heartbeats a second the controller budgets for: workers beat every max(heartbeat_interval_s, workers / rate)
     # seconds, at most worker_timeout_s / 3 (sized for a 2-core controller host; raise it on a bigger one)
     heartbeat_rate: float = 500.0
+    # a lease server process answers the lease renewals of workers with nothing to report (lease.py); false: every
+    # heartbeat goes to the controller, as before
+    lease_server: bool = True
     schedule_interval_s: float = 0.5
     max_restarts: int = 5  # failed attempts of one job before it is marked failed
     stop_grace_s: float = 30.0  # SIGTERM -> SIGKILL on workers when a job is stopped
@@ -131,7 +134,7 @@ class ControllerConfig:
 CONTROLLER_KEYS = {
     "listen", "address_file", "state", "checkpoint_root", "token", "token_file", "tls_cert", "tls_key",
     "policy", "heartbeat_interval_s", "worker_timeout_s", "heartbeat_rate", "schedule_interval_s", "max_restarts",
-    "stop_grace_s",
+    "stop_grace_s", "lease_server",
     "min_runtime_s", "milp_tfwd_s", "rpc_stats_file", "worker_token", "worker_token_file", "admin_token",
     "admin_token_file", "backup_dir", "backup_interval_s", "backup_keep",
     "user_tokens", "own_jobs_only", "admission", "load_threshold", "placement", "regroup",
@@ -236,6 +239,7 @@ def _controller_config(path: str | Path) -> ControllerConfig:
         heartbeat_interval_s=doc.positive("heartbeat_interval_s", float, 1.0),
         worker_timeout_s=doc.positive("worker_timeout_s", float, 10.0),
         heartbeat_rate=doc.positive("heartbeat_rate", float, 500.0),
+        lease_server=doc.get("lease_server", bool, True),
         schedule_interval_s=doc.positive("schedule_interval_s", float, 0.5),
         max_restarts=doc.get("max_restarts", int, 5),
         stop_grace_s=doc.positive("stop_grace_s", float, 30.0),

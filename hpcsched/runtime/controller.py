@@ -44,6 +44,7 @@ from hpcsched.runtime.controller_jobs import JobLifecycle
 from hpcsched.runtime.controller_members import Membership
 from hpcsched.runtime.controller_step import Stepping
 from hpcsched.runtime.inplace_resize import InPlaceResizer
+from hpcsched.runtime.lease import LeaseTable
 from hpcsched.runtime.listing import JobFilter, Listing, every_page, wall
 from hpcsched.runtime.live_pool import LivePool
 from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, LOCK_WAITING_CALLS
@@ -106,6 +107,8 @@ class Controller(Membership, Stepping, JobLifecycle):
         self.quiet_steps = 0  # steps that did not (nothing changed)
         self.notes_deferred = 0  # steps that left waiting notes for the next ones (their time bound, ``_write_notes``)
         self.last_seen: dict[str, float] = {}  # worker -> its last heartbeat, on the monotonic clock
+        # renewals answered by the lease server (lease.py), set by the server when it runs one: liveness reads both
+        self.leases: LeaseTable | None = None
         self.spare_port: dict[str, int] = {}
         self.agent_port: dict[str, int] = {}  # worker -> its WorkerAgent port (every heartbeat says it: no state)
         self.leaving: set[str] = set()  # workers draining after a Leave: they get no new tasks
@@ -206,6 +209,6 @@ class Controller(Membership, Stepping, JobLifecycle):
         """The live workers among ``ids`` -> when each was last heard (wall clock, for display)."""
         with self.lock:
             now = self.mono()
-            return {w: wall(now, self.last_seen[w]) for w in ids if w in self.last_seen}
+            return {w: wall(now, max(self.last_seen[w], self._renewed(w))) for w in ids if w in self.last_seen}
 
 

@@ -159,6 +159,8 @@ class Membership:
         controller's heartbeat rate stays near ``heartbeat_rate``); said once when the timeout caps it."""
         interval, capped = interval_s(len(self.last_seen), self.cfg.heartbeat_interval_s, self.cfg.heartbeat_rate,
                                       self.cfg.worker_timeout_s)
+        if self.leases is not None:  # what the lease server's replies tell
+            self.leases.set_interval(interval)
         if capped and not self._rate_warned:
             self._rate_warned = True
             log.warning("%d workers at heartbeat_rate %g/s would beat every %.1f s, but worker_timeout_s %g caps the "
@@ -181,6 +183,8 @@ class Membership:
             log.warning("refused a heartbeat of worker %s unprocessed: %s (%d such so far)",
                         clip(req.worker_id, 60), problem, self.refused_heartbeats)
             raise InputError(f"heartbeat of worker {clip(req.worker_id, 60)!r}", problem)
+        if self.leases is not None:  # this reply carries the orders its renewals were told to come for
+            self.leases.clear_want(req.worker_id)
         reply = pb.HeartbeatReply()
         if self._lease_only(req):
             reply.heartbeat_interval_s = self.heartbeat_interval()
@@ -407,16 +411,29 @@ class Membership:
             self.store.event(job.id, kind, **detail)
         self.store.update_job(job.id, **u.fields)
 
+    def _renewed(self, wid: str) -> float:
+        """When the lease server last renewed the worker's lease (the controller's monotonic clock), -inf: never."""
+        at = self.leases.renewed_at(wid) if self.leases is not None else None
+        return at if at is not None else float("-inf")
+
     def _reap_dead_workers(self, now: float) -> None:
+        """Declare lost every worker silent for ``worker_timeout_s``: neither a heartbeat here nor a renewal at the
+        lease server (read only for those whose last heartbeat is that old: one table read each)."""
+        if self.leases is not None:
+            self.leases.server_up()  # an exit of the lease server is said, and no longer named to registrations
         for wid, seen in list(self.last_seen.items()):
             if now - seen <= self.cfg.worker_timeout_s:
                 continue
             with self.seen_lock:  # a lease-only heartbeat may have renewed it since the copy
-                seen = self.last_seen.get(wid, now)
+                seen = max(self.last_seen.get(wid, now), self._renewed(wid))
                 if now - seen <= self.cfg.worker_timeout_s:
+                    if wid in self.last_seen:
+                        self.last_seen[wid] = seen  # renewed at the lease server: not looked at again until then
                     continue
                 del self.last_seen[wid]
                 self.instance.pop(wid, None)  # the name is free for the next daemon
+            if self.leases is not None:
+                self.leases.release(wid)
             self.spare_port.pop(wid, None)
             self.store.set_worker_alive(wid, False)
             self._workers_changed = True

@@ -59,6 +59,10 @@ class WorkerCredentials(grpc.ServerInterceptor):
         self._throttle = LogThrottle(log)
         self.refused = 0
         self.unknown = 0
+        # (worker id, instance, credential, reply) after each issue, and (worker id) after each forget: the lease
+        # table (``lease``) binds a registration's slot to the credential and names it in the reply
+        self.on_issue: Callable[[str, str, str, pb.RegisterReply], None] | None = None
+        self.on_forget: Callable[[str], None] | None = None
 
     def issue(self, worker_id: str, instance: str) -> str:
         """A new credential for this worker's daemon ``instance`` (replacing any earlier one of the worker)."""
@@ -71,6 +75,8 @@ class WorkerCredentials(grpc.ServerInterceptor):
         """The worker left for good: its credential speaks for nothing any more."""
         with self._lock:
             self._issued.pop(worker_id, None)
+        if self.on_forget is not None:
+            self.on_forget(worker_id)
 
     def check(self, worker_id: str, instance: str, credential: str) -> bool | None:
         """True: ``credential`` is the one issued to this worker's daemon ``instance``; False: it is not; None: this
@@ -96,6 +102,8 @@ class WorkerCredentials(grpc.ServerInterceptor):
             def behavior(request, context: grpc.ServicerContext):
                 reply = inner(request, context)  # a refused registration raises: nothing is issued
                 reply.credential = self.issue(request.worker_id, request.instance)
+                if self.on_issue is not None:
+                    self.on_issue(request.worker_id, request.instance, reply.credential, reply)
                 return reply
         else:
             def behavior(request, context: grpc.ServicerContext):

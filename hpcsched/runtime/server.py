@@ -44,6 +44,8 @@ from hpcsched.runtime.diskguard import DiskGuard
 from hpcsched.runtime.diskspace import check_at_start, is_disk_full, parse_floor
 from hpcsched.runtime.hostaddr import is_loopback_host
 from hpcsched.runtime.jobrecord import submitted_spec
+from hpcsched.runtime.lease import LeaseTable, now_ns
+from hpcsched.runtime.lease_server import LeaseProcess
 from hpcsched.runtime.listing import Busy
 from hpcsched.runtime.liveness import RETRY_AFTER_HEADER
 from hpcsched.runtime.method_pools import MethodPools
@@ -299,6 +301,13 @@ class ControllerServer:
         # Orders pushed to workers (watch.py): its own asyncio server beside this thread-pool one, same host
         self.orders = OrdersHub(self.credentials, host, server_credentials(cfg.tls_cert, cfg.tls_key)
                                 if cfg.tls_cert and cfg.tls_key else None)
+        # lease renewals answered by a process of its own (lease.py); without it every heartbeat comes here
+        self.leases = LeaseTable() if cfg.lease_server else None
+        if self.leases is not None:
+            self.leases.process = LeaseProcess(self.leases.shared.fd, self.leases.shared.slots, host,
+                                               (cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None)
+            self.ctl.leases = self.leases
+            self.credentials.on_issue, self.credentials.on_forget = self._lease_issued, self.leases.release
         self.address = f"{host}:{bound}"
         self._stop = threading.Event()
         self._loop = threading.Thread(target=self.ctl.run_forever, args=(self._stop,), daemon=True, name="scheduler")
@@ -323,7 +332,9 @@ class ControllerServer:
         gc.collect()
         gc.freeze()  # unfrozen at stop
         self.service.watch_port = self.orders.start()  # before the first Register, whose reply names it
-        self.ctl.nudge = self.orders.nudge
+        if self.leases is not None:  # its port is named in replies once it listens (until then: heartbeats only)
+            self.leases.process.start()
+        self.ctl.nudge = self._nudge
         self.server.start()
         self.ctl.started()
         self._loop.start()
@@ -354,6 +365,23 @@ class ControllerServer:
             _write_atomic(self.cfg.address_file, self.address + "\n")
         return self.address
 
+    def _nudge(self, workers, reason: str) -> None:
+        """Tell workers they have new orders: on their Watch stream, and in their next lease renewal's reply."""
+        ids = list(workers)
+        if self.leases is not None:
+            self.leases.want(ids)
+        self.orders.nudge(ids, reason)
+
+    def _lease_issued(self, worker_id: str, instance: str, credential: str, reply: pb.RegisterReply) -> None:
+        """A registration's slot in the lease table, named in its reply with the lease server's port (none while
+        the lease server is not listening, or the table is full: that worker beats the controller)."""
+        port = self.leases.port if self.leases is not None else 0
+        if not port:
+            return
+        slot = self.leases.assign(worker_id, instance, credential, now_ns())
+        if slot >= 0:
+            reply.lease_port, reply.lease_slot = port, slot
+
     def _backup_loop(self) -> None:
         """A backup at start (the state as this controller found it), then every ``backup_interval_s``. A failed
         backup is logged as an error and tried again at the next interval; it never stops the controller."""
@@ -380,6 +408,8 @@ class ControllerServer:
         self.pools.shutdown()
         self.orders.stop()
         self._loop.join(timeout=5)
+        if self.leases is not None:
+            self.leases.process.stop()
         if self._backups is not None:
             self._backups.join(timeout=30)
         self.ctl.batches.close()  # queued step-time fits dropped (their reports are in the store); a running one ends
@@ -392,6 +422,9 @@ class ControllerServer:
             log.info("rpc %s: %d calls, handler p50 %.2f ms, p99 %.2f ms, max %.1f ms", method, st["calls"],
                      st["p50_ms"], st["p99_ms"], st["max_ms"])
         counters = self.ctl.counters() | self.orders.counters() | {"expired_calls": self.service.expired}
+        if self.leases is not None:
+            counters |= self.leases.counters()
+            self.leases.close()
         log.info("controller: %s", ", ".join(f"{k} {v:g}" for k, v in counters.items() if not k.startswith("refused")))
         if counters["refused_task_reports"] or counters["refused_heartbeats"]:  # a forged or broken worker: say so
             log.warning("controller refused %d task reports (not placed on their worker) and %d oversized heartbeats",

@@ -197,16 +197,6 @@ class Worker(TaskControl, ControllerLink):
                 stop.wait(wait)
         self.leave()
 
-    def _beat(self, renewed: float, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
-        """One heartbeat; while it is in flight (a hung or cut-off controller holds it up to its 10 s timeout) the
-        lease is still watched, so the tasks are stopped when it runs out, not when the call gives up."""
-        call = self.stub.Heartbeat.future(req, timeout=10, metadata=self.md)
-        while True:
-            try:
-                return call.result(timeout=_POLL_S)
-            except grpc.FutureTimeoutError:
-                self._fence(time.monotonic() - renewed)
-
     def leave(self) -> None:
         """A graceful stop (SIGTERM, as Slurm stops a job step): say so, checkpoint and stop every task,
         wait for them at most ``stop_grace_s`` (then SIGKILL), report their exits, say goodbye, exit.
@@ -288,6 +278,7 @@ class Worker(TaskControl, ControllerLink):
         self.interval = reply.heartbeat_interval_s or 1.0
         self.lease_s = reply.worker_timeout_s or None  # 0: a controller from before leases
         self.watch.update(self.cfg.controller, reply.watch_port, self.md)
+        self._lease_to(reply)  # renewals with nothing to report go to its lease server (worker_link)
         self._refused_logged = ""
         log.info("registered with %s as %s (%d slots, %d GPUs of type %s, launchers %s)", self.cfg.controller,
                  self.cfg.name, self.cfg.slots, self.cfg.gpus, self.cfg.gpu_type or "(not advertised)",
@@ -486,7 +477,7 @@ class Worker(TaskControl, ControllerLink):
         for name, close in (("tasks", lambda: [self.kill(tid, checkpoint=False) for tid in list(self.tasks)]),
                             ("agent", lambda: self.agent_server.stop(grace=1)),
                             ("warm", lambda: self.warm is not None and self.warm.close()),
-                            ("sandbox", self.sandbox.close), ("watch", self.watch.stop),
+                            ("sandbox", self.sandbox.close), ("watch", self.watch.stop), ("lease", self._close_lease),
                             ("channel", self.channel.close)):
             t = time.monotonic()
             close()

@@ -1,30 +1,105 @@
-"""A worker's link to its controller beyond the heartbeat itself: the lease it fences its tasks by, finding a
-controller that moved, and saying why a controller stays unreachable or refuses it (``ControllerLink``, mixed into
-``worker.Worker``)."""
+"""A worker's link to its controller beyond the heartbeat's content: sending it (to the controller, or as a lease
+renewal to its lease server), the lease it fences its tasks by, finding a controller that moved, and saying why a
+controller stays unreachable or refuses it (``ControllerLink``, mixed into ``worker.Worker``).
+
+Lease renewals: a worker that runs no task and owes no full report has nothing to tell the controller, so when its
+registration named a lease server (``RegisterReply.lease_port``, ``hpcsched.runtime.lease``) it renews its lease
+there instead, away from the controller's threads and interpreter. A worker with tasks keeps beating the controller
+(its reply may carry a stop, a resize or a launch decided on time alone), and so does every ``FULL_EVERY``-th beat,
+which also brings the controller a fresh spare port. A renewal's reply saying ``heartbeat_now`` (the controller has
+orders for it) is followed by a heartbeat to the controller at once. A renewal that fails (the lease server is
+down, or no longer holds this registration because the worker was lost) is counted (``lease_fallbacks``), logged
+once per failure streak, and the same beat goes to the controller, which says what to do (``reregister``); the lease
+server is tried again ``_LEASE_RETRY_S`` later, or at once after a new registration."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import socket
+import time
 
 import grpc
 
 from hpcsched.runtime.auth import open_channel
-from hpcsched.runtime.rpc import pb_grpc
+from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.worker_config import WorkerConfig
+from hpcsched.runtime.worker_watch import watch_address
 
 log = logging.getLogger("hpcsched.runtime.worker")
 
+_WAIT_POLL_S = 0.1  # a call in flight: the lease is checked this often
+_HEARTBEAT_TIMEOUT_S = 10.0
+_RENEW_TIMEOUT_S = 5.0  # a lease server that does not answer: the beat goes to the controller after this
+_LEASE_RETRY_S = 60.0  # after a failed renewal, beats go to the controller this long
+
 
 class ControllerLink:
-    """The lease (``_fence``), rediscovery and refusals (the ``Worker`` sets these attributes and ``kill``)."""
+    """Heartbeats and renewals (``_beat``), the lease (``_fence``), rediscovery and refusals (the ``Worker`` sets
+    these attributes and ``kill``)."""
 
     cfg: WorkerConfig
     lease_s: float | None
     _fenced: bool
     _tls_hinted: bool
     _refused_logged: str
+    _lease: tuple[grpc.Channel, pb_grpc.LeaseStub, int] | None = None  # (channel, stub, slot) of its lease server
+    _lease_retry_at = 0.0
+    _lease_failing = False
+    lease_renewals = 0  # renewals answered by the lease server
+    lease_fallbacks = 0  # renewals that failed, sent to the controller instead
+
+    def _beat(self, renewed: float, req: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        """One heartbeat, or a renewal at the lease server when there is nothing to report (module docstring); while
+        it is in flight (a hung or cut-off controller holds it up to its 10 s timeout) the lease is still watched, so
+        the tasks are stopped when it runs out, not when the call gives up."""
+        if self._lease is not None and req.partial and not self.tasks and time.monotonic() >= self._lease_retry_at:
+            reply = self._renew(renewed)
+            if reply is not None:
+                return reply
+        return self._answer(self.stub.Heartbeat.future(req, timeout=_HEARTBEAT_TIMEOUT_S, metadata=self.md), renewed)
+
+    def _answer(self, call: grpc.Future, renewed: float):  # noqa: ANN202 (the call's reply message)
+        while True:
+            try:
+                return call.result(timeout=_WAIT_POLL_S)
+            except grpc.FutureTimeoutError:
+                self._fence(time.monotonic() - renewed)
+
+    def _renew(self, renewed: float) -> pb.HeartbeatReply | None:
+        """Renew the lease at the lease server: the reply as a heartbeat's, or None when the beat must go to the
+        controller (it has orders for this worker, or the renewal failed)."""
+        assert self._lease is not None
+        _, stub, slot = self._lease
+        req = pb.RenewRequest(worker_id=self.cfg.name, instance=self.instance, slot=slot)
+        try:
+            r = self._answer(stub.Renew.future(req, timeout=_RENEW_TIMEOUT_S, metadata=self.md), renewed)
+        except grpc.RpcError as e:
+            self.lease_fallbacks += 1
+            self._lease_retry_at = time.monotonic() + _LEASE_RETRY_S
+            if not self._lease_failing:
+                log.warning("lease renewal failed (%s: %s): heartbeats go to the controller for %g s (%d such "
+                            "failures so far)", e.code().name, e.details(), _LEASE_RETRY_S, self.lease_fallbacks)
+                self._lease_failing = True
+            return None
+        self._lease_failing = False
+        self.lease_renewals += 1
+        if r.heartbeat_now:
+            return None
+        return pb.HeartbeatReply(heartbeat_interval_s=r.heartbeat_interval_s)
+
+    def _lease_to(self, reply: pb.RegisterReply) -> None:
+        """After a registration: renew at the lease server it named (none: every beat goes to the controller)."""
+        self._close_lease()
+        if reply.lease_port > 0:
+            channel = open_channel(watch_address(self.cfg.controller, reply.lease_port), self.cfg.tls_ca)
+            self._lease = (channel, pb_grpc.LeaseStub(channel), reply.lease_slot)
+            self._lease_retry_at, self._lease_failing = 0.0, False
+
+    def _close_lease(self) -> None:
+        if self._lease is not None:
+            self._lease[0].close()
+            self._lease = None
 
     def _fence(self, silent: float) -> None:
         """The lease (module docstring): past it, stop every task, SIGTERM then SIGKILL after ``stop_grace_s``; at

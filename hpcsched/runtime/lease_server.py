@@ -1,0 +1,181 @@
+"""The lease server: a process of the controller's own that answers lease renewals (``Lease.Renew``).
+
+Why a process (``lease`` says why renewals leave the controller's server): its own interpreter, so a renewal never
+waits for the controller's GIL or server threads while a registration storm, a submit batch or a scheduling step
+runs there. It keeps no state of its own: every renewal is checked against, and written into, the lease table the
+controller shares with it (``lease.SharedTable``); the controller alone decides who is alive.
+
+Its life is the controller's: ``LeaseProcess.start`` spawns it with the table's file descriptor, it writes its port
+into the table's header once it listens (until then registrations name no lease port, and workers beat the
+controller), and ``stop`` ends it. A controller killed with SIGKILL takes it along: the kernel sends it SIGKILL when
+the controller goes (``PR_SET_PDEATHSIG``, where the controller's main thread spawned it), and it also exits
+within ``_PARENT_POLL_S`` once its parent is gone (a controller whose spawning thread ended). A lease server that
+dies on its own is said (``LeaseProcess.check``: logged, counted as lease_server_exits); the workers' renewals then
+fail and they beat the controller, which still renews their leases as before.
+
+Run as ``python -m hpcsched.runtime.lease_server --fd N --slots S --host H --parent PID [--pdeathsig]
+[--tls-cert C --tls-key K]``; only ``LeaseProcess`` starts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from hpcsched.runtime.auth import server_credentials
+from hpcsched.runtime.credentials import CREDENTIAL_HEADER
+from hpcsched.runtime.lease import (
+    H_INTERVAL_US,
+    H_MAGIC,
+    H_PID,
+    H_PORT,
+    H_REFUSED,
+    H_RENEWALS,
+    MAGIC,
+    SharedTable,
+    now_ns,
+)
+from hpcsched.runtime.rpc import pb, pb_grpc
+
+log = logging.getLogger("hpcsched.runtime.lease")
+
+_PARENT_POLL_S = 0.2
+_THREADS = 4  # a renewal is ~20 us of Python; a few threads keep the server's poller fed
+_PR_SET_PDEATHSIG = 1
+
+
+class LeaseProcess:
+    """The controller's handle on its lease server (module docstring)."""
+
+    def __init__(self, fd: int, slots: int, host: str, tls: tuple[Path, Path] | None = None) -> None:
+        self.fd, self.slots, self.host, self.tls = fd, slots, host, tls
+        self.proc: subprocess.Popen | None = None
+        self.exits = 0  # times it ended without being stopped (said once each)
+        self._stopping = False
+
+    def start(self) -> None:
+        """Spawn it; returns at once (it says its port through the table when it listens)."""
+        argv = [sys.executable, "-m", "hpcsched.runtime.lease_server", "--fd", str(self.fd), "--slots",
+                str(self.slots), "--host", self.host, "--parent", str(os.getpid())]
+        if threading.current_thread() is threading.main_thread():  # the death signal follows the spawning thread
+            argv.append("--pdeathsig")
+        if self.tls is not None:
+            argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+        self.proc = subprocess.Popen(argv, pass_fds=(self.fd,), stdin=subprocess.DEVNULL)
+
+    def check(self) -> bool:
+        """Whether it runs; an exit not asked for is logged (once) and counted."""
+        if self.proc is None:
+            return False
+        code = self.proc.poll()
+        if code is None:
+            return True
+        if not self._stopping and self.exits == 0:
+            self.exits += 1
+            log.error("the lease server (pid %d) exited with %s: workers renew their leases at the controller's "
+                      "heartbeats instead", self.proc.pid, code)
+        return False
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+def _die_with(parent: int, pdeathsig: bool) -> None:
+    """Ask the kernel for SIGKILL when the parent goes, and poll for it too (module docstring)."""
+    if pdeathsig:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # not Linux: the poll below still ends it
+            pass
+    if os.getppid() != parent:  # it went before the signal was asked for
+        os._exit(0)
+
+    def poll() -> None:
+        while True:
+            time.sleep(_PARENT_POLL_S)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=poll, name="parent-poll", daemon=True).start()
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Answer renewals until SIGTERM (module docstring)."""
+    table = SharedTable(args.fd, args.slots)
+    if table.get(H_MAGIC) != MAGIC:
+        raise SystemExit("lease server: the table it was given is not a lease table")
+    counts = threading.Lock()
+
+    def count(field: int) -> None:
+        with counts:  # several server threads: one writer at a time per counter
+            table.set(field, table.get(field) + 1)
+
+    class Service(pb_grpc.LeaseServicer):
+        def Renew(self, request, context):  # noqa: N802 (gRPC's name)
+            got = ""
+            for key, value in context.invocation_metadata() or ():
+                if key == CREDENTIAL_HEADER and isinstance(value, str):
+                    got = value
+            if not table.check(request.slot, request.worker_id, request.instance, got):
+                count(H_REFUSED)
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "this lease slot does not hold that worker's "
+                              "registration (lost, left or registered anew): heartbeat the controller")
+            table.set_renewed(request.slot, now_ns())
+            count(H_RENEWALS)
+            return pb.RenewReply(heartbeat_interval_s=table.get(H_INTERVAL_US) / 1e6,
+                                 heartbeat_now=table.wanted(request.slot))
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=_THREADS))
+    pb_grpc.add_LeaseServicer_to_server(Service(), server)
+    target = f"[{args.host}]:0" if ":" in args.host else f"{args.host}:0"
+    if args.tls_cert:
+        port = server.add_secure_port(target, server_credentials(Path(args.tls_cert), Path(args.tls_key)))
+    else:
+        port = server.add_insecure_port(target)
+    if not port:
+        raise SystemExit(f"lease server: cannot bind {args.host}")
+    server.start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    table.set(H_PID, os.getpid())
+    table.set(H_PORT, port)
+    done.wait()
+    table.set(H_PORT, 0)  # new registrations name no lease server
+    server.stop(grace=0.5).wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="hpcsched.runtime.lease_server")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--slots", type=int, required=True)
+    p.add_argument("--host", required=True)
+    p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--pdeathsig", action="store_true")
+    p.add_argument("--tls-cert", default="")
+    p.add_argument("--tls-key", default="")
+    args = p.parse_args(argv)
+    _die_with(args.parent, args.pdeathsig)
+    serve(args)
+
+
+if __name__ == "__main__":
+    main()
