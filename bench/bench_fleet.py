@@ -55,7 +55,10 @@ def table(r: dict) -> str:
         ("heartbeat p50/p90/p99/max", ms(hb)),
         ("heartbeats/s, interval(s)",
          f"{hb['per_s']}, {', '.join(f'{k} s x{v}' for k, v in hb['intervals_s'].items())}"),
-        ("lease lapses", str(hb["lease_lapses"])),
+        ("  renewals (lease server)", ms(hb["renewals"])),
+        ("  heartbeats to the controller", ms(hb["to_controller"])),
+        ("lease lapses", str(hb["lease_lapses"]) + (f"; {hb['lease_fallbacks']} renewals failed (sent to the "
+                                                    "controller)" if hb["lease_fallbacks"] else "")),
         ("orders watch", f"{r['watch']['streams_opened']} streams opened, {r['watch']['events']} events"
                          if r["options"]["watch"] else "off (--no-watch): orders with heartbeats only"),
         ("rpc errors", ", ".join(f"{k}: {v}" for k, v in r["rpc_errors"].items()) or "none"),
@@ -72,7 +75,9 @@ def table(r: dict) -> str:
         (f"job states {ja['states_listed_after_s']:g} s later",
          ", ".join(f"{k} {v}" for k, v in ja["states"].items()) + " (the controller's listing)"),
         ("last job done (harness)", f"{ja['last_done_s']} s after the first submit ({ja['harness_saw_done']} seen)"),
-        ("controller CPU", f"{ctl['cpu_pct']}% of a core ({ctl['cpu_s']} s over {ctl['window_s']} s)"),
+        ("controller CPU", f"{ctl['cpu_pct']}% of a core ({ctl['cpu_s']} s over {ctl['window_s']} s)"
+                           + (f"; of it the lease server {ctl['lease_server_cpu_pct']}% (peak RSS "
+                              f"{ctl['lease_server_peak_rss_mb']} MB)" if "lease_server_cpu_pct" in ctl else "")),
         ("controller peak RSS", f"{ctl['peak_rss_mb']} MB"),
         ("harness CPU", f"{h['cpu_pct_total']}% of a core in all, busiest process {h['cpu_pct_max_process']}%"),
         ("harness loop lag p50/p99/max", ms(h["loop_lag"])),
@@ -149,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scrape-s", type=float, default=d.scrape_s,
                     help="serve /metrics (metrics_listen) and scrape it every this many seconds, as Prometheus "
                          "would; the listener's CPU is reported (0: no listener, the default)")
+    ap.add_argument("--no-lease", dest="lease", action="store_false",
+                    help="no lease server (controller lease_server: false): every heartbeat goes to the controller")
+    ap.add_argument("--lease-share", type=int, default=d.lease_share,
+                    help="workers whose renewals share one channel per harness process (0: one each, as real workers)")
     ap.add_argument("--no-watch", dest="watch", action="store_false",
                     help="workers do not open Orders.Watch: launch orders come with heartbeats only (older workers)")
     ap.add_argument("--watch-share", type=int, default=d.watch_share,

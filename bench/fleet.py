@@ -84,6 +84,8 @@ class FleetOptions:
     register_timeout: float = 180.0
     watch: bool = True  # workers open Orders.Watch (pushed orders) where the controller offers it
     watch_share: int = 50  # workers whose Watch streams share a channel per harness process (0: one each)
+    lease: bool = True  # the controller runs its lease server and workers with no task renew there (lease.py)
+    lease_share: int = 0  # workers whose renewals share a channel per harness process (0: one each, as real workers)
     sample_controller: str = ""  # a path: sample the controller's stacks into it (bench/stack_sampler.py)
     until_done: bool = False  # end once the harness has seen every submitted job reach its last step
     scrape_s: float = 0.0  # > 0: the controller serves /metrics (metrics_listen) and it is scraped this often
@@ -104,6 +106,8 @@ def controller_config(d: Path, o: FleetOptions) -> Path:
     for key in ("heartbeat_interval_s", "worker_timeout_s", "schedule_interval_s"):
         if getattr(o, key) is not None:
             cfg[key] = getattr(o, key)
+    if not o.lease:  # every heartbeat to the controller, as before lease servers (a key older controllers refuse)
+        cfg["lease_server"] = "false"
     p = d / "controller.yaml"
     p.write_text("".join(f"{k}: {v}\n" for k, v in cfg.items()))
     return p
@@ -123,6 +127,28 @@ def proc_cpu_s(pid: int) -> float:
     """utime + stime of a process, seconds (/proc/PID/stat fields 14 and 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (the controller's lease server)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def tree_cpu_s(pid: int) -> dict[int, float]:
+    """pid -> CPU seconds of a process and of each of its live children."""
+    out = {}
+    for p in [pid, *children(pid)]:
+        try:
+            out[p] = proc_cpu_s(p)
+        except OSError:  # it ended meanwhile
+            continue
+    return out
 
 
 def proc_status_kb(pid: int, key: str) -> int:
@@ -316,7 +342,7 @@ def run_fleet(o: FleetOptions, keep_dir: Path | None = None) -> dict:
 
 async def _run(o: FleetOptions, d: Path) -> dict:
     # the controller inherits it: a descriptor per worker connection, two per worker with the Orders stream
-    nofile = raise_nofile(o.workers * (2 if o.watch and o.watch_share <= 0 else 1) + 4096)
+    nofile = raise_nofile(o.workers * (1 + (o.watch and o.watch_share <= 0) + (o.lease and o.lease_share <= 0)) + 4096)
     procs = o.procs or min(4, max(1, -(-o.workers // 1000)))
     load_start = loadavg()
     sampler = (str(Path(__file__).with_name("stack_sampler.py")), str(Path(o.sample_controller).resolve())) \
@@ -343,7 +369,8 @@ async def _run(o: FleetOptions, d: Path) -> dict:
         sub.sent_at.clear()
         q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
         opts = SimOptions(address, TOKEN, str(d), o.slots, o.iteration_s, o.startup_s, ramp_s=o.ramp_s,
-                          connect_ms=o.connect_ms, watch=o.watch, watch_share=o.watch_share,
+                          connect_ms=o.connect_ms, watch=o.watch, watch_share=o.watch_share, lease=o.lease,
+                          lease_share=o.lease_share,
                           typed_workers=o.typed_workers, typed_gpu=PENDING_GPU_TYPE)
         workers = [ctx.Process(target=worker_process, args=(opts, list(range(k, o.workers, procs)), o.workers,
                                                             o.channels, q, go, stop), daemon=True)
@@ -368,7 +395,7 @@ async def _run(o: FleetOptions, d: Path) -> dict:
                 elif kind == "stats":
                     stats[pid] = body
 
-        cpu0, t0 = proc_cpu_s(ctl.pid), time.time()
+        cpu0, t0 = tree_cpu_s(ctl.pid), time.time()
         if scraper is not None:
             scraper.start()
         go.set()
@@ -408,7 +435,11 @@ async def _run(o: FleetOptions, d: Path) -> dict:
                 last_say, hb_last, hb_t = now, hb, now
         submit_s, submitted = await submit_task
         t_end = time.time()
-        ctl_cpu = proc_cpu_s(ctl.pid) - cpu0
+        cpu1 = tree_cpu_s(ctl.pid)
+        ctl_cpu = cpu1.get(ctl.pid, 0.0) - cpu0.get(ctl.pid, 0.0)
+        lease_cpu = sum(c - cpu0.get(p, 0.0) for p, c in cpu1.items() if p != ctl.pid)  # its lease server
+        lease_pids = [p for p in cpu1 if p != ctl.pid]
+        lease_rss_kb = sum(proc_status_kb(p, "VmHWM") for p in lease_pids)
         if scraper is not None:
             out["metrics_listener"] = await scraper.stop()
         hwm_kb, rss_kb = proc_status_kb(ctl.pid, "VmHWM"), proc_status_kb(ctl.pid, "VmRSS")
@@ -443,7 +474,12 @@ async def _run(o: FleetOptions, d: Path) -> dict:
     out["jobs_after"]["elapsed_s"] = round(t_end - t_submit, 1)
     out["jobs_after"]["states_listed_after_s"] = round(list_s, 1)  # how late the ``states`` are
     window = t_end - t0
-    out["controller"] = {"cpu_pct": round(100 * ctl_cpu / window, 1), "cpu_s": round(ctl_cpu, 1),
+    # cpu_pct: the controller's process and its lease server together (the controller's cost as a site pays it)
+    out["controller"] = {"cpu_pct": round(100 * (ctl_cpu + lease_cpu) / window, 1),
+                         "cpu_s": round(ctl_cpu + lease_cpu, 1),
+                         "process_cpu_pct": round(100 * ctl_cpu / window, 1),
+                         "lease_server_cpu_pct": round(100 * lease_cpu / window, 1),
+                         "lease_server_peak_rss_mb": round(lease_rss_kb / 1024, 1),
                          "window_s": round(window, 1), "peak_rss_mb": round(hwm_kb / 1024, 1),
                          "rss_end_mb": round(rss_kb / 1024, 1), "rpc_handler": server,
                          "list_all_jobs_s": round(list_s, 2)}
@@ -466,8 +502,9 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
              t0: float, t_reg_done: float, t_submit: float, t_end: float, submit_s: float, submitted: int) -> dict:
     first_reg = [t for s in stats.values() for t in s["first_registered_at"].values()]
     registrations = sum(s["registrations"] for s in stats.values())
-    hb = [(at, lat) for s in stats.values() for at, lat in zip(s["hb_at"], s["hb_lat"], strict=True)]
-    steady = [lat for at, lat in hb if at >= t_reg_done]
+    hb = [(at, lat, ren) for s in stats.values()
+          for at, lat, ren in zip(s["hb_at"], s["hb_lat"], s["hb_renewal"], strict=True)]
+    steady = [lat for at, lat, _ in hb if at >= t_reg_done]
     launch_at: dict[str, float] = {}
     done_at: dict[str, float] = {}
     errors: dict[str, int] = {}
@@ -501,6 +538,11 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
         "heartbeat": _quantiles(steady) | {"all_calls": len(hb),
                                            "per_s": round(len(steady) / max(1e-9, t_end - t_reg_done), 1),
                                            "lease_lapses": sum(s["lease_lapses"] for s in stats.values()),
+                                           # the same beats split: renewals at the lease server, heartbeats here
+                                           "renewals": _quantiles([lat for at, lat, r in hb if at >= t_reg_done and r]),
+                                           "to_controller": _quantiles([lat for at, lat, r in hb
+                                                                        if at >= t_reg_done and not r]),
+                                           "lease_fallbacks": sum(s["lease_fallbacks"] for s in stats.values()),
                                            "intervals_s": {str(k): v for k, v in sorted(intervals.items())}},
         "rpc_errors": errors,
         "rpc_error_examples": examples,

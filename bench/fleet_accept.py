@@ -8,6 +8,10 @@ latency. Used to choose between gRPC's thread-pool and asyncio servers (bench/RE
 limit"): run it against two checkouts, interleaved, and say the load::
 
     PYTHONPATH=$PWD .venv/bin/python bench/fleet_accept.py 2000 400 10 100
+
+A fifth argument ``lease`` sends the same beats as renewals to the controller's lease server (``Lease.Renew``,
+hpcsched/runtime/lease.py) instead: the per-call cost of the two servers, side by side (``heartbeat``, the default,
+is the controller's).
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 
-async def measure(address: str, workers: int, inflight: int, seconds: float, channels: int) -> dict:
+async def measure(address: str, workers: int, inflight: int, seconds: float, channels: int, lease: bool = False) \
+        -> dict:
     chans = [grpc.aio.insecure_channel(address, options=(("grpc.use_local_subchannel_pool", 1), ("k", k)))
              for k in range(channels)]
     stubs = [pb_grpc.ControllerStub(c) for c in chans]
     md = metadata(TOKEN)
     mds: dict[int, tuple] = {}
+    slots: dict[int, int] = {}
+    lease_port = 0
     gate = asyncio.Semaphore(200)
     t0 = time.perf_counter()
 
@@ -46,13 +53,23 @@ async def measure(address: str, workers: int, inflight: int, seconds: float, cha
                     reply = await stubs[i % channels].Register(pb.RegisterRequest(
                         worker_id=f"w{i}", host="127.0.0.1", slots=4, cpus=4, launchers=["direct"], instance=f"i{i}"),
                         metadata=md, timeout=30)
+                    if lease and not reply.lease_port:  # the lease server is not listening yet
+                        raise grpc.RpcError()
                     mds[i] = md + credential_metadata(reply.credential)
+                    slots[i] = reply.lease_slot
+                    nonlocal lease_port
+                    lease_port = reply.lease_port
                     return
                 except grpc.RpcError:  # shed or slow: again shortly (the figure is the heartbeats', not this)
                     await asyncio.sleep(0.2)
 
     await asyncio.gather(*(register(i) for i in range(workers)))
     registered_s = time.perf_counter() - t0
+    if lease:
+        host = address.rpartition(":")[0]
+        chans += [grpc.aio.insecure_channel(f"{host}:{lease_port}", options=(("grpc.use_local_subchannel_pool", 1),
+                                                                            ("k", k))) for k in range(channels)]
+        leases = [pb_grpc.LeaseStub(c) for c in chans[channels:]]
     lat: list[float] = []
     errors: dict[str, int] = {}
     end = time.perf_counter() + seconds
@@ -63,8 +80,12 @@ async def measure(address: str, workers: int, inflight: int, seconds: float, cha
             i = (i + inflight) % workers
             sent = time.perf_counter()
             try:
-                await stubs[i % channels].Heartbeat(pb.HeartbeatRequest(worker_id=f"w{i}", instance=f"i{i}",
-                                                                        partial=True), metadata=mds[i], timeout=10)
+                if lease:
+                    await leases[i % channels].Renew(pb.RenewRequest(worker_id=f"w{i}", instance=f"i{i}",
+                                                                     slot=slots[i]), metadata=mds[i], timeout=10)
+                else:
+                    await stubs[i % channels].Heartbeat(pb.HeartbeatRequest(worker_id=f"w{i}", instance=f"i{i}",
+                                                                            partial=True), metadata=mds[i], timeout=10)
                 lat.append(time.perf_counter() - sent)
             except grpc.RpcError as e:
                 errors[e.code().name] = errors.get(e.code().name, 0) + 1
@@ -83,15 +104,16 @@ async def measure(address: str, workers: int, inflight: int, seconds: float, cha
 
 def main() -> None:
     workers, inflight, seconds, channels = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    lease = len(sys.argv) > 5 and sys.argv[5] == "lease"
     d = Path(tempfile.mkdtemp(prefix="hpcsched-accept-"))
     load = loadavg()
     ctl, address = start_controller(d, controller_config(d, FleetOptions(workers=workers, worker_timeout_s=60)),
                                     timeout_s=120)
     try:
-        out = asyncio.run(measure(address, workers, inflight, seconds, channels))
+        out = asyncio.run(measure(address, workers, inflight, seconds, channels, lease))
     finally:
         stop_controller(ctl)
-    print(json.dumps(out | {"load_start": load, "load_end": loadavg()}))
+    print(json.dumps(out | {"server": "lease" if lease else "heartbeat", "load_start": load, "load_end": loadavg()}))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,12 @@ _FULL_REPORT = "full_report" in pb.HeartbeatReply.DESCRIPTOR.fields_by_name
 # Orders pushed (RegisterReply.watch_port, the Orders service): a worker watches and heartbeats at once on an event,
 # as the real worker does (worker_watch.py); without it (an older controller, or --no-watch) it waits for its beat.
 _WATCH = "watch_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
+# Lease renewals (RegisterReply.lease_port, the Lease service): a worker with no task renews at the controller's lease
+# server instead of heartbeating the controller, as the real worker does (worker_link.py); a failed renewal goes to the
+# controller and the lease server is tried again LEASE_RETRY_S later.
+_LEASE = "lease_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
+RENEW_TIMEOUT_S = 5.0  # as the real worker
+LEASE_RETRY_S = 60.0
 WATCH_BACKOFF_S = (1.0, 10.0)  # as the real worker's stream: a broken one is opened again after this
 try:
     from hpcsched.runtime.liveness import FULL_EVERY
@@ -90,6 +96,8 @@ class SimOptions:
     typed_gpu: str = ""
     watch_share: int = 50  # workers whose Watch streams share one channel (0: a connection each, as real workers)
     watch: bool = True  # open Orders.Watch where the controller offers it (False: an older worker, heartbeats only)
+    lease: bool = True  # renew at the lease server where the controller offers one (False: heartbeats only)
+    lease_share: int = 0  # workers whose renewals share one channel (0: a connection each, as real workers)
 
 
 @dataclass(slots=True)
@@ -117,6 +125,8 @@ class ProcStats:
 
     hb_lat: array = field(default_factory=lambda: array("d"))
     hb_at: array = field(default_factory=lambda: array("d"))
+    hb_renewal: array = field(default_factory=lambda: array("b"))  # 1: that beat was a renewal at the lease server
+    lease_fallbacks: int = 0  # renewals that failed and went to the controller instead
     reg_lat: array = field(default_factory=lambda: array("d"))
     first_registered_at: dict = field(default_factory=dict)  # worker -> unix time of its first registration
     registrations: int = 0
@@ -166,6 +176,8 @@ class SimWorker:
         self.reg_changed = asyncio.Event()
         self.watch_call = None
         self.watch_channels: WatchChannels | None = None  # set by run_workers
+        self.lease_channels: WatchChannels | None = None  # set by run_workers (the lease server's, same keying)
+        self.lease_port, self.lease_slot, self.lease_retry_at = 0, 0, 0.0
         self.position = 0  # among this process's workers (which Watch channel it shares)
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
@@ -196,10 +208,15 @@ class SimWorker:
                             continue
                     method = "Heartbeat"
                     req = self._heartbeat(time.monotonic(), partial=_PARTIAL and self.beats % FULL_EVERY != 0)
-                    sent = time.perf_counter()
-                    reply = await self.stub.Heartbeat(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
-                    self.stats.hb_lat.append(time.perf_counter() - sent)
-                    self.stats.hb_at.append(time.time())
+                    reply = None
+                    if self.lease_port and req.partial and not self.tasks and time.monotonic() >= self.lease_retry_at:
+                        reply = await self._renew()
+                    if reply is None:
+                        sent = time.perf_counter()
+                        reply = await self.stub.Heartbeat(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
+                        self.stats.hb_lat.append(time.perf_counter() - sent)
+                        self.stats.hb_at.append(time.time())
+                        self.stats.hb_renewal.append(0)
                     for t in self.tasks.values():
                         t.pending.clear()  # delivered
                     self.told = {t.task_id for t in req.tasks if t.running} | (self.told & set(self.tasks))
@@ -249,10 +266,32 @@ class SimWorker:
         self.lease = reply.worker_timeout_s
         self.registered = True
         self.watch_port = reply.watch_port if _WATCH and self.opts.watch else 0
+        self.lease_port = reply.lease_port if _LEASE and self.opts.lease else 0
+        self.lease_slot, self.lease_retry_at = (reply.lease_slot if self.lease_port else 0), 0.0
         self.registrations += 1
         self.reg_changed.set()
         if self.watch_call is not None:
             self.watch_call.cancel()  # opened again with the new credential
+
+    async def _renew(self) -> pb.HeartbeatReply | None:
+        """A renewal at the lease server, as the real worker's ``_renew``: the reply as a heartbeat's, or None when the
+        beat must go to the controller (it has orders: ``heartbeat_now``, or the renewal failed)."""
+        if self.lease_channels is None:  # a worker made outside ``run_workers`` (tests): a channel of its own
+            self.lease_channels = WatchChannels(self.opts, 1000 + self.index, share=0)
+        stub = pb_grpc.LeaseStub(self.lease_channels.get(self.position, self.lease_port))
+        sent = time.perf_counter()
+        try:
+            r = await stub.Renew(pb.RenewRequest(worker_id=self.name, instance=self.instance, slot=self.lease_slot),
+                                 timeout=RENEW_TIMEOUT_S, metadata=self.md)
+        except grpc.RpcError as e:
+            self.stats.error("Renew", e)
+            self.stats.lease_fallbacks += 1
+            self.lease_retry_at = time.monotonic() + LEASE_RETRY_S
+            return None
+        self.stats.hb_lat.append(time.perf_counter() - sent)
+        self.stats.hb_at.append(time.time())
+        self.stats.hb_renewal.append(1)
+        return None if r.heartbeat_now else pb.HeartbeatReply(heartbeat_interval_s=r.heartbeat_interval_s)
 
     async def watch(self) -> None:
         """Until cancelled: keep one Orders.Watch stream open once registered, and wake the heartbeat loop on each
@@ -462,9 +501,9 @@ class WatchChannels:
     stream per worker does not cost a second connection each (10,000 workers: 20,000 descriptors in the
     controller, past this machine's hard limit of 20,000); ``share`` 0: one per worker, as real workers have."""
 
-    def __init__(self, opts: SimOptions, first_k: int) -> None:
-        self.host, self.share, self.connect_ms, self.first_k = opts.address.rpartition(":")[0], opts.watch_share, \
-            opts.connect_ms, first_k
+    def __init__(self, opts: SimOptions, first_k: int, share: int | None = None) -> None:
+        self.host, self.share, self.connect_ms, self.first_k = opts.address.rpartition(":")[0], \
+            opts.watch_share if share is None else share, opts.connect_ms, first_k
         self._chans: dict[tuple[int, int], grpc.aio.Channel] = {}
 
     def get(self, position: int, port: int) -> grpc.aio.Channel:
@@ -503,8 +542,9 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     spread = opts.ramp_s / max(1, n_total)
     runs = [asyncio.create_task(w.run(w.index * spread)) for w in workers]
     watch_channels = WatchChannels(opts, len(chans))
+    lease_channels = WatchChannels(opts, len(chans) + len(workers), share=opts.lease_share)
     for k, w in enumerate(workers):
-        w.watch_channels, w.position = watch_channels, k
+        w.watch_channels, w.lease_channels, w.position = watch_channels, lease_channels, k
     runs += [asyncio.create_task(w.watch()) for w in workers]
     runs.append(asyncio.create_task(_loop_lag(stats.loop_lag)))
     if progress is not None:
@@ -526,12 +566,14 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     for c in chans:
         await c.close()
     await watch_channels.close()
+    await lease_channels.close()
 
 
 def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int, out, go, stop) -> None:
     """One harness process (``multiprocessing`` spawn target): wait for ``go``, run until ``stop``, send a progress
     line every second and the ``ProcStats`` (as a dict) at the end."""
-    raise_nofile(len(ids) * (2 if opts.watch and opts.watch_share <= 0 else 1) + 1024)
+    per_worker = 1 + (opts.watch and opts.watch_share <= 0) + (opts.lease and opts.lease_share <= 0)
+    raise_nofile(len(ids) * per_worker + 1024)
     out.put(("ready", os.getpid(), None))
     go.wait()
     stats = ProcStats()

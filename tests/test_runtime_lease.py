@@ -16,8 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from runtime_procs import TOKEN, client, controller_config, descendants, start_controller, start_worker, stop, \
-    wait_for
+from runtime_procs import TOKEN, client, controller_config, descendants, start_controller, start_worker, stop, wait_for
 
 from hpcsched.runtime.auth import metadata
 from hpcsched.runtime.credentials import credential_metadata
