@@ -156,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
                          "would; the listener's CPU is reported (0: no listener, the default)")
     ap.add_argument("--no-lease", dest="lease", action="store_false",
                     help="no lease server (controller lease_server: false): every heartbeat goes to the controller")
-    ap.add_argument("--lease-share", type=int, default=d.lease_share,
-                    help="workers whose renewals share one channel per harness process (0: one each, as real workers)")
     ap.add_argument("--no-watch", dest="watch", action="store_false",
                     help="workers do not open Orders.Watch: launch orders come with heartbeats only (older workers)")
     ap.add_argument("--watch-share", type=int, default=d.watch_share,

@@ -85,7 +85,6 @@ class FleetOptions:
     watch: bool = True  # workers open Orders.Watch (pushed orders) where the controller offers it
     watch_share: int = 50  # workers whose Watch streams share a channel per harness process (0: one each)
     lease: bool = True  # the controller runs its lease server and workers with no task renew there (lease.py)
-    lease_share: int = 0  # workers whose renewals share a channel per harness process (0: one each, as real workers)
     sample_controller: str = ""  # a path: sample the controller's stacks into it (bench/stack_sampler.py)
     until_done: bool = False  # end once the harness has seen every submitted job reach its last step
     scrape_s: float = 0.0  # > 0: the controller serves /metrics (metrics_listen) and it is scraped this often
@@ -342,7 +341,7 @@ def run_fleet(o: FleetOptions, keep_dir: Path | None = None) -> dict:
 
 async def _run(o: FleetOptions, d: Path) -> dict:
     # the controller inherits it: a descriptor per worker connection, two per worker with the Orders stream
-    nofile = raise_nofile(o.workers * (1 + (o.watch and o.watch_share <= 0) + (o.lease and o.lease_share <= 0)) + 4096)
+    nofile = raise_nofile(o.workers * (1 + (o.watch and o.watch_share <= 0) + o.lease) + 4096)
     procs = o.procs or min(4, max(1, -(-o.workers // 1000)))
     load_start = loadavg()
     sampler = (str(Path(__file__).with_name("stack_sampler.py")), str(Path(o.sample_controller).resolve())) \
@@ -370,7 +369,6 @@ async def _run(o: FleetOptions, d: Path) -> dict:
         q, go, stop = ctx.Queue(), ctx.Event(), ctx.Event()
         opts = SimOptions(address, TOKEN, str(d), o.slots, o.iteration_s, o.startup_s, ramp_s=o.ramp_s,
                           connect_ms=o.connect_ms, watch=o.watch, watch_share=o.watch_share, lease=o.lease,
-                          lease_share=o.lease_share,
                           typed_workers=o.typed_workers, typed_gpu=PENDING_GPU_TYPE)
         workers = [ctx.Process(target=worker_process, args=(opts, list(range(k, o.workers, procs)), o.workers,
                                                             o.channels, q, go, stop), daemon=True)

@@ -37,6 +37,11 @@ from hpcsched.runtime.auth import CHANNEL_OPTIONS, metadata
 from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.rpc import pb, pb_grpc
 
+try:  # the lease server's frames (a checkout from before lease servers: its controller offers none)
+    from hpcsched.runtime.lease_wire import LeaseError, frame, frame_length
+except ImportError:
+    LeaseError = frame = frame_length = None
+
 FOLLOW_UP_S = 0.1  # as the real worker: a beat that carried news is followed up to fetch the controller's reaction
 REFUSED_RETRY_S = 3.0  # as the real worker: a daemon refused its name asks again this often
 RPC_TIMEOUT_S = 10.0  # the real worker's deadline on Register and Heartbeat
@@ -55,7 +60,7 @@ _WATCH = "watch_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
 # Lease renewals (RegisterReply.lease_port, the Lease service): a worker with no task renews at the controller's lease
 # server instead of heartbeating the controller, as the real worker does (worker_link.py); a failed renewal goes to the
 # controller and the lease server is tried again LEASE_RETRY_S later.
-_LEASE = "lease_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
+_LEASE = "lease_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name and frame is not None
 RENEW_TIMEOUT_S = 5.0  # as the real worker
 LEASE_RETRY_S = 60.0
 WATCH_BACKOFF_S = (1.0, 10.0)  # as the real worker's stream: a broken one is opened again after this
@@ -97,7 +102,6 @@ class SimOptions:
     watch_share: int = 50  # workers whose Watch streams share one channel (0: a connection each, as real workers)
     watch: bool = True  # open Orders.Watch where the controller offers it (False: an older worker, heartbeats only)
     lease: bool = True  # renew at the lease server where the controller offers one (False: heartbeats only)
-    lease_share: int = 0  # workers whose renewals share one channel (0: a connection each, as real workers)
 
 
 @dataclass(slots=True)
@@ -176,8 +180,8 @@ class SimWorker:
         self.reg_changed = asyncio.Event()
         self.watch_call = None
         self.watch_channels: WatchChannels | None = None  # set by run_workers
-        self.lease_channels: WatchChannels | None = None  # set by run_workers (the lease server's, same keying)
-        self.lease_port, self.lease_slot, self.lease_retry_at = 0, 0, 0.0
+        self.lease_port, self.lease_slot, self.lease_retry_at, self.credential = 0, 0, 0.0, ""
+        self.lease_conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None  # to the lease server
         self.position = 0  # among this process's workers (which Watch channel it shares)
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
@@ -268,30 +272,48 @@ class SimWorker:
         self.watch_port = reply.watch_port if _WATCH and self.opts.watch else 0
         self.lease_port = reply.lease_port if _LEASE and self.opts.lease else 0
         self.lease_slot, self.lease_retry_at = (reply.lease_slot if self.lease_port else 0), 0.0
+        self.credential = reply.credential
+        self.close_lease()  # a new registration: a new lease server, perhaps
         self.registrations += 1
         self.reg_changed.set()
         if self.watch_call is not None:
             self.watch_call.cancel()  # opened again with the new credential
 
     async def _renew(self) -> pb.HeartbeatReply | None:
-        """A renewal at the lease server, as the real worker's ``_renew``: the reply as a heartbeat's, or None when the
-        beat must go to the controller (it has orders: ``heartbeat_now``, or the renewal failed)."""
-        if self.lease_channels is None:  # a worker made outside ``run_workers`` (tests): a channel of its own
-            self.lease_channels = WatchChannels(self.opts, 1000 + self.index, share=0)
-        stub = pb_grpc.LeaseStub(self.lease_channels.get(self.position, self.lease_port))
+        """A renewal at the lease server, as the real worker's ``_renew`` (one frame each way on a connection of its
+        own, ``lease_wire``): the reply as a heartbeat's, or None when the beat must go to the controller (it has
+        orders: ``heartbeat_now``, or the renewal failed)."""
         sent = time.perf_counter()
+        req = pb.RenewRequest(worker_id=self.name, instance=self.instance, slot=self.lease_slot,
+                              credential=self.credential)
         try:
-            r = await stub.Renew(pb.RenewRequest(worker_id=self.name, instance=self.instance, slot=self.lease_slot),
-                                 timeout=RENEW_TIMEOUT_S, metadata=self.md)
-        except grpc.RpcError as e:
-            self.stats.error("Renew", e)
+            if self.lease_conn is None:
+                self.lease_conn = await asyncio.wait_for(asyncio.open_connection(
+                    self.opts.address.rpartition(":")[0], self.lease_port), RENEW_TIMEOUT_S)
+            reader, writer = self.lease_conn
+            writer.write(frame(req))
+            r = pb.RenewReply.FromString(await asyncio.wait_for(_read_frame(reader), RENEW_TIMEOUT_S))
+            if r.refused:
+                raise LeaseError("REFUSED", r.refused)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, LeaseError) as e:
+            code = e.code if isinstance(e, LeaseError) else "DEADLINE_EXCEEDED" \
+                if isinstance(e, asyncio.TimeoutError) else "UNAVAILABLE"
+            key = f"Renew {code}"
+            self.stats.errors[key] = self.stats.errors.get(key, 0) + 1
+            self.stats.error_examples.setdefault(key, str(e)[:600])
             self.stats.lease_fallbacks += 1
             self.lease_retry_at = time.monotonic() + LEASE_RETRY_S
+            self.close_lease()
             return None
         self.stats.hb_lat.append(time.perf_counter() - sent)
         self.stats.hb_at.append(time.time())
         self.stats.hb_renewal.append(1)
         return None if r.heartbeat_now else pb.HeartbeatReply(heartbeat_interval_s=r.heartbeat_interval_s)
+
+    def close_lease(self) -> None:
+        if self.lease_conn is not None:
+            self.lease_conn[1].close()
+            self.lease_conn = None
 
     async def watch(self) -> None:
         """Until cancelled: keep one Orders.Watch stream open once registered, and wake the heartbeat loop on each
@@ -479,6 +501,10 @@ class SimWorker:
         return await self._say_leave(final, again=False)
 
 
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readexactly(frame_length(await reader.readexactly(4)))
+
+
 async def _loop_lag(lags: array, period: float = 0.05) -> None:
     """How late this process's event loop wakes a timer: the harness's own share of every latency it measures."""
     while True:
@@ -501,9 +527,9 @@ class WatchChannels:
     stream per worker does not cost a second connection each (10,000 workers: 20,000 descriptors in the
     controller, past this machine's hard limit of 20,000); ``share`` 0: one per worker, as real workers have."""
 
-    def __init__(self, opts: SimOptions, first_k: int, share: int | None = None) -> None:
-        self.host, self.share, self.connect_ms, self.first_k = opts.address.rpartition(":")[0], \
-            opts.watch_share if share is None else share, opts.connect_ms, first_k
+    def __init__(self, opts: SimOptions, first_k: int) -> None:
+        self.host, self.share, self.connect_ms, self.first_k = opts.address.rpartition(":")[0], opts.watch_share, \
+            opts.connect_ms, first_k
         self._chans: dict[tuple[int, int], grpc.aio.Channel] = {}
 
     def get(self, position: int, port: int) -> grpc.aio.Channel:
@@ -542,9 +568,8 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     spread = opts.ramp_s / max(1, n_total)
     runs = [asyncio.create_task(w.run(w.index * spread)) for w in workers]
     watch_channels = WatchChannels(opts, len(chans))
-    lease_channels = WatchChannels(opts, len(chans) + len(workers), share=opts.lease_share)
     for k, w in enumerate(workers):
-        w.watch_channels, w.lease_channels, w.position = watch_channels, lease_channels, k
+        w.watch_channels, w.position = watch_channels, k
     runs += [asyncio.create_task(w.watch()) for w in workers]
     runs.append(asyncio.create_task(_loop_lag(stats.loop_lag)))
     if progress is not None:
@@ -566,13 +591,14 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     for c in chans:
         await c.close()
     await watch_channels.close()
-    await lease_channels.close()
+    for w in workers:
+        w.close_lease()
 
 
 def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int, out, go, stop) -> None:
     """One harness process (``multiprocessing`` spawn target): wait for ``go``, run until ``stop``, send a progress
     line every second and the ``ProcStats`` (as a dict) at the end."""
-    per_worker = 1 + (opts.watch and opts.watch_share <= 0) + (opts.lease and opts.lease_share <= 0)
+    per_worker = 1 + (opts.watch and opts.watch_share <= 0) + opts.lease
     raise_nofile(len(ids) * per_worker + 1024)
     out.put(("ready", os.getpid(), None))
     go.wait()

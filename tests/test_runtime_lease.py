@@ -19,7 +19,7 @@ import pytest
 from runtime_procs import TOKEN, client, controller_config, descendants, start_controller, start_worker, stop, wait_for
 
 from hpcsched.runtime.auth import metadata
-from hpcsched.runtime.credentials import credential_metadata
+from hpcsched.runtime.lease_wire import LeaseClient, LeaseError
 from hpcsched.runtime.rpc import pb, pb_grpc
 
 INTERVAL_S = 0.3  # heartbeat_interval_s
@@ -39,9 +39,9 @@ def _register(address: str, name: str, instance: str) -> pb.RegisterReply:
                         lambda: (r := stub.Register(req, metadata=metadata(TOKEN), timeout=10)).lease_port and r, 30)
 
 
-def _renew(stub: pb_grpc.LeaseStub, name: str, instance: str, reply: pb.RegisterReply) -> pb.RenewReply:
-    return stub.Renew(pb.RenewRequest(worker_id=name, instance=instance, slot=reply.lease_slot),
-                      metadata=metadata(TOKEN) + credential_metadata(reply.credential), timeout=10)
+def _renew(lease: LeaseClient, name: str, instance: str, reply: pb.RegisterReply) -> pb.RenewReply:
+    return lease.renew(pb.RenewRequest(worker_id=name, instance=instance, slot=reply.lease_slot,
+                                       credential=reply.credential))
 
 
 def _alive(c, name: str) -> bool:
@@ -60,19 +60,18 @@ def test_renewals_alone_keep_a_worker_alive_and_it_is_lost_once_they_stop(tmp_pa
         a = _register(address, "a", "ia")
         b = _register(address, "b", "ib")
         assert a.lease_slot != b.lease_slot
-        host = address.rpartition(":")[0]
-        with grpc.insecure_channel(f"{host}:{a.lease_port}") as ch:
-            lease = pb_grpc.LeaseStub(ch)
+        lease = LeaseClient(address.rpartition(":")[0], a.lease_port)
+        try:
             c = client(address)
             # Another daemon cannot renew a's lease: b's credential on a's slot, a's credential with another instance
             for forged in (pb.RegisterReply(lease_slot=a.lease_slot, credential=b.credential),
                            pb.RegisterReply(lease_slot=a.lease_slot, credential="x" * 43)):
-                with pytest.raises(grpc.RpcError) as e:
+                with pytest.raises(LeaseError) as e:
                     _renew(lease, "a", "ia", forged)
-                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            with pytest.raises(grpc.RpcError) as e:
+                assert e.value.code == "REFUSED"
+            with pytest.raises(LeaseError) as e:
                 _renew(lease, "a", "another-daemon", a)
-            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert e.value.code == "REFUSED"
 
             # a renews for three timeouts and is never heard at the controller; b says nothing and is lost
             t0 = time.monotonic()
@@ -90,10 +89,12 @@ def test_renewals_alone_keep_a_worker_alive_and_it_is_lost_once_they_stop(tmp_pa
             lost_after = time.monotonic() - last
             assert lost_after >= TIMEOUT_S - 0.5, f"lost {lost_after:.1f} s after its last renewal"
             # Lost: its slot holds nothing any more; the controller tells it to register again
-            with pytest.raises(grpc.RpcError) as e:
+            with pytest.raises(LeaseError) as e:
                 _renew(lease, "a", "ia", a)
-            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert e.value.code == "REFUSED"
             c.close()
+        finally:
+            lease.close()
         print(f"{renewals} renewals over {3 * TIMEOUT_S:g} s kept a alive; lost {lost_after:.2f} s after the last "
               f"(worker_timeout_s {TIMEOUT_S:g})")
     finally:
@@ -120,10 +121,9 @@ def test_kill_9_of_the_controller_takes_the_lease_server_with_it(tmp_path: Path)
             except OSError:
                 return True
         wait_for("the lease server gone with its controller", gone, 10, poll=0.05)
-        host = address.rpartition(":")[0]
-        with grpc.insecure_channel(f"{host}:{a.lease_port}") as ch, pytest.raises(grpc.RpcError) as e:
-            _renew(pb_grpc.LeaseStub(ch), "a", "ia", a)
-        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(LeaseError) as e:
+            _renew(LeaseClient(address.rpartition(":")[0], a.lease_port), "a", "ia", a)
+        assert e.value.code == "UNAVAILABLE"
     finally:
         stop(ctl)
 

@@ -1,4 +1,4 @@
-"""The lease server: a process of the controller's own that answers lease renewals (``Lease.Renew``).
+"""The lease server: a process of the controller's own that answers lease renewals (``lease_wire``).
 
 Why a process (``lease`` says why renewals leave the controller's server): its own interpreter, so a renewal never
 waits for the controller's GIL or server threads while a registration storm, a submit batch or a scheduling step
@@ -20,21 +20,21 @@ Run as ``python -m hpcsched.runtime.lease_server --fd N --slots S --host H --par
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
-import grpc
+from google.protobuf.message import DecodeError
 
-from hpcsched.runtime.auth import server_credentials
-from hpcsched.runtime.credentials import CREDENTIAL_HEADER
+from hpcsched.runtime.config import check_private
 from hpcsched.runtime.lease import (
     H_INTERVAL_US,
     H_MAGIC,
@@ -46,12 +46,12 @@ from hpcsched.runtime.lease import (
     SharedTable,
     now_ns,
 )
-from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.lease_wire import LeaseError, frame, frame_length
+from hpcsched.runtime.rpc import pb
 
 log = logging.getLogger("hpcsched.runtime.lease")
 
 _PARENT_POLL_S = 0.2
-_THREADS = 4  # a renewal is ~20 us of Python; a few threads keep the server's poller fed
 _PR_SET_PDEATHSIG = 1
 
 
@@ -118,49 +118,58 @@ def _die_with(parent: int, pdeathsig: bool) -> None:
     threading.Thread(target=poll, name="parent-poll", daemon=True).start()
 
 
+class _Renewals:
+    """Renewals checked against and written into the table (one asyncio loop: no locks)."""
+
+    def __init__(self, table: SharedTable) -> None:
+        self.table = table
+
+    def answer(self, req: pb.RenewRequest) -> pb.RenewReply:
+        t = self.table
+        if not t.check(req.slot, req.worker_id, req.instance, req.credential):
+            t.set(H_REFUSED, t.get(H_REFUSED) + 1)
+            return pb.RenewReply(refused="this lease slot does not hold that worker's registration (lost, left or "
+                                         "registered anew): heartbeat the controller")
+        t.set_renewed(req.slot, now_ns())
+        t.set(H_RENEWALS, t.get(H_RENEWALS) + 1)
+        return pb.RenewReply(heartbeat_interval_s=t.get(H_INTERVAL_US) / 1e6, heartbeat_now=t.wanted(req.slot))
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One worker's connection: frames until it closes, or sends one that is not a renewal."""
+        try:
+            while True:
+                n = frame_length(await reader.readexactly(4))
+                writer.write(frame(self.answer(pb.RenewRequest.FromString(await reader.readexactly(n)))))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, LeaseError, DecodeError, ssl.SSLError):
+            pass  # closed, or not speaking the protocol: the connection goes
+        finally:
+            writer.close()
+
+
 def serve(args: argparse.Namespace) -> None:
     """Answer renewals until SIGTERM (module docstring)."""
     table = SharedTable(args.fd, args.slots)
     if table.get(H_MAGIC) != MAGIC:
         raise SystemExit("lease server: the table it was given is not a lease table")
-    counts = threading.Lock()
-
-    def count(field: int) -> None:
-        with counts:  # several server threads: one writer at a time per counter
-            table.set(field, table.get(field) + 1)
-
-    class Service(pb_grpc.LeaseServicer):
-        def Renew(self, request, context):  # noqa: N802 (gRPC's name)
-            got = ""
-            for key, value in context.invocation_metadata() or ():
-                if key == CREDENTIAL_HEADER and isinstance(value, str):
-                    got = value
-            if not table.check(request.slot, request.worker_id, request.instance, got):
-                count(H_REFUSED)
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "this lease slot does not hold that worker's "
-                              "registration (lost, left or registered anew): heartbeat the controller")
-            table.set_renewed(request.slot, now_ns())
-            count(H_RENEWALS)
-            return pb.RenewReply(heartbeat_interval_s=table.get(H_INTERVAL_US) / 1e6,
-                                 heartbeat_now=table.wanted(request.slot))
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=_THREADS))
-    pb_grpc.add_LeaseServicer_to_server(Service(), server)
-    target = f"[{args.host}]:0" if ":" in args.host else f"{args.host}:0"
+    tls = None
     if args.tls_cert:
-        port = server.add_secure_port(target, server_credentials(Path(args.tls_cert), Path(args.tls_key)))
-    else:
-        port = server.add_insecure_port(target)
-    if not port:
-        raise SystemExit(f"lease server: cannot bind {args.host}")
-    server.start()
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    table.set(H_PID, os.getpid())
-    table.set(H_PORT, port)
-    done.wait()
-    table.set(H_PORT, 0)  # new registrations name no lease server
-    server.stop(grace=0.5).wait()
+        check_private(Path(args.tls_key), "TLS private key")
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+
+    async def run() -> None:
+        done = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, done.set)
+        server = await asyncio.start_server(_Renewals(table).connection, args.host.strip("[]"), 0, ssl=tls,
+                                            backlog=4096)
+        table.set(H_PID, os.getpid())
+        table.set(H_PORT, server.sockets[0].getsockname()[1])
+        await done.wait()
+        table.set(H_PORT, 0)  # new registrations name no lease server
+        server.close()
+
+    asyncio.run(run())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,9 +22,9 @@ import time
 import grpc
 
 from hpcsched.runtime.auth import open_channel
+from hpcsched.runtime.lease_wire import LeaseClient, LeaseError
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.worker_config import WorkerConfig
-from hpcsched.runtime.worker_watch import watch_address
 
 log = logging.getLogger("hpcsched.runtime.worker")
 
@@ -43,7 +43,7 @@ class ControllerLink:
     _fenced: bool
     _tls_hinted: bool
     _refused_logged: str
-    _lease: tuple[grpc.Channel, pb_grpc.LeaseStub, int] | None = None  # (channel, stub, slot) of its lease server
+    _lease: tuple[LeaseClient, int, str] | None = None  # (connection, slot, credential) at its lease server
     _lease_retry_at = 0.0
     _lease_failing = False
     lease_renewals = 0  # renewals answered by the lease server
@@ -59,7 +59,7 @@ class ControllerLink:
                 return reply
         return self._answer(self.stub.Heartbeat.future(req, timeout=_HEARTBEAT_TIMEOUT_S, metadata=self.md), renewed)
 
-    def _answer(self, call: grpc.Future, renewed: float):  # noqa: ANN202 (the call's reply message)
+    def _answer(self, call: grpc.Future, renewed: float) -> pb.HeartbeatReply:
         while True:
             try:
                 return call.result(timeout=_WAIT_POLL_S)
@@ -68,18 +68,19 @@ class ControllerLink:
 
     def _renew(self, renewed: float) -> pb.HeartbeatReply | None:
         """Renew the lease at the lease server: the reply as a heartbeat's, or None when the beat must go to the
-        controller (it has orders for this worker, or the renewal failed)."""
+        controller (it has orders for this worker, or the renewal failed). It runs only while the worker has no task,
+        so there is nothing to fence while it waits (at most ``_RENEW_TIMEOUT_S``)."""
         assert self._lease is not None
-        _, stub, slot = self._lease
-        req = pb.RenewRequest(worker_id=self.cfg.name, instance=self.instance, slot=slot)
+        client, slot, credential = self._lease
+        req = pb.RenewRequest(worker_id=self.cfg.name, instance=self.instance, slot=slot, credential=credential)
         try:
-            r = self._answer(stub.Renew.future(req, timeout=_RENEW_TIMEOUT_S, metadata=self.md), renewed)
-        except grpc.RpcError as e:
+            r = client.renew(req)
+        except LeaseError as e:
             self.lease_fallbacks += 1
             self._lease_retry_at = time.monotonic() + _LEASE_RETRY_S
             if not self._lease_failing:
                 log.warning("lease renewal failed (%s: %s): heartbeats go to the controller for %g s (%d such "
-                            "failures so far)", e.code().name, e.details(), _LEASE_RETRY_S, self.lease_fallbacks)
+                            "failures so far)", e.code, e.details, _LEASE_RETRY_S, self.lease_fallbacks)
                 self._lease_failing = True
             return None
         self._lease_failing = False
@@ -91,9 +92,10 @@ class ControllerLink:
     def _lease_to(self, reply: pb.RegisterReply) -> None:
         """After a registration: renew at the lease server it named (none: every beat goes to the controller)."""
         self._close_lease()
-        if reply.lease_port > 0:
-            channel = open_channel(watch_address(self.cfg.controller, reply.lease_port), self.cfg.tls_ca)
-            self._lease = (channel, pb_grpc.LeaseStub(channel), reply.lease_slot)
+        if reply.lease_port > 0 and reply.credential:
+            host = self.cfg.controller.rpartition(":")[0]
+            client = LeaseClient(host, reply.lease_port, self.cfg.tls_ca, _RENEW_TIMEOUT_S)
+            self._lease = (client, reply.lease_slot, reply.credential)
             self._lease_retry_at, self._lease_failing = 0.0, False
 
     def _close_lease(self) -> None:
