@@ -181,6 +181,7 @@ class SimWorker:
         self.watch_call = None
         self.watch_channels: WatchChannels | None = None  # set by run_workers
         self.lease_port, self.lease_slot, self.lease_retry_at, self.credential = 0, 0, 0.0, ""
+        self.beat_owed = False
         self.lease_conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None  # to the lease server
         self.position = 0  # among this process's workers (which Watch channel it shares)
 
@@ -200,6 +201,7 @@ class SimWorker:
                     with contextlib.suppress(asyncio.TimeoutError):  # woken early by a watch event
                         await asyncio.wait_for(self.nudge.wait(), max(0.0, min(due, self._next_news()) - now))
                     continue
+                self.beat_owed |= self.nudge.is_set()  # as the real worker: pushed orders, beat the controller
                 self.nudge.clear()  # this heartbeat's reply carries the orders it was woken for
                 method = "Register"
                 try:
@@ -213,11 +215,14 @@ class SimWorker:
                     method = "Heartbeat"
                     req = self._heartbeat(time.monotonic(), partial=_PARTIAL and self.beats % FULL_EVERY != 0)
                     reply = None
-                    if self.lease_port and req.partial and not self.tasks and time.monotonic() >= self.lease_retry_at:
+                    if self.lease_port and req.partial and not self.tasks and not self.beat_owed \
+                            and time.monotonic() >= self.lease_retry_at:
                         reply = await self._renew()
                     if reply is None:
                         sent = time.perf_counter()
+                        self.beat_owed = True  # as the real worker: a failed beat is retried at the controller
                         reply = await self.stub.Heartbeat(req, timeout=RPC_TIMEOUT_S, metadata=self.md)
+                        self.beat_owed = False
                         self.stats.hb_lat.append(time.perf_counter() - sent)
                         self.stats.hb_at.append(time.time())
                         self.stats.hb_renewal.append(0)

@@ -191,6 +191,8 @@ class Membership:
             return reply
         if not self.beat_waiters.acquire(blocking=False):
             if self._renew(req):  # it is alive; only its news waits
+                if self.leases is not None:  # the orders it came for wait too: its renewals keep saying so
+                    self.leases.want([req.worker_id])
                 with self.seen_lock:
                     self.shed_beats += 1
                 raise Shed(f"{LOCK_WAITING_BEATS} heartbeats already wait for the controller's lock (a scheduling step "

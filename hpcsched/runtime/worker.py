@@ -138,6 +138,7 @@ class Worker(TaskControl, ControllerLink):
             if not news and time.monotonic() < due and not self.watch.nudged.is_set():
                 self.watch.nudged.wait(min(_POLL_S, self.interval))  # woken early by pushed orders
                 continue
+            self._beat_owed |= self.watch.nudged.is_set()  # pushed orders: beat the controller, not a renewal
             self.watch.nudged.clear()  # this heartbeat's reply carries what the controller pushed
             method = "Register"
             try:

@@ -7,10 +7,11 @@ registration named a lease server (``RegisterReply.lease_port``, ``hpcsched.runt
 there instead, away from the controller's threads and interpreter. A worker with tasks keeps beating the controller
 (its reply may carry a stop, a resize or a launch decided on time alone), and so does every ``FULL_EVERY``-th beat,
 which also brings the controller a fresh spare port. A renewal's reply saying ``heartbeat_now`` (the controller has
-orders for it) is followed by a heartbeat to the controller at once. A renewal that fails (the lease server is
-down, or no longer holds this registration because the worker was lost) is counted (``lease_fallbacks``), logged
-once per failure streak, and the same beat goes to the controller, which says what to do (``reregister``); the lease
-server is tried again ``_LEASE_RETRY_S`` later, or at once after a new registration."""
+orders for it) is followed by a heartbeat to the controller at once; a beat woken by a pushed order (``Orders.Watch``)
+goes to the controller, and so does the retry of a heartbeat to the controller that failed (shed, late). A renewal
+that fails (the lease server is down, or no longer holds this registration because the worker was lost) is counted
+(``lease_fallbacks``), logged once per failure streak, and the same beat goes to the controller, which says what to
+do (``reregister``); the lease server is tried again ``_LEASE_RETRY_S`` later, or at once after a new registration."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class ControllerLink:
     _lease: tuple[LeaseClient, int, str] | None = None  # (connection, slot, credential) at its lease server
     _lease_retry_at = 0.0
     _lease_failing = False
+    _beat_owed = False  # a heartbeat to the controller failed (shed, late): the next beat goes to it, not a renewal
     lease_renewals = 0  # renewals answered by the lease server
     lease_fallbacks = 0  # renewals that failed, sent to the controller instead
 
@@ -53,11 +55,15 @@ class ControllerLink:
         """One heartbeat, or a renewal at the lease server when there is nothing to report (module docstring); while
         it is in flight (a hung or cut-off controller holds it up to its 10 s timeout) the lease is still watched, so
         the tasks are stopped when it runs out, not when the call gives up."""
-        if self._lease is not None and req.partial and not self.tasks and time.monotonic() >= self._lease_retry_at:
+        if self._lease is not None and req.partial and not self.tasks and not self._beat_owed \
+                and time.monotonic() >= self._lease_retry_at:
             reply = self._renew(renewed)
             if reply is not None:
                 return reply
-        return self._answer(self.stub.Heartbeat.future(req, timeout=_HEARTBEAT_TIMEOUT_S, metadata=self.md), renewed)
+        self._beat_owed = True  # until the controller answers: a retry after a shed or late beat goes there too
+        reply = self._answer(self.stub.Heartbeat.future(req, timeout=_HEARTBEAT_TIMEOUT_S, metadata=self.md), renewed)
+        self._beat_owed = False
+        return reply
 
     def _answer(self, call: grpc.Future, renewed: float) -> pb.HeartbeatReply:
         while True:
