@@ -56,6 +56,7 @@ def table(r: dict) -> str:
         ("heartbeats/s, interval(s)",
          f"{hb['per_s']}, {', '.join(f'{k} s x{v}' for k, v in hb['intervals_s'].items())}"),
         ("  renewals (lease server)", ms(hb["renewals"])),
+        ("  connecting to it (apart)", ms(hb["lease_connect"])),
         ("  heartbeats to the controller", ms(hb["to_controller"])),
         ("lease lapses", str(hb["lease_lapses"]) + (f"; {hb['lease_fallbacks']} renewals failed (sent to the "
                                                     "controller)" if hb["lease_fallbacks"] else "")),

@@ -541,6 +541,8 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
                                            "to_controller": _quantiles([lat for at, lat, r in hb
                                                                         if at >= t_reg_done and not r]),
                                            "lease_fallbacks": sum(s["lease_fallbacks"] for s in stats.values()),
+                                           "lease_connect": _quantiles([x for s in stats.values()
+                                                                        for x in s["lease_connect"]]),
                                            "intervals_s": {str(k): v for k, v in sorted(intervals.items())}},
         "rpc_errors": errors,
         "rpc_error_examples": examples,

@@ -131,6 +131,7 @@ class ProcStats:
     hb_at: array = field(default_factory=lambda: array("d"))
     hb_renewal: array = field(default_factory=lambda: array("b"))  # 1: that beat was a renewal at the lease server
     lease_fallbacks: int = 0  # renewals that failed and went to the controller instead
+    lease_connect: array = field(default_factory=lambda: array("d"))  # opening a connection to the lease server
     reg_lat: array = field(default_factory=lambda: array("d"))
     first_registered_at: dict = field(default_factory=dict)  # worker -> unix time of its first registration
     registrations: int = 0
@@ -288,13 +289,15 @@ class SimWorker:
         """A renewal at the lease server, as the real worker's ``_renew`` (one frame each way on a connection of its
         own, ``lease_wire``): the reply as a heartbeat's, or None when the beat must go to the controller (it has
         orders: ``heartbeat_now``, or the renewal failed)."""
-        sent = time.perf_counter()
         req = pb.RenewRequest(worker_id=self.name, instance=self.instance, slot=self.lease_slot,
                               credential=self.credential)
         try:
-            if self.lease_conn is None:
+            if self.lease_conn is None:  # timed apart: a heartbeat's latency has no connection set-up either
+                sent = time.perf_counter()
                 self.lease_conn = await asyncio.wait_for(asyncio.open_connection(
                     self.opts.address.rpartition(":")[0], self.lease_port), RENEW_TIMEOUT_S)
+                self.stats.lease_connect.append(time.perf_counter() - sent)
+            sent = time.perf_counter()
             reader, writer = self.lease_conn
             writer.write(frame(req))
             r = pb.RenewReply.FromString(await asyncio.wait_for(_read_frame(reader), RENEW_TIMEOUT_S))
