@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -72,6 +73,13 @@ def test_renewals_alone_keep_a_worker_alive_and_it_is_lost_once_they_stop(tmp_pa
             with pytest.raises(LeaseError) as e:
                 _renew(lease, "a", "another-daemon", a)
             assert e.value.code == "REFUSED"
+
+            # Not the protocol (a frame past MAX_FRAME, a message that does not parse): that connection is closed,
+            # the lease server serves on
+            for junk in (b"\xff\xff\xff\xff", b"\x00\x00\x00\x03\xff\xff\xff"):
+                with socket.create_connection((address.rpartition(":")[0], a.lease_port), timeout=10) as raw:
+                    raw.sendall(junk)
+                    assert raw.recv(16) == b""
 
             # a renews for three timeouts and is never heard at the controller; b says nothing and is lost
             t0 = time.monotonic()

@@ -72,7 +72,8 @@ class LeaseProcess:
             argv.append("--pdeathsig")
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
-        self.proc = subprocess.Popen(argv, pass_fds=(self.fd,), stdin=subprocess.DEVNULL)
+        # its own session: a terminal's Ctrl-C stops the controller, which stops it, not both at once
+        self.proc = subprocess.Popen(argv, pass_fds=(self.fd,), stdin=subprocess.DEVNULL, start_new_session=True)
 
     def check(self) -> bool:
         """Whether it runs; an exit not asked for is logged (once) and counted."""
