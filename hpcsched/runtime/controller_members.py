@@ -1,6 +1,7 @@
 """The controller's membership: workers register, beat and leave, and a silent one is lost; each heartbeat is
 reconciled declaratively against the store (``reconcile``). A part of ``Controller`` (its state is set in
-``Controller.__init__``); every method here runs under its lock, but for the lease-only heartbeat.
+``Controller.__init__``); every method here runs under its lock, but for the lease-only heartbeat and a Register's
+checks and wait in the registration queue (``register_queue``: a group is committed under the lock).
 
 Lease-only heartbeats: most heartbeats of a big fleet say nothing (an idle worker, or running tasks with no news in
 a partial report), and the reconcile would change nothing. They waited for the controller's lock all the same, so
