@@ -9,6 +9,7 @@ phase (``/proc/PID/stat``) and per registration, Register latency p50 / p99, err
 after. Run it against two checkouts, interleaved, and say the load::
 
     PYTHONPATH=$PWD .venv/bin/python bench/register_rate.py 4000 200 50
+    PYTHONPATH=$PWD .venv/bin/python bench/register_rate.py 3000 3000 3000 fresh   # connections made by the storm
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(address: str, pid: int, n: int, inflight: int, channels: int) -> dict:
+async def measure(address: str, pid: int, n: int, inflight: int, channels: int, fresh: bool = False) -> dict:
+    """``fresh``: the channels connect with their first Register, inside the timed phase (as a storm of pilots)."""
     chans = [grpc.aio.insecure_channel(address, options=(("grpc.use_local_subchannel_pool", 1), ("k", k)))
              for k in range(channels)]
-    for c in chans:
-        await c.channel_ready()
+    if not fresh:
+        for c in chans:
+            await c.channel_ready()
     stubs = [pb_grpc.ControllerStub(c) for c in chans]
     md = metadata(TOKEN)
     gate = asyncio.Semaphore(inflight)
@@ -69,8 +72,8 @@ async def measure(address: str, pid: int, n: int, inflight: int, channels: int) 
     for c in chans:
         await c.close()
     lat.sort()
-    return {"n": n, "inflight": inflight, "channels": channels, "registered_s": round(took, 2),
-            "per_s": round(n / took), "controller_cpu_s": round(used, 2),
+    return {"n": n, "inflight": inflight, "channels": channels, "fresh_connections": fresh,
+            "registered_s": round(took, 2), "per_s": round(n / took), "controller_cpu_s": round(used, 2),
             "controller_cpu_ms_per_registration": round(used / n * 1e3, 3),
             "p50_ms": round(lat[len(lat) // 2] * 1e3, 1), "p99_ms": round(lat[int(0.99 * len(lat))] * 1e3, 1),
             "errors": errors}
@@ -78,12 +81,13 @@ async def measure(address: str, pid: int, n: int, inflight: int, channels: int) 
 
 def main() -> None:
     n, inflight, channels = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    fresh = sys.argv[4:5] == ["fresh"]
     d = Path(tempfile.mkdtemp(prefix="hpcsched-register-rate-"))
     load = loadavg()
     ctl, address = start_controller(d, controller_config(d, FleetOptions(workers=n, worker_timeout_s=60)),
                                     timeout_s=120)
     try:
-        out = asyncio.run(measure(address, ctl.pid, n, inflight, channels))
+        out = asyncio.run(measure(address, ctl.pid, n, inflight, channels, fresh))
     finally:
         stop_controller(ctl)
     print(json.dumps(out | {"load_start": load, "load_end": loadavg()}))
