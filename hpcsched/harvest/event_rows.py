@@ -16,6 +16,8 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO, overload
 
+import numpy as np
+
 _CHUNK = 65_536  # rows held as tuples before they move into the columns
 
 
@@ -55,13 +57,17 @@ class EventRows(Sequence[tuple[object, ...]]):
             want = float if kind == "d" else int
             odd = [i for i, v in enumerate(values) if type(v) is not want]
             if odd:
+                as_float: set[int] = set()
                 for i in odd:
                     v = values[i]
                     if kind == "d" and type(v) is int and float(v) == v:
                         self.ints.setdefault(c, array("q")).append(base + i)
+                        as_float.add(i)
                     else:
                         self.odd[(base + i, c)] = v
-                col.extend(want(v) if type(v) is want else 0 for v in values)  # type: ignore[arg-type]
+                # an int kept in ``ints`` is stored as its float (read back as ``int`` of it); others as 0
+                col.extend(want(v) if type(v) is want or i in as_float else 0  # type: ignore[arg-type]
+                           for i, v in enumerate(values))
             else:
                 col.extend(values)  # type: ignore[arg-type]
         self.stored += len(rows)
@@ -69,6 +75,39 @@ class EventRows(Sequence[tuple[object, ...]]):
 
     def __len__(self) -> int:
         return self.stored + len(self.chunk)
+
+    def extend(self, columns: Sequence[object], n: int) -> None:
+        """``n`` rows given a column at a time, read back as if each row had been appended: a column is a numpy
+        array of ``n`` values of its kind (float, int; read back as Python ``float`` and ``int``), a sequence of
+        ``n`` strings for a status column, or one Python value every row shares (kept with its type, as
+        ``append`` keeps it)."""
+        self._store()
+        base = self.stored
+        for c, (kind, col, v) in enumerate(zip(self.kinds, self.cols, columns, strict=True)):
+            code = np.dtype(col.typecode)
+            if kind == "s":
+                values = [v] * n if isinstance(v, str) else list(v)  # type: ignore[call-overload]
+                for x in dict.fromkeys(values):
+                    if x not in self.codes:
+                        self.codes[x] = len(self.names)
+                        self.names.append(x)
+                if isinstance(v, str):
+                    col.frombytes(np.full(n, self.codes[v], dtype=code).tobytes())
+                else:
+                    col.extend(self.codes[x] for x in values)
+            elif isinstance(v, np.ndarray):
+                if len(v) != n:
+                    raise ValueError(f"column {c} has {len(v)} values for {n} rows")
+                col.frombytes(np.ascontiguousarray(v, dtype=code).tobytes())
+            elif type(v) is (float if kind == "d" else int):
+                col.frombytes(np.full(n, v, dtype=code).tobytes())
+            elif kind == "d" and type(v) is int and float(v) == v:
+                self.ints.setdefault(c, array("q")).frombytes(np.arange(base, base + n, dtype=np.int64).tobytes())
+                col.frombytes(np.full(n, float(v), dtype=code).tobytes())
+            else:
+                self.odd.update(((base + i, c), v) for i in range(n))
+                col.frombytes(np.zeros(n, dtype=code).tobytes())
+        self.stored += n
 
     def write_csv(self, f: TextIO, fmt: Callable[[float], str]) -> None:
         """Every row as ``csv.writer`` writes it with floats shown by ``fmt`` and other values by ``str``, the

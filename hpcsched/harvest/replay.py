@@ -45,10 +45,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from hpcsched.harvest.decision import solve_decision
 from hpcsched.harvest.event_rows import EventRows
 from hpcsched.harvest.idle_runs import IdleRuns
 from hpcsched.harvest.median_window import MedianWindow
 from hpcsched.harvest.pool import NumberedNodes, PoolEvent, PoolTimeline, RangeEvents
+from hpcsched.harvest.quiet_gap import empty_answers, quiet_end, replay_quiet, tally
 from hpcsched.harvest.replay_config import (
     ACCOUNTING,
     EVENT_COLUMNS,
@@ -61,13 +63,14 @@ from hpcsched.harvest.replay_config import (
 from hpcsched.harvest.replay_job import JobRun
 from hpcsched.harvest.replay_progress import ReplayProgress
 from hpcsched.milp import MilpJob, Objective
-from hpcsched.milp.allocate import solve_counts_sized
 from hpcsched.milp.formulation import PER_JOB_UP_TO
 from hpcsched.milp.mapping import NodeRuns, Run, Spans, map_runs, runs_len, runs_of, split_runs
 from hpcsched.milp.problem import check_job
 from hpcsched.model import ElasticJob
 from hpcsched.primitives.event_core import EventCore
 from hpcsched.results import JobResult
+
+CACHE_LIMIT = 100_000  # decisions remembered; past it the cache starts afresh
 
 __all__ = ["ACCOUNTING", "EVENT_COLUMNS", "NONOPTIMAL", "ReplayConfig", "ReplayResult", "Valuation", "replay"]
 
@@ -260,12 +263,8 @@ class _Replay:
                 self._check_idle(r, r.held, now)  # runs a decision hands out): held nodes are idle nodes
             states = tuple(MilpJob(r.valued or r.job, NodeRuns(r.held, self.names),
                                     NodeRuns(lost.get(r.job.id, ()), self.names)) for r in self.active)
-            counts, status, _ = solve_counts_sized(states, self.pool.size, tfwd, cfg.objective, cfg.solver,
-                                                   cfg.time_limit, unique_shortcut=True)
-            held = 0
-            if cfg.no_pause:
-                counts, status, held = self._held_at_minimum(states, counts, status, tfwd)
-            if len(self.cache) > 100_000:
+            counts, status, held = solve_decision(states, self.pool.size, tfwd, cfg)
+            if len(self.cache) > CACHE_LIMIT:
                 self.cache.clear()
             self.cache[key] = (counts, status, held)
         else:
@@ -313,32 +312,6 @@ class _Replay:
                 phases.append((r.job.id, phase))
         return tuple(phases)
 
-    def _held_at_minimum(self, states: tuple[MilpJob, ...], counts: list[int], status: str,
-                         tfwd: float) -> tuple[list[int], str, int]:
-        """``no_pause``: the controller's rule over the allocator's answer ``counts`` (ReplayConfig); also how many
-        jobs it held at their minimum."""
-        cfg, left = self.cfg, self.pool.size
-        sizes: dict[int, int] = {}
-        for i, st in enumerate(states):  # admitted at their minimum, first come first served
-            if st.job.jmin <= left:
-                sizes[i] = st.job.jmin
-                left -= st.job.jmin
-        free = list(sizes)
-        if len(free) == len(states) and all(c >= st.job.jmin for c, st in zip(counts, states, strict=True)):
-            return counts, status, 0  # nothing paused: the allocator's answer stands
-        held = 0
-        while free:
-            pool_n = left + sum(sizes[i] for i in free)
-            sub, status, _ = solve_counts_sized(tuple(states[i] for i in free), pool_n, tfwd, cfg.objective,
-                                                cfg.solver, cfg.time_limit, unique_shortcut=True)
-            paused = [i for i, c in zip(free, sub, strict=True) if c < sizes[i]]
-            if not paused:
-                sizes.update(zip(free, sub, strict=True))
-                break
-            held += len(paused)
-            free = [i for i in free if i not in paused]  # held at their minimum; the others sized again
-        return [sizes.get(i, 0) for i in range(len(states))], status, held
-
     def _check_idle(self, r: JobRun, runs: list[Run], now: float) -> None:
         if not all(self.pool.covers(lo, hi) for lo, hi in runs):
             raise RuntimeError(f"replay state broken: job {r.job.id} holds nodes that are not idle at {now}")
@@ -373,6 +346,10 @@ class _Replay:
     def handle(self, now: float, k: int) -> None:
         """Pool event ``k``: the completions and submits before it (``exact_events``), then its nodes leave and
         join, the jobs progress to it, and the allocator decides."""
+        nxt = self.quiet(k)
+        if nxt > k:
+            self._arm(nxt)
+            return
         joined, left = self.ahead
         if self.cfg.exact_events:
             self.t_prev, done_at = self.internal_events(self.t_prev, now)
@@ -397,6 +374,33 @@ class _Replay:
         self.t_prev = now
         self.report(k)
         self._arm(k + 1)
+
+    def quiet(self, k: int) -> int:
+        """Events from ``k`` with no job active and none admissible before them (``harvest.quiet_gap``), replayed in
+        bulk: the next event to handle (``k`` where there are too few or the walk must check them one by one)."""
+        events, cfg = self.tl.events, self.cfg
+        if (self.active or self.admitted >= len(self.queue) or cfg.predict_tfwd
+                or not isinstance(events, RangeEvents) or events.names is not self.names):
+            return k
+        t0 = time.perf_counter()
+        end = quiet_end(events, k, self.queue[self.admitted].submit)
+        gap = replay_quiet(events, k, end, self.t_prev, self.idle_ns, self.pool, len(self.names))
+        if gap is None:
+            return k
+        n = len(gap.times)
+        hits, answers, at = empty_answers(self.cache, gap.size, lambda size: ((), size, cfg.tfwd, ()),
+                                          lambda size: solve_decision((), size, cfg.tfwd, cfg), CACHE_LIMIT)
+        status, held = tally(answers, at, self.statuses)
+        self.hits += hits
+        self.held_at_minimum += held
+        self.idle_ns = gap.idle_ns
+        secs = (time.perf_counter() - t0) / n
+        self.solve_s += secs * n
+        self.events.extend((gap.times, gap.dt, gap.size, gap.joined, gap.left, 0, 0, self.done, 0, 0.0, 0, 0.0, 0,
+                            cfg.tfwd, secs, status), n)
+        self.t_prev = float(gap.times[-1])
+        self.report(k + n - 1)
+        return k + n
 
     def _next_internal(self, after: float, before: float) -> float | None:
         """The first completion or admissible submit strictly between two pool events, if any."""
