@@ -66,6 +66,7 @@ class RangeFirstFit:
         self.whole = nodes
         self.partial: dict[int, int] = {}  # node -> free cores, for 0 < free < cpn
         self.heaps: list[list[int]] = [[] for _ in range(cpn)]  # heaps[f]: partial nodes with f free (lazy)
+        self.count = [0] * cpn  # count[f]: partial nodes with f free, exact (a job skips the heaps with none)
         self.marks: list[tuple[float, int, int, int]] = []
 
     def _top(self, f: int) -> int | None:
@@ -81,10 +82,12 @@ class RangeFirstFit:
             return None
         best = None
         if rest:  # the lowest node with room for the remainder once the whole nodes are taken
+            count = self.count
             for f in range(rest, self.cpn):
-                n = self._top(f)
-                if n is not None and (best is None or n < best):
-                    best = n
+                if count[f]:
+                    n = self._top(f)
+                    if n is not None and (best is None or n < best):
+                        best = n
             nxt = self.free.nth(whole)
             if nxt is not None and (best is None or nxt < best):
                 best = nxt
@@ -109,9 +112,12 @@ class RangeFirstFit:
             self.whole -= 1
             self.marks.append((now, -1, best, best + 1))
             left = self.cpn
+        else:
+            self.count[left] -= 1
         left -= rest
         if left > 0:
             self.partial[best] = left
+            self.count[left] += 1
             heapq.heappush(self.heaps[left], best)
         return got, (best, rest)
 
@@ -122,13 +128,17 @@ class RangeFirstFit:
             self.marks.append((now, 1, lo, hi))
         if rest is not None:
             node, cores = rest
-            left = self.partial.pop(node, 0) + cores
+            was = self.partial.pop(node, 0)
+            if was:
+                self.count[was] -= 1
+            left = was + cores
             if left == self.cpn:
                 self.free.add(node, node + 1)
                 self.whole += 1
                 self.marks.append((now, 1, node, node + 1))
             else:
                 self.partial[node] = left
+                self.count[left] += 1
                 heapq.heappush(self.heaps[left], node)
 
 

@@ -226,7 +226,7 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
 
     ending: list[tuple[float, int]] = []
     held: dict[int, tuple[list[Run], tuple[int, int] | None]] = {}
-    release, place, push, pop = ff.release, ff.place, heapq.heappush, heapq.heappop
+    release, place, push, pop, marks = ff.release, ff.place, heapq.heappush, heapq.heappop, ff.marks
     i = 0
     for a in range(0, len(start), _CHUNK):
         for s, e, k in zip(start[a:a + _CHUNK].tolist(), end[a:a + _CHUNK].tolist(), size[a:a + _CHUNK].tolist(),
@@ -238,7 +238,8 @@ def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: 
                     cur = t_end
                 release(*held.pop(j), t_end)
             if s != cur:
-                flush(cur)
+                if marks or pending_up:  # a second in which only jobs found no room changed nothing
+                    flush(cur)
                 cur = s
             placed = place(k, s)
             if placed is None:
