@@ -184,3 +184,24 @@ def test_reading_a_gzipped_log_reports_its_compressed_offset(monkeypatch: pytest
         jobs = tl.notes["log_jobs"] - tl.notes["skipped_no_times"] - tl.notes["skipped_zero_run"]  # type: ignore[operator]
         assert placed and placed[-1] == (jobs - tl.notes["skipped_no_size"], placed[-1][1])  # type: ignore[operator]
         assert placed[-1][0] == placed[-1][1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(up=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 4)), max_size=5),
+       down=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 4)), max_size=5), whole=st.booleans())
+def test_a_seconds_marks_net_as_their_spans_do(up: list[tuple[int, int]], down: list[tuple[int, int]],
+                                               whole: bool) -> None:
+    """``net_marks``' sweep against the sets it stands for: joined = went idle less taken, left = taken less
+    released, as merged runs; None exactly where a node went idle twice or busy twice."""
+    from hpcsched.harvest.log_stream import net_marks
+    from hpcsched.milp.mapping import Spans
+
+    ups = [(a, a + n) for a, n in up] + ([(0, 25)] if whole else [])
+    downs = [(a, a + n) for a, n in down]
+    marks = [(7.0, 1, a, b) for a, b in ups[:len(up)]] + [(7.0, -1, a, b) for a, b in downs]
+    got = net_marks(marks, [(0, 25)] if whole else [])
+    su, sd = Spans(ups), Spans(downs)
+    if len(su) != sum(b - a for a, b in ups) or len(sd) != sum(b - a for a, b in downs):
+        assert got is None
+        return
+    assert got == ([r for a, b in su.runs() for r in sd.minus(a, b)], [r for a, b in sd.runs() for r in su.minus(a, b)])
