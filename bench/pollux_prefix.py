@@ -2,7 +2,7 @@
 round's allocation, to hold a speed change to "same allocation at every round" and to compare with the artifact's
 simulator on the same prefix (its CPU sampled against the simulated time it prints).
 
-Run:  .venv/bin/python bench/pollux_prefix.py WORKLOAD SEED MAX_TIME      e.g. 6 0 14000
+Run:  .venv/bin/python bench/pollux_prefix.py WORKLOAD SEED MAX_TIME [OPTIMISER]     e.g. 6 0 14000 ga-stall:10
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from hpcsched.compat.pollux import SimJob, simulate_pollux
-from hpcsched.compat.pollux_ga import PolluxGAPolicy
+from hpcsched.compat.pollux_ga import PolluxGAPolicy, ga_search
 from hpcsched.goodput import APPLICATIONS
 from hpcsched.traces.pollux import read_pollux_workload
 
@@ -25,7 +25,9 @@ def main() -> None:
     wl, seed, max_time = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     workload = read_pollux_workload(ROOT / "tests" / "data" / "pollux" / "workloads" / f"workload-{wl}.csv",
                                     tuple(APPLICATIONS))
-    policy = PolluxGAPolicy(16, 4, seed)
+    optimiser = sys.argv[4] if len(sys.argv) > 4 else "ga"
+    pop, generations, stall = ga_search(optimiser)
+    policy = PolluxGAPolicy(16, 4, seed, pop, generations, stall=stall)
     digest = hashlib.sha256()
     search = policy.optimize
 
@@ -42,6 +44,8 @@ def main() -> None:
     print(json.dumps({"wl": wl, "seed": seed, "tmax": max_time, "cpu_s": round(cpu, 2), "rounds": len(run.rounds),
                       "done": len(jcts), "avg_jct": sum(jcts.values()) / max(len(jcts), 1),
                       "digest": digest.hexdigest()[:16], "unfilled": policy.duplicates_left,
+                      "optimiser": optimiser, "generations": policy.generations_run,
+                      "stopped_early": policy.stopped_early,
                       "load": open("/proc/loadavg").read().split()[0]}))
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +220,48 @@ def test_linear_nd_equals_scipys_linear_nd_interpolator() -> None:
                 assert got == (float(r[0]), float(r[1])), (name, x)
                 inside += 1
     assert inside > 600 and outside > 200
+
+
+def test_stored_triangulations_are_current_and_located_as_scipy_does() -> None:
+    """Each shipped profile's triangulation is stored (so a run needs no scipy.spatial) and equals what Qhull gives
+    for its points now (if a profile changes, rewrite it: ``hpcsched.goodput.delaunay.write_stored``). Which
+    simplex a point on a shared face lands in decides an interpolated value's last bits: our walk must return
+    scipy's simplex for every point (one fresh call each, as profiles query), on the grid's faces and edges and at
+    random points in and around the hull."""
+    from scipy.spatial import Delaunay
+
+    from hpcsched.goodput.delaunay import STORE, Triangulation, points_key
+
+    gen = np.random.default_rng(4)
+    checked = outside = 0
+    for name in APPLICATIONS:
+        p = load_profile(name)
+        pts = p.interpolation_points()[0]
+        assert (STORE / f"{points_key(pts)}.npz").is_file(), f"{name}: no stored triangulation; write_stored it"
+        ref, ours = Delaunay(pts), Triangulation.stored_or_built(pts)
+        now = {"ndim": ref.ndim, "simplices": ref.simplices, "neighbors": ref.neighbors, "equations": ref.equations,
+               "transform": ref.transform, "paraboloid_scale": ref.paraboloid_scale,
+               "paraboloid_shift": ref.paraboloid_shift, "min_bound": ref.min_bound, "max_bound": ref.max_bound}
+        for field, value in now.items():  # NaN where Qhull left a degenerate simplex: equal NaNs
+            assert np.array_equal(np.array(getattr(ours, field)), value,
+                                  equal_nan=field in ("transform", "equations")), (name, field)
+        lo, hi = p.min_local_bsz, p.max_local_bsz
+        grid = [(n, r, b) for n in (1, 2, 3, 4, 6, 9, 16) for r in range(n, 4 * n + 1, 2)
+                for b in (lo, lo + 1, (lo + hi) // 2, (lo + hi) / 3, hi, hi + 1)]
+        grid += [tuple(x) for x in gen.uniform(pts.min(axis=0) - 1, pts.max(axis=0) + 1, size=(150, 3))]
+        for x in grid:
+            want = int(ref.find_simplex(np.array([x], dtype=float))[0])
+            assert ours.find_simplex([float(v) for v in x]) == want, (name, x)
+            checked += 1
+            outside += want < 0
+    assert checked > 2000 and outside > 100
+
+
+def test_step_times_need_no_scipy_spatial() -> None:
+    """A Tiresias or Optimus run interpolates a few unmeasured placements; with the stored triangulations that
+    must not import scipy.spatial (a third of such a run's CPU)."""
+    code = ("import sys\nfrom hpcsched.goodput import load_profile\np = load_profile('cifar10')\n"
+            "print(p.step_time((3, 2, 3), p.min_local_bsz), 'scipy.spatial' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "False", r.stdout

@@ -169,3 +169,31 @@ def test_pollux_repair_respects_capacity_and_limits() -> None:
     assert (fixed.sum(axis=2) <= pol.max_rep[None]).all()  # per-job limit
     multi = np.count_nonzero(fixed, axis=2) > 1
     assert ((fixed * multi[:, :, None] > 0).sum(axis=1) <= 1).all()  # one multi-node job per node
+
+
+def test_pollux_ga_stall_ends_rounds_early_and_says_so(tmp_path: Path) -> None:
+    """``ga-stall:K`` ends a round's search once its choice has not improved for K generations: fewer generations
+    than the full budget, every round's count in meta.json; the default runs every generation of every round."""
+    from hpcsched.compat.pollux_ga import GASearch, PolluxGAPolicy, ga_search
+
+    assert ga_search("ga") == GASearch(100, 100, None) and ga_search("ga-stall:20") == GASearch(100, 100, 20)
+    for bad in ("ga-stall:0", "ga-stall:", "ga-stall:x"):
+        with pytest.raises(KeyError, match="ga-stall:K"):
+            ga_search(bad)
+    full = PolluxGAPolicy(seed=1, pop_size=30, n_gen=40)
+    r_full = simulate_pollux(_small_workload(), full)
+    stall = PolluxGAPolicy(seed=1, pop_size=30, n_gen=40, stall=3)
+    r_stall = simulate_pollux(_small_workload(), stall)
+    assert full.stopped_early == 0 and full.generations_run == 40 * len(r_full.rounds)
+    assert 0 < stall.stopped_early <= len(r_stall.rounds)
+    assert stall.generations_run < 40 * len(r_stall.rounds)
+    assert len(r_stall.jcts()) == 4
+    trace = tmp_path / "w.csv"
+    trace.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,32768\n")
+    out = tmp_path / "o"
+    r = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "pollux", "--compat", "pollux",
+             "--pollux-optimiser", "ga-stall:5", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["pollux_optimiser"] == "ga-stall:5" and meta["ga_stopped_early_rounds"] == meta["rounds"]
+    assert meta["ga_generations"] < 100 * meta["rounds"]

@@ -223,12 +223,7 @@ class ApplicationProfile:
             if interp is None:
                 from hpcsched.goodput.linear_nd import LinearND
 
-                xs = ["num_nodes", "num_replicas", "local_bsz"]
-                ys = ["step_time", "sync_time"]
-                means = group_means(self.placements, xs, ys)
-                table = {c: [float(v) for v in means[c] + self.scalability[c]] for c in xs + ys}
-                interp = self._cache["nd"] = LinearND(np.array([table[c] for c in xs]).T,
-                                                      np.array([table[c] for c in ys]).T)
+                interp = self._cache["nd"] = LinearND(*self.interpolation_points())
             ret = interp([min(len(placement), MAX_INTERP_NODES), sum(placement), local_bsz])
             out = (math.nan, math.nan) if ret is None else (ret[0], ret[1])
         if math.isnan(out[0]) or math.isnan(out[1]):
@@ -236,6 +231,15 @@ class ApplicationProfile:
                              "profiled range")
         self._cache[key] = out
         return out
+
+    def interpolation_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """(nodes, GPUs, per-GPU batch) -> (step time, sync time) over which unmeasured placements are
+        interpolated: the placements' means, then the large-scale rows (the artifact's table)."""
+        xs = ["num_nodes", "num_replicas", "local_bsz"]
+        ys = ["step_time", "sync_time"]
+        means = group_means(self.placements, xs, ys)
+        table = {c: [float(v) for v in means[c] + self.scalability[c]] for c in xs + ys}
+        return np.array([table[c] for c in xs]).T, np.array([table[c] for c in ys]).T
 
     def _measured(self) -> dict[int, tuple[list[float], list[float], list[float]]]:
         """placement id -> (per-GPU batches ascending, step times, sync times) of the measured placements."""

@@ -102,7 +102,9 @@ def simulate_cmd(
     pollux_optimiser: str = typer.Option(
         "ga", "--pollux-optimiser",
         help="With --compat pollux --policy pollux: ga (our seeded NSGA-II-like search of Pollux's objective, "
-             "the artifact's population 100 x 100 generations) or ga:POPxGEN (a smaller search, e.g. ga:50x25)."),
+             "the artifact's population 100 x 100 generations), ga:POPxGEN (a smaller search, e.g. ga:50x25) or "
+             "ga-stall:K (100 x at most 100 generations, a round's search ending once its choice has not "
+             "improved for K generations; cheaper, reported apart)."),
 ) -> None:
     """Simulate one policy on a DL trace; write per-job results and the cluster timeline.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcsched.compat.pollux import PolluxPolicy, PolluxRun, simulate_pollux
-from hpcsched.compat.pollux_ga import ga_budget
+from hpcsched.compat.pollux_ga import ga_search
 from hpcsched.results import JobResult, write_csv, write_results
 
 POLICIES = ("tiresias", "optimus", "pollux")
@@ -33,7 +33,8 @@ def make_policy(name: str, nodes: int, gpus_per_node: int, seed: int = 0, optimi
     if name == "pollux":
         from hpcsched.compat.pollux_ga import PolluxGAPolicy
 
-        return PolluxGAPolicy(nodes, gpus_per_node, seed, *ga_budget(optimiser))
+        pop, generations, stall = ga_search(optimiser)
+        return PolluxGAPolicy(nodes, gpus_per_node, seed, pop, generations, stall=stall)
     raise KeyError(f"unknown policy {name!r} for --compat pollux; known: {', '.join(POLICIES)}")
 
 
@@ -61,7 +62,10 @@ def run_pollux_command(trace: Path, cluster: Path, policy: str, out: Path, as_js
     if policy == "pollux":
         # offspring slots the search left empty because every re-draw was a duplicate (small state spaces)
         meta |= {"seed": seed, "pollux_optimiser": optimiser,
-                 "ga_unfilled_offspring": getattr(pol, "duplicates_left", None)}
+                 "ga_unfilled_offspring": getattr(pol, "duplicates_left", None),
+                 # generations searched over all rounds, and the rounds ended early by ga-stall:K (else 0)
+                 "ga_generations": getattr(pol, "generations_run", None),
+                 "ga_stopped_early_rounds": getattr(pol, "stopped_early", None)}
     write_results(out, results, meta | {"wall_s": round(run.wall_s, 4)})
     write_csv(out / ROUNDS_FILE, ("time", "busy_gpus", "running_jobs", "active_jobs"), run.rounds)
     summary = {"dir": str(out)} | summarize_results(results, meta) | {"rounds": len(run.rounds),
