@@ -106,6 +106,28 @@ def test_a_garbled_state_is_a_clear_error_naming_the_file(tmp_path: Path) -> Non
     assert "Traceback" not in r.stderr
 
 
+def test_a_reader_of_a_state_still_being_created_is_told_to_wait_not_to_restore_a_backup(tmp_path: Path) -> None:
+    """A controller creates its state file before writing the schema; a reader that comes in between (``calc``,
+    ``jobs``, a test polling the state) is told the state is not ready, while a garbled file is still damaged."""
+    import sqlite3
+
+    from hpcsched.errors import InputError
+    from hpcsched.runtime.statefile import StateNotReady
+    from hpcsched.runtime.store import Store
+
+    fresh = tmp_path / "fresh.db"
+    sqlite3.connect(fresh).close()  # the file exists, no table yet
+    with pytest.raises(StateNotReady, match="no tables yet"):
+        Store(fresh, query_only=True)
+    Store(fresh, owner=True).close()  # the controller writes its schema: now readable
+    Store(fresh, query_only=True).close()
+    garbled = tmp_path / "garbled.db"
+    garbled.write_bytes(b"SQLite format 3\x00" + os.urandom(8192))
+    with pytest.raises(InputError, match="not a readable hpcsched state") as e:
+        Store(garbled, query_only=True)
+    assert not isinstance(e.value, StateNotReady)
+
+
 def test_state_is_created_private_and_tightened(tmp_path: Path) -> None:
     config = controller_config(tmp_path)
     state = tmp_path / "run" / "state.db"

@@ -302,11 +302,15 @@ def test_runtime_ddp_workload_is_preempted_and_finishes(tmp_path: Path, harveste
 
 def store_job(state: Path, name: str) -> object | None:
     """The controller's row of harvest job ``name``, read from its state while it runs (read-only, as calc does)."""
+    from hpcsched.runtime.statefile import StateNotReady
     from hpcsched.runtime.store import Store
 
     if not state.exists():
         return None
-    store = Store(state, query_only=True)
+    try:
+        store = Store(state, query_only=True)
+    except StateNotReady:  # the controller made the file and has not written its tables yet
+        return None
     try:
         return next((j for j in store.jobs() if j.spec.name == name), None)
     finally:

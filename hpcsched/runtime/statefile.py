@@ -77,6 +77,17 @@ def check_state_file(p: Path, state: Path) -> os.stat_result:
     return st
 
 
+class StateNotReady(InputError):
+    """A reader opened a state file that has no tables yet: a controller starting up creates the file before its
+    schema, and a reader (``hpcsched jobs``, ``calc``, a test polling the state) that comes in between must be told
+    to try again, not to restore a backup over a healthy state."""
+
+
+def not_ready(path: Path) -> StateNotReady:
+    return StateNotReady(path, "has no tables yet: a controller is creating it (try again in a moment), or it is not "
+                               "an hpcsched state")
+
+
 def damaged(path: Path, e: Exception) -> InputError:
     """What to tell the operator about a SQLite error opening the state: a full disk is not a damaged file."""
     if is_disk_full(e):

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hpcsched.runtime.jobfile import JobSpec
-from hpcsched.runtime.statefile import damaged, make_private, take_owner_lock
+from hpcsched.runtime.statefile import StateNotReady, damaged, make_private, not_ready, take_owner_lock
 from hpcsched.runtime.store_rows import (
     JOB_COLS,
     SPEC_AT,
@@ -127,6 +127,8 @@ class Store:
             self.db.execute("PRAGMA busy_timeout=5000")
             if query_only:
                 self.db.execute("PRAGMA query_only=ON")
+                if self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0:
+                    raise not_ready(path)
             else:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
@@ -140,6 +142,9 @@ class Store:
         except sqlite3.DatabaseError as e:
             self.close()
             raise damaged(path, e) from None
+        except StateNotReady:
+            self.close()
+            raise
         self._specs: dict[str, JobSpec] = {} if specs is None else specs
         self._readers: list[Store] = []  # closed with this store
         self._ckpt_stop: threading.Event | None = None
