@@ -13,7 +13,7 @@ averages of the statistics (the gradient noise scale is var / sqr) and the step 
 model (``hpcsched.goodput.fit_perf_params``) is fitted. With both, ``choose_batch`` gives each size the batch that
 maximises goodput (``hpcsched.goodput.GoodputFunction``), and ``goodput_curve`` is what the MILP sizes the job by.
 Before the first statistics (or without scipy, which the fit needs) a size gets the smallest batch allowed there,
-as Pollux starts a job at its base batch; the choice always says which (``BatchChoice.how``).
+as Pollux starts a job at its base batch; the choice always says which (``BatchDecision.how``).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def parse_batch(value: object) -> BatchSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchChoice:
+class BatchDecision:
     batch: int
     how: str  # "goodput" (fitted), or why not: "no statistics yet", "no scipy (goodput extra)", ...
     goodput: float | None = None  # predicted useful samples/s (goodput) at that batch, when fitted
@@ -193,7 +193,7 @@ def _function(spec: BatchSpec, fit: BatchFit | None, block: bool = True) -> tupl
     return GoodputFunction(perf, GradParams(g[0], g[1] / spec.base), spec.base), "goodput"
 
 
-def _best(spec: BatchSpec, fn: Any, procs: int) -> BatchChoice:
+def _best(spec: BatchSpec, fn: Any, procs: int) -> BatchDecision:
     """The goodput-best batch at ``procs`` among whole per-process batches in ``spec.bounds(procs)``."""
     import numpy as np
 
@@ -203,15 +203,15 @@ def _best(spec: BatchSpec, fn: Any, procs: int) -> BatchChoice:
     # below B0 only when B0 does not fit the processes (``bounds``): counted at B0's efficiency, 1
     good = fn.throughput(1, procs, per, 0) * fn.efficiency(np.maximum(per * procs, spec.base))
     k = int(np.argmax(good))
-    return BatchChoice(int(per[k] * procs), "goodput", float(good[k]))
+    return BatchDecision(int(per[k] * procs), "goodput", float(good[k]))
 
 
-def choose_batch(spec: BatchSpec, fit: BatchFit | None, procs: int, block: bool = True) -> BatchChoice:
+def choose_batch(spec: BatchSpec, fit: BatchFit | None, procs: int, block: bool = True) -> BatchDecision:
     """The global batch for an attempt at ``procs`` processes: the goodput-best in ``spec.bounds(procs)`` (a whole
     number of samples per process) once fitted, else the smallest there (and why). ``block`` as ``_function``."""
     fn, how = _function(spec, fit, block)
     if fn is None:
-        return BatchChoice(spec.bounds(procs)[0], how)
+        return BatchDecision(spec.bounds(procs)[0], how)
     return _best(spec, fn, procs)
 
 
