@@ -66,7 +66,7 @@ class EventRows(Sequence[tuple[object, ...]]):
                     else:
                         self.odd[(base + i, c)] = v
                 # an int kept in ``ints`` is stored as its float (read back as ``int`` of it); others as 0
-                col.extend(want(v) if type(v) is want or i in as_float else 0  # type: ignore[arg-type]
+                col.extend(want(v) if type(v) is want or i in as_float else 0  # type: ignore[arg-type, misc]
                            for i, v in enumerate(values))
             else:
                 col.extend(values)  # type: ignore[arg-type]

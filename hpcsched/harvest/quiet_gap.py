@@ -18,7 +18,7 @@ per-event walk, which keeps its checks and errors (``replay_quiet`` returns None
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,7 +149,8 @@ def replay_quiet(events: RangeEvents, k0: int, k1: int, t_prev: float, idle_ns: 
     return QuietStretch(times, dt, size, jn, ln, total)
 
 
-def empty_answers(cache: dict[Hashable, Answer], sizes: np.ndarray, key_of: Callable[[int], Hashable],
+def empty_answers(cache: dict[tuple[object, ...], Answer], sizes: np.ndarray,
+                  key_of: Callable[[int], tuple[object, ...]],
                   solve: Callable[[int], Answer], limit: int) -> tuple[int, list[Answer], np.ndarray]:
     """The empty decision at each pool size in ``sizes`` through the decisions' cache, as one ``decide`` per event
     would go (a miss is solved and kept, the cache is emptied once it holds more than ``limit``): (the hits, the
@@ -161,7 +162,9 @@ def empty_answers(cache: dict[Hashable, Answer], sizes: np.ndarray, key_of: Call
         for i in missing:
             cache[keys[i]] = solve(int(uniq[i]))
         return len(sizes) - len(missing), [cache[key] for key in keys], inv.reshape(-1)
-    hits, answers, seen = 0, [], {}
+    hits = 0
+    answers: list[Answer] = []
+    seen: dict[int, int] = {}
     at = np.empty(len(sizes), dtype=np.int64)
     for e, s in enumerate(sizes.tolist()):  # the cache is emptied within the stretch: the exact sequence
         key = key_of(s)
