@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,8 +22,10 @@ import pytest
 from runtime_procs import TOKEN, client, controller_config, descendants, start_controller, start_worker, stop, wait_for
 
 from hpcsched.runtime.auth import metadata
+from hpcsched.runtime.config import read_controller_config
 from hpcsched.runtime.lease_wire import LeaseClient, LeaseError
 from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.server import ControllerServer
 
 INTERVAL_S = 0.3  # heartbeat_interval_s
 TIMEOUT_S = 3.0  # worker_timeout_s
@@ -162,3 +166,36 @@ def test_a_worker_whose_lease_server_died_keeps_its_lease_at_the_controller(tmp_
     log = (tmp_path / "a.log").read_text()
     assert "lease renewal failed (UNAVAILABLE" in log, log[-2000:]
     assert "the lease server (pid" in (tmp_path / "controller.log").read_text()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_with_tls_renewals_are_tls_too(tmp_path: Path) -> None:
+    """A controller with tls_cert/tls_key: its lease server speaks TLS with the same certificate; a worker trusting
+    it renews, a plaintext one is refused (it would then heartbeat the controller, which also needs TLS)."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    (tmp_path / "c.yaml").write_text(f"listen: 127.0.0.1:0\nstate: s.db\ntoken: {TOKEN}\ntls_cert: c.pem\n"
+                                     "tls_key: k.pem\n")
+    (tmp_path / "c.yaml").chmod(0o600)  # it holds a token inline
+    srv = ControllerServer(read_controller_config(tmp_path / "c.yaml"))
+    addr = srv.start()
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=(tmp_path / "c.pem").read_bytes())
+        with grpc.secure_channel(addr, creds) as ch:
+            stub = pb_grpc.ControllerStub(ch)
+            req = pb.RegisterRequest(worker_id="a", host="127.0.0.1", slots=1, cpus=1, instance="ia")
+            a = wait_for("a registration naming the lease server",
+                         lambda: (r := stub.Register(req, metadata=metadata(TOKEN), timeout=10)).lease_port and r, 30)
+        host = addr.rpartition(":")[0]
+        tls = LeaseClient(host, a.lease_port, tmp_path / "c.pem")
+        try:
+            assert not _renew(tls, "a", "ia", a).refused
+        finally:
+            tls.close()
+        with pytest.raises(LeaseError) as e:
+            _renew(LeaseClient(host, a.lease_port, timeout_s=3), "a", "ia", a)
+        assert e.value.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+        assert srv.leases is not None and srv.leases.counters()["lease_renewals"] == 1
+    finally:
+        srv.stop()
