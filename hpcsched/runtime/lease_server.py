@@ -135,17 +135,39 @@ class _Renewals:
         t.set(H_RENEWALS, t.get(H_RENEWALS) + 1)
         return pb.RenewReply(heartbeat_interval_s=t.get(H_INTERVAL_US) / 1e6, heartbeat_now=t.wanted(req.slot))
 
-    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One worker's connection: frames until it closes, or sends one that is not a renewal."""
-        try:
-            while True:
-                n = frame_length(await reader.readexactly(4))
-                writer.write(frame(self.answer(pb.RenewRequest.FromString(await reader.readexactly(n)))))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, LeaseError, DecodeError, ssl.SSLError):
-            pass  # closed, or not speaking the protocol: the connection goes
-        finally:
-            writer.close()
+
+class _Connection(asyncio.Protocol):
+    """One worker's connection, as a bare protocol: no task, stream or coroutine per connection, so a wave of
+    thousands of workers connecting (their first renewals after a registration storm) costs the loop little. Frames
+    are answered as they arrive; one that is not a renewal, or a client that does not read its replies, closes it."""
+
+    _MAX_UNREAD = 64 * 1024
+
+    def __init__(self, renewals: _Renewals) -> None:
+        self.renewals = renewals
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.buf += data
+        while len(self.buf) >= 4:
+            try:
+                n = frame_length(bytes(self.buf[:4]))
+                if len(self.buf) < 4 + n:
+                    return
+                req = pb.RenewRequest.FromString(bytes(self.buf[4:4 + n]))
+            except (LeaseError, DecodeError):
+                self.transport.close()
+                return
+            del self.buf[:4 + n]
+            self.transport.write(frame(self.renewals.answer(req)))
+            if self.transport.get_write_buffer_size() > self._MAX_UNREAD:
+                self.transport.close()
+                return
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -162,8 +184,9 @@ def serve(args: argparse.Namespace) -> None:
     async def run() -> None:
         done = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, done.set)
-        server = await asyncio.start_server(_Renewals(table).connection, args.host.strip("[]"), 0, ssl=tls,
-                                            backlog=4096)
+        renewals = _Renewals(table)
+        server = await asyncio.get_running_loop().create_server(lambda: _Connection(renewals), args.host.strip("[]"),
+                                                                0, ssl=tls, backlog=4096)
         table.set(H_PID, os.getpid())
         table.set(H_PORT, server.sockets[0].getsockname()[1])
         await done.wait()
