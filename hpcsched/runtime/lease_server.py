@@ -72,8 +72,12 @@ class LeaseProcess:
             argv.append("--pdeathsig")
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
-        # its own session: a terminal's Ctrl-C stops the controller, which stops it, not both at once
-        self.proc = subprocess.Popen(argv, pass_fds=(self.fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+        try:  # its own session: a terminal's Ctrl-C stops the controller, which stops it, not both at once
+            self.proc = subprocess.Popen(argv, pass_fds=(self.fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:  # the controller runs on without it: every heartbeat comes to it, as before
+            self.exits += 1
+            log.error("cannot start the lease server (%s): workers renew their leases at the controller's heartbeats",
+                      e)
 
     def check(self) -> bool:
         """Whether it runs; an exit not asked for is logged (once) and counted."""
