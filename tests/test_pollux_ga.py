@@ -71,3 +71,33 @@ def test_fronts_equal_the_plain_non_dominated_sort() -> None:
     for _ in range(40):
         f = gen.integers(0, 6, size=(int(gen.integers(1, 60)), 2)).astype(float) * -0.5  # many ties, -0.0 too
         assert [fr.tolist() for fr in _fronts(f)] == _plain_fronts(f)
+
+
+def _plain_mutate(pol: PolluxGAPolicy, states: np.ndarray) -> np.ndarray:
+    """The mutation over every entry with its probabilities as full arrays, drawing from ``pol.rng`` in order."""
+    rng, shape = pol.rng, states.shape
+    reset = rng.random(shape[:2]) < 0.1
+    states = np.where(reset[:, :, None], pol.base[None], states)
+    prob = np.where(rng.random(shape[:2]) < 0.1, 0.1, 0.0)
+    states = np.where(rng.random(shape) < prob[:, :, None], 0, states)
+    has_free = (pol.gpus_per_node - states.sum(axis=1) >= 1)[:, None, :]
+    prob1 = has_free / max(shape[1], 1)
+    on = (states > 0) & has_free
+    prob2 = on / np.maximum(on.sum(axis=1, keepdims=True), 1)
+    m = rng.random(shape) < prob1 + prob2 - prob1 * prob2
+    return np.where(m, rng.integers(states, pol.gpus_per_node + 1), states).astype(np.int8)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mutate_equals_the_plain_formulation_and_draws_the_same(seed: int) -> None:
+    gen = np.random.default_rng(200 + seed)
+    fast, plain = PolluxGAPolicy(nodes=6, gpus_per_node=4, seed=seed), PolluxGAPolicy(nodes=6, gpus_per_node=4,
+                                                                                        seed=seed)
+    for _ in range(30):
+        jobs = int(gen.integers(1, 9))
+        fast.base = plain.base = gen.integers(0, 3, size=(jobs, 6)).astype(np.int8)
+        fast.max_rep = gen.integers(1, 9, size=jobs)
+        states = fast._repair(gen.integers(0, 5, size=(int(gen.integers(1, 40)), jobs, 6)).astype(np.int8))
+        plain.rng.random(states.shape)  # the repair's keys, drawn on the fast side
+        assert np.array_equal(fast._mutate(states), _plain_mutate(plain, states))
+    assert fast.rng.random() == plain.rng.random()
