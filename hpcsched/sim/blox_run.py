@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from hpcsched.compat.blox import iterations, simulate_blox
-from hpcsched.errors import InputError
 from hpcsched.model import Job
 from hpcsched.results import write_csv, write_results
+from hpcsched.sim.trace_jobs import load_checked_jobs
 
 ROUNDS_FILE = "rounds.csv"
 RESPONSIVENESS_FILE = "responsiveness.csv"
@@ -22,26 +22,8 @@ RESPONSIVENESS_FILE = "responsiveness.csv"
 
 def load_blox_jobs(path: Path) -> tuple[list[Job], dict[str, int]]:
     """The trace's jobs, each checked for what Blox's loop needs (a GPU, a duration or iterations with their
-    time), and the reader's anomaly counts. Not ``sim.runs.load_jobs``: that one brings the DL engine's modules
-    (a third of this command's start-up) for a check made here with Blox's own rule."""
-    from hpcsched.traces import open_trace
-
-    trace = open_trace(path)
-    if trace.format.kind != "jobs":
-        raise InputError(path, f"{trace.format.name} holds {trace.format.kind} records, not jobs")
-    jobs = list(trace)
-    if not jobs:
-        raise InputError(path, "the trace holds no jobs")
-    for job in jobs:
-        line = job.extra.get("line") if job.extra else None
-        line = line if isinstance(line, int) else None
-        if job.gpus <= 0:
-            raise InputError(path, f"job {job.id}: needs >= 1 GPU to be simulated, got {job.gpus}", line)
-        try:
-            iterations(job)
-        except ValueError as e:
-            raise InputError(path, str(e), line) from None
-    return jobs, dict(trace.report.anomalies)
+    time), and the reader's anomaly counts."""
+    return load_checked_jobs(path, iterations)
 
 
 def run_blox_command(trace: Path, cluster: Path, policy: str, out: Path, as_json: bool,

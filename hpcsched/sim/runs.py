@@ -13,11 +13,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpcsched.errors import InputError
 from hpcsched.model import ClusterSpec, Job
 from hpcsched.results import write_csv, write_results
 from hpcsched.sim.engine import TIMELINE_COLUMNS, SimResult, simulate
 from hpcsched.sim.jobrun import iterations_of
+from hpcsched.sim.trace_jobs import load_checked_jobs
 
 if TYPE_CHECKING:
     from hpcsched.sim.core_decisions import AsController
@@ -28,24 +28,7 @@ DECISIONS_FILE = "decisions.jsonl"
 
 def load_jobs(path: str | Path, fmt: str | None = None) -> tuple[list[Job], dict[str, int]]:
     """Jobs of a DL trace, checked for what the simulator needs; also the reader's anomaly counts."""
-    from hpcsched.traces import open_trace
-
-    trace = open_trace(path, fmt)
-    if trace.format.kind != "jobs":
-        raise InputError(path, f"{trace.format.name} holds {trace.format.kind} records, not jobs")
-    jobs = list(trace)
-    if not jobs:
-        raise InputError(path, "the trace holds no jobs")
-    for job in jobs:
-        line = job.extra.get("line") if job.extra else None
-        line = line if isinstance(line, int) else None
-        if job.gpus <= 0:
-            raise InputError(path, f"job {job.id}: needs >= 1 GPU to be simulated, got {job.gpus}", line)
-        try:
-            iterations_of(job)
-        except ValueError as e:
-            raise InputError(path, str(e), line) from None
-    return jobs, dict(trace.report.anomalies)
+    return load_checked_jobs(path, iterations_of, fmt)
 
 
 def run_policy(
