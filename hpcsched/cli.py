@@ -187,7 +187,7 @@ def _fast_simulate(args: list[str]) -> int | None:
                      out=Path(opts["out"]), as_json=as_json, compat=opts.get("compat"), restart_s=None,
                      as_controller=False, min_runtime_s=10.0, admission="accept-all", load_threshold=1.0,
                      placement="consolidated", solver="auto", slowdown_factor=None, window=opts.get("window"),
-                     round_s=300.0, blox_optimus_load=None, profiles=None, seed=0, pollux_optimiser="ga")
+                     round_s=300.0, blox_optimus_load=None, profiles=None, seed=0, pollux_optimiser=None)
     except typer.BadParameter:  # raised before any work (a bad --window): Typer parses again and says it its way
         return None
     except typer.Exit as e:

@@ -197,3 +197,10 @@ def test_pollux_ga_stall_ends_rounds_early_and_says_so(tmp_path: Path) -> None:
     meta = json.loads((out / "meta.json").read_text())
     assert meta["pollux_optimiser"] == "ga-stall:5" and meta["ga_stopped_early_rounds"] == meta["rounds"]
     assert meta["ga_generations"] < 100 * meta["rounds"]
+    # unnamed, --compat pollux searches with ga-stall:20 (pollux_ga.DEFAULT_OPTIMISER) and says so
+    r = _cli("simulate", "--trace", str(trace), "--cluster", str(CLUSTER), "--policy", "pollux", "--compat", "pollux",
+             "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["pollux_optimiser"] == "ga-stall:20" and json.loads(r.stdout)["pollux_optimiser"] == "ga-stall:20"
+    assert meta["ga_generations"] < 100 * meta["rounds"]
