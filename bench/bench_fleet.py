@@ -46,7 +46,9 @@ def table(r: dict) -> str:
     reg, hb, sub, s2l, ja = r["registration"], r["heartbeat"], r["submit"], r["submit_to_launch"], r["jobs_after"]
     ctl, h = r["controller"], r["harness"]
     rows = [
-        ("workers", f"{r['workers']} x {r['options']['slots']} slots, {r['harness_processes']} harness processes"),
+        ("workers", f"{r['workers']} x {r['options']['slots']} slots, {r['harness_processes']} harness processes"
+                    + ("" if r["harness"]["processes_reported"] == r["harness_processes"] else
+                       f" (ONLY {r['harness']['processes_reported']} SENT THEIR FIGURES: the rest are missing below)")),
         ("channels", r["channels"]),
         ("all registered after", f"{reg['all_registered_s']} s" if reg["all_registered_s"] is not None
          else f"NOT ALL: {reg['registered']} (last at {reg['last_registered_s']} s)"),

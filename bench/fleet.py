@@ -42,7 +42,7 @@ from pathlib import Path
 
 import grpc
 from fleet_scrape import Scraper
-from fleet_worker import SimOptions, channel_options, raise_nofile, worker_process
+from fleet_worker import LEAVE_BUDGET_S, SimOptions, channel_options, raise_nofile, worker_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the suite's process helpers
 from runtime_procs import start_controller  # noqa: E402
@@ -451,7 +451,7 @@ async def _run(o: FleetOptions, d: Path) -> dict:
                 await asyncio.sleep(0.2)
                 states = await sub.job_states()
         stop.set()
-        deadline = time.time() + 120
+        deadline = time.time() + LEAVE_BUDGET_S + 30  # each process sends its figures once its goodbyes are said
         while len(stats) < procs and time.time() < deadline:
             await asyncio.sleep(0.25)
             drain()

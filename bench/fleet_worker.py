@@ -47,6 +47,7 @@ REFUSED_RETRY_S = 3.0  # as the real worker: a daemon refused its name asks agai
 RPC_TIMEOUT_S = 10.0  # the real worker's deadline on Register and Heartbeat
 LEAVE_TIMEOUT_S = 5.0
 LEAVE_BUDGET_S = 90.0  # all of one process's workers leaving, at most
+CLOSE_BUDGET_S = 20.0  # closing one process's channels after the figures are sent, at most
 CKPT_FILE = "fleet-sim.step"
 # The controller's per-beat interval, when its HeartbeatReply carries one (field 5; absent from older controllers).
 _HB_INTERVAL = pb.HeartbeatReply.DESCRIPTOR.fields_by_number.get(5)
@@ -565,9 +566,10 @@ def channel_options(k: int, connect_ms: int = 0) -> tuple:
 
 
 async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: int, stop_at: asyncio.Future,
-                      stats: ProcStats, progress=None) -> None:
+                      stats: ProcStats, progress=None, left=None) -> None:
     """Run the workers ``ids`` (names ``w00000``...) on this loop until ``stop_at`` resolves, then make them leave.
-    ``channels``: gRPC channels for them (0: one per worker)."""
+    ``channels``: gRPC channels for them (0: one per worker). ``left()``: called once the goodbyes are said, before
+    the channels close: the figures are complete then, and closing thousands of channels is not waited for."""
     md = metadata(opts.token)
     n_ch = len(ids) if channels <= 0 else max(1, min(channels, len(ids)))
     chans = [grpc.aio.insecure_channel(opts.address, options=channel_options(k, opts.connect_ms)) for k in range(n_ch)]
@@ -596,16 +598,27 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     with contextlib.suppress(asyncio.TimeoutError):  # the count of goodbyes said shows the ones cut off
         await asyncio.wait_for(asyncio.gather(*(one(w) for w in workers), return_exceptions=True), LEAVE_BUDGET_S)
     stats.leave_s = time.perf_counter() - t
-    for c in chans:
-        await c.close()
-    await watch_channels.close()
+    if left is not None:
+        left()
     for w in workers:
         w.close_lease()
+
+    async def close_all() -> None:
+        for c in chans:
+            await c.close()
+        await watch_channels.close()
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(close_all(), CLOSE_BUDGET_S)
 
 
 def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int, out, go, stop) -> None:
     """One harness process (``multiprocessing`` spawn target): wait for ``go``, run until ``stop``, send a progress
     line every second and the ``ProcStats`` (as a dict) at the end."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1` a harness process: its stacks on stderr
     per_worker = 1 + (opts.watch and opts.watch_share <= 0) + opts.lease
     raise_nofile(len(ids) * per_worker + 1024)
     out.put(("ready", os.getpid(), None))
@@ -624,11 +637,13 @@ def worker_process(opts: SimOptions, ids: list[int], n_total: int, channels: int
                 "cpu_s": time.process_time() - cpu0}))
             await asyncio.sleep(1.0)
 
+    def left() -> None:
+        d = {f: getattr(stats, f) for f in ProcStats.__dataclass_fields__}
+        d["cpu_s"] = time.process_time() - cpu0
+        out.put(("stats", os.getpid(), d))
+
     async def main() -> None:
         stop_at = asyncio.get_running_loop().run_in_executor(None, stop.wait)
-        await run_workers(opts, ids, n_total, channels, stop_at, stats, progress)
+        await run_workers(opts, ids, n_total, channels, stop_at, stats, progress, left)
 
     asyncio.run(main())
-    d = {f: getattr(stats, f) for f in ProcStats.__dataclass_fields__}
-    d["cpu_s"] = time.process_time() - cpu0
-    out.put(("stats", os.getpid(), d))
