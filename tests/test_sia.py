@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("scipy", reason="--compat sia needs scipy (the goodput extra installs it)")
 
-from hpcsched.sia.goodput import GoodputFunction, PerfParams, fit_perf_params  # noqa: E402
+from hpcsched.sia.goodput import PerfParams, SiaGoodput, fit_perf_params  # noqa: E402
 from hpcsched.sia.job import SiaJob  # noqa: E402
 from hpcsched.sia.policy import SiaPolicy, restart_penalty  # noqa: E402
 from hpcsched.sia.profiles import load_app  # noqa: E402
@@ -111,7 +111,7 @@ def test_fit_is_the_artifacts_and_goodput_picks_a_larger_batch_on_more_gpus() ->
                           [s - y for s, y in st], [s for s, _ in st])
     assert tuple(fit) == pytest.approx(ARTIFACT_FIT, rel=1e-4)  # L-BFGS-B at tol 1e-5: same optimum
     assert (fit.alpha_c, fit.beta_c) == pytest.approx((p.alpha_c, p.beta_c), rel=1e-3)  # compute: exact data
-    g = GoodputFunction(fit, (0.1, 2.0), 32)
+    g = SiaGoodput(fit, (0.1, 2.0), 32)
     _, atomic1, accum1 = g.optimize(1, 1, 256, (8, 64))
     _, atomic8, accum8 = g.optimize(2, 8, 256, (8, 64))
     assert 8 * atomic8 * (accum8 + 1) > atomic1 * (accum1 + 1)  # more GPUs: a larger global batch pays

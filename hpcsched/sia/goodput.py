@@ -31,7 +31,7 @@ def fit_perf_params(num_nodes: ArrayLike, num_replicas: ArrayLike, atomic_bsz: A
     return pollux_perf.fit_perf_params(num_nodes, num_replicas, atomic_bsz, accum_time, step_time, tol=FIT_TOL)
 
 
-class GoodputFunction:
+class SiaGoodput:
     """Goodput of a job from its fitted step-time model and its current gradient statistics."""
 
     def __init__(self, perf: PerfParams, grad: tuple[float, float], init_batch_size: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpcsched.sia.goodput import GoodputFunction, PerfParams, fit_perf_params
+from hpcsched.sia.goodput import PerfParams, SiaGoodput, fit_perf_params
 from hpcsched.sia.profiles import SLOWDOWNS, AppProfile
 
 UNAWARE = "*"
@@ -82,11 +82,11 @@ class SiaJob:
     def max_profiled_replicas(self, gpu_type: str) -> int:
         return max((k[1] for k in self.profiles.get(self.model_key(gpu_type), {})), default=0)
 
-    def goodput_fn(self, gpu_type: str) -> GoodputFunction | None:
+    def goodput_fn(self, gpu_type: str) -> SiaGoodput | None:
         perf = self.perf_params.get(self.model_key(gpu_type))
         if perf is None or self.grad_params is None:
             return None
-        return GoodputFunction(perf, self.grad_params, self.apps[gpu_type].init_batch_size)
+        return SiaGoodput(perf, self.grad_params, self.apps[gpu_type].init_batch_size)
 
     def _observe(self, nodes: int, reps: int, bsz: int, step: float, sync: float, grad: tuple[float, float]) -> None:
         self.grad_params = grad

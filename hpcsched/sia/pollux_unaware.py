@@ -42,7 +42,7 @@ class _AppLimits:
     max_local_bsz: int
 
 
-class JobView:
+class UnawareJobView:
     """What Pollux's search reads of a job (``SimJob``'s fields), from an unaware :class:`SiaJob`."""
 
     def __init__(self, job: SiaJob) -> None:
@@ -79,7 +79,7 @@ class UnawarePollux:
         self.stats: dict[str, Any] = {"rounds": 0, "gpus_dropped": 0, "allocations_repaired": 0}
 
     def optimize(self, jobs: list[SiaJob], now: float) -> dict[str, tuple[str | None, list[int]]]:
-        views = {j.name: JobView(j) for j in jobs}
+        views = {j.name: UnawareJobView(j) for j in jobs}
         prev = {k: v for k, v in self.prev.items() if k in views}
         raw = self.ga.optimize(views, prev, now)  # type: ignore[arg-type]  # duck-typed SimJob
         self.stats["rounds"] += 1
