@@ -585,9 +585,11 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     if progress is not None:
         runs.append(asyncio.create_task(progress()))
     await stop_at
-    for r in runs:
-        r.cancel()
-    await asyncio.gather(*runs, return_exceptions=True)
+    pending = set(runs)
+    while pending:  # Python 3.11's wait_for can swallow a cancel that lands as its inner wait ends (fixed in 3.12):
+        for r in pending:  # such a worker loops on; it is cancelled again until every task has ended
+            r.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
     t = time.perf_counter()
     sem = asyncio.Semaphore(256)  # a bounded number of leaves in flight: the others queue here, not in gRPC
 
