@@ -58,7 +58,7 @@ _FULL_REPORT = "full_report" in pb.HeartbeatReply.DESCRIPTOR.fields_by_name
 # Orders pushed (RegisterReply.watch_port, the Orders service): a worker watches and heartbeats at once on an event,
 # as the real worker does (worker_watch.py); without it (an older controller, or --no-watch) it waits for its beat.
 _WATCH = "watch_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
-# Lease renewals (RegisterReply.lease_port, the Lease service): a worker with no task renews at the controller's lease
+# Lease renewals (RegisterReply.lease_port, lease_wire frames): a worker with no task renews at the controller's lease
 # server instead of heartbeating the controller, as the real worker does (worker_link.py); a failed renewal goes to the
 # controller and the lease server is tried again LEASE_RETRY_S later.
 _LEASE = "lease_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name and frame is not None
