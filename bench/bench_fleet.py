@@ -81,6 +81,9 @@ def table(r: dict) -> str:
         ("controller CPU", f"{ctl['cpu_pct']}% of a core ({ctl['cpu_s']} s over {ctl['window_s']} s)"
                            + (f"; of it the lease server {ctl['lease_server_cpu_pct']}% (peak RSS "
                               f"{ctl['lease_server_peak_rss_mb']} MB)" if "lease_server_cpu_pct" in ctl else "")),
+        ("  registration storm", f"{ctl['registration_cpu_s']} CPU s over {ctl['registration_window_s']} s, "
+                                 f"{ctl['registration_cpu_ms_each']} ms per registration"),
+        ("  job churn after it", f"{ctl['churn_cpu_pct']}% of a core over {ctl['churn_window_s']} s"),
         ("controller peak RSS", f"{ctl['peak_rss_mb']} MB"),
         ("harness CPU", f"{h['cpu_pct_total']}% of a core in all, busiest process {h['cpu_pct_max_process']}%"),
         ("harness loop lag p50/p99/max", ms(h["loop_lag"])),

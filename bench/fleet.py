@@ -16,8 +16,12 @@ What each figure is, so one can tell the controller's share from the harness's:
 - heartbeat latency: client side, every Heartbeat RPC (send to reply) after the last registration;
 - submit -> launch: from a job's Submit call being sent to the first heartbeat reply that carries one of its
   LaunchTasks (same clock: every process is on this machine);
-- controller CPU: utime+stime from /proc/PID/stat over the measured window (workers' start to the end of
-  ``duration``), as % of one core; peak RSS: VmHWM from /proc/PID/status at the end;
+- controller CPU: utime+stime from /proc/PID/stat (the controller and its lease server) over the measured window
+  (workers' start to the end of ``duration``), as % of one core; and split in two: the registration storm (workers'
+  start to the first submit: CPU seconds, and per registration) and the job churn (first submit to the end of
+  ``duration``: % of one core, ``churn_cpu_pct``). The storm is paid once per fleet start and grows with the fleet;
+  the churn's per-second cost is what must stay flat with the fleet size at the same churn. Peak RSS: VmHWM from
+  /proc/PID/status at the end;
 - harness CPU: each harness process's own CPU time over the same window; a process near 100% of a core, or a
   large event-loop lag, means the harness, not the controller, set the latencies.
 """
@@ -412,7 +416,7 @@ async def _run(o: FleetOptions, d: Path) -> dict:
         t_reg_done = time.time()
         rng = random.Random(o.seed)
         texts = [(f"fleet-{i}.yaml", job_yaml(i, rng, o)) for i in range(o.jobs)]
-        t_submit = time.time()
+        cpu_submit, t_submit = tree_cpu_s(ctl.pid), time.time()  # the storm's CPU ends here, the churn's starts
         submit_task = asyncio.create_task(sub.submit(texts))
         end = t_submit + o.duration
         last_say, hb_last, hb_t = 0.0, 0, time.time()
@@ -472,13 +476,22 @@ async def _run(o: FleetOptions, d: Path) -> dict:
     out["jobs_after"]["elapsed_s"] = round(t_end - t_submit, 1)
     out["jobs_after"]["states_listed_after_s"] = round(list_s, 1)  # how late the ``states`` are
     window = t_end - t0
+    # per process, as above: one that started within a phase counts from 0
+    storm_cpu = sum(c - cpu0.get(p, 0.0) for p, c in cpu_submit.items())
+    churn_cpu = sum(c - cpu_submit.get(p, 0.0) for p, c in cpu1.items())
+    registrations = out["registration"]["registrations"]
     # cpu_pct: the controller's process and its lease server together (the controller's cost as a site pays it)
     out["controller"] = {"cpu_pct": round(100 * (ctl_cpu + lease_cpu) / window, 1),
                          "cpu_s": round(ctl_cpu + lease_cpu, 1),
                          "process_cpu_pct": round(100 * ctl_cpu / window, 1),
                          "lease_server_cpu_pct": round(100 * lease_cpu / window, 1),
                          "lease_server_peak_rss_mb": round(lease_rss_kb / 1024, 1),
-                         "window_s": round(window, 1), "peak_rss_mb": round(hwm_kb / 1024, 1),
+                         "window_s": round(window, 1),
+                         "registration_cpu_s": round(storm_cpu, 1), "registration_window_s": round(t_submit - t0, 1),
+                         "registration_cpu_ms_each": round(1000 * storm_cpu / registrations, 2)
+                         if registrations else None,
+                         "churn_cpu_pct": round(100 * churn_cpu / (t_end - t_submit), 1),
+                         "churn_window_s": round(t_end - t_submit, 1), "peak_rss_mb": round(hwm_kb / 1024, 1),
                          "rss_end_mb": round(rss_kb / 1024, 1), "rpc_handler": server,
                          "list_all_jobs_s": round(list_s, 2)}
     out["harness"] = {"processes": procs,

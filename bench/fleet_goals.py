@@ -3,9 +3,12 @@ prints last and writes as ``done_when`` in its JSON, so the final figures come f
 
 Each goal: what it asks, the target, what was measured, and whether it was met (None: not measurable by this run,
 with why). The CPU goal compares two runs at the same job churn: the run given as ``baseline`` (e.g. 1,000
-workers) against this one (e.g. 10,000): within 2x. "While slots are free": submit -> launch is measured over the
-runnable jobs (``--jobs``), which the fleet has room for unless the run is sized otherwise; a run where some never
-launched says so.
+workers) against this one (e.g. 10,000): within 2x, per second of the churn (first submit to the end of the
+run, ``churn_cpu_pct``), where the goal's "per second ... at the same job churn" is; the registration storm before
+it is paid once per fleet start and is 10x larger at 10x the workers, so the whole-run ratio, storm included, is
+said beside it (and used for a baseline from before the split). "While slots are free": submit -> launch is
+measured over the runnable jobs (``--jobs``), which the fleet has room for unless the run is sized otherwise; a run
+where some never launched says so.
 """
 
 from __future__ import annotations
@@ -47,19 +50,29 @@ def goals(r: dict, baseline: dict | None = None) -> list[dict]:
         out.append(_goal("controller CPU flat (within 2x) from 1,000 to 10,000 workers at the same churn",
                          f"<= {CPU_RATIO:g}x", None, None, "give --baseline RUN.json (the other fleet size)"))
     else:
-        base, here = baseline["controller"]["cpu_pct"], ctl["cpu_pct"]
-        lo, hi = sorted((base, here))
-        ratio = round(hi / lo, 2) if lo > 0 else None
-        out.append(_goal(f"controller CPU flat (within 2x): {baseline['workers']} workers {base}% vs {r['workers']} "
-                         f"workers {here}% of a core", f"<= {CPU_RATIO:g}x", ratio,
-                         ratio is not None and ratio <= CPU_RATIO,
-                         "" if baseline["options"]["jobs"] == r["options"]["jobs"] else "not the same job churn"))
+        bctl = baseline["controller"]
+        whole = _ratio(bctl["cpu_pct"], ctl["cpu_pct"])
+        split = "churn_cpu_pct" in bctl and "churn_cpu_pct" in ctl
+        key = "churn_cpu_pct" if split else "cpu_pct"
+        base, here = bctl[key], ctl[key]
+        ratio = _ratio(base, here)
+        notes = [] if baseline["options"]["jobs"] == r["options"]["jobs"] else ["not the same job churn"]
+        notes.append(f"whole run, registration storm included: {bctl['cpu_pct']}% vs {ctl['cpu_pct']}%, {whole}x"
+                     if split else "the baseline has no churn-phase figure: whole runs, storm included")
+        out.append(_goal(f"controller CPU per second of churn flat (within 2x): {baseline['workers']} workers "
+                         f"{base}% vs {r['workers']} workers {here}% of a core", f"<= {CPU_RATIO:g}x", ratio,
+                         ratio is not None and ratio <= CPU_RATIO, "; ".join(notes)))
     jobs, last = r["submit"]["jobs"], ja["last_done_s"]
     out.append(_goal(f"every one of the {jobs} jobs completed within {ALL_DONE_S:g} s of the first submit",
                      f"<= {ALL_DONE_S:g} s", last,
                      ja["harness_saw_done"] == jobs and last is not None and last <= ALL_DONE_S,
                      f"{ja['harness_saw_done']} of {jobs} seen done" if ja["harness_saw_done"] != jobs else ""))
     return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    lo, hi = sorted((a, b))
+    return round(hi / lo, 2) if lo > 0 else None
 
 
 def table(gs: list[dict]) -> str:

@@ -61,7 +61,12 @@ def test_fleet_small_every_job_completes(tmp_path: Path) -> None:
     assert hb["n"] > 50 and 0 < hb["p50_ms"] <= hb["p90_ms"] <= hb["p99_ms"] <= hb["max_ms"]
     assert r["tasks"]["tasks_done"] >= 40  # a job across two workers ends with a task on each
 
-    assert r["controller"]["cpu_s"] > 0 and r["controller"]["peak_rss_mb"] > 10
+    ctl = r["controller"]
+    assert ctl["cpu_s"] > 0 and ctl["peak_rss_mb"] > 10
+    # the CPU split in its two phases: the storm (50 registrations) and the churn after it, which add up to the whole
+    assert ctl["registration_cpu_s"] > 0 and ctl["registration_cpu_ms_each"] > 0 and ctl["churn_cpu_pct"] > 0
+    assert abs(ctl["registration_window_s"] + ctl["churn_window_s"] - ctl["window_s"]) < 0.5
+    assert abs(ctl["registration_cpu_s"] + ctl["churn_cpu_pct"] * ctl["churn_window_s"] / 100 - ctl["cpu_s"]) < 0.5
     assert "Heartbeat" in r["controller"]["rpc_handler"] and r["submit_rpc"] in r["controller"]["rpc_handler"]
     assert r["harness"]["processes_reported"] == r["harness_processes"] == 1
     assert r["harness"]["leaves_said"] == 50  # every worker drained and said goodbye
