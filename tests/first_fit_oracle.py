@@ -1,13 +1,35 @@
-"""The node-by-node first fit the replayer used before issue 17: one object per node, O(nodes) per job. Kept as
-the reference that ``hpcsched.harvest.first_fit.RangeFirstFit`` (ranges of node indices) is checked against."""
+"""The node-by-node first fit the replayer used before issue 17: one object per node, O(nodes) per job, and the
+row-by-row sizing of a log's jobs. Kept as the reference that the replayer's first fit (``hpcsched.harvest.
+log_stream``: ``sized`` and ``place_stream`` over ``first_fit.RangeFirstFit``'s ranges of node indices) is checked
+against."""
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Iterable
+
+
+def reference_runs(rows: Iterable[tuple[float | None, float | None, int, int]],
+                   cpn: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
+    """(start, end, size) of each (start, end, nodes, procs) row that ran, and the others counted by why: sizes in
+    cores when nodes have several (small jobs share nodes), else in nodes. A missing time is None or NaN."""
+    runs = []
+    skipped = {"no_times": 0, "zero_run": 0, "no_size": 0, "no_room": 0, "truncated": 0}
+    for start, end, nodes, procs in rows:
+        if start is None or end is None or math.isnan(start) or math.isnan(end) or end < start:
+            skipped["no_times"] += 1
+        elif end == start:
+            skipped["zero_run"] += 1
+        elif (size := (procs or nodes * cpn) if cpn > 1 else (nodes or procs)) <= 0:
+            skipped["no_size"] += 1
+        else:
+            runs.append((start, end, size))
+    return runs, skipped
 
 
 class FirstFit:
-    """The node-by-node reference of ``RangeFirstFit`` (O(nodes) per job: tests only).
+    """The node-by-node reference of ``harvest.first_fit.RangeFirstFit`` (O(nodes) per job: tests only).
 
     Nodes of ``cpn`` cores; a job takes whole free nodes lowest-numbered first, and a remainder of
     fewer than ``cpn`` cores goes to the lowest-numbered node with that many cores free.
@@ -85,7 +107,7 @@ class FirstFit:
 def place_first_fit(runs: list[tuple[float, float, int]], machine: int, cpn: int,
                     skipped: dict[str, int]) -> FirstFit:
     """Replay the log's runs on the machine; runs that do not fit are counted (the log overlaps itself).
-    The node-by-node reference of ``place_ranges``."""
+    The node-by-node reference of ``harvest.log_stream.place_stream``."""
     runs.sort(key=lambda r: r[0])
     ff = FirstFit(machine, cpn)
     ending: list[tuple[float, int]] = []

@@ -18,19 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from first_fit_oracle import place_first_fit
+from first_fit_oracle import place_first_fit, reference_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcsched.harvest import replay as replay_mod
-from hpcsched.harvest.first_fit import log_runs, place_ranges
 from hpcsched.harvest.log_checks import busy_steps, warmup_check
 from hpcsched.harvest.pool import (
     NumberedNodes,
     PoolEvent,
     PoolTimeline,
     RangeEvents,
-    _events_from_marks,
     _timeline,
     timeline_from_intervals,
     timeline_from_log,
@@ -70,7 +68,7 @@ def node_by_node_timeline(path: Path, machine: int | None = None, start: float |
     notes = timeline_from_log(path, machine).notes
     jobs = list(open_trace(path))
     cpn, m = int(notes["cores_per_node"]), int(notes["machine_nodes"])  # type: ignore[call-overload]
-    runs, skipped = log_runs(jobs, cpn)
+    runs, skipped = reference_runs(((j.start, j.end, j.nodes, j.procs) for j in jobs), cpn)
     first = min(s for s, _, _ in runs)
     ff = place_first_fit(runs, m, cpn, skipped)
     bt, bl = busy_steps(ff.times, ff.deltas)
@@ -155,37 +153,6 @@ def _digest(res: ReplayResult) -> str:
 
 
 # -- log placement and events ------------------------------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None)
-@given(cpn=st.sampled_from([1, 2, 3, 4, 8]), machine=st.integers(1, 12), seed=st.integers(0, 10**6),
-       n=st.integers(1, 30), later=st.integers(0, 30))
-def test_range_first_fit_places_like_node_by_node_first_fit(cpn: int, machine: int, seed: int, n: int,
-                                                            later: int) -> None:
-    """Whole nodes lowest first, remainders shared by cores, jobs that find no room: the same nodes, the same
-    idle events and busy steps, from runs as from nodes."""
-    rng = random.Random(seed)
-    runs = []
-    for _ in range(n):
-        s = float(rng.randint(0, 40))
-        runs.append((s, s + rng.randint(1, 15), rng.randint(1, cpn * machine + 2)))
-    sk_nodes, sk_runs = {"no_room": 0}, {"no_room": 0}
-    ff = place_first_fit(list(runs), machine, cpn, sk_nodes)
-    rf = place_ranges(list(runs), machine, cpn, sk_runs)
-    assert sk_nodes == sk_runs
-    first = min(r[0] for r in runs)
-    names = NumberedNodes(machine)
-    marks = sorted(rf.marks, key=lambda m: m[0])
-    bt, bl = busy_steps(ff.times, ff.deltas)
-    rt, rl = busy_steps([m[0] for m in marks], [m[1] * (m[3] - m[2]) for m in marks])
-    assert np.array_equal(bt, rt) and np.array_equal(bl, rl)
-    start = first + later
-    times = np.concatenate([np.full(machine, first), np.array(ff.times, dtype=float)])
-    deltas = np.concatenate([np.ones(machine, dtype=np.int8), np.array(ff.deltas, dtype=np.int8)])
-    idx = np.concatenate([np.arange(machine), np.array(ff.nodes, dtype=np.int64)])
-    ref = _timeline(times, deltas, idx, names, start)
-    initial, events = _events_from_marks(marks, machine, first, start, names)
-    _same(PoolTimeline(start, initial, events, names, ref.end), ref)
 
 
 @pytest.mark.parametrize("case", ["theta-slice", "kth", "kth-start", "kth-skip-warmup", "alea"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from first_fit_oracle import place_first_fit
+from first_fit_oracle import place_first_fit, reference_runs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,17 +45,7 @@ def test_streamed_first_fit_gives_the_node_by_node_pool(cpn: int, machine: int, 
     log = LogRuns(*(np.array(c, dtype=t) for c, t in zip(zip(*rows, strict=True),
                                                          (float, float, np.int64, np.int64), strict=True)))
     start, end, size, skipped = sized(log, cpn)
-    ref_runs = []
-    ref_skip = {"no_times": 0, "zero_run": 0, "no_size": 0, "no_room": 0, "truncated": 0}
-    for s, e, nodes, procs in rows:  # harvest.first_fit.sized_runs, row by row
-        if np.isnan(s) or e < s:
-            ref_skip["no_times"] += 1
-        elif e == s:
-            ref_skip["zero_run"] += 1
-        elif (k := (procs or nodes * cpn) if cpn > 1 else (nodes or procs)) <= 0:
-            ref_skip["no_size"] += 1
-        else:
-            ref_runs.append((s, e, k))
+    ref_runs, ref_skip = reference_runs(rows, cpn)
     assert skipped == ref_skip
     if not ref_runs:
         assert len(start) == 0

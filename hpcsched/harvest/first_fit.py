@@ -6,48 +6,9 @@ original it is checked against is ``tests/first_fit_oracle.py``.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from hpcsched.milp.mapping import Run, Spans
-from hpcsched.model import Job
-
-
-def log_runs(jobs: Iterable[Job], cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
-    """(start, end, cores) per log job that ran; jobs without times or size are counted, not kept.
-
-    Sizes are in cores (``procs``) when the machine has several cores per node, so small jobs can
-    share a node as they did on the real machine; otherwise in nodes.
-    """
-    return sized_runs(((j.start, j.end, j.nodes, j.procs) for j in jobs), cores_per_node)
-
-
-def sized_runs(records: Iterable[tuple[float | None, float | None, int, int]],
-                cores_per_node: int) -> tuple[list[tuple[float, float, int]], dict[str, int]]:
-    runs = []
-    skipped = {"no_times": 0, "zero_run": 0, "no_size": 0, "no_room": 0, "truncated": 0}
-    for start, end, nodes, procs in records:
-        if start is None or end is None or end < start:
-            skipped["no_times"] += 1
-            continue
-        if end == start:  # ran 0 s: it held no node-time, so there is nothing to replay (not a missing time)
-            skipped["zero_run"] += 1
-            continue
-        size = (procs or nodes * cores_per_node) if cores_per_node > 1 else (nodes or procs)
-        if size <= 0:
-            skipped["no_size"] += 1
-            continue
-        runs.append((start, end, size))
-    return runs, skipped
-
-
-def peak_use(runs: Sequence[tuple[float, float, int]]) -> int:
-    """Most units in use at once (ends before starts at the same second)."""
-    marks = sorted([(s, k) for s, _, k in runs] + [(e, -k) for _, e, k in runs], key=lambda m: (m[0], m[1]))
-    level = peak = 0
-    for _, k in marks:
-        level += k
-        peak = max(peak, level)
-    return peak
 
 
 class RangeFirstFit:
@@ -140,33 +101,4 @@ class RangeFirstFit:
                 self.partial[node] = left
                 self.count[left] += 1
                 heapq.heappush(self.heaps[left], node)
-
-
-def place_ranges(runs: list[tuple[float, float, int]], machine: int, cpn: int,
-                 skipped: dict[str, int]) -> RangeFirstFit:
-    """``place_first_fit`` with ``RangeFirstFit``: the same jobs placed on the same nodes, marks as runs."""
-    runs.sort(key=lambda r: r[0])
-    ff = RangeFirstFit(machine, cpn)
-    ending: list[tuple[float, int]] = []
-    held: list[tuple[list[Run], tuple[int, int] | None] | None] = []
-    for s, e, k in runs:
-        while ending and ending[0][0] <= s:
-            t_end, i = heapq.heappop(ending)
-            got = held[i]
-            assert got is not None
-            ff.release(*got, t_end)
-            held[i] = None
-        placed = ff.place(k, s)
-        if placed is None:
-            skipped["no_room"] += 1
-            continue
-        held.append(placed)
-        heapq.heappush(ending, (e, len(held) - 1))
-    while ending:
-        t_end, i = heapq.heappop(ending)
-        got = held[i]
-        assert got is not None
-        ff.release(*got, t_end)
-    return ff
-
 

@@ -5,8 +5,8 @@ A 10^7-job log kept as one tuple per job, one mark tuple per node-run change and
 ~200 bytes a job (2 GB). Here the log is read into four arrays (a clean SWF by columns, at the parser's speed;
 any other log row by row into the same arrays), first fit walks it in chunks, and each second's changes are
 netted as they happen and written as runs into flat arrays: about 24 bytes a job for the log and 25 a second
-of changes. The placements and events are those of ``harvest.first_fit.place_ranges`` and
-``harvest.pool``'s marks netting (the tests compare them with the node-by-node reference).
+of changes. The placements and events are those of a node-by-node first fit, each second's node changes netted
+(the tests compare them with that reference, ``tests/first_fit_oracle.py``).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def read_log_runs(trace: Any) -> LogRuns:
 def sized(log: LogRuns, cpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
     """(start, end, size) of the jobs that ran, sorted by start (stable), and the others counted by why.
 
-    ``harvest.first_fit.sized_runs`` as array operations: sizes in cores when nodes have several (so small jobs
-    share nodes), else in nodes. ``log`` is consumed (its arrays are reused and dropped as the sorted ones are
-    made), so a 10^7-job log never holds more than about 48 bytes a job here."""
+    The reference's row-by-row sizing (``tests/first_fit_oracle.py``) as array operations: sizes in cores when
+    nodes have several (so small jobs share nodes), else in nodes. ``log`` is consumed (its arrays are reused and
+    dropped as the sorted ones are made), so a 10^7-job log never holds more than about 48 bytes a job here."""
     for name in ("start", "nodes", "procs"):  # reused in place below
         if not getattr(log, name).flags.writeable:
             setattr(log, name, getattr(log, name).copy())
@@ -102,7 +102,7 @@ def sized(log: LogRuns, cpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, d
 
 
 def peak(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> int:
-    """Most units in use at once, ends before starts at the same second (``first_fit.peak_use``), by sorting:
+    """Most units in use at once, ends before starts at the same second by sorting:
     after every start at second t the level is the sizes started by t less those ended by t. ``start`` sorted."""
     if len(start) == 0:
         return 0
@@ -214,7 +214,7 @@ def net_marks(marks: list[tuple[float, int, int, int]], up: list[Run]) -> tuple[
 
 def place_stream(start: np.ndarray, end: np.ndarray, size: np.ndarray, machine: int, cpn: int,
                  skipped: dict[str, int], tick: Callable[[int], None] | None = None) -> Seconds:
-    """First fit of the sorted jobs (``first_fit.place_ranges``), each second's changes netted as they happen.
+    """First fit of the sorted jobs (``first_fit.RangeFirstFit``), each second's changes netted as they happen.
 
     At one second a node may be released by one job and taken by the next: it never left. So per second the
     joined nodes are the released runs less the taken ones, the left nodes the reverse (as ``pool``'s netting

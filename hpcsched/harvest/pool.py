@@ -283,50 +283,6 @@ def timeline_from_intervals(
                      names, start)
 
 
-def _events_from_marks(marks: Sequence[tuple[float, int, int, int]], machine: int, first: float, start: float,
-                       names: Sequence[str]) -> tuple[NodeRuns, RangeEvents]:
-    """The idle pool at ``start`` and the netted events after it, from run marks (every node idle at ``first``).
-
-    At one second a node may be released by one job and taken by the next: it never left. So per second
-    the joined nodes are the released runs less the taken ones, the left nodes the reverse.
-    """
-    idle = Spans()
-    times: list[float] = []
-    joined_all: list[list[Run]] = []
-    left_all: list[list[Run]] = []
-    seconds: list[tuple[float, list[Run], list[Run]]] = [(first, [(0, machine)], [])] if machine > 0 else []
-    i = 0
-    while i < len(marks):
-        t = marks[i][0]
-        up: list[Run] = []
-        down: list[Run] = []
-        while i < len(marks) and marks[i][0] == t:
-            _, sign, lo, hi = marks[i]
-            (up if sign > 0 else down).append((lo, hi))
-            i += 1
-        if seconds and seconds[-1][0] == t:
-            seconds[-1][1].extend(up)
-            seconds[-1][2].extend(down)
-        else:
-            seconds.append((t, up, down))
-    for t, up, down in seconds:
-        ups, downs = Spans(up), Spans(down)
-        if len(ups) != sum(hi - lo for lo, hi in up) or len(downs) != sum(hi - lo for lo, hi in down):
-            raise RuntimeError(f"first fit changed a node twice the same way at t={t}: a placement bug")
-        joined = [r for a, b in ups.runs() for r in downs.minus(a, b)]
-        left = [r for a, b in downs.runs() for r in ups.minus(a, b)]
-        if t <= start:
-            for a, b in left:
-                idle.remove(a, b)
-            for a, b in joined:
-                idle.add(a, b)
-        elif joined or left:
-            times.append(t)
-            joined_all.append(joined)
-            left_all.append(left)
-    return NodeRuns(idle.runs(), names), RangeEvents.build(times, joined_all, left_all, names)
-
-
 def _gather(off: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             sel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The runs of the selected seconds, as (offsets, run starts, run ends) of their own."""
