@@ -152,6 +152,44 @@ def test_a_refused_submit_is_counted_by_reason(tmp_path: Path) -> None:
         srv.stop()
 
 
+@pytest.mark.parametrize("lease_server", [True, False])
+def test_liveness_at_scale_is_exported(tmp_path: Path, lease_server: bool) -> None:
+    """The lease server's state, registrations committed in groups and shed calls, as /metrics series."""
+    srv = ControllerServer(read_controller_config(controller_config(
+        tmp_path, metrics_listen="127.0.0.1:0", worker_timeout_s=600, lease_server=str(lease_server).lower())))
+    addr = srv.start()
+    try:
+        url = f"http://{srv.ops.address}/metrics"
+        if lease_server:  # its own process: it says its port once it listens (then registrations get slots)
+            deadline = time.time() + 60
+            while not samples(_get(url, TOKEN)[1])["hpcsched_lease_server_up", ()] or not srv.leases.port:
+                assert time.time() < deadline, "the lease server did not come up"
+                time.sleep(0.1)
+        stub = pb_grpc.ControllerStub(open_channel(addr, None))
+        for k in range(3):
+            stub.Register(pb.RegisterRequest(worker_id=f"n{k}", host="h", slots=4, instance="i"),
+                          metadata=metadata(TOKEN), timeout=30)
+        got = samples(_get(url, TOKEN)[1])
+        assert got["hpcsched_lease_server_up", ()] == int(lease_server)
+        assert got["hpcsched_lease_slots_used", ()] == (3 if lease_server else 0)
+        assert got["hpcsched_registrations_total", ()] == 3
+        assert 1 <= got["hpcsched_register_groups_total", ()] <= 3
+        for kind in ("heartbeat", "register", "other"):
+            assert got["hpcsched_shed_calls_total", (("kind", kind),)] == 0
+        for name in ("hpcsched_lease_renewals_total", "hpcsched_lease_refused_total",
+                     "hpcsched_lease_table_full_total", "hpcsched_lease_server_exits_total",
+                     "hpcsched_orders_events_total", "hpcsched_lease_only_heartbeats_total"):
+            assert got[name, ()] == 0, name
+        assert got["hpcsched_orders_watching", ()] == 0
+        if lease_server:  # it dies: said at once, and counted
+            srv.leases.process.proc.kill()
+            srv.leases.process.proc.wait(timeout=30)
+            got = samples(_get(url, TOKEN)[1])
+            assert (got["hpcsched_lease_server_up", ()], got["hpcsched_lease_server_exits_total", ()]) == (0, 1)
+    finally:
+        srv.stop()
+
+
 def test_metrics_listen_is_checked_with_the_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"controller\.yaml:\d+: metrics_listen: expected HOST:PORT"):
         read_controller_config(controller_config(tmp_path, metrics_listen="localhost"))

@@ -186,6 +186,7 @@ class ControllerCollector(Collector):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             out.append(c)
+        out += liveness_metrics(srv)
         refused = CounterMetricFamily("hpcsched_refused_requests", "Calls (or SubmitMany files) refused for a "
                                       "limit: quota (max_pending_per_user), busy (query slots), disk_full; since "
                                       "start", labels=["method", "reason"])
@@ -193,3 +194,51 @@ class ControllerCollector(Collector):
             refused.add_metric([method, reason], n)
         out.append(refused)
         return out
+
+
+def liveness_metrics(srv: ControllerServer) -> list[Metric]:
+    """How liveness and registration hold up at scale, read from counters kept in memory (no lock): the lease
+    server (up, renewals, refusals, slots, a full table, exits), the pushed-orders streams, registrations committed
+    in groups and calls shed. Why exported: at thousands of workers these say whether workers renew where they
+    should (the lease server) and whether a storm is being shed, before heartbeats go late."""
+    ctl = srv.ctl
+    out: list[Metric] = []
+
+    def one(family: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str, doc: str, value: float) -> None:
+        m = family(name, doc)
+        m.add_metric([], value)
+        out.append(m)
+
+    leases = srv.leases
+    up = leases is not None and leases.process is not None and leases.process.check()
+    one(GaugeMetricFamily, "hpcsched_lease_server_up", "1 while the lease server runs; 0 when it is off "
+        "(lease_server: false) or exited (workers then renew at the controller's heartbeats)", int(up))
+    lc = leases.counters() if leases is not None else {}
+    for key, doc in (("lease_renewals", "Lease renewals the lease server answered"),
+                     ("lease_refused", "Renewals the lease server refused (a slot not holding that worker's "
+                      "registration: lost, left or registered anew)"),
+                     ("lease_table_full", "Registrations given no lease slot because the table was full (they "
+                      "renew at the controller)"),
+                     ("lease_server_exits", "Times the lease server exited without being stopped")):
+        one(CounterMetricFamily, f"hpcsched_{key}", doc + " (since start)", lc.get(key, 0))
+    one(GaugeMetricFamily, "hpcsched_lease_slots_used", "Lease slots held by registered workers",
+        lc.get("lease_slots_used", 0))
+    oc = srv.orders.counters()
+    one(GaugeMetricFamily, "hpcsched_orders_watching", "Workers with an Orders.Watch stream open now",
+        oc["watching"])
+    one(CounterMetricFamily, "hpcsched_orders_events", "Orders events sent on Watch streams (since start)",
+        oc["watch_events_sent"])
+    one(CounterMetricFamily, "hpcsched_register_groups", "Registration groups committed, one lock hold and one "
+        "transaction each (since start)", ctl.registrations.groups)
+    one(CounterMetricFamily, "hpcsched_registrations", "Registrations committed (since start)",
+        ctl.registrations.committed)
+    one(CounterMetricFamily, "hpcsched_lease_only_heartbeats", "Heartbeats the controller answered without its "
+        "lock (nothing to reconcile; since start)", ctl.lease_only_beats)
+    shed = CounterMetricFamily("hpcsched_shed_calls", "Calls refused at once because enough already waited "
+                               "(RESOURCE_EXHAUSTED, the caller told when to come back), by method kind; since start",
+                               labels=["kind"])
+    shed.add_metric(["heartbeat"], ctl.shed_beats)
+    shed.add_metric(["register"], ctl.registrations.refused)
+    shed.add_metric(["other"], ctl.call_waiters.refused)
+    out.append(shed)
+    return out
