@@ -47,7 +47,7 @@ def goals(r: dict, baseline: dict | None = None) -> list[dict]:
         _goal("controller peak RSS", f"< {RSS_MB:g} MB", ctl["peak_rss_mb"], ctl["peak_rss_mb"] < RSS_MB),
     ]
     if baseline is None:
-        out.append(_goal("controller CPU flat (within 2x) from 1,000 to 10,000 workers at the same churn",
+        out.append(_goal("controller CPU per second of churn flat (within 2x) from 1,000 to 10,000 workers",
                          f"<= {CPU_RATIO:g}x", None, None, "give --baseline RUN.json (the other fleet size)"))
     else:
         bctl = baseline["controller"]
