@@ -1,10 +1,12 @@
 """Orders pushed to workers (``Orders.Watch``, hpcsched/runtime/watch.py) with a real controller and real workers.
 
-The workers beat every ``INTERVAL_S`` (30 s), so an order that waited for the next heartbeat would take up to that
-long; pushed, it takes a round trip. A launch and a cancel must each reach the worker within a third of the
-interval: the cancel comes right after the worker's last beat (it delivered the task's first report), so only the
-push explains a stop that fast. And a worker that never opens the stream (an older one: the fleet harness's
-simulated workers with the watch off) still gets every order in its heartbeat replies."""
+The controller runs without its lease server (``lease_server: false``): a worker with a lease connection hears its
+orders there instead (tests/test_lease_push.py). The workers beat every ``INTERVAL_S`` (30 s), so an order that
+waited for the next heartbeat would take up to that long; pushed, it takes a round trip. A launch and a cancel must
+each reach the worker within a third of the interval: the cancel comes right after the worker's last beat (it
+delivered the task's first report), so only the push explains a stop that fast. And a worker that never opens the
+stream (an older one: the fleet harness's simulated workers with the watch off) still gets every order in its
+heartbeat replies."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ PROGRAM = ('F="$HPCSCHED_PROGRESS_FILE"; echo "{\\"step\\": 0, \\"first\\": true
 
 def test_launch_and_stop_reach_a_watching_worker_before_its_next_heartbeat(tmp_path: Path) -> None:
     ctl, address = start_controller(tmp_path, controller_config(
-        tmp_path, heartbeat_interval_s=INTERVAL_S, worker_timeout_s=TIMEOUT_S, rpc_stats_file="run/rpc_stats.json"))
+        tmp_path, heartbeat_interval_s=INTERVAL_S, worker_timeout_s=TIMEOUT_S, rpc_stats_file="run/rpc_stats.json",
+        lease_server="false"))
     procs = [ctl]
     try:
         procs.append(start_worker(tmp_path, address, "a", slots=2))

@@ -19,6 +19,13 @@ gone when both processes are): a header of ``HEADER`` int64 fields, then one ``S
   renewal must present that credential for that worker and daemon, so a worker cannot renew another's lease, and an
   old daemon of a reused slot renews nothing.
 
+Pushes (``RenewRequest.push``): a worker subscribes its connection to the lease server, and when the controller sets
+a slot's ``want`` it also writes the slot number (4 bytes) into a pipe the lease server reads (``wake``: the read end
+is passed to the lease server). The lease server then writes an unsolicited reply on that slot's subscribed
+connection, so the worker hears of its orders within a round trip without a second connection and stream of its own
+(``Orders.Watch``). The pipe is non-blocking: a full one drops the wake-up (counted, ``lease_wakeups_dropped``), and
+the worker still learns of its orders from ``want`` at its next renewal, or from its next heartbeat's reply.
+
 Every field is one aligned 8-byte word written whole (``memoryview`` of int64: one store), so a reader never sees a
 torn time; a digest read while the controller rewrites it only fails one check, and that worker's next beat goes to
 the controller. Slots are assigned at registration and freed when the worker is lost or leaves (controller side
@@ -32,17 +39,23 @@ import hmac
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from typing import Any
 
 log = logging.getLogger("hpcsched.runtime.lease")
 
-MAGIC = 0x6C65617365763031  # "leasev01"
-HEADER = 8  # int64 fields: magic, port, interval (us), renewals, refused, slots, lease server pid, spare
+MAGIC = 0x6C65617365763032  # "leasev02": the header grew (the push counters)
+HEADER = 16  # int64 fields: magic, port, interval (us), renewals, refused, slots, lease server pid, the push counters
 SLOT_BYTES = 64  # renewed, want, digest (32 bytes), spare: one cache line
 _WORDS = SLOT_BYTES // 8
 H_MAGIC, H_PORT, H_INTERVAL_US, H_RENEWALS, H_REFUSED, H_SLOTS, H_PID = range(7)
+# written by the lease server only: frames pushed, subscriptions accepted, connections subscribed now, wake-ups for a
+# wanted slot with no subscribed connection (that worker learns of its orders at its next renewal or heartbeat)
+H_PUSHES, H_SUBSCRIPTIONS, H_SUBSCRIBED, H_PUSH_UNSUBSCRIBED = range(7, 11)
+WAKE = struct.Struct("=i")  # one slot number per wake-up, native order: both ends are this machine
+_WAKE_CHUNK = 1024  # slots per pipe write: 4,096 bytes, at most PIPE_BUF, so a write is whole or not at all
 DEFAULT_SLOTS = 65_536  # 4 MB; beyond this many live registrations the rest beat the controller (counted)
 
 
@@ -128,6 +141,10 @@ class LeaseTable:
         self._free = list(range(slots - 1, -1, -1))  # lowest first
         self.full = 0  # registrations given no slot: the table was full (they beat the controller)
         self.process: Any = None  # the lease server (``lease_server.LeaseProcess``), set by the controller's server
+        # the wake-up pipe (module docstring): the lease server inherits the read end, the controller writes
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wakeups = 0  # slots written into the pipe
+        self.wakeups_dropped = 0  # slots whose wake-up did not fit (a full pipe) or had no reader (no lease server)
 
     @property
     def port(self) -> int:
@@ -172,12 +189,38 @@ class LeaseTable:
         ns = self.shared.renewed_ns(slot)
         return ns / 1e9 if ns else None
 
-    def want(self, workers: list[str] | set[str] | tuple[str, ...]) -> None:
-        """The controller has orders for these workers: their next renewal tells them to heartbeat it now."""
+    def want(self, workers: list[str] | set[str] | tuple[str, ...], push: bool = True) -> list[str]:
+        """The controller has orders for these workers: their next renewal tells them to heartbeat it now, and (with
+        ``push``) the lease server pushes it on their subscribed connections. Returns the workers without a slot
+        (they hear of their orders some other way: ``Orders.Watch``, or their next heartbeat)."""
+        slots: list[int] = []
+        unslotted: list[str] = []
         for wid in workers:
             slot = self._slot.get(wid)
-            if slot is not None:
-                self.shared.set_want(slot, True)
+            if slot is None:
+                unslotted.append(wid)
+                continue
+            self.shared.set_want(slot, True)  # before the wake-up: the lease server pushes only a wanted slot
+            slots.append(slot)
+        if push and slots:
+            self._wake(slots)
+        return unslotted
+
+    def _wake(self, slots: list[int]) -> None:
+        """Write the wake-ups; never blocks (module docstring: a full pipe drops them, counted)."""
+        for at in range(0, len(slots), _WAKE_CHUNK):
+            part = slots[at:at + _WAKE_CHUNK]
+            try:
+                os.write(self.wake_w, b"".join(WAKE.pack(s) for s in part))
+                with self._lock:
+                    self.wakeups += len(part)
+            except OSError as e:  # EAGAIN: the pipe is full; EPIPE: no lease server reads it
+                with self._lock:
+                    self.wakeups_dropped += len(part)
+                    first = self.wakeups_dropped == len(part)
+                if first:
+                    log.warning("lease server wake-ups dropped (%s): those workers hear of their orders at their next "
+                                "renewal or heartbeat (counted as lease_wakeups_dropped)", e.strerror or e)
 
     def clear_want(self, worker_id: str) -> None:
         """Called as the controller takes a heartbeat of the worker (its reply carries the orders)."""
@@ -198,11 +241,24 @@ class LeaseTable:
         return up
 
     def counters(self) -> dict[str, int]:
-        return {"lease_renewals": self.shared.get(H_RENEWALS), "lease_refused": self.shared.get(H_REFUSED),
+        sh = self.shared
+        return {"lease_renewals": sh.get(H_RENEWALS), "lease_refused": sh.get(H_REFUSED),
                 "lease_slots_used": len(self._slot), "lease_table_full": self.full,
-                "lease_server_exits": self.process.exits if self.process is not None else 0}
+                "lease_server_exits": self.process.exits if self.process is not None else 0,
+                "lease_pushes": sh.get(H_PUSHES), "lease_subscriptions": sh.get(H_SUBSCRIPTIONS),
+                "lease_subscribed": sh.get(H_SUBSCRIBED), "lease_push_unsubscribed": sh.get(H_PUSH_UNSUBSCRIBED),
+                "lease_wakeups": self.wakeups, "lease_wakeups_dropped": self.wakeups_dropped}
+
+    def close_wake_reader(self) -> None:
+        """The controller's copy of the read end, once the lease server holds its own: with no reader left (the lease
+        server gone), writes fail at once (EPIPE, counted) instead of filling the pipe."""
+        if self.wake_r >= 0:
+            os.close(self.wake_r)
+            self.wake_r = -1
 
     def close(self) -> None:
+        self.close_wake_reader()
+        os.close(self.wake_w)
         self.shared.close()
 
 

@@ -13,7 +13,13 @@ within ``_PARENT_POLL_S`` once its parent is gone (a controller whose spawning t
 dies on its own is said (``LeaseProcess.check``: logged, counted as lease_server_exits); the workers' renewals then
 fail and they beat the controller, which still renews their leases as before.
 
-Run as ``python -m hpcsched.runtime.lease_server --fd N --slots S --host H --parent PID [--pdeathsig]
+Pushes: a renewal with ``push`` whose credential checks subscribes its connection to that slot (the newest such
+connection per slot; closing it, or the slot's registration changing, unsubscribes). The controller writes the slots it
+has orders for into the wake-up pipe (``lease``); this loop reads them (``loop.add_reader``) and, for each slot whose
+``want`` is still set and which has a subscribed connection, writes one unsolicited ``RenewReply`` (``pushed``,
+``heartbeat_now``). Wake-ups read together make one frame per slot: a worker beats once for them all.
+
+Run as ``python -m hpcsched.runtime.lease_server --fd N --slots S --host H --parent PID [--wake-fd W] [--pdeathsig]
 [--tls-cert C --tls-key K]``; only ``LeaseProcess`` starts it.
 """
 
@@ -40,9 +46,14 @@ from hpcsched.runtime.lease import (
     H_MAGIC,
     H_PID,
     H_PORT,
+    H_PUSH_UNSUBSCRIBED,
+    H_PUSHES,
     H_REFUSED,
     H_RENEWALS,
+    H_SUBSCRIBED,
+    H_SUBSCRIPTIONS,
     MAGIC,
+    WAKE,
     SharedTable,
     now_ns,
 )
@@ -58,8 +69,9 @@ _PR_SET_PDEATHSIG = 1
 class LeaseProcess:
     """The controller's handle on its lease server (module docstring)."""
 
-    def __init__(self, fd: int, slots: int, host: str, tls: tuple[Path, Path] | None = None) -> None:
-        self.fd, self.slots, self.host, self.tls = fd, slots, host, tls
+    def __init__(self, fd: int, slots: int, host: str, tls: tuple[Path, Path] | None = None,
+                 wake_fd: int = -1) -> None:
+        self.fd, self.slots, self.host, self.tls, self.wake_fd = fd, slots, host, tls, wake_fd
         self.proc: subprocess.Popen | None = None
         self.exits = 0  # times it ended without being stopped (said once each)
         self._stopping = False
@@ -72,8 +84,11 @@ class LeaseProcess:
             argv.append("--pdeathsig")
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
+        if self.wake_fd >= 0:
+            argv += ["--wake-fd", str(self.wake_fd)]
+        fds = (self.fd,) if self.wake_fd < 0 else (self.fd, self.wake_fd)
         try:  # its own session: a terminal's Ctrl-C stops the controller, which stops it, not both at once
-            self.proc = subprocess.Popen(argv, pass_fds=(self.fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as e:  # the controller runs on without it: every heartbeat comes to it, as before
             self.exits += 1
             log.error("cannot start the lease server (%s): workers renew their leases at the controller's heartbeats",
@@ -124,12 +139,15 @@ def _die_with(parent: int, pdeathsig: bool) -> None:
 
 
 class _Renewals:
-    """Renewals checked against and written into the table (one asyncio loop: no locks)."""
+    """Renewals checked against and written into the table, and the connections subscribed to pushes (one asyncio
+    loop: no locks)."""
 
     def __init__(self, table: SharedTable) -> None:
         self.table = table
+        self.subs: dict[int, tuple[_Connection, bytes]] = {}  # slot -> (its subscribed connection, digest then)
+        self._wake_buf = b""
 
-    def answer(self, req: pb.RenewRequest) -> pb.RenewReply:
+    def answer(self, req: pb.RenewRequest, conn: _Connection) -> pb.RenewReply:
         t = self.table
         if not t.check(req.slot, req.worker_id, req.instance, req.credential):
             t.set(H_REFUSED, t.get(H_REFUSED) + 1)
@@ -137,7 +155,64 @@ class _Renewals:
                                          "registered anew): heartbeat the controller")
         t.set_renewed(req.slot, now_ns())
         t.set(H_RENEWALS, t.get(H_RENEWALS) + 1)
+        if req.push:
+            self.subscribe(req.slot, conn)
         return pb.RenewReply(heartbeat_interval_s=t.get(H_INTERVAL_US) / 1e6, heartbeat_now=t.wanted(req.slot))
+
+    def subscribe(self, slot: int, conn: _Connection) -> None:
+        """``conn`` gets this slot's pushes from now on (a connection subscribed before for the slot no longer does;
+        this connection no longer gets another slot's)."""
+        old = self.subs.get(slot)
+        if old is not None and old[0] is conn:
+            return
+        if conn.slot >= 0 and conn.slot != slot:
+            self.unsubscribe(conn)
+        if old is not None:
+            old[0].slot = -1
+        else:
+            self.table.set(H_SUBSCRIBED, self.table.get(H_SUBSCRIBED) + 1)
+        self.subs[slot] = (conn, self.table.digest_of(slot))
+        conn.slot = slot
+        self.table.set(H_SUBSCRIPTIONS, self.table.get(H_SUBSCRIPTIONS) + 1)
+
+    def unsubscribe(self, conn: _Connection) -> None:
+        held = self.subs.get(conn.slot)
+        if held is not None and held[0] is conn:
+            del self.subs[conn.slot]
+            self.table.set(H_SUBSCRIBED, self.table.get(H_SUBSCRIBED) - 1)
+        conn.slot = -1
+
+    def woken(self, fd: int) -> None:
+        """The controller's wake-ups (``loop.add_reader``): push once to each subscribed slot still wanted."""
+        try:
+            data = self._wake_buf + os.read(fd, 64 * 1024)
+        except BlockingIOError:
+            return
+        except OSError as e:  # not expected of a pipe; the renewals' ``heartbeat_now`` still carries the orders
+            log.error("lease server: the wake-up pipe failed (%s): no more pushes", e)
+            asyncio.get_running_loop().remove_reader(fd)
+            return
+        if not data:  # the controller closed its end: it is stopping
+            asyncio.get_running_loop().remove_reader(fd)
+            return
+        whole = len(data) - len(data) % WAKE.size
+        self._wake_buf = data[whole:]
+        t = self.table
+        for (slot,) in {w for w in WAKE.iter_unpack(data[:whole])}:  # coalesced: one frame per slot
+            if not 0 <= slot < t.slots or not t.wanted(slot):
+                continue  # a heartbeat already took the orders (it cleared ``want``)
+            held = self.subs.get(slot)
+            if held is None:
+                t.set(H_PUSH_UNSUBSCRIBED, t.get(H_PUSH_UNSUBSCRIBED) + 1)
+                continue
+            conn, digest = held
+            if t.digest_of(slot) != digest:  # the slot holds another registration now: not this connection's orders
+                self.unsubscribe(conn)
+                t.set(H_PUSH_UNSUBSCRIBED, t.get(H_PUSH_UNSUBSCRIBED) + 1)
+                continue
+            conn.send(pb.RenewReply(heartbeat_interval_s=t.get(H_INTERVAL_US) / 1e6, heartbeat_now=True,
+                                    pushed=True))
+            t.set(H_PUSHES, t.get(H_PUSHES) + 1)
 
 
 class _Connection(asyncio.Protocol):
@@ -151,9 +226,23 @@ class _Connection(asyncio.Protocol):
         self.renewals = renewals
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
+        self.slot = -1  # the slot whose pushes it gets (-1: none)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.slot >= 0:
+            self.renewals.unsubscribe(self)
+
+    def send(self, reply: pb.RenewReply) -> None:
+        """One frame; a client that does not read what it is sent is closed."""
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return
+        self.transport.write(frame(reply))
+        if self.transport.get_write_buffer_size() > self._MAX_UNREAD:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
@@ -168,9 +257,8 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
                 return
             del self.buf[:4 + n]
-            self.transport.write(frame(self.renewals.answer(req)))
-            if self.transport.get_write_buffer_size() > self._MAX_UNREAD:
-                self.transport.close()
+            self.send(self.renewals.answer(req, self))
+            if self.transport.is_closing():
                 return
 
 
@@ -189,6 +277,9 @@ def serve(args: argparse.Namespace) -> None:
         done = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, done.set)
         renewals = _Renewals(table)
+        if args.wake_fd >= 0:
+            os.set_blocking(args.wake_fd, False)
+            asyncio.get_running_loop().add_reader(args.wake_fd, renewals.woken, args.wake_fd)
         server = await asyncio.get_running_loop().create_server(lambda: _Connection(renewals), args.host.strip("[]"),
                                                                 0, ssl=tls, backlog=4096)
         table.set(H_PID, os.getpid())
@@ -207,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", required=True)
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--pdeathsig", action="store_true")
+    p.add_argument("--wake-fd", type=int, default=-1)
     p.add_argument("--tls-cert", default="")
     p.add_argument("--tls-key", default="")
     args = p.parse_args(argv)

@@ -305,7 +305,8 @@ class ControllerServer:
         self.leases = LeaseTable() if cfg.lease_server else None
         if self.leases is not None:
             self.leases.process = LeaseProcess(self.leases.shared.fd, self.leases.shared.slots, host,
-                                               (cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None)
+                                               (cfg.tls_cert, cfg.tls_key) if cfg.tls_cert and cfg.tls_key else None,
+                                               wake_fd=self.leases.wake_r)
             self.ctl.leases = self.leases
             self.credentials.on_issue, self.credentials.on_forget = self._lease_issued, self.leases.release
         self.address = f"{host}:{bound}"
@@ -334,6 +335,7 @@ class ControllerServer:
         self.service.watch_port = self.orders.start()  # before the first Register, whose reply names it
         if self.leases is not None:  # its port is named in replies once it listens (until then: heartbeats only)
             self.leases.process.start()
+            self.leases.close_wake_reader()  # the lease server holds its own copy now
         self.ctl.nudge = self._nudge
         self.server.start()
         self.ctl.started()
@@ -366,11 +368,15 @@ class ControllerServer:
         return self.address
 
     def _nudge(self, workers, reason: str) -> None:
-        """Tell workers they have new orders: on their Watch stream, and in their next lease renewal's reply."""
+        """Tell workers they have new orders: pushed by the lease server on their subscribed lease connections, said
+        in their next renewal's reply, and on their Watch stream for those that watch (workers without a lease slot,
+        and older workers that watch although they have one)."""
         ids = list(workers)
-        if self.leases is not None:
-            self.leases.want(ids)
-        self.orders.nudge(ids, reason)
+        if self.leases is None:
+            self.orders.nudge(ids, reason)
+            return
+        unslotted = set(self.leases.want(ids))
+        self.orders.nudge([w for w in ids if w in unslotted or self.orders.watching(w)], reason)
 
     def _lease_issued(self, worker_id: str, instance: str, credential: str, reply: pb.RegisterReply) -> None:
         """A registration's slot in the lease table, named in its reply with the lease server's port (none while

@@ -71,6 +71,7 @@ class OrdersHub(pb_grpc.OrdersServicer):
         self.events_sent = 0  # events written to streams (each makes a worker heartbeat)
         self.nudges_unwatched = 0  # nudges to a worker with no open stream (its next heartbeat carries the orders)
         self.refused = 0  # Watch calls refused: no credential, or not the one issued to that worker's daemon
+        self.opened = 0  # Watch streams accepted (workers subscribed to lease pushes open none)
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> int:
@@ -152,9 +153,14 @@ class OrdersHub(pb_grpc.OrdersServicer):
             for wid in list(self._missed)[:len(self._missed) - _MISSED_MAX]:
                 del self._missed[wid]
 
+    def watching(self, worker_id: str) -> bool:
+        """Whether that worker has a stream open now (any thread: one dict lookup)."""
+        return worker_id in self._watchers
+
     def counters(self) -> dict[str, int]:
         return {"watching": len(self._watchers), "watch_events_sent": self.events_sent,
-                "nudges_unwatched": self.nudges_unwatched, "watch_refused": self.refused}
+                "nudges_unwatched": self.nudges_unwatched, "watch_refused": self.refused,
+                "watch_streams_opened": self.opened}
 
     # ------------------------------------------------------------------------------------------- the RPC
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext):  # noqa: N802 (gRPC's name)
@@ -165,6 +171,7 @@ class OrdersHub(pb_grpc.OrdersServicer):
                                 "Watch needs the credential this controller issued to that worker's daemon at "
                                 "registration: register (again), then watch")
         wid = request.worker_id
+        self.opened += 1
         me = _Watcher()
         old = self._watchers.get(wid)
         if old is not None:  # the same worker reconnected: the older stream ends

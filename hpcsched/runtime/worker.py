@@ -50,6 +50,7 @@ from hpcsched.runtime.credentials import credential_metadata
 from hpcsched.runtime.hostaddr import spare_port
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.launchers.common import torch_importable
+from hpcsched.runtime.lease_link import LeaseLink
 from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after, told_retry_after
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
@@ -66,7 +67,7 @@ from hpcsched.runtime.task_dirs import (
 from hpcsched.runtime.task_report import CANNOT_START, MAX_PENDING, clip, launch_problem
 from hpcsched.runtime.warm_ranks import WarmRanks
 from hpcsched.runtime.worker_config import WorkerConfig
-from hpcsched.runtime.worker_link import ControllerLink
+from hpcsched.runtime.worker_link import RENEW_TIMEOUT_S, ControllerLink
 from hpcsched.runtime.worker_tasks import DEFAULT_GRACE_S, Task, TaskControl, spawn
 from hpcsched.runtime.worker_watch import OrdersWatch
 
@@ -114,6 +115,8 @@ class Worker(TaskControl, ControllerLink):
         self.stub = pb_grpc.ControllerStub(self.channel)
         self.md = metadata(cfg.token)
         self.watch = OrdersWatch(cfg.name, self.instance, cfg.tls_ca)  # orders pushed: beat at once (worker_watch)
+        # orders pushed on the lease connection set the same event: one wake-up, whichever way they came
+        self.link = LeaseLink(self.watch.nudged.set, cfg.tls_ca, RENEW_TIMEOUT_S)
         # The WorkerAgent service: other nodes' launchers (mpirun) start their daemons here through it (no ssh).
         self.agent_server, self.agent_port = worker_agent.serve(
             self.cfg.host, worker_agent.AgentService(cfg.name, cfg.token, self._holder, self.sandbox))
@@ -278,8 +281,10 @@ class Worker(TaskControl, ControllerLink):
         self.md = metadata(self.cfg.token) + credential_metadata(reply.credential)
         self.interval = reply.heartbeat_interval_s or 1.0
         self.lease_s = reply.worker_timeout_s or None  # 0: a controller from before leases
-        self.watch.update(self.cfg.controller, reply.watch_port, self.md)
-        self._lease_to(reply)  # renewals with nothing to report go to its lease server (worker_link)
+        # renewals with nothing to report go to its lease server, which also pushes its orders (worker_link); without
+        # one, orders are heard on a Watch stream
+        pushed = self._lease_to(reply)
+        self.watch.update(self.cfg.controller, 0 if pushed else reply.watch_port, self.md)
         self._refused_logged = ""
         log.info("registered with %s as %s (%d slots, %d GPUs of type %s, launchers %s)", self.cfg.controller,
                  self.cfg.name, self.cfg.slots, self.cfg.gpus, self.cfg.gpu_type or "(not advertised)",
@@ -478,7 +483,7 @@ class Worker(TaskControl, ControllerLink):
         for name, close in (("tasks", lambda: [self.kill(tid, checkpoint=False) for tid in list(self.tasks)]),
                             ("agent", lambda: self.agent_server.stop(grace=1)),
                             ("warm", lambda: self.warm is not None and self.warm.close()),
-                            ("sandbox", self.sandbox.close), ("watch", self.watch.stop), ("lease", self._close_lease),
+                            ("sandbox", self.sandbox.close), ("watch", self.watch.stop), ("lease", self.link.stop),
                             ("channel", self.channel.close)):
             t = time.monotonic()
             close()

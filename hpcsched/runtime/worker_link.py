@@ -6,12 +6,15 @@ Lease renewals: a worker that runs no task and owes no full report has nothing t
 registration named a lease server (``RegisterReply.lease_port``, ``hpcsched.runtime.lease``) it renews its lease
 there instead, away from the controller's threads and interpreter. A worker with tasks keeps beating the controller
 (its reply may carry a stop, a resize or a launch decided on time alone), and so does every ``FULL_EVERY``-th beat,
-which also brings the controller a fresh spare port. A renewal's reply saying ``heartbeat_now`` (the controller has
-orders for it) is followed by a heartbeat to the controller at once; a beat woken by a pushed order (``Orders.Watch``)
-goes to the controller, and so does the retry of a heartbeat to the controller that failed (shed, late). A renewal
-that fails (the lease server is down, or no longer holds this registration because the worker was lost) is counted
-(``lease_fallbacks``), logged once per failure streak, and the same beat goes to the controller, which says what to
-do (``reregister``); the lease server is tried again ``_LEASE_RETRY_S`` later, or at once after a new registration."""
+which also brings the controller a fresh spare port. Renewals go over the worker's one lease connection
+(``lease_link``), opened and subscribed to pushes right after registering: a pushed frame, like a renewal's reply
+saying ``heartbeat_now`` (the controller has orders for it), is followed by a heartbeat to the controller at once, so
+such a worker opens no ``Orders.Watch`` stream (one without a lease server does, ``worker_watch``). A beat woken by a
+push goes to the controller, and so does the retry of a heartbeat to the controller that failed (shed, late). A
+renewal that fails (the connection is down and reconnecting, or the lease server no longer holds this registration
+because the worker was lost, or did not answer) is counted (``lease_fallbacks``), logged once per failure streak, and
+the same beat goes to the controller, which says what to do (``reregister``); after a refusal or no answer the lease
+server is tried again ``_LEASE_RETRY_S`` later, or at once after a new registration."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import time
 import grpc
 
 from hpcsched.runtime.auth import open_channel
-from hpcsched.runtime.lease_wire import LeaseClient, LeaseError
+from hpcsched.runtime.lease_link import LeaseLink
+from hpcsched.runtime.lease_wire import LeaseError
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.worker_config import WorkerConfig
 
@@ -31,7 +35,7 @@ log = logging.getLogger("hpcsched.runtime.worker")
 
 _WAIT_POLL_S = 0.1  # a call in flight: the lease is checked this often
 _HEARTBEAT_TIMEOUT_S = 10.0
-_RENEW_TIMEOUT_S = 5.0  # a lease server that does not answer: the beat goes to the controller after this
+RENEW_TIMEOUT_S = 5.0  # a lease server that does not answer: the beat goes to the controller after this
 _LEASE_RETRY_S = 60.0  # after a failed renewal, beats go to the controller this long
 
 
@@ -44,7 +48,8 @@ class ControllerLink:
     _fenced: bool
     _tls_hinted: bool
     _refused_logged: str
-    _lease: tuple[LeaseClient, int, str] | None = None  # (connection, slot, credential) at its lease server
+    link: LeaseLink  # the lease connection (renewals and pushes)
+    _lease: tuple[int, str] | None = None  # (slot, credential) at its lease server, None: no lease server
     _lease_retry_at = 0.0
     _lease_failing = False
     _beat_owed = False  # a heartbeat to the controller failed (shed, late): the next beat goes to it, not a renewal
@@ -75,18 +80,21 @@ class ControllerLink:
     def _renew(self, renewed: float) -> pb.HeartbeatReply | None:
         """Renew the lease at the lease server: the reply as a heartbeat's, or None when the beat must go to the
         controller (it has orders for this worker, or the renewal failed). It runs only while the worker has no task,
-        so there is nothing to fence while it waits (at most ``_RENEW_TIMEOUT_S``)."""
+        so there is nothing to fence while it waits (at most ``RENEW_TIMEOUT_S``)."""
         assert self._lease is not None
-        client, slot, credential = self._lease
+        slot, credential = self._lease
         req = pb.RenewRequest(worker_id=self.cfg.name, instance=self.instance, slot=slot, credential=credential)
         try:
-            r = client.renew(req)
+            r = self.link.renew(req)
         except LeaseError as e:
             self.lease_fallbacks += 1
-            self._lease_retry_at = time.monotonic() + _LEASE_RETRY_S
+            down = e.code == "UNAVAILABLE"  # the link reconnects on its own: renew there again once it is up
+            if not down:
+                self._lease_retry_at = time.monotonic() + _LEASE_RETRY_S
             if not self._lease_failing:
-                log.warning("lease renewal failed (%s: %s): heartbeats go to the controller for %g s (%d such "
-                            "failures so far)", e.code, e.details, _LEASE_RETRY_S, self.lease_fallbacks)
+                log.warning("lease renewal failed (%s: %s): heartbeats go to the controller %s (%d such failures so "
+                            "far)", e.code, e.details, "until the lease connection is back" if down
+                            else f"for {_LEASE_RETRY_S:g} s", self.lease_fallbacks)
                 self._lease_failing = True
             return None
         self._lease_failing = False
@@ -95,19 +103,20 @@ class ControllerLink:
             return None
         return pb.HeartbeatReply(heartbeat_interval_s=r.heartbeat_interval_s)
 
-    def _lease_to(self, reply: pb.RegisterReply) -> None:
-        """After a registration: renew at the lease server it named (none: every beat goes to the controller)."""
-        self._close_lease()
+    def _lease_to(self, reply: pb.RegisterReply) -> bool:
+        """After a registration: connect to the lease server it named and subscribe to pushes (at once, not at the
+        first renewal: the pushes are this worker's only prompt news of orders). False: it named none, every beat
+        goes to the controller and orders are heard on ``Orders.Watch``."""
+        self._lease = None
         if reply.lease_port > 0 and reply.credential:
             host = self.cfg.controller.rpartition(":")[0]
-            client = LeaseClient(host, reply.lease_port, self.cfg.tls_ca, _RENEW_TIMEOUT_S)
-            self._lease = (client, reply.lease_slot, reply.credential)
+            self._lease = (reply.lease_slot, reply.credential)
             self._lease_retry_at, self._lease_failing = 0.0, False
-
-    def _close_lease(self) -> None:
-        if self._lease is not None:
-            self._lease[0].close()
-            self._lease = None
+            self.link.update(host, reply.lease_port, pb.RenewRequest(
+                worker_id=self.cfg.name, instance=self.instance, slot=reply.lease_slot, credential=reply.credential))
+            return True
+        self.link.update("", 0, None)
+        return False
 
     def _fence(self, silent: float) -> None:
         """The lease (module docstring): past it, stop every task, SIGTERM then SIGKILL after ``stop_grace_s``; at
