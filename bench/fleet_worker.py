@@ -13,6 +13,11 @@ exits 0; a checkpointing KillTask makes it write its step to ``<checkpoint_dir>/
 ``resumed_from`` by the next attempt, as a training program restores its checkpoint) and exit 0; a plain one exits
 -9. Only node rank 0 reports progress, as the ``direct`` launcher's rank 0 does.
 
+Orders pushed: where the controller's registration reply names a lease server and the protocol has
+``RenewRequest.push``, a worker opens its lease connection right after registering, subscribes it, and hears of its
+orders there (a pushed ``RenewReply``), opening no ``Orders.Watch`` stream, as the real worker does (``lease_link``);
+``--no-lease`` workers watch as before, ``--no-watch`` ones neither watch nor subscribe (older workers).
+
 Many workers share one asyncio loop (``grpc.aio``), and a few such loops run in separate processes
 (``worker_process``) so that the harness's own CPU is visible per process and spread over the cores. Everything
 measured is kept in ``ProcStats`` and sent back to the orchestrator (``fleet.py``) at the end.
@@ -64,7 +69,9 @@ _WATCH = "watch_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name
 _LEASE = "lease_port" in pb.RegisterReply.DESCRIPTOR.fields_by_name and frame is not None
 RENEW_TIMEOUT_S = 5.0  # as the real worker
 LEASE_RETRY_S = 60.0
-WATCH_BACKOFF_S = (1.0, 10.0)  # as the real worker's stream: a broken one is opened again after this
+WATCH_BACKOFF_S = (1.0, 10.0)  # as the real worker's stream (and lease connection): a broken one is opened again
+# Orders pushed on the lease connection (RenewRequest.push): a worker subscribes there and opens no Watch stream
+_PUSH = _LEASE and "push" in pb.RenewRequest.DESCRIPTOR.fields_by_name
 try:
     from hpcsched.runtime.liveness import FULL_EVERY
 except ImportError:  # a controller from before partial reports: every beat is full
@@ -133,6 +140,8 @@ class ProcStats:
     hb_renewal: array = field(default_factory=lambda: array("b"))  # 1: that beat was a renewal at the lease server
     lease_fallbacks: int = 0  # renewals that failed and went to the controller instead
     lease_connect: array = field(default_factory=lambda: array("d"))  # opening a connection to the lease server
+    lease_subscriptions: int = 0  # lease connections subscribed to pushes (one per worker, again after a break)
+    lease_pushes: int = 0  # pushed frames received on them (each: heartbeat now)
     reg_lat: array = field(default_factory=lambda: array("d"))
     first_registered_at: dict = field(default_factory=dict)  # worker -> unix time of its first registration
     registrations: int = 0
@@ -184,7 +193,10 @@ class SimWorker:
         self.watch_channels: WatchChannels | None = None  # set by run_workers
         self.lease_port, self.lease_slot, self.lease_retry_at, self.credential = 0, 0, 0.0, ""
         self.beat_owed = False
-        self.lease_conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None  # to the lease server
+        self.lease_proto: _LeaseProto | None = None  # the connection to the lease server
+        self.lease_lock = asyncio.Lock()  # one connect at a time (the link's and a renewal's)
+        self.lease_changed = asyncio.Event()  # a registration: the lease link connects again
+        self.push_sub = False  # this registration's lease connection is subscribed to pushes (no Watch stream)
         self.position = 0  # among this process's workers (which Watch channel it shares)
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
@@ -276,13 +288,15 @@ class SimWorker:
         self.interval = reply.heartbeat_interval_s or 1.0
         self.lease = reply.worker_timeout_s
         self.registered = True
-        self.watch_port = reply.watch_port if _WATCH and self.opts.watch else 0
         self.lease_port = reply.lease_port if _LEASE and self.opts.lease else 0
+        self.push_sub = bool(self.lease_port and _PUSH and self.opts.watch and reply.credential)
+        self.watch_port = reply.watch_port if _WATCH and self.opts.watch and not self.push_sub else 0
         self.lease_slot, self.lease_retry_at = (reply.lease_slot if self.lease_port else 0), 0.0
         self.credential = reply.credential
         self.close_lease()  # a new registration: a new lease server, perhaps
         self.registrations += 1
         self.reg_changed.set()
+        self.lease_changed.set()
         if self.watch_call is not None:
             self.watch_call.cancel()  # opened again with the new credential
 
@@ -290,18 +304,11 @@ class SimWorker:
         """A renewal at the lease server, as the real worker's ``_renew`` (one frame each way on a connection of its
         own, ``lease_wire``): the reply as a heartbeat's, or None when the beat must go to the controller (it has
         orders: ``heartbeat_now``, or the renewal failed)."""
-        req = pb.RenewRequest(worker_id=self.name, instance=self.instance, slot=self.lease_slot,
-                              credential=self.credential)
+        req = self._renewal()
         try:
-            if self.lease_conn is None:  # timed apart: a heartbeat's latency has no connection set-up either
-                sent = time.perf_counter()
-                self.lease_conn = await asyncio.wait_for(asyncio.open_connection(
-                    self.opts.address.rpartition(":")[0], self.lease_port), RENEW_TIMEOUT_S)
-                self.stats.lease_connect.append(time.perf_counter() - sent)
+            proto = await self._lease_connect()  # timed apart: a heartbeat's latency has no connection set-up either
             sent = time.perf_counter()
-            reader, writer = self.lease_conn
-            writer.write(frame(req))
-            r = pb.RenewReply.FromString(await asyncio.wait_for(_read_frame(reader), RENEW_TIMEOUT_S))
+            r = await proto.call(req, RENEW_TIMEOUT_S)
             if r.refused:
                 raise LeaseError("REFUSED", r.refused)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, LeaseError) as e:
@@ -319,10 +326,66 @@ class SimWorker:
         self.stats.hb_renewal.append(1)
         return None if r.heartbeat_now else pb.HeartbeatReply(heartbeat_interval_s=r.heartbeat_interval_s)
 
+    def _renewal(self) -> pb.RenewRequest:
+        req = pb.RenewRequest(worker_id=self.name, instance=self.instance, slot=self.lease_slot,
+                              credential=self.credential)
+        if self.push_sub:
+            req.push = True  # every renewal keeps the subscription, as the real worker's
+        return req
+
+    async def _lease_connect(self) -> _LeaseProto:
+        """The open lease connection, or a new one (subscribed to pushes when this registration does: a push may
+        already be due, said by the answer's ``heartbeat_now``)."""
+        async with self.lease_lock:
+            if self.lease_proto is not None and not self.lease_proto.closed.done():
+                return self.lease_proto
+            sent = time.perf_counter()
+            _, proto = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                lambda: _LeaseProto(self), self.opts.address.rpartition(":")[0], self.lease_port), RENEW_TIMEOUT_S)
+            self.stats.lease_connect.append(time.perf_counter() - sent)
+            self.lease_proto = proto
+            if self.push_sub:
+                try:
+                    r = await proto.call(self._renewal(), RENEW_TIMEOUT_S)
+                except BaseException:
+                    proto.close()
+                    raise
+                if r.refused:
+                    proto.close()
+                    raise LeaseError("REFUSED", r.refused)
+                self.stats.lease_subscriptions += 1
+                if r.heartbeat_now:
+                    self.nudge.set()
+            return proto
+
+    async def lease_link(self) -> None:
+        """Until cancelled: with a registration whose orders are pushed, keep its lease connection open and
+        subscribed (the real worker's ``lease_link``); a broken one is opened again after a back-off."""
+        backoff = WATCH_BACKOFF_S[0]
+        while True:
+            if not (self.registered and self.push_sub):
+                self.lease_changed.clear()
+                await self.lease_changed.wait()
+                continue
+            seen = self.registrations
+            try:
+                proto = await self._lease_connect()
+                backoff = WATCH_BACKOFF_S[0]
+                await proto.closed
+            except (TimeoutError, OSError, LeaseError) as e:
+                code = e.code if isinstance(e, LeaseError) else "DEADLINE_EXCEEDED" \
+                    if isinstance(e, asyncio.TimeoutError) else "UNAVAILABLE"
+                key = f"Subscribe {code}"
+                self.stats.errors[key] = self.stats.errors.get(key, 0) + 1
+                self.stats.error_examples.setdefault(key, str(e)[:600])
+            if seen == self.registrations:  # broken, not replaced by a new registration
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_S[1])
+
     def close_lease(self) -> None:
-        if self.lease_conn is not None:
-            self.lease_conn[1].close()
-            self.lease_conn = None
+        if self.lease_proto is not None:
+            self.lease_proto.close()
+            self.lease_proto = None
 
     async def watch(self) -> None:
         """Until cancelled: keep one Orders.Watch stream open once registered, and wake the heartbeat loop on each
@@ -510,8 +573,62 @@ class SimWorker:
         return await self._say_leave(final, again=False)
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    return await reader.readexactly(frame_length(await reader.readexactly(4)))
+class _LeaseProto(asyncio.Protocol):
+    """One worker's lease connection: answers go to the renewal waiting for one, pushed frames wake the worker."""
+
+    def __init__(self, worker: SimWorker) -> None:
+        self.worker = worker
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future | None = None
+        self.closed: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 4:
+            try:
+                n = frame_length(bytes(self.buf[:4]))
+                if len(self.buf) < 4 + n:
+                    return
+                reply = pb.RenewReply.FromString(bytes(self.buf[4:4 + n]))
+            except Exception as e:  # not the protocol: as a broken connection
+                self._fail(LeaseError("PROTOCOL", str(e)))
+                return
+            del self.buf[:4 + n]
+            if reply.pushed:
+                self.worker.stats.lease_pushes += 1
+                self.worker.nudge.set()
+            elif self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionResetError("the lease server closed the connection"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _fail(self, e: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(e)
+        self.close()
+
+    async def call(self, req: pb.RenewRequest, timeout: float) -> pb.RenewReply:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the lease connection is closed")
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(frame(req))
+        try:
+            return await asyncio.wait_for(self.waiter, timeout)
+        except TimeoutError:
+            self.close()  # as the real worker: an unanswered renewal drops the connection
+            raise
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 async def _loop_lag(lags: array, period: float = 0.05) -> None:
@@ -581,6 +698,7 @@ async def run_workers(opts: SimOptions, ids: list[int], n_total: int, channels: 
     for k, w in enumerate(workers):
         w.watch_channels, w.position = watch_channels, k
     runs += [asyncio.create_task(w.watch()) for w in workers]
+    runs += [asyncio.create_task(w.lease_link()) for w in workers]
     runs.append(asyncio.create_task(_loop_lag(stats.loop_lag)))
     if progress is not None:
         runs.append(asyncio.create_task(progress()))

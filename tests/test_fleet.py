@@ -147,9 +147,11 @@ def test_sim_worker_obeys_kill_with_a_checkpoint_and_resumes(tmp_path: Path) -> 
 def test_sim_worker_watches_again_after_it_registers_again(tmp_path: Path) -> None:
     """A re-registered simulated worker reopens its Orders.Watch stream (grpc.aio answers the cancel of the old call
     with CancelledError, which once ended the watch for good), so a launch order reaches it at once, not at its next
-    heartbeat: the interval here (60 s) is far past the deadline, which comes from the scheduling tick."""
+    heartbeat: the interval here (60 s) is far past the deadline, which comes from the scheduling tick. Without a lease
+    server (with one, orders come on the lease connection: tests/test_lease_push_fleet.py)."""
     long_beat = 60.0
-    o = FleetOptions(heartbeat_interval_s=long_beat, schedule_interval_s=SCHEDULE_S, worker_timeout_s=3 * long_beat)
+    o = FleetOptions(heartbeat_interval_s=long_beat, schedule_interval_s=SCHEDULE_S, worker_timeout_s=3 * long_beat,
+                     lease=False)
     ctl, address = start_controller(tmp_path, controller_config(tmp_path, o))
     deadline = LOAD_FACTOR * (4 * SCHEDULE_S + STARTUP_S) + 5  # a step, a port nudge, a step, a launch nudge
 

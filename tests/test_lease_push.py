@@ -56,7 +56,9 @@ def test_orders_reach_a_worker_through_its_lease_connection_before_its_next_hear
         tmp_path, heartbeat_interval_s=INTERVAL_S, worker_timeout_s=TIMEOUT_S, rpc_stats_file="run/rpc_stats.json"))
     procs = [ctl]
     try:
-        procs.append(start_worker(tmp_path, address, "a", slots=2))
+        wfile = tmp_path / "worker.yaml"
+        wfile.write_text("warm_ranks: false\n")  # shell jobs: no torch-preloaded supervisor (seconds of imports)
+        procs.append(start_worker(tmp_path, address, "a", slots=2, extra=("--config", str(wfile))))
         c = client(address)
         wait_for("worker a subscribed on its lease connection", lambda: _subscribed(tmp_path, "a"), 60)
         # The first launch may ride the worker's first (jittered) beat; once its first report is delivered the worker's
@@ -173,8 +175,10 @@ def test_with_its_lease_server_killed_a_worker_gets_orders_by_heartbeat_and_resu
     ctl, address = start_controller(tmp_path, cfg)
     procs = [ctl]
     try:
-        procs.append(start_worker(tmp_path, None, "a", extra=("--address-file", str(tmp_path / "run" /
-                                                                                    "controller.addr"))))
+        wfile = tmp_path / "worker.yaml"
+        wfile.write_text("warm_ranks: false\n")  # shell jobs: no torch-preloaded supervisor (seconds of imports)
+        procs.append(start_worker(tmp_path, None, "a", extra=("--config", str(wfile), "--address-file",
+                                                              str(tmp_path / "run" / "controller.addr"))))
         wait_for("worker a subscribed", lambda: _subscribed(tmp_path, "a"), 60)
         os.kill(descendants(ctl.pid)[0], signal.SIGKILL)
         c = client(address)

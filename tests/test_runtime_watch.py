@@ -72,4 +72,6 @@ def test_a_worker_that_does_not_watch_gets_its_orders_with_heartbeats(tmp_path: 
     assert set(r["rpc_errors"]) <= {"Register UNAVAILABLE"}, r["rpc_error_examples"]
     counters = r["controller"]["rpc_handler"]["controller"]
     assert counters["watching"] == 0 and counters["watch_events_sent"] == 0
-    assert counters["nudges_unwatched"] >= 6, counters  # every launch was pushed at nobody: heartbeats carried it
+    # every launch was nudged (a wake-up for the worker's lease slot) and pushed at nobody: heartbeats carried it
+    assert counters["lease_wakeups"] >= 6 and counters["lease_subscriptions"] == 0, counters
+    assert counters["lease_pushes"] == 0, counters
