@@ -189,10 +189,11 @@ class LeaseTable:
         ns = self.shared.renewed_ns(slot)
         return ns / 1e9 if ns else None
 
-    def want(self, workers: list[str] | set[str] | tuple[str, ...], push: bool = True) -> list[str]:
+    def want(self, workers: list[str] | set[str] | tuple[str, ...], push: bool = False) -> list[str]:
         """The controller has orders for these workers: their next renewal tells them to heartbeat it now, and (with
-        ``push``) the lease server pushes it on their subscribed connections. Returns the workers without a slot
-        (they hear of their orders some other way: ``Orders.Watch``, or their next heartbeat)."""
+        ``push``: new orders, not a shed heartbeat's, whose worker comes back after its back-off anyway) the lease
+        server pushes it on their subscribed connections. Returns the workers without a slot (they hear of their
+        orders some other way: ``Orders.Watch``, or their next heartbeat)."""
         slots: list[int] = []
         unslotted: list[str] = []
         for wid in workers:

@@ -375,7 +375,7 @@ class ControllerServer:
         if self.leases is None:
             self.orders.nudge(ids, reason)
             return
-        unslotted = set(self.leases.want(ids))
+        unslotted = set(self.leases.want(ids, push=True))
         self.orders.nudge([w for w in ids if w in unslotted or self.orders.watching(w)], reason)
 
     def _lease_issued(self, worker_id: str, instance: str, credential: str, reply: pb.RegisterReply) -> None:
