@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import threading
 import time
 from pathlib import Path
 
 import grpc
+import pytest
 from runtime_procs import TOKEN, client, controller_config, descendants, start_controller, start_worker, stop, wait_for
 
 from hpcsched.runtime.auth import metadata
+from hpcsched.runtime.config import read_controller_config
+from hpcsched.runtime.lease_link import LeaseLink
 from hpcsched.runtime.lease_wire import frame, frame_length
 from hpcsched.runtime.rpc import pb, pb_grpc
+from hpcsched.runtime.server import ControllerServer
 
 INTERVAL_S = 30.0
 TIMEOUT_S = 120.0  # worker_timeout_s: at least three intervals (liveness caps the interval at a third of it)
@@ -205,3 +212,39 @@ def test_with_its_lease_server_killed_a_worker_gets_orders_by_heartbeat_and_resu
             stop(p)
     second = _counters(tmp_path)
     assert second["lease_subscriptions"] >= 1 and second["lease_pushes"] >= 1, second
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test certificate")
+def test_the_worker_link_subscribes_renews_and_is_pushed_to_over_tls(tmp_path: Path) -> None:
+    """The worker's ``LeaseLink`` against a TLS controller's lease server: one thread reads and writes the TLS
+    connection; renewals are answered on it and a push (orders for that worker) wakes ``on_push``."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(tmp_path / "c.pem")], check=True, capture_output=True)
+    (tmp_path / "c.yaml").write_text(f"listen: 127.0.0.1:0\nstate: s.db\ntoken: {TOKEN}\ntls_cert: c.pem\n"
+                                     "tls_key: k.pem\n")
+    (tmp_path / "c.yaml").chmod(0o600)  # it holds a token inline
+    srv = ControllerServer(read_controller_config(tmp_path / "c.yaml"))
+    addr = srv.start()
+    pushed = threading.Event()
+    link = LeaseLink(pushed.set, tmp_path / "c.pem", timeout_s=10)
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=(tmp_path / "c.pem").read_bytes())
+        with grpc.secure_channel(addr, creds) as ch:
+            a = _register(pb_grpc.ControllerStub(ch), "a")
+        req = pb.RenewRequest(worker_id="a", instance="i-a", slot=a.lease_slot, credential=a.credential)
+        link.update(addr.rpartition(":")[0], a.lease_port, req)
+        wait_for("the link subscribed", lambda: link.connected, 30, poll=0.05)
+        for _ in range(3):
+            assert not link.renew(req).heartbeat_now
+        assert not pushed.is_set()
+        assert srv.leases is not None
+        srv.leases.want(["a"], push=True)  # what the controller does when it has orders for a
+        assert pushed.wait(10), "no push reached the link"
+        assert link.renew(req).heartbeat_now  # and the renewal says so too, until a heartbeat takes the orders
+        assert link.pushes == 1 and link.subscriptions == 1
+        counters = srv.leases.counters()
+        assert counters["lease_pushes"] == 1 and counters["lease_subscribed"] == 1, counters
+    finally:
+        link.stop()
+        srv.stop()
