@@ -197,6 +197,7 @@ class SimWorker:
         self.lease_lock = asyncio.Lock()  # one connect at a time (the link's and a renewal's)
         self.lease_changed = asyncio.Event()  # a registration: the lease link connects again
         self.push_sub = False  # this registration's lease connection is subscribed to pushes (no Watch stream)
+        self.reg_watch_port = 0  # the registration's Orders service (watched when the lease server does not push)
         self.position = 0  # among this process's workers (which Watch channel it shares)
 
     # ------------------------------------------------------------------ the real worker's loop, on asyncio
@@ -290,7 +291,8 @@ class SimWorker:
         self.registered = True
         self.lease_port = reply.lease_port if _LEASE and self.opts.lease else 0
         self.push_sub = bool(self.lease_port and _PUSH and self.opts.watch and reply.credential)
-        self.watch_port = reply.watch_port if _WATCH and self.opts.watch and not self.push_sub else 0
+        self.reg_watch_port = reply.watch_port if _WATCH and self.opts.watch else 0
+        self.watch_port = 0 if self.push_sub else self.reg_watch_port
         self.lease_slot, self.lease_retry_at = (reply.lease_slot if self.lease_port else 0), 0.0
         self.credential = reply.credential
         self.close_lease()  # a new registration: a new lease server, perhaps
@@ -353,6 +355,10 @@ class SimWorker:
                 if r.refused:
                     proto.close()
                     raise LeaseError("REFUSED", r.refused)
+                if not r.subscribed:  # a lease server from before pushes: renewals only, watch as the real worker
+                    self.push_sub, self.watch_port = False, self.reg_watch_port
+                    self.reg_changed.set()
+                    return proto
                 self.stats.lease_subscriptions += 1
                 if r.heartbeat_now:
                     self.nudge.set()

@@ -248,3 +248,38 @@ def test_the_worker_link_subscribes_renews_and_is_pushed_to_over_tls(tmp_path: P
     finally:
         link.stop()
         srv.stop()
+
+
+def test_the_worker_link_against_a_lease_server_from_before_pushes_renews_and_says_to_watch(tmp_path: Path) -> None:
+    """A lease server from before pushes ignores ``push`` (proto3) and answers without ``subscribed``: the link keeps
+    the connection for renewals and calls ``on_no_push`` once (the worker then opens its Watch stream)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    answered: list[pb.RenewRequest] = []
+
+    def old_lease_server() -> None:  # today's frames, a reply without the fields it does not know
+        conn, _ = srv.accept()
+        with conn:
+            while True:
+                head = conn.recv(4)
+                if len(head) < 4:
+                    return
+                n = frame_length(head)
+                body = b""
+                while len(body) < n:
+                    body += conn.recv(n - len(body))
+                answered.append(pb.RenewRequest.FromString(body))
+                conn.sendall(frame(pb.RenewReply(heartbeat_interval_s=2.0)))
+
+    threading.Thread(target=old_lease_server, daemon=True).start()
+    told = threading.Event()
+    link = LeaseLink(lambda: None, timeout_s=10, on_no_push=told.set)
+    try:
+        req = pb.RenewRequest(worker_id="a", instance="i-a", slot=0, credential="c")
+        link.update("127.0.0.1", srv.getsockname()[1], req)
+        assert told.wait(30), "on_no_push was not called"
+        wait_for("the link up", lambda: link.connected, 10, poll=0.05)
+        assert link.renew(req).heartbeat_interval_s == 2.0
+        assert link.subscriptions == 0 and len(answered) == 2
+    finally:
+        link.stop()
+        srv.close()

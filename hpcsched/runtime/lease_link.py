@@ -12,7 +12,9 @@ One thread owns the socket (a TLS connection must not be read and written from t
 frame, hands a renewal's answer to ``renew`` (the worker's loop, one renewal at a time) and calls ``on_push`` for a
 pushed one, and writes the renewals ``renew`` queues for it (woken through a pipe). A broken connection is opened and
 subscribed again after a back-off (1 s doubling to 10 s), and at once after a new registration (``update``); a
-subscription refused (the registration is gone: the controller will say ``reregister``) waits for the next one.
+subscription refused (the registration is gone: the controller will say ``reregister``) waits for the next one. A
+lease server from before pushes answers the subscription without ``subscribed``: the connection then only renews,
+and ``on_no_push`` is called once per registration (the worker watches ``Orders`` instead).
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ class LeaseLink:
     """The connection and its thread (module docstring). ``update`` after each registration, ``renew`` from the
     worker's loop, ``stop`` at the end."""
 
-    def __init__(self, on_push: Callable[[], None], tls_ca: Path | None = None, timeout_s: float = 5.0) -> None:
-        self.on_push, self.timeout_s = on_push, timeout_s
+    def __init__(self, on_push: Callable[[], None], tls_ca: Path | None = None, timeout_s: float = 5.0,
+                 on_no_push: Callable[[], None] | None = None) -> None:
+        self.on_push, self.timeout_s, self.on_no_push = on_push, timeout_s, on_no_push
+        self._no_push_said = 0  # the version (registration) for which on_no_push was called
         self._tls = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca is not None else None
         self.pushes = 0  # pushed frames received (each: heartbeat now)
         self.subscriptions = 0  # connections opened and subscribed
@@ -200,9 +204,17 @@ class LeaseLink:
                 sock.close()
                 return None
             self._up, self._sock = version, sock
-            self.subscriptions += 1
-        log.info("lease connection to %s:%d subscribed: orders are pushed on it (%d subscriptions so far)", host, port,
-                 self.subscriptions)
+            self.subscriptions += reply.subscribed
+            no_push = not reply.subscribed and self._no_push_said != version
+            self._no_push_said = version if no_push else self._no_push_said
+        if reply.subscribed:
+            log.info("lease connection to %s:%d subscribed: orders are pushed on it (%d subscriptions so far)", host,
+                     port, self.subscriptions)
+        elif no_push:
+            log.info("the lease server at %s:%d does not push orders (a controller from before pushes): renewals only, "
+                     "orders watched on Orders.Watch", host, port)
+            if self.on_no_push is not None:
+                self.on_no_push()
         if reply.heartbeat_now:  # orders came before it subscribed
             self._pushed()
         return sock

@@ -157,7 +157,8 @@ class _Renewals:
         t.set(H_RENEWALS, t.get(H_RENEWALS) + 1)
         if req.push:
             self.subscribe(req.slot, conn)
-        return pb.RenewReply(heartbeat_interval_s=t.get(H_INTERVAL_US) / 1e6, heartbeat_now=t.wanted(req.slot))
+        return pb.RenewReply(heartbeat_interval_s=t.get(H_INTERVAL_US) / 1e6, heartbeat_now=t.wanted(req.slot),
+                             subscribed=req.push)
 
     def subscribe(self, slot: int, conn: _Connection) -> None:
         """``conn`` gets this slot's pushes from now on (a connection subscribed before for the slot no longer does;

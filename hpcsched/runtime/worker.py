@@ -116,7 +116,7 @@ class Worker(TaskControl, ControllerLink):
         self.md = metadata(cfg.token)
         self.watch = OrdersWatch(cfg.name, self.instance, cfg.tls_ca)  # orders pushed: beat at once (worker_watch)
         # orders pushed on the lease connection set the same event: one wake-up, whichever way they came
-        self.link = LeaseLink(self.watch.nudged.set, cfg.tls_ca, RENEW_TIMEOUT_S)
+        self.link = LeaseLink(self.watch.nudged.set, cfg.tls_ca, RENEW_TIMEOUT_S, on_no_push=self._watch_instead)
         # The WorkerAgent service: other nodes' launchers (mpirun) start their daemons here through it (no ssh).
         self.agent_server, self.agent_port = worker_agent.serve(
             self.cfg.host, worker_agent.AgentService(cfg.name, cfg.token, self._holder, self.sandbox))
@@ -282,9 +282,10 @@ class Worker(TaskControl, ControllerLink):
         self.interval = reply.heartbeat_interval_s or 1.0
         self.lease_s = reply.worker_timeout_s or None  # 0: a controller from before leases
         # renewals with nothing to report go to its lease server, which also pushes its orders (worker_link); without
-        # one, orders are heard on a Watch stream
-        pushed = self._lease_to(reply)
-        self.watch.update(self.cfg.controller, 0 if pushed else reply.watch_port, self.md)
+        # one, orders are heard on a Watch stream (first: a lease server that does not push starts it again)
+        self.watch.update(self.cfg.controller, 0 if reply.lease_port > 0 and reply.credential else reply.watch_port,
+                          self.md)
+        self._lease_to(reply)
         self._refused_logged = ""
         log.info("registered with %s as %s (%d slots, %d GPUs of type %s, launchers %s)", self.cfg.controller,
                  self.cfg.name, self.cfg.slots, self.cfg.gpus, self.cfg.gpu_type or "(not advertised)",

@@ -30,6 +30,7 @@ from hpcsched.runtime.lease_link import LeaseLink
 from hpcsched.runtime.lease_wire import LeaseError
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.worker_config import WorkerConfig
+from hpcsched.runtime.worker_watch import OrdersWatch
 
 log = logging.getLogger("hpcsched.runtime.worker")
 
@@ -49,6 +50,9 @@ class ControllerLink:
     _tls_hinted: bool
     _refused_logged: str
     link: LeaseLink  # the lease connection (renewals and pushes)
+    watch: OrdersWatch
+    md: tuple
+    _watch_port = 0  # the registration's Orders service, watched when the lease server does not push
     _lease: tuple[int, str] | None = None  # (slot, credential) at its lease server, None: no lease server
     _lease_retry_at = 0.0
     _lease_failing = False
@@ -103,11 +107,15 @@ class ControllerLink:
             return None
         return pb.HeartbeatReply(heartbeat_interval_s=r.heartbeat_interval_s)
 
+    def _watch_instead(self) -> None:
+        """The lease server does not push (a controller from before pushes): watch ``Orders`` as without one."""
+        self.watch.update(self.cfg.controller, self._watch_port, self.md)
+
     def _lease_to(self, reply: pb.RegisterReply) -> bool:
         """After a registration: connect to the lease server it named and subscribe to pushes (at once, not at the
         first renewal: the pushes are this worker's only prompt news of orders). False: it named none, every beat
         goes to the controller and orders are heard on ``Orders.Watch``."""
-        self._lease = None
+        self._lease, self._watch_port = None, reply.watch_port
         if reply.lease_port > 0 and reply.credential:
             host = self.cfg.controller.rpartition(":")[0]
             self._lease = (reply.lease_slot, reply.credential)
