@@ -18,6 +18,12 @@ from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store import Store
 
 FINAL = ("completed", "failed", "cancelled")
+# The lease (worker_timeout_s) of these tests. They check one live daemon per name and a worker following a moved
+# controller, not how short a lease may be: with runtime_procs' 3 s, a stall of 4.8 s at load 3-4 (once, in CI; never
+# seen in 40 runs here at load 5-15, where no heartbeat took 0.5 s) fenced the first daemon and restarted its job. So
+# the lease is wide here, and the waits that depend on it are derived from it.
+LEASE_S = 10.0
+REFUSED_RETRY_S = 3.0  # a daemon refused its name asks again this often (hpcsched.runtime.worker)
 
 
 def _steps_job(d: Path, name: str, steps: int, pause_s: float) -> str:
@@ -32,6 +38,13 @@ def _job(c, jid: str) -> pb.JobInfo:
     return next(j for j in c.jobs() if j.job_id == jid)
 
 
+def _said(d: Path) -> str:
+    """What the daemons said about leases, losses and names (for a failure's message: which side went silent)."""
+    keys = ("no heartbeat answered", "lost", "refused", "registered", "rpc Heartbeat", "unreachable", "busy")
+    return "\n".join(f"{f.name}: {line}" for f in sorted(d.glob("*.log")) for line in f.read_text().splitlines()
+                     if any(k in line for k in keys))
+
+
 def _registrations(d: Path, worker: str) -> int:
     st = Store(d / "run" / "state.db")
     try:
@@ -43,7 +56,7 @@ def _registrations(d: Path, worker: str) -> int:
 @pytest.mark.slow
 def test_a_second_daemon_with_a_live_worker_s_name_is_refused(tmp_path: Path) -> None:
     d = tmp_path
-    ctl, address = start_controller(d, controller_config(d))
+    ctl, address = start_controller(d, controller_config(d, worker_timeout_s=LEASE_S))
     first = start_worker(d, address, "n1")
     second = None
     try:
@@ -56,12 +69,14 @@ def test_a_second_daemon_with_a_live_worker_s_name_is_refused(tmp_path: Path) ->
         wait_for("the second daemon's refusal", lambda: "is held by another live daemon" in log.read_text(), 90)
         job = wait_for("the job to end", lambda: (j := _job(c, jid)).state in FINAL and j, 120)
         # No flapping: the job ran its one attempt to its last step; the name was registered once.
-        assert (job.state, job.steps_done, job.generation, job.restarts) == ("completed", 200, 1, 0), job.message
-        assert _registrations(d, "n1") == 1
+        assert (job.state, job.steps_done, job.generation, job.restarts) == ("completed", 200, 1, 0), \
+            f"{job.message}\n{_said(d)}"
+        assert _registrations(d, "n1") == 1, _said(d)
         assert second.poll() is None, "the refused daemon waits for the name instead of crash-looping"
         assert log.read_text().count("refused by the controller") == 1, "said once, not at every retry"
         kill_tree(first)  # the holder dies: after worker_timeout_s its name is free for the waiting daemon
-        wait_for("the second daemon to take the name", lambda: _registrations(d, "n1") == 2, 60)
+        wait_for("the second daemon to take the name", lambda: _registrations(d, "n1") == 2,
+                 2 * (LEASE_S + REFUSED_RETRY_S) + 20)
         wait_for("the worker to be alive again", lambda: any(w.alive for w in c.workers()), 30)
         c.close()
     finally:
@@ -73,7 +88,7 @@ def test_a_second_daemon_with_a_live_worker_s_name_is_refused(tmp_path: Path) ->
 @pytest.mark.slow
 def test_workers_follow_a_controller_restarted_on_a_new_port(tmp_path: Path) -> None:
     d = tmp_path
-    config = controller_config(d)  # listen: 127.0.0.1:0, address_file: run/controller.addr
+    config = controller_config(d, worker_timeout_s=LEASE_S)  # listen: 127.0.0.1:0, address_file: run/controller.addr
     ctl, address = start_controller(d, config)
     worker = start_worker(d, None, "w0", extra=("--address-file", str(d / "run" / "controller.addr")))
     try:
@@ -92,5 +107,6 @@ def test_workers_follow_a_controller_restarted_on_a_new_port(tmp_path: Path) -> 
         stop(worker)
         stop(ctl)
     # The task trained on through the restart and reported to the new controller: one attempt, every step.
-    assert (job.state, job.steps_done, job.generation, job.restarts) == ("completed", 300, 1, 0), job.message
+    assert (job.state, job.steps_done, job.generation, job.restarts) == ("completed", 300, 1, 0), \
+        f"{job.message}\n{_said(d)}"
     assert f"controller moved: {address} -> {new_address}" in (d / "w0.log").read_text()

@@ -20,6 +20,7 @@ is live (the escaping process exists, the worker is stopped while its task train
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import stat
@@ -205,6 +206,10 @@ def test_a_stopped_worker_resumed_after_it_was_lost_kills_its_task_first(tmp_pat
         assert _gone(mark, 5.0), "a worker resumed past its lease kept its task"
         log = (tmp_path / "w0.log").read_text()
         assert "past this worker's lease" in log and "SIGKILL" in log, log[-2000:]
+        # the fence says where the silence was: here, this worker's own loop (stopped), not an unanswered heartbeat
+        gap = re.search(r"the lease was last checked (\d+\.\d) s before", log)
+        assert gap is not None and float(gap.group(1)) >= LEASE_S / 2, log[-2000:]
+        assert "last looked for silent workers" in (tmp_path / "controller.log").read_text()
     finally:
         with_sigcont(worker)
         c.close()
@@ -234,7 +239,9 @@ def test_a_worker_its_controller_stops_answering_stops_its_tasks_itself(tmp_path
         assert _gone(mark, LEASE_S + WORKER_GRACE_S + 10), "the task outlived its worker's lease"
         assert time.monotonic() - t0 >= LEASE_S - 1.0, "stopped before the lease ran out"
         assert _gone(escaped, 5.0), "the escaped daemon outlived its worker's lease"
-        assert "past this worker's lease" in (tmp_path / "w0.log").read_text()
+        log = (tmp_path / "w0.log").read_text()
+        # the fence says where the silence was: here, a heartbeat the stopped controller never answered
+        assert "past this worker's lease" in log and "is still unanswered" in log, log[-2000:]
     finally:
         with_sigcont(ctl)
         for p in (*_sleepers(mark), *_sleepers(escaped)):

@@ -16,6 +16,7 @@ step nudges the worker (``watch``) after it, as it would after a heartbeat that 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -419,9 +420,11 @@ class Membership:
         at = self.leases.renewed_at(wid) if self.leases is not None else None
         return at if at is not None else float("-inf")
 
-    def _reap_dead_workers(self, now: float) -> None:
+    def _reap_dead_workers(self, now: float, previous: float = float("-inf")) -> None:
         """Declare lost every worker silent for ``worker_timeout_s``: neither a heartbeat here nor a renewal at the
-        lease server (read only for those whose last heartbeat is that old: one table read each)."""
+        lease server (read only for those whose last heartbeat is that old: one table read each). ``previous``: when
+        the last look was, said with a loss: a look long before means the controller itself was held up (stopped,
+        starved, a long step), a recent one that the worker's heartbeats did not arrive."""
         if self.leases is not None:
             self.leases.server_up()  # an exit of the lease server is said, and no longer named to registrations
         for wid, seen in list(self.last_seen.items()):
@@ -441,7 +444,9 @@ class Membership:
             self.store.set_worker_alive(wid, False)
             self._workers_changed = True
             self.store.event(None, "worker_lost", worker=wid, silent_s=now - seen)
-            log.warning("worker %s silent for %.1f s: lost", wid, now - seen)
+            log.warning("worker %s silent for %.1f s: lost (%s)", wid, now - seen,
+                        f"the controller last looked for silent workers {now - previous:.1f} s before"
+                        if math.isfinite(previous) else "the controller's first look since it started")
             for a in self.store.allocations(worker_id=wid):
                 job = self.store.job(a.job_id)
                 if a.nprocs > 0:  # an elastic Horovod job carries on without it (its other ranks re-form): shrink it

@@ -137,8 +137,8 @@ class Stepping:
         (``plan_set``): what it costs grows with the free slots and the running jobs, not with the queue."""
         now, mono = time.time(), self.mono()
         if mono - self._reaped_at >= min(_REAP_S, self.cfg.worker_timeout_s / 10):
-            self._reaped_at = mono
-            self._reap_dead_workers(mono)
+            previous, self._reaped_at = self._reaped_at, mono
+            self._reap_dead_workers(mono, previous)
         # In a large fleet a change of the live workers alone is planned on at most every _WORKERS_STEP_S (kept for
         # a later step until then): 10,000 registrations in 20 s made 400 steps of a pass over every worker each.
         hold = (self._workers_changed and mono - self._workers_step_at < _WORKERS_STEP_S

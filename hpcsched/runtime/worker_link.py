@@ -57,6 +57,8 @@ class ControllerLink:
     _lease_retry_at = 0.0
     _lease_failing = False
     _beat_owed = False  # a heartbeat to the controller failed (shed, late): the next beat goes to it, not a renewal
+    _in_flight: float | None = None  # when the heartbeat now waiting for the controller was sent (None: none waits)
+    _checked_at: float | None = None  # when the lease was last checked (``_fence``)
     lease_renewals = 0  # renewals answered by the lease server
     lease_fallbacks = 0  # renewals that failed, sent to the controller instead
 
@@ -70,7 +72,12 @@ class ControllerLink:
             if reply is not None:
                 return reply
         self._beat_owed = True  # until the controller answers: a retry after a shed or late beat goes there too
-        reply = self._answer(self.stub.Heartbeat.future(req, timeout=_HEARTBEAT_TIMEOUT_S, metadata=self.md), renewed)
+        self._in_flight = time.monotonic()
+        try:
+            reply = self._answer(self.stub.Heartbeat.future(req, timeout=_HEARTBEAT_TIMEOUT_S, metadata=self.md),
+                                 renewed)
+        finally:
+            self._in_flight = None
         self._beat_owed = False
         return reply
 
@@ -129,6 +136,8 @@ class ControllerLink:
     def _fence(self, silent: float) -> None:
         """The lease (module docstring): past it, stop every task, SIGTERM then SIGKILL after ``stop_grace_s``; at
         once by SIGKILL when the worker wakes past the lease and the grace both (SIGSTOP: its jobs run elsewhere)."""
+        now = time.monotonic()
+        checked, self._checked_at = self._checked_at, now
         if not self.lease_s or silent <= self.lease_s:
             self._fenced = False
             return
@@ -138,12 +147,22 @@ class ControllerLink:
         grace = self.cfg.stop_grace_s
         hard = silent > self.lease_s + grace
         if not self._fenced:
-            log.error("no heartbeat answered for %.1f s, past this worker's lease (worker_timeout_s %g s): the "
-                      "controller counts it lost, so it stops its %d task(s) itself (%s)", silent, self.lease_s,
-                      len(live), "SIGKILL" if hard else f"SIGTERM, SIGKILL after {grace:g} s")
+            log.error("no heartbeat answered for %.1f s (%s), past this worker's lease (worker_timeout_s %g s): the "
+                      "controller counts it lost, so it stops its %d task(s) itself (%s)", silent,
+                      self._silence(now, checked), self.lease_s, len(live),
+                      "SIGKILL" if hard else f"SIGTERM, SIGKILL after {grace:g} s")
             self._fenced = True
         for tid in live:
             self.kill(tid, checkpoint=not hard, grace_s=grace)
+
+    def _silence(self, now: float, checked: float | None) -> str:
+        """Where a lease's silence was, said with the fence: a heartbeat still waiting for its answer points at the
+        controller (or the network), a lease last checked long before at this worker itself (its loop was stopped,
+        starved or held up, or waited out a back-off after failed calls, which its log says just before)."""
+        waiting = (f"the heartbeat sent {now - self._in_flight:.1f} s ago is still unanswered"
+                   if self._in_flight is not None else "no heartbeat waits for an answer")
+        last = f"the lease was last checked {now - checked:.1f} s before" if checked is not None else "first check"
+        return f"{waiting}; {last}"
 
     def _controller_down(self) -> bool:
         """The controller's port refuses connections: it is not running (a partition or a hung host times out)."""
