@@ -20,8 +20,8 @@ from hpcsched.runtime.store import Store
 FINAL = ("completed", "failed", "cancelled")
 # The lease (worker_timeout_s) of these tests. They check one live daemon per name and a worker following a moved
 # controller, not how short a lease may be: with runtime_procs' 3 s, a stall of 4.8 s at load 3-4 (once, in CI; never
-# seen in 40 runs here at load 5-15, where no heartbeat took 0.5 s) fenced the first daemon and restarted its job. So
-# the lease is wide here, and the waits that depend on it are derived from it.
+# seen in 46 runs here at load 3-30, where no heartbeat took 0.5 s: bench/RESULTS.md) fenced the first daemon and
+# restarted its job. So the lease is wide here, and the waits that depend on it are derived from it.
 LEASE_S = 10.0
 REFUSED_RETRY_S = 3.0  # a daemon refused its name asks again this often (hpcsched.runtime.worker)
 
