@@ -118,8 +118,10 @@ class LeaseLink:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:  # closed meanwhile
                 pass
-        self._thread.join(timeout=self.timeout_s + 1)
-        if not self._thread.is_alive():  # else it may still poll them (it ends within its timeout)
+        # bounded: a worker's stop frees its node (a pilot's, for a batch job waiting on it); a thread still in a
+        # connect to an unanswering host ends within its timeout, a daemon thread
+        self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():  # else it may still poll them
             os.close(self._wake_r)
             os.close(self._wake_w)
 

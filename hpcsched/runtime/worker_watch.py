@@ -1,11 +1,12 @@
 """The worker's end of ``Orders.Watch`` (``hpcsched.runtime.watch``): hear at once that the controller has orders.
 
-A thread keeps one Watch stream open to the port the registration named (``RegisterReply.watch_port``, on the
-controller's host) with the worker's credential, and sets ``nudged`` on every event; the worker's loop then
-heartbeats at once and the reply carries the orders. Nothing else depends on it: a controller without the service
-(port 0), a refused or broken stream, only means the orders come with the next regular heartbeat, as before. A
-broken stream is opened again after a back-off (1 s doubling to 10 s), and at once after a new registration (a new
-credential: the controller restarted).
+Only for a worker whose registration named no lease server (or one from before pushes): with one, orders are pushed
+on the lease connection (``lease_link``) and no Watch stream is opened. A thread keeps one Watch stream open to the
+port the registration named (``RegisterReply.watch_port``, on the controller's host) with the worker's credential,
+and sets ``nudged`` on every event; the worker's loop then heartbeats at once and the reply carries the orders.
+Nothing else depends on it: a controller without the service (port 0), a refused or broken stream, only means the
+orders come with the next regular heartbeat, as before. A broken stream is opened again after a back-off (1 s
+doubling to 10 s), and at once after a new registration (a new credential: the controller restarted).
 """
 
 from __future__ import annotations
