@@ -85,6 +85,11 @@ try:  # as the real worker: a shed call comes back when the controller says (a c
     from hpcsched.runtime.liveness import told_retry_after
 except ImportError:
     told_retry_after = None
+try:  # as the real worker: a heartbeat the controller shed renewed the lease all the same
+    from hpcsched.runtime.liveness import shed_renewed
+except ImportError:  # a checkout from before: it did not say so
+    def shed_renewed(method: str, code: str, details: str | None) -> bool:
+        return False
 try:  # as the real worker: a heartbeat that timed out on a busy controller does not register again
     from hpcsched.runtime.liveness import keeps_registration
 except ImportError:  # a checkout from before: every failed call registers again
@@ -271,6 +276,10 @@ class SimWorker:
                     if told is not None:  # as the real worker: a shed Register comes back when the controller said
                         wait = told
                         self.stats.retry_after_told += 1
+                    if shed_renewed(method, e.code().name, e.details()):  # as the real worker: the lease was renewed
+                        reached = time.monotonic()
+                    if self.lease:  # as the real worker: at least three tries within the lease
+                        wait = min(wait, self.lease / 3)
                     await asyncio.sleep(wait)
         finally:
             self.stats.intervals_seen[self.interval] = self.stats.intervals_seen.get(self.interval, 0) + 1

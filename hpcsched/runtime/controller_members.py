@@ -31,7 +31,14 @@ from hpcsched.runtime.lifecycle import (
     next_state,
 )
 from hpcsched.runtime.listing import MAX_REPLY_BYTES
-from hpcsched.runtime.liveness import LOCK_WAITING_BEATS, LOCK_WAITING_CALLS, SHED_PREFIX, heartbeat_problem, interval_s
+from hpcsched.runtime.liveness import (
+    LOCK_WAITING_BEATS,
+    LOCK_WAITING_CALLS,
+    RENEWED_PREFIX,
+    SHED_PREFIX,
+    heartbeat_problem,
+    interval_s,
+)
 from hpcsched.runtime.rpc import pb
 from hpcsched.runtime.store_rows import AllocRow, JobRow, WorkerRow
 from hpcsched.runtime.submission import (
@@ -197,8 +204,8 @@ class Membership:
                     self.leases.want([req.worker_id])
                 with self.seen_lock:
                     self.shed_beats += 1
-                raise Shed(f"{LOCK_WAITING_BEATS} heartbeats already wait for the controller's lock (a scheduling step "
-                           "holds it): the lease was renewed; send this report again after a back-off")
+                raise Shed(f"{RENEWED_PREFIX} {LOCK_WAITING_BEATS} heartbeats already wait for the controller's "
+                           "lock (a scheduling step holds it): send this report again after a back-off")
             self.beat_waiters.acquire()  # not registered or another daemon: the lock's path says which
         try:
             return self._reconcile_beat(req, reply)

@@ -33,6 +33,10 @@ FULL_EVERY = 10  # a worker sends every task (not only those with news) at least
 # second through a 2 s step), and the lease-only ones then queued behind them; past this many, a heartbeat with
 # news renews the lease and is refused RESOURCE_EXHAUSTED at once, and the worker sends its news after a back-off.
 LOCK_WAITING_BEATS = 16
+# How such a refusal starts: the controller renewed the lease as of the call, and the worker counts it renewed from
+# when it sent the heartbeat (``shed_renewed``). Without it a worker shed a few times in a row, its back-off doubling
+# to ``BUSY_BACKOFF_S``, let its own lease run out and stopped its tasks while the controller still held it alive.
+RENEWED_PREFIX = "lease renewed:"
 # Leave, Submit and SubmitMany calls that may wait for (or hold) the lock at once, for the same reason: in a
 # registration or submit storm they filled the pool and heartbeats waited up to 6.7 s for a server thread. The next
 # one is refused RESOURCE_EXHAUSTED at once with a message starting ``SHED_PREFIX``, and the client (``hpcsched
@@ -59,6 +63,12 @@ def keeps_registration(method: str, code: str) -> bool:
     workers in one 10,000-worker run, each after a Heartbeat DEADLINE_EXCEEDED). Any other failure (a refused
     credential, an unreachable controller that may come back as a new process) registers again, as before."""
     return method == "Heartbeat" and code in BUSY_CODES
+
+
+def shed_renewed(method: str, code: str, details: str | None) -> bool:
+    """Whether a failed ``method`` call renewed the worker's lease all the same: a Heartbeat the controller shed
+    (``RENEWED_PREFIX``), so the worker's lease runs from when it sent it."""
+    return method == "Heartbeat" and code == "RESOURCE_EXHAUSTED" and (details or "").startswith(RENEWED_PREFIX)
 
 
 def retry_after(backoff: float, code: str, interval: float, rng: random.Random) -> tuple[float, float]:

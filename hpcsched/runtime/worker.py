@@ -51,7 +51,7 @@ from hpcsched.runtime.hostaddr import spare_port
 from hpcsched.runtime.launch import JOB_UID_ENV
 from hpcsched.runtime.launchers.common import torch_importable
 from hpcsched.runtime.lease_link import LeaseLink
-from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after, told_retry_after
+from hpcsched.runtime.liveness import FULL_EVERY, keeps_registration, retry_after, shed_renewed, told_retry_after
 from hpcsched.runtime.rpc import pb, pb_grpc
 from hpcsched.runtime.sandbox import Sandbox
 from hpcsched.runtime.task_dirs import (
@@ -188,6 +188,10 @@ class Worker(TaskControl, ControllerLink):
                 wait, backoff = retry_after(backoff, e.code().name, self.interval, self._jitter)
                 told = told_retry_after(e.trailing_metadata() if isinstance(e, grpc.Call) else None)
                 wait = wait if told is None else told  # a shed Register: when the controller's queue has room
+                if shed_renewed(method, e.code().name, e.details()):
+                    renewed = sent  # the controller renewed the lease as of this heartbeat; only its news waits
+                if self.lease_s:  # at least three tries within the lease before this worker fences its tasks
+                    wait = min(wait, self.lease_s / 3)
                 busy = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # it answered, shedding load: not an orphan
                 reached = time.monotonic() if busy else reached
                 log.info("controller %s (%s); retry in %.1f s", "busy" if busy else "unreachable", e.code().name, wait)
