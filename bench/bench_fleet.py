@@ -64,6 +64,8 @@ def table(r: dict) -> str:
                                                     "controller)" if hb["lease_fallbacks"] else "")),
         ("orders watch", f"{r['watch']['streams_opened']} streams opened, {r['watch']['events']} events"
                          if r["options"]["watch"] else "off (--no-watch): orders with heartbeats only"),
+        ("orders pushed (lease)", f"{r['watch'].get('lease_subscriptions', 0)} lease connections subscribed, "
+                                  f"{r['watch'].get('lease_pushes', 0)} pushes"),
         ("rpc errors", ", ".join(f"{k}: {v}" for k, v in r["rpc_errors"].items()) or "none"),
         ("submit", f"{sub['jobs']} jobs in {sub['seconds']} s = {sub['jobs_per_s']} jobs/s via {r['submit_rpc']}"
                    + (f"; failed {sub['failed']}" if sub["failed"] else "")),

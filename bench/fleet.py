@@ -572,5 +572,8 @@ def _figures(o: FleetOptions, stats: dict[int, dict], sub: Submitter, states: di
         "tasks": {k: sum(s[k] for s in stats.values())
                   for k in ("launches", "tasks_done", "tasks_checkpointed", "tasks_killed")},
         "watch": {"streams_opened": sum(s["watch_opened"] for s in stats.values()),
-                  "events": sum(s["watch_events"] for s in stats.values())},
+                  "events": sum(s["watch_events"] for s in stats.values()),
+                  # orders pushed over the workers' lease connections instead (no Watch stream then)
+                  "lease_subscriptions": sum(s.get("lease_subscriptions", 0) for s in stats.values()),
+                  "lease_pushes": sum(s.get("lease_pushes", 0) for s in stats.values())},
     }

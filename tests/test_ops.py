@@ -178,9 +178,11 @@ def test_liveness_at_scale_is_exported(tmp_path: Path, lease_server: bool) -> No
             assert got["hpcsched_shed_calls_total", (("kind", kind),)] == 0
         for name in ("hpcsched_lease_renewals_total", "hpcsched_lease_refused_total",
                      "hpcsched_lease_table_full_total", "hpcsched_lease_server_exits_total",
-                     "hpcsched_orders_events_total", "hpcsched_lease_only_heartbeats_total"):
+                     "hpcsched_orders_events_total", "hpcsched_lease_only_heartbeats_total",
+                     "hpcsched_lease_pushes_total", "hpcsched_lease_subscriptions_total",
+                     "hpcsched_lease_push_unsubscribed_total", "hpcsched_lease_wakeups_dropped_total"):
             assert got[name, ()] == 0, name
-        assert got["hpcsched_orders_watching", ()] == 0
+        assert got["hpcsched_orders_watching", ()] == got["hpcsched_lease_subscribed", ()] == 0
         if lease_server:  # it dies: said at once, and counted
             srv.leases.process.proc.kill()
             srv.leases.process.proc.wait(timeout=30)

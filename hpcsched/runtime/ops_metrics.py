@@ -219,10 +219,18 @@ def liveness_metrics(srv: ControllerServer) -> list[Metric]:
                       "registration: lost, left or registered anew)"),
                      ("lease_table_full", "Registrations given no lease slot because the table was full (they "
                       "renew at the controller)"),
-                     ("lease_server_exits", "Times the lease server exited without being stopped")):
+                     ("lease_server_exits", "Times the lease server exited without being stopped"),
+                     ("lease_pushes", "Orders pushed on workers' subscribed lease connections"),
+                     ("lease_subscriptions", "Lease connections subscribed to pushes"),
+                     ("lease_push_unsubscribed", "Wake-ups for a worker with no subscribed lease connection (it "
+                      "hears of its orders at its next renewal or heartbeat)"),
+                     ("lease_wakeups_dropped", "Wake-ups the controller could not hand the lease server (a full "
+                      "pipe, or no lease server): those workers hear of their orders at their next beat")):
         one(CounterMetricFamily, f"hpcsched_{key}", doc + " (since start)", lc.get(key, 0))
     one(GaugeMetricFamily, "hpcsched_lease_slots_used", "Lease slots held by registered workers",
         lc.get("lease_slots_used", 0))
+    one(GaugeMetricFamily, "hpcsched_lease_subscribed", "Workers whose lease connection is subscribed to pushes now",
+        lc.get("lease_subscribed", 0))
     oc = srv.orders.counters()
     one(GaugeMetricFamily, "hpcsched_orders_watching", "Workers with an Orders.Watch stream open now",
         oc["watching"])
