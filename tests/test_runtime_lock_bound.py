@@ -204,8 +204,9 @@ def test_a_shed_heartbeat_woken_by_an_order_is_retried_after_its_back_off(tmp_pa
     held = 0
     try:
         _until("the worker never registered", lambda: _alive(srv, "a"))
-        _until("the worker never watched", lambda: srv.orders.counters()["watching"] == 1)
-        srv.orders.nudge(["a"], "port")  # a beat now: its port is known, so the launch is one order, not two
+        # orders are pushed on its lease connection (no Watch stream with a lease server: lease_link)
+        _until("the worker never subscribed", lambda: srv.leases.counters()["lease_subscribed"] == 1)
+        srv.ctl.nudge(["a"], "port")  # a beat now: its port is known, so the launch is one order, not two
         _until("the worker's port never came", lambda: "a" in srv.ctl.spare_port)
         for _ in range(LOCK_WAITING_BEATS):  # no heartbeat with news gets in: each is shed, its lease renewed
             srv.ctl.beat_waiters.acquire()
