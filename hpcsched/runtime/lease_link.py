@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcsched.runtime.lease_wire import LeaseError, frame, frame_length
+from hpcsched.runtime.lease_wire import LeaseError, frame, frame_length, read_exact
 from hpcsched.runtime.rpc import pb
 
 log = logging.getLogger("hpcsched.runtime.worker")
@@ -259,7 +259,7 @@ class LeaseLink:
 
     def _read_frame(self, sock: socket.socket) -> pb.RenewReply:
         try:
-            return pb.RenewReply.FromString(self._read(sock, frame_length(self._read(sock, 4))))
+            return pb.RenewReply.FromString(read_exact(sock, frame_length(read_exact(sock, 4))))
         except TimeoutError as e:  # a frame begun is finished within a round trip
             raise LeaseError("DEADLINE_EXCEEDED", f"a frame not finished within {self.timeout_s:g} s") from e
         except LeaseError:
@@ -267,12 +267,3 @@ class LeaseLink:
         except (OSError, ValueError) as e:  # reset, a TLS failure, a message that does not parse
             raise LeaseError("UNAVAILABLE", str(e) or type(e).__name__) from e
 
-    @staticmethod
-    def _read(sock: socket.socket, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise LeaseError("UNAVAILABLE", "the lease server closed the connection")
-            buf += chunk
-        return buf

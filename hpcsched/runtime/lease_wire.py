@@ -1,4 +1,5 @@
-"""The lease server's wire protocol: one frame each way per renewal, and the worker's blocking client.
+"""The lease server's wire protocol: one frame each way per renewal, and a blocking client (renewals only; a
+worker's own end, with pushes, is ``lease_link``).
 
 Why not gRPC: a renewal is ~20 us of work (a hash and two stores into the lease table), and gRPC Python's server
 spent ~0.4 ms of CPU and several thread hand-offs on each (measured on this 2-core machine: the lease server at
@@ -43,9 +44,20 @@ def frame_length(header: bytes) -> int:
     return n
 
 
+def read_exact(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock`` (LeaseError when the lease server closed the connection first)."""
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise LeaseError("UNAVAILABLE", "the lease server closed the connection")
+        buf += chunk
+    return buf
+
+
 class LeaseClient:
-    """A worker's connection to its lease server (blocking, one caller at a time), opened on first use and again
-    after any failure."""
+    """A connection to a lease server for renewals only (blocking, one caller at a time), opened on first use and
+    again after any failure: the tests' client, and the simplest worker's."""
 
     def __init__(self, host: str, port: int, tls_ca: Path | None = None, timeout_s: float = 5.0) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
@@ -57,7 +69,7 @@ class LeaseClient:
         try:
             sock = self._connect()
             sock.sendall(frame(req))
-            reply = pb.RenewReply.FromString(self._read(sock, frame_length(self._read(sock, _LEN.size))))
+            reply = pb.RenewReply.FromString(read_exact(sock, frame_length(read_exact(sock, _LEN.size))))
         except LeaseError:
             self.close()
             raise
@@ -79,15 +91,6 @@ class LeaseClient:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.host.strip("[]"))
             self._sock = sock
         return self._sock
-
-    def _read(self, sock: socket.socket, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise LeaseError("UNAVAILABLE", "the lease server closed the connection")
-            buf += chunk
-        return buf
 
     def close(self) -> None:
         if self._sock is not None:

@@ -77,7 +77,3 @@ def parse_read(raw: tuple[str, str], pilot_name: str) -> SlurmRead:
         raise commands.SlurmError(str(e)) from None
     return SlurmRead(parse_sinfo(raw[0]), holding, pilots, pending)
 
-
-def read_slurm(run: Callable[[list[str]], str], partition: str | None, pilot_name: str) -> SlurmRead:
-    """One ``sinfo`` and one ``squeue``, parsed."""
-    return parse_read(read_raw(run, partition), pilot_name)
